@@ -1,0 +1,205 @@
+"""The one `Settings` object of `inferd serve`, and how it is built.
+
+Precedence, lowest first: built-in defaults < config file (`--config` or
+`INFERD_CONFIG`, YAML, flat keys; `configs/server.yaml` documents every key)
+< environment (`INFERD_<KEY>`) < command-line flags. The environment is an
+injected mapping and is never read at import time, so tests build any
+combination without touching `os.environ`.
+
+A few values are derived when left unset, from the values around them:
+`public_url` from host and port, `state_dir` from `XDG_DATA_HOME`/`HOME`,
+`db_path` from `state_dir`, `models_dir`/`configs_dir` from the source tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from inferd.paths import default_configs_dir, default_models_dir
+
+ENV_PREFIX = "INFERD_"
+CONFIG_ENV = "INFERD_CONFIG"
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names the key and where it came from."""
+
+
+class Settings(BaseModel):
+    """Resolved settings of one `inferd serve` process (frozen)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # --- HTTP listener -------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    # Base of every endpoint's `url`; derived as http://host:port when unset.
+    public_url: str
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    log_level: LogLevel = "info"
+
+    # --- State ---------------------------------------------------------------
+    state_dir: Path
+    db_path: Path
+    # Supplied by the operator; when unset, one is generated on first start,
+    # printed once and stored only as a hash.
+    admin_key: SecretStr | None = None
+
+    # --- Catalog -------------------------------------------------------------
+    models_dir: Path
+    configs_dir: Path
+    # Location used when a create request names none.
+    default_location: str = "local"
+
+    # --- Endpoint limits -----------------------------------------------------
+    max_replicas_cap: int = Field(8, ge=1, le=1024)
+    max_endpoints: int = Field(10_000, ge=1)
+
+    # --- Gateway (issue 4): holding requests while scaling from zero ---------
+    gateway_max_queued_per_endpoint: int = Field(64, ge=0)
+    gateway_max_queued_per_replica: int = Field(32, ge=0)
+    gateway_hold_timeout_seconds: float = Field(180.0, gt=0)
+
+    # --- Registry and health (issue 4) ---------------------------------------
+    health_period_seconds: float = Field(2.0, gt=0)
+    # A replica that has not reported for this many periods is marked failed.
+    health_failure_periods: int = Field(3, ge=1)
+    replica_start_timeout_seconds: float = Field(900.0, gt=0)
+    replica_drain_timeout_seconds: float = Field(30.0, ge=0)
+
+    # --- Autoscaler (issue 4) ------------------------------------------------
+    autoscale_target_concurrency: float = Field(8.0, gt=0)
+    autoscale_upscale_delay_seconds: float = Field(5.0, ge=0)
+    autoscale_downscale_delay_seconds: float = Field(60.0, ge=0)
+    reconcile_period_seconds: float = Field(1.0, gt=0)
+
+    def admin_key_value(self) -> str | None:
+        return None if self.admin_key is None else self.admin_key.get_secret_value()
+
+
+# Keys whose default is computed from other values (see `_derive`).
+_DERIVED = ("public_url", "state_dir", "db_path", "models_dir", "configs_dir")
+
+
+def setting_keys() -> tuple[str, ...]:
+    return tuple(Settings.model_fields)
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must be a mapping of setting keys to values")
+    unknown = sorted(set(data) - set(setting_keys()))
+    if unknown:
+        raise SettingsError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
+    # null in the file means "use the default" (the documented file lists
+    # derived keys as null).
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for key in setting_keys():
+        raw = env.get(env_name(key))
+        if raw is not None and raw != "":
+            values[key] = raw
+    return values
+
+
+def _derive(values: dict[str, Any], env: Mapping[str, str]) -> None:
+    host = str(values.get("host", Settings.model_fields["host"].default))
+    port = values.get("port", Settings.model_fields["port"].default)
+    if "public_url" not in values:
+        # A wildcard bind address is not something a client can dial.
+        dial = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        if ":" in dial and not dial.startswith("["):
+            dial = f"[{dial}]"
+        values["public_url"] = f"http://{dial}:{port}"
+    values["public_url"] = str(values["public_url"]).rstrip("/")
+    if "state_dir" not in values:
+        values["state_dir"] = default_state_dir(env)
+    values["state_dir"] = Path(values["state_dir"]).expanduser()
+    if "db_path" not in values:
+        values["db_path"] = Path(values["state_dir"]) / "inferd.db"
+    values.setdefault("models_dir", default_models_dir())
+    values.setdefault("configs_dir", default_configs_dir())
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """`$XDG_DATA_HOME/inferd`, else `~/.local/share/inferd` (HOME from `env`)."""
+    xdg = env.get("XDG_DATA_HOME")
+    if xdg:
+        return Path(xdg) / "inferd"
+    home = env.get("HOME")
+    base = Path(home) if home else Path.home()
+    return base / ".local" / "share" / "inferd"
+
+
+def load_settings(
+    *,
+    env: Mapping[str, str] | None = None,
+    config_path: Path | str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build settings: defaults < config file < `env` < `overrides` (CLI flags).
+
+    `overrides` entries whose value is None are ignored, so an argparse
+    namespace with unset flags can be passed as is. The config file is
+    `config_path`, else `INFERD_CONFIG` from `env`, else none.
+    """
+    env = {} if env is None else env
+    sources: dict[str, str] = {}
+    values: dict[str, Any] = {}
+
+    path = config_path if config_path is not None else env.get(CONFIG_ENV) or None
+    if path is not None:
+        for key, value in read_config_file(Path(path)).items():
+            values[key] = value
+            sources[key] = f"config file {path}"
+    for key, value in _from_env(env).items():
+        values[key] = value
+        sources[key] = f"environment {env_name(key)}"
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in Settings.model_fields:
+            raise SettingsError(f"unknown setting {key!r}")
+        values[key] = value
+        sources[key] = f"flag --{key.replace('_', '-')}"
+
+    try:
+        _derive(values, env)
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        key = str(first["loc"][0]) if first.get("loc") else "?"
+        where = sources.get(key, "default")
+        raise SettingsError(f"setting {key} (from {where}): {first['msg']}") from None
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def documented_defaults() -> dict[str, Any]:
+    """Static default of every key (None where the default is derived)."""
+    out: dict[str, Any] = {}
+    for key, field in Settings.model_fields.items():
+        out[key] = None if key in _DERIVED or field.is_required() else field.default
+    return out
