@@ -1,0 +1,150 @@
+"""Versioned, ordered schema migrations of the SQLite store.
+
+Each migration runs in its own transaction together with the row that
+records it in `schema_migrations`, so a crash leaves the schema at one
+version or the next, never half-way. To change the schema, append a
+`Migration` with the next version number; never edit a released one.
+(Issue 4 adds the replicas table as version 2.)
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer inferd; refuse rather than guess."""
+
+
+_V1 = Migration(
+    1,
+    "endpoints, endpoint tokens, admin keys, meta",
+    (
+        # STRICT: a wrong type is an error, not a silent conversion.
+        """
+        CREATE TABLE endpoints (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL UNIQUE,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
+                                                      AND max_replicas >= min_replicas),
+            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
+            -- Price of one replica-hour, fixed when the GPU settings are chosen.
+            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TEXT NOT NULL,
+            updated_at        TEXT NOT NULL,
+            -- Set when deletion starts; replicas drain while it is set.
+            deleting_at       TEXT,
+            -- Bumped when the GPU settings change, so replicas of an older
+            -- generation can be replaced.
+            generation        INTEGER NOT NULL DEFAULT 1
+        ) STRICT
+        """,
+        """
+        CREATE TABLE endpoint_tokens (
+            id          INTEGER PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            token_hash  BLOB NOT NULL UNIQUE,
+            created_at  TEXT NOT NULL,
+            revoked_at  TEXT
+        ) STRICT
+        """,
+        # At most one active token per endpoint, enforced by the database.
+        """
+        CREATE UNIQUE INDEX endpoint_tokens_one_active
+            ON endpoint_tokens (endpoint_id) WHERE revoked_at IS NULL
+        """,
+        """
+        CREATE TABLE admin_keys (
+            id         INTEGER PRIMARY KEY,
+            key_hash   BLOB NOT NULL UNIQUE,
+            created_at TEXT NOT NULL,
+            revoked_at TEXT
+        ) STRICT
+        """,
+        """
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        ) STRICT
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1,)
+
+
+def latest_version() -> int:
+    return MIGRATIONS[-1].version
+
+
+def _check_order(migrations: tuple[Migration, ...]) -> None:
+    expected = list(range(1, len(migrations) + 1))
+    if [m.version for m in migrations] != expected:
+        raise RuntimeError("migrations must be numbered 1..N in order")
+
+
+def applied_versions(conn: sqlite3.Connection) -> list[int]:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT"
+    )
+    return [row[0] for row in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+
+
+def migrate(
+    conn: sqlite3.Connection,
+    now: Callable[[], str],
+    migrations: tuple[Migration, ...] = MIGRATIONS,
+) -> list[int]:
+    """Apply every pending migration; returns the versions applied (idempotent).
+
+    `conn` must be in autocommit mode (`isolation_level=None`): transactions
+    are opened here explicitly.
+    """
+    _check_order(migrations)
+    done = set(applied_versions(conn))
+    newest = max(done, default=0)
+    if newest > migrations[-1].version:
+        raise SchemaTooNew(
+            f"database schema version {newest} is newer than this inferd knows "
+            f"({migrations[-1].version}); upgrade inferd"
+        )
+    applied: list[int] = []
+    for migration in migrations:
+        if migration.version in done:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-check under the write lock: another process may have won.
+            row = conn.execute(
+                "SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)
+            ).fetchone()
+            if row is None:
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (migration.version, migration.name, now()),
+                )
+                applied.append(migration.version)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return applied
