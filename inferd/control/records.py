@@ -1,0 +1,158 @@
+"""The endpoint record of spec 2.1: status derivation, URL, example command.
+
+Pure functions over frozen dataclasses: the store row, the replicas the
+registry knows (none until issue 4 adds them), and the public base URL.
+The record is a plain dict whose shape is `inferd.api.management.EndpointRecord`
+(a test holds the two together); reads build it without pydantic, because
+reads are the hot path of the management API.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from inferd import COMPAT_FAMILY
+from inferd.control.store import EndpointRow
+
+
+class EndpointStatus(str, Enum):
+    PENDING = "pending"
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    UPDATING = "updating"
+    SCALED_TO_ZERO = "scaledToZero"
+    FAILED = "failed"
+    DELETING = "deleting"
+
+
+class ReplicaStatus(str, Enum):
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @classmethod
+    def coming_up(cls) -> frozenset[ReplicaStatus]:
+        return frozenset({cls.STARTING, cls.LOADING})
+
+    @classmethod
+    def gone(cls) -> frozenset[ReplicaStatus]:
+        """States that no longer hold GPUs and do not count as current replicas."""
+        return frozenset({cls.STOPPED, cls.FAILED})
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """What the record needs to know about one replica."""
+
+    gpus: int
+    status: ReplicaStatus
+    generation: int = 1
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class DerivedStatus:
+    status: EndpointStatus
+    reason: str | None = None
+
+
+def derive_status(row: EndpointRow, replicas: Sequence[ReplicaView] = ()) -> DerivedStatus:
+    """Endpoint status from its settings and its replicas' states.
+
+    - deletion started -> deleting
+    - a ready replica -> running, or updating while replicas of an older
+      generation (GPU settings changed) are still being replaced
+    - replicas coming up and none ready -> initializing
+    - no live replica: every recent one failed -> failed (with the reason);
+      minReplicas 0 -> scaledToZero; else pending (waiting to be placed)
+    """
+    if row.deleting_at is not None:
+        return DerivedStatus(EndpointStatus.DELETING)
+    live = [r for r in replicas if r.status not in ReplicaStatus.gone()]
+    ready = [r for r in live if r.status is ReplicaStatus.READY]
+    if ready:
+        stale = any(r.generation != row.generation for r in live)
+        return DerivedStatus(EndpointStatus.UPDATING if stale else EndpointStatus.RUNNING)
+    if any(r.status in ReplicaStatus.coming_up() for r in live):
+        return DerivedStatus(EndpointStatus.INITIALIZING)
+    failed = [r for r in replicas if r.status is ReplicaStatus.FAILED]
+    if failed and not live:
+        reason = failed[-1].reason or "replica failed"
+        return DerivedStatus(EndpointStatus.FAILED, reason)
+    if row.min_replicas == 0:
+        return DerivedStatus(EndpointStatus.SCALED_TO_ZERO)
+    return DerivedStatus(EndpointStatus.PENDING)
+
+
+def endpoint_url(public_url: str, endpoint_id: str) -> str:
+    return f"{public_url}/endpoints/{endpoint_id}"
+
+
+# Request bodies of the example commands, keyed by model kind.
+def _example_body(kind: str, model_name: str) -> dict[str, Any]:
+    if kind == "image":
+        return {
+            "model": model_name,
+            "prompt": "A watercolor painting of a lighthouse at dawn",
+            "n": 1,
+            "size": "1024x1024",
+        }
+    return {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 64,
+        "stream": False,
+    }
+
+
+def example_path(kind: str) -> str:
+    return "/v1/images/generations" if kind == "image" else f"/{COMPAT_FAMILY}/v1/chat/completions"
+
+
+def example_command(url: str, kind: str, model_name: str) -> str:
+    """A curl line ready to paste, with the literal placeholder `<ACCESS_TOKEN>`."""
+    body = shlex.quote(json.dumps(_example_body(kind, model_name)))
+    return (
+        f"curl {url}{example_path(kind)}"
+        ' -H "Authorization: Bearer <ACCESS_TOKEN>"'
+        ' -H "Content-Type: application/json"'
+        f" -d {body}"
+    )
+
+
+def build_record(
+    row: EndpointRow, public_url: str, replicas: Sequence[ReplicaView] = ()
+) -> dict[str, Any]:
+    """The endpoint record (spec 2.1 fields first, then inferd's extras)."""
+    derived = derive_status(row, replicas)
+    url = endpoint_url(public_url, row.id)
+    current = [r for r in replicas if r.status not in ReplicaStatus.gone()]
+    return {
+        "id": row.id,
+        "name": row.name,
+        "modelName": row.model_name,
+        "gpuType": row.gpu_type,
+        "gpuCount": row.gpu_count,
+        "locationName": row.location_name,
+        "minReplicas": row.min_replicas,
+        "maxReplicas": row.max_replicas,
+        "currentReplicas": len(current),
+        "replicas": [{"gpus": r.gpus, "status": r.status.value} for r in current],
+        "scaleToZeroRetentionPeriodSeconds": row.retention_seconds,
+        "hourlyPrice": row.hourly_price,
+        "status": derived.status.value,
+        "url": url,
+        "exampleCommand": example_command(url, row.model_kind, row.model_name),
+        "currency": row.currency,
+        "statusReason": derived.reason,
+        "createdAt": row.created_at,
+        "updatedAt": row.updated_at,
+    }
