@@ -39,7 +39,8 @@ def _builder(name: str) -> Callable[[Path], None]:
         module_name, func_name = TINY_BUILDERS[name]
     except KeyError:
         raise KeyError(f"unknown tiny model {name!r}; known: {sorted(TINY_BUILDERS)}") from None
-    return getattr(importlib.import_module(module_name), func_name)  # type: ignore[no-any-return]
+    builder: Callable[[Path], None] = getattr(importlib.import_module(module_name), func_name)
+    return builder
 
 
 def fingerprint(name: str) -> str:

@@ -28,7 +28,7 @@ class EngineOptions:
     dtype: str = "auto"
     max_model_len: int | None = None
     # vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).
-    cpu_kv_cache_gib: float = 1.0
+    cpu_kv_cache_gib: int = 1
     gpu_memory_utilization: float = 0.9
     # Fastest settings the engine knows (CUDA graphs, torch.compile, ...).
     optimize: bool = False
@@ -50,9 +50,7 @@ def choose_engine(kind: ModelKind, requested: str) -> str:
     return "vllm" if vllm_available() else "transformers"
 
 
-def create_engine(
-    name: str, kind: ModelKind, model_path: Path, options: EngineOptions
-) -> Engine:
+def create_engine(name: str, kind: ModelKind, model_path: Path, options: EngineOptions) -> Engine:
     engine = choose_engine(kind, options.engine)
     if engine == "fake":
         from inferd.engines.fake import create_fake_engine

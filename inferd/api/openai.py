@@ -1,0 +1,267 @@
+"""Wire models of the OpenAI-compatible surface (requests), and response builders.
+
+Requests are validated strictly (a string where a number belongs is a 400,
+not a silent coercion). Fields the OpenAI clients send that inferd does not
+act on are ignored rather than refused, as OpenAI itself does for unknown
+fields; fields that would change the output and that inferd cannot honour
+(tools, logprobs) are refused with a clear 400 instead of silently dropped.
+
+Responses are built as plain dicts: on the streaming hot path a pydantic
+model per chunk costs more than the rest of the replica's work.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Request bounds (spec section 8 leaves them to us).
+MAX_MESSAGES = 256
+MAX_MESSAGE_CHARS = 200_000
+MAX_STOP_SEQUENCES = 16
+MAX_CHAT_N = 8
+MAX_PROMPT_CHARS = 4_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class TextContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)] | list[TextContentPart] | None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's extension: exactly one of these constrains the output."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+
+
+class ChatCompletionRequest(_Strict):
+    model: str | None = None
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHAT_N)] = 1
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+    user: str | None = None
+    # vLLM extensions, accepted under the same names as vLLM's own server.
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    request_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        items = [value] if isinstance(value, str) else value or []
+        if any(item == "" for item in items):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _integer_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not re.fullmatch(r"-?\d{1,10}", key):
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionRequest:
+        if self.tools:
+            raise ValueError("tool calling is not supported by this endpoint")
+        if self.logprobs:
+            raise ValueError("logprobs are not supported by this endpoint")
+        max_tokens = self.effective_max_tokens
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise ValueError("min_tokens must not exceed max_tokens")
+        self.structured()  # raises on a contradictory combination
+        return self
+
+    @property
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_tokens is None else self.max_tokens
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def structured(self) -> tuple[str | None, str | None, bool]:
+        """(json schema text, regex, json_object) from response_format or
+        vLLM's structured_outputs."""
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            if (so.json_ is None) == (so.regex is None):
+                raise ValueError("structured_outputs needs exactly one of 'json' or 'regex'")
+            schema = (
+                so.json_ if so.json_ is None or isinstance(so.json_, str) else json.dumps(so.json_)
+            )
+            return schema, so.regex, False
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None, None, False
+        if fmt.type == "json_object":
+            return None, None, True
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise ValueError("response_format json_schema needs 'json_schema.schema'")
+        return json.dumps(fmt.json_schema.schema_), None, False
+
+
+_SIZE = re.compile(r"^([1-9][0-9]{1,4})x([1-9][0-9]{1,4})$")
+
+
+class ImageGenerationRequest(_Strict):
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+    model: str | None = None
+    n: Annotated[int, Field(ge=1)] = 1
+    size: str | None = None
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    quality: str | None = None
+    style: str | None = None
+    user: str | None = None
+    # Diffusers extensions.
+    negative_prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
+    num_inference_steps: Annotated[int, Field(ge=1, le=200)] | None = None
+    guidance_scale: Annotated[float, Field(ge=0.0, le=50.0)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+
+    @field_validator("size")
+    @classmethod
+    def _size_format(cls, value: str | None) -> str | None:
+        if value is not None and value != "auto" and not _SIZE.match(value):
+            raise ValueError("size must be written WIDTHxHEIGHT, for example 1024x1024")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _only_b64(cls, value: str) -> str:
+        if value != "b64_json":
+            raise ValueError("only response_format 'b64_json' is supported")
+        return value
+
+    def dimensions(self, default: tuple[int, int]) -> tuple[int, int]:
+        if self.size is None or self.size == "auto":
+            return default
+        match = _SIZE.match(self.size)
+        assert match is not None  # checked by the validator
+        return int(match.group(1)), int(match.group(2))
+
+
+# -- responses ---------------------------------------------------------------
+
+
+def chat_completion(
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[tuple[str, str]],
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    """`choices` is [(text, finish_reason)] in index order."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            for i, (text, finish) in enumerate(choices)
+        ],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ChunkEncoder:
+    """Encodes one completion's SSE events. The fixed part of each chunk is
+    serialised once; per-token work is one small json.dumps."""
+
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        head = json.dumps(
+            {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+            }
+        )
+        self._prefix = b"data: " + head[:-1].encode() + b', "choices": ['
+
+    def delta(
+        self, index: int, content: str | None, finish_reason: str | None, role: bool = False
+    ) -> bytes:
+        delta: dict[str, str] = {"role": "assistant"} if role else {}
+        if content is not None:
+            delta["content"] = content
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self._prefix + json.dumps(choice).encode() + b"]}\n\n"
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        body = json.dumps(usage(prompt_tokens, completion_tokens)).encode()
+        return self._prefix + b'], "usage": ' + body + b"}\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(message: str, type: str, code: str | None) -> bytes:
+    body = {"error": {"message": message, "type": type, "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

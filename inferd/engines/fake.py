@@ -1,0 +1,200 @@
+"""Fake engines for control-plane tests: timing and faults, no model.
+
+They honour the engine contract (the conformance suite runs against them too)
+so the replica server, gateway and autoscaler can be exercised with real
+processes in milliseconds. They never stand in for the real engines' own
+tests. Behaviour is set through `EngineOptions.extra` (the replica CLI's
+`--engine-arg key=value`):
+
+- `load_delay_s`: seconds `start()` takes (simulates weight loading).
+- `token_delay_s`: seconds between tokens (default 0.002).
+- `image_delay_s`: seconds per image (default 0.01).
+- `fail_load`: if set, `start()` raises with this message.
+- `context_length`: default 4096.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+import zlib
+from collections.abc import AsyncIterator
+
+from inferd.engines.base import (
+    Engine,
+    EngineLoad,
+    ImageModelInfo,
+    ImageRequest,
+    ModelKind,
+    TextDelta,
+    TextModelInfo,
+    TextRequest,
+    validate_image_request,
+)
+from inferd.engines.factory import EngineOptions
+from inferd.engines.vllm import check_prompt_fits, check_token_ids
+from inferd.errors import BadRequest, Conflict
+
+FAKE_VOCAB = 1000
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+
+
+def create_fake_engine(name: str, kind: ModelKind, options: EngineOptions) -> Engine:
+    if kind is ModelKind.IMAGE:
+        return FakeImageEngine(name, options)
+    return FakeTextEngine(name, options)
+
+
+def _float(options: EngineOptions, key: str, default: float) -> float:
+    return float(options.extra.get(key, default))
+
+
+class FakeTextEngine:
+    kind = ModelKind.CHAT
+
+    def __init__(self, name: str, options: EngineOptions) -> None:
+        self._options = options
+        self._info = TextModelInfo(
+            name=name,
+            context_length=int(options.extra.get("context_length", 4096)),
+            vocab_size=FAKE_VOCAB,
+        )
+        self._token_delay = _float(options, "token_delay_s", 0.002)
+        self._running: set[str] = set()
+
+    @property
+    def info(self) -> TextModelInfo:
+        return self._info
+
+    async def start(self) -> None:
+        await asyncio.sleep(_float(self._options, "load_delay_s", 0.0))
+        if self._options.extra.get("fail_load"):
+            raise RuntimeError(str(self._options.extra["fail_load"]))
+
+    async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
+        # One "token" per whitespace-separated word of the prompt.
+        prompt_tokens = sum(len(m.content.split()) + 4 for m in request.messages) + 1
+        s = request.sampling
+        check_prompt_fits(prompt_tokens, s.max_tokens, self._info.context_length)
+        check_token_ids(s.stop_token_ids, s.logit_bias, FAKE_VOCAB)
+        if s.json_schema is not None or s.regex is not None:
+            raise BadRequest("The fake engine has no structured output.", param="response_format")
+        if request.request_id in self._running:
+            raise Conflict(f"Request id {request.request_id!r} is already running.")
+        max_tokens = s.max_tokens or min(16, self._info.context_length - prompt_tokens)
+        self._running.add(request.request_id)
+        try:
+            text = ""
+            for i in range(max_tokens):
+                await asyncio.sleep(self._token_delay)
+                word = _WORDS[(i + (s.seed or 0)) % len(_WORDS)] + " "
+                text += word
+                for stop in s.stop:
+                    if stop in text:
+                        yield TextDelta(
+                            text=word[: max(0, len(word) - (len(text) - text.index(stop)))],
+                            completion_tokens=i + 1,
+                            prompt_tokens=prompt_tokens,
+                            finish_reason="stop",
+                        )
+                        return
+                last = i == max_tokens - 1
+                yield TextDelta(
+                    text=word,
+                    completion_tokens=i + 1,
+                    prompt_tokens=prompt_tokens,
+                    finish_reason="length" if last else None,
+                )
+        finally:
+            self._running.discard(request.request_id)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self._running), waiting=0, kv_cache_usage=None)
+
+    async def check_health(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
+
+
+class FakeImageEngine:
+    kind = ModelKind.IMAGE
+
+    def __init__(self, name: str, options: EngineOptions) -> None:
+        self._options = options
+        self._info = ImageModelInfo(
+            name=name,
+            default_size=(1024, 1024),
+            max_n=4,
+            min_side=64,
+            max_side=2048,
+            side_multiple=8,
+            default_steps=1,
+        )
+        self._delay = _float(options, "image_delay_s", 0.01)
+        self._lock = asyncio.Lock()
+        self._waiting = 0
+        self._running = 0
+
+    @property
+    def info(self) -> ImageModelInfo:
+        return self._info
+
+    async def start(self) -> None:
+        await asyncio.sleep(_float(self._options, "load_delay_s", 0.0))
+        if self._options.extra.get("fail_load"):
+            raise RuntimeError(str(self._options.extra["fail_load"]))
+
+    async def generate(self, request: ImageRequest) -> list[bytes]:
+        validate_image_request(self._info, request)
+        self._waiting += 1
+        waiting = True
+        try:
+            async with self._lock:  # like a real pipeline: one call at a time
+                self._waiting -= 1
+                waiting = False
+                self._running += 1
+                try:
+                    await asyncio.sleep(self._delay * request.n)
+                    seed = hashlib.sha256(f"{request.prompt}/{request.seed}".encode()).digest()
+                    return [
+                        solid_png(request.width, request.height, seed[i % 8 : i % 8 + 3])
+                        for i in range(request.n)
+                    ]
+                finally:
+                    self._running -= 1
+        finally:
+            if waiting:  # cancelled while queued for the lock
+                self._waiting -= 1
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=self._running, waiting=self._waiting)
+
+    async def check_health(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
+
+
+def solid_png(width: int, height: int, rgb: bytes) -> bytes:
+    """A valid PNG of one colour, without PIL."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data))
+            + tag
+            + data
+            + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+        )
+
+    row = b"\x00" + rgb[:3] * width
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * height, 6))
+        + chunk(b"IEND", b"")
+    )

@@ -1,0 +1,310 @@
+"""Chat through vLLM's asynchronous engine (`AsyncLLM`), in this process.
+
+The replica renders the chat template itself and hands vLLM token ids, so it
+knows the prompt length before anything is queued: a prompt that does not fit
+the context, or a `max_tokens` beyond it, is a 400 before the engine sees it.
+vLLM's frontend still validates the rest (structured-output grammars, ...);
+what it refuses is mapped to 400 here, never allowed to reach the engine core.
+
+Abort: `generate` is an async generator; when the replica closes it (client
+gone), the request is aborted in the engine at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from inferd.engines.base import (
+    EngineLoad,
+    ModelKind,
+    TextDelta,
+    TextModelInfo,
+    TextRequest,
+)
+from inferd.engines.chat_template import ChatPromptRenderer
+from inferd.engines.factory import EngineOptions
+from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+class _LoadTracker:
+    """Keeps the scheduler's latest counts; fed by vLLM's stat-logger hook."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+
+
+def _stat_logger_factory(tracker: _LoadTracker) -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class TrackingStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is not None:
+                tracker.running = scheduler_stats.num_running_reqs
+                tracker.waiting = scheduler_stats.num_waiting_reqs
+                tracker.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return TrackingStatLogger
+
+
+def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict[str, Any]:
+    """vLLM engine arguments for these options; shared with the benchmarks so
+    that inferd and vLLM's own server run the very same engine configuration."""
+    on_cpu = options.device == "cpu" or (options.device == "auto" and not _cuda_available())
+    args: dict[str, Any] = {
+        "model": str(model_path),
+        "served_model_name": name,
+        "dtype": options.dtype,
+        "tensor_parallel_size": max(1, len(options.gpu_ids)),
+        # Our own stat logger feeds load reports; vLLM's periodic log lines
+        # are noise in a replica's log.
+        "disable_log_stats": True,
+    }
+    if options.max_model_len is not None:
+        args["max_model_len"] = options.max_model_len
+    if on_cpu:
+        # CUDA graphs do not exist on CPU, and torch.compile warm-up costs
+        # more than it returns for the tiny models served here.
+        args["enforce_eager"] = not options.optimize
+    else:
+        args["gpu_memory_utilization"] = options.gpu_memory_utilization
+        args["enforce_eager"] = False
+    args.update(options.extra)
+    return args
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+class VllmTextEngine:
+    kind = ModelKind.CHAT
+
+    def __init__(self, name: str, model_path: Path, options: EngineOptions) -> None:
+        self._name = name
+        self._model_path = model_path
+        self._options = options
+        self._engine: Any = None
+        self._renderer: ChatPromptRenderer | None = None
+        self._info: TextModelInfo | None = None
+        self._tracker = _LoadTracker()
+        self._active: set[str] = set()
+
+    @property
+    def info(self) -> TextModelInfo:
+        if self._info is None:
+            raise RuntimeError("engine not started")
+        return self._info
+
+    async def start(self) -> None:
+        if self._options.device == "cpu" or not _cuda_available():
+            # Read by vLLM's CPU worker (a child process) at start-up, in GiB.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._options.cpu_kv_cache_gib))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(**engine_args_for(self._model_path, self._name, self._options))
+        # Building the engine blocks for the whole load (tens of seconds);
+        # keep the event loop free so /health answers "loading" meanwhile.
+        self._engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args,
+            args,
+            stat_loggers=[_stat_logger_factory(self._tracker)],
+        )
+        model_config = self._engine.model_config
+        self._renderer = ChatPromptRenderer.from_pretrained(self._model_path)
+        self._info = TextModelInfo(
+            name=self._name,
+            context_length=int(model_config.max_model_len),
+            vocab_size=int(model_config.get_vocab_size()),
+        )
+
+    async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
+        if self._engine is None or self._renderer is None:
+            raise ServiceUnavailable("The model is still loading.", code="model_loading")
+        prompt_ids = self._renderer.render(request.messages)
+        params = self._sampling_params(request, len(prompt_ids))
+        if request.request_id in self._active:
+            raise Conflict(
+                f"A request with id {request.request_id!r} is already running.",
+                param="request_id",
+                code="duplicate_request_id",
+            )
+        self._active.add(request.request_id)
+        stream = self._engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id)
+        mapped = _map_vllm_errors(stream)
+        finished = False
+        completion_tokens = 0
+        try:
+            async for output in mapped:
+                completion = output.outputs[0]
+                completion_tokens += len(completion.token_ids)
+                finished = output.finished
+                yield TextDelta(
+                    text=completion.text,
+                    completion_tokens=completion_tokens,
+                    prompt_tokens=len(prompt_ids),
+                    finish_reason=_finish_reason(completion.finish_reason) if finished else None,
+                )
+        finally:
+            self._active.discard(request.request_id)
+            # Closing vLLM's generator aborts the request in the engine; do it
+            # now rather than whenever the generator is garbage-collected.
+            await mapped.aclose()
+            await stream.aclose()
+            if not finished:
+                await self._engine.abort(request.request_id)
+
+    def _sampling_params(self, request: TextRequest, prompt_len: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        info = self.info
+        s = request.sampling
+        check_prompt_fits(prompt_len, s.max_tokens, info.context_length)
+        check_token_ids(s.stop_token_ids, s.logit_bias, info.vocab_size)
+        structured = None
+        if s.json_schema is not None or s.regex is not None or s.json_object:
+            structured = StructuredOutputsParams(
+                json=s.json_schema, regex=s.regex, json_object=s.json_object or None
+            )
+        try:
+            return SamplingParams(
+                max_tokens=s.max_tokens
+                if s.max_tokens is not None
+                else info.context_length - prompt_len,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                stop=list(s.stop) or None,
+                seed=s.seed,
+                ignore_eos=s.ignore_eos,
+                min_tokens=s.min_tokens,
+                stop_token_ids=list(s.stop_token_ids) or None,
+                logit_bias=dict(s.logit_bias) or None,
+                structured_outputs=structured,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(str(exc)) from None
+
+    def load(self) -> EngineLoad:
+        # The frontend's own count covers requests not yet seen by the
+        # scheduler; the stat logger adds the scheduler's split and KV use.
+        unfinished = self._engine.get_num_unfinished_requests() if self._engine else 0
+        running = min(unfinished, self._tracker.running) if unfinished else 0
+        return EngineLoad(
+            running=running,
+            waiting=max(0, unfinished - running),
+            kv_cache_usage=self._tracker.kv_cache_usage,
+        )
+
+    async def check_health(self) -> None:
+        if self._engine is None:
+            raise RuntimeError("engine not started")
+        await self._engine.check_health()
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.shutdown)
+
+
+def check_prompt_fits(prompt_len: int, max_tokens: int | None, context_length: int) -> None:
+    if prompt_len >= context_length:
+        raise BadRequest(
+            f"The prompt is {prompt_len} tokens; this model's context is {context_length} tokens.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and prompt_len + max_tokens > context_length:
+        raise BadRequest(
+            f"'max_tokens' is {max_tokens} and the prompt is {prompt_len} tokens; together "
+            f"they exceed this model's context of {context_length} tokens "
+            f"(at most {context_length - prompt_len} new tokens fit).",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def check_token_ids(
+    stop_token_ids: tuple[int, ...],
+    logit_bias: tuple[tuple[int, float], ...],
+    vocab_size: int,
+) -> None:
+    for token_id in stop_token_ids:
+        if not 0 <= token_id < vocab_size:
+            raise BadRequest(
+                f"stop_token_ids contains {token_id}, outside the vocabulary [0, {vocab_size}).",
+                param="stop_token_ids",
+            )
+    for token_id, bias in logit_bias:
+        if not 0 <= token_id < vocab_size:
+            raise BadRequest(
+                f"logit_bias has token id {token_id}, outside the vocabulary [0, {vocab_size}).",
+                param="logit_bias",
+            )
+        if not -100.0 <= bias <= 100.0:
+            raise BadRequest(
+                f"logit_bias for token {token_id} is {bias}; it must be within [-100, 100].",
+                param="logit_bias",
+            )
+
+
+def _finish_reason(reason: str | None) -> str:
+    # vLLM says "stop" for EOS and stop strings, "length" at max_tokens,
+    # "abort" when aborted.
+    return reason if reason in ("stop", "length") else "stop"
+
+
+async def _map_vllm_errors(stream: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    """Translate vLLM's exceptions into inferd's, so the replica answers 4xx
+    for what the client got wrong and 503 when the engine itself is gone."""
+    from vllm.exceptions import GracefulHTTPError, VLLMClientError, VLLMNotFoundError
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    try:
+        async for item in stream:
+            yield item
+    except InferdError:
+        raise
+    except VLLMNotFoundError as exc:
+        raise BadRequest(str(exc), code="not_found") from None
+    except VLLMClientError as exc:
+        raise BadRequest(str(exc), param=getattr(exc, "parameter", None)) from None
+    except GracefulHTTPError as exc:
+        raise ServiceUnavailable(str(exc), retry_after=1) from None
+    except EngineDeadError:
+        raise
+    except EngineGenerateError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ValueError | TypeError | VLLMClientError | json.JSONDecodeError):
+            raise BadRequest(str(cause)) from None
+        raise
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(str(exc)) from None

@@ -1,0 +1,71 @@
+"""The replica's Starlette app: routes only; handlers do the protocol work."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd import COMPAT_FAMILY
+from inferd.engines.base import Engine, ImageEngine, ModelKind, TextEngine
+from inferd.errors import EXCEPTION_HANDLERS, NotFound
+from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.replica.chat import ChatHandler, ServedModel
+from inferd.replica.images import ImagesHandler
+from inferd.replica.metrics import ReplicaMetrics
+from inferd.replica.state import ReplicaState, ReplicaStatus
+
+CHAT_PATH = f"/{COMPAT_FAMILY}/v1/chat/completions"
+IMAGES_PATHS = ("/v1/images/generations", f"/{COMPAT_FAMILY}/v1/images/generations")
+MODELS_PATH = f"/{COMPAT_FAMILY}/v1/models"
+
+
+def build_app(
+    engine: Engine,
+    state: ReplicaState,
+    metrics: ReplicaMetrics,
+    model: ServedModel,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
+    async def wrong_kind(request: Request) -> Response:
+        kind = "chat" if engine.kind is ModelKind.CHAT else "image"
+        raise NotFound(
+            f"This endpoint serves the {kind} model '{model.name}'; "
+            f"{request.url.path} is not available on it.",
+            code="unsupported_route",
+        )
+
+    if engine.kind is ModelKind.CHAT:
+        assert isinstance(engine, TextEngine)
+        chat = ChatHandler(engine, state, metrics, model, max_body_bytes)
+        routes = [Route(CHAT_PATH, chat.handle, methods=["POST"])]
+        routes += [Route(path, wrong_kind, methods=["POST"]) for path in IMAGES_PATHS]
+    else:
+        assert isinstance(engine, ImageEngine)
+        images = ImagesHandler(engine, state, metrics, model, max_body_bytes)
+        routes = [Route(path, images.handle, methods=["POST"]) for path in IMAGES_PATHS]
+        routes.append(Route(CHAT_PATH, wrong_kind, methods=["POST"]))
+
+    async def health(request: Request) -> Response:
+        ready = state.status is ReplicaStatus.READY
+        body = {"status": state.status.value, "model": model.name, "reason": state.reason}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def list_models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": model.name, "object": "model", "created": 0, "owned_by": "inferd"}],
+            }
+        )
+
+    routes += [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+        Route(MODELS_PATH, list_models, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)

@@ -1,0 +1,305 @@
+"""Chat completions: the OpenAI protocol translated to `TextEngine` calls.
+
+Errors surface as HTTP statuses because the first delta of every choice is
+pulled before the response starts: engines raise their validation errors
+there. After the first byte of a stream, an error can only be reported in
+band, as an SSE `error` event followed by the end of the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from inferd.api.openai import (
+    SSE_DONE,
+    ChatCompletionRequest,
+    ChunkEncoder,
+    chat_completion,
+    sse_error,
+)
+from inferd.engines.base import ChatMessage, SamplingOptions, TextDelta, TextEngine, TextRequest
+from inferd.errors import BadRequest, InferdError, NotFound
+from inferd.http import read_model
+from inferd.replica.metrics import ReplicaMetrics
+from inferd.replica.state import InFlight, ReplicaState
+
+logger = logging.getLogger(__name__)
+
+ROUTE = "chat"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    aliases: frozenset[str]
+
+    def check(self, requested: str | None) -> None:
+        if requested is not None and requested != self.name and requested not in self.aliases:
+            raise NotFound(
+                f"The model '{requested}' does not exist on this endpoint; it serves "
+                f"'{self.name}'.",
+                param="model",
+                code="model_not_found",
+            )
+
+
+def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextRequest]:
+    messages = tuple(
+        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+        for m in body.messages
+    )
+    json_schema, regex, json_object = body.structured()
+    try:
+        logit_bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    except ValueError:
+        raise BadRequest("logit_bias keys must be token ids.", param="logit_bias") from None
+    requests = []
+    for index in range(body.n):
+        sampling = SamplingOptions(
+            max_tokens=body.effective_max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            stop=body.stop_list(),
+            # Distinct but reproducible seeds for the n choices.
+            seed=None if body.seed is None else body.seed + index,
+            ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            logit_bias=logit_bias,
+            json_schema=json_schema,
+            regex=regex,
+            json_object=json_object,
+        )
+        rid = request_id if body.n == 1 else f"{request_id}-{index}"
+        requests.append(TextRequest(request_id=rid, messages=messages, sampling=sampling))
+    return requests
+
+
+class ChatHandler:
+    def __init__(
+        self,
+        engine: TextEngine,
+        state: ReplicaState,
+        metrics: ReplicaMetrics,
+        model: ServedModel,
+        max_body_bytes: int,
+    ) -> None:
+        self.engine = engine
+        self.state = state
+        self.metrics = metrics
+        self.model = model
+        self.max_body_bytes = max_body_bytes
+
+    async def handle(self, request: Request) -> Response:
+        started = time.perf_counter()
+        status = 500
+        in_flight = self.state.admit()
+        streaming = False
+        try:
+            body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
+            self.model.check(body.model)
+            request_id = (
+                body.request_id
+                or request.headers.get("x-request-id")
+                or (f"chatcmpl-{uuid.uuid4().hex}")
+            )
+            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id)]
+            try:
+                firsts = [await anext(s) for s in streams]
+            except BaseException:
+                await _close_all(streams)
+                raise
+            self.metrics.ttft.observe(time.perf_counter() - started)
+            model_name = body.model or self.model.name
+            created = int(time.time())
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                sse = self._sse(
+                    request_id,
+                    created,
+                    model_name,
+                    streams,
+                    firsts,
+                    include_usage,
+                    in_flight,
+                    started,
+                )
+                streaming = True
+                status = 200
+                return StreamingResponse(
+                    sse,
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+                )
+            result = await _unless_disconnected(request, _collect(streams, firsts))
+            if result is None:
+                status = 499  # client closed the connection; nobody reads this
+                return Response(status_code=499)
+            choices, prompt_tokens, completion_tokens = result
+            self._count_tokens(prompt_tokens, completion_tokens)
+            status = 200
+            return JSONResponse(
+                chat_completion(
+                    request_id, created, model_name, choices, prompt_tokens, completion_tokens
+                ),
+                headers={"X-Request-Id": request_id},
+            )
+        except InferdError as exc:
+            status = exc.status
+            raise
+        finally:
+            if not streaming:
+                in_flight.release()
+                self._observe(status, started)
+
+    def _count_tokens(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.generated_tokens.inc(completion_tokens)
+
+    def _observe(self, status: int, started: float) -> None:
+        self.metrics.requests.labels(ROUTE, str(status)).inc()
+        self.metrics.latency.labels(ROUTE).observe(time.perf_counter() - started)
+
+    async def _sse(
+        self,
+        request_id: str,
+        created: int,
+        model_name: str,
+        streams: list[AsyncIterator[TextDelta]],
+        firsts: list[TextDelta],
+        include_usage: bool,
+        in_flight: InFlight,
+        started: float,
+    ) -> AsyncIterator[bytes]:
+        encoder = ChunkEncoder(request_id, created, model_name)
+        prompt_tokens = firsts[0].prompt_tokens
+        completion = [0] * len(streams)
+        status = 200
+        try:
+            for index in range(len(streams)):
+                yield encoder.delta(index, "", None, role=True)
+            async for index, delta in _merge(streams, firsts):
+                completion[index] = delta.completion_tokens
+                if delta.text or delta.finish_reason:
+                    yield encoder.delta(index, delta.text or None, delta.finish_reason)
+            if include_usage:
+                yield encoder.usage(prompt_tokens, sum(completion))
+            yield SSE_DONE
+        except InferdError as exc:
+            status = exc.status
+            yield sse_error(exc.message, exc.type, exc.code)
+        except Exception:
+            # Headers are gone: report in band, then end the stream cleanly
+            # rather than leaving the client waiting on a silent socket.
+            logger.exception("chat stream %s failed", request_id)
+            status = 500
+            yield sse_error("The engine failed while generating.", "server_error", "engine_error")
+        finally:
+            await _close_all(streams)
+            self._count_tokens(prompt_tokens, sum(completion))
+            in_flight.release()
+            self._observe(status, started)
+
+
+async def _collect(
+    streams: list[AsyncIterator[TextDelta]], firsts: list[TextDelta]
+) -> tuple[list[tuple[str, str]], int, int]:
+    async def one(stream: AsyncIterator[TextDelta], first: TextDelta) -> tuple[str, str, int]:
+        parts = [first.text]
+        last = first
+        async for delta in stream:
+            parts.append(delta.text)
+            last = delta
+        return "".join(parts), last.finish_reason or "stop", last.completion_tokens
+
+    try:
+        if len(streams) == 1:
+            results = [await one(streams[0], firsts[0])]
+        else:
+            results = list(await asyncio.gather(*map(one, streams, firsts)))
+    finally:
+        await _close_all(streams)
+    choices = [(text, finish) for text, finish, _ in results]
+    return choices, firsts[0].prompt_tokens, sum(tokens for _, _, tokens in results)
+
+
+async def _merge(
+    streams: list[AsyncIterator[TextDelta]], firsts: list[TextDelta]
+) -> AsyncIterator[tuple[int, TextDelta]]:
+    """Deltas of all choices as they come: (choice index, delta)."""
+    for index, first in enumerate(firsts):
+        yield index, first
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, TextDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[TextDelta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta))
+            await queue.put((index, None))
+        except Exception as exc:
+            await queue.put((index, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close_all(streams: list[AsyncIterator[TextDelta]]) -> None:
+    for stream in streams:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+
+async def _unless_disconnected(request: Request, work: Any) -> Any:
+    """Run `work`; if the client disconnects first, cancel it (which aborts
+    the engine requests) and return None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    return None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

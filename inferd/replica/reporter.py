@@ -1,0 +1,99 @@
+"""Reports a replica's status and load to the control plane's registry.
+
+Push, not poll: a report on every status change and a heartbeat every
+`interval` seconds. The registry marks a replica that goes quiet as failed;
+the replica in turn treats a registry it cannot reach for `orphan_timeout`
+seconds, or one that no longer knows it (404/410), as the end of its
+employment and drains itself, so no replica outlives its control plane for
+long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+class StatusReporter:
+    def __init__(
+        self,
+        registry_url: str,
+        replica_id: str,
+        secret: str | None,
+        snapshot: Callable[[], dict[str, Any]],
+        on_orphaned: Callable[[], None],
+        interval: float = 2.0,
+        orphan_timeout: float | None = None,
+    ) -> None:
+        self._url = f"{registry_url.rstrip('/')}/replicas/{replica_id}"
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        self._client = httpx.AsyncClient(headers=headers, timeout=5.0)
+        self._snapshot = snapshot
+        self._on_orphaned = on_orphaned
+        self._interval = interval
+        self._orphan_timeout = orphan_timeout
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_success = time.monotonic()
+        self._seq = 0
+        self._orphaned = False
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def notify(self) -> None:
+        """Report now (a status change) instead of at the next heartbeat."""
+        self._wake.set()
+
+    async def report_now(self) -> bool:
+        self._seq += 1
+        payload = {**self._snapshot(), "seq": self._seq, "pid": os.getpid()}
+        try:
+            response = await self._client.post(self._url, json=payload)
+        except httpx.HTTPError as exc:
+            logger.debug("status report failed: %s", exc)
+            return False
+        if response.status_code in (404, 410):
+            self._orphan("the registry no longer knows this replica")
+            return False
+        if response.status_code >= 400:
+            logger.warning("registry refused the status report: %s", response.status_code)
+            return False
+        self._last_success = time.monotonic()
+        return True
+
+    def _orphan(self, why: str) -> None:
+        if not self._orphaned:
+            self._orphaned = True
+            logger.warning("replica orphaned (%s); draining", why)
+            self._on_orphaned()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            await self.report_now()
+            if (
+                self._orphan_timeout is not None
+                and time.monotonic() - self._last_success > self._orphan_timeout
+            ):
+                self._orphan(f"registry unreachable for {self._orphan_timeout:.0f}s")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+
+    async def close(self) -> None:
+        """Send a last report (the final status), then stop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.report_now()
+        await self._client.aclose()

@@ -1,0 +1,267 @@
+"""The replica process: bind, serve, load, warm up, report, drain.
+
+The HTTP server starts before the model loads so that `/health` answers
+("loading", 503) and the registry hears about progress during a load that
+can take minutes. SIGTERM drains: status `draining` (new requests get 503,
+which the gateway retries elsewhere), in-flight requests finish, the engine
+shuts down, status `stopped`, exit 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from inferd.engines.base import (
+    ChatMessage,
+    Engine,
+    ImageEngine,
+    ImageRequest,
+    ModelKind,
+    SamplingOptions,
+    TextEngine,
+    TextRequest,
+)
+from inferd.engines.factory import EngineOptions, create_engine
+from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.replica.app import build_app
+from inferd.replica.chat import ServedModel
+from inferd.replica.metrics import ReplicaMetrics
+from inferd.replica.reporter import StatusReporter
+from inferd.replica.state import ReplicaState, ReplicaStatus
+
+logger = logging.getLogger("inferd.replica")
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    model: str
+    served_names: tuple[str, ...] = ()
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    host: str = "127.0.0.1"
+    port: int = 0
+    port_file: Path | None = None
+    registry_url: str | None = None
+    replica_id: str = ""
+    endpoint_id: str | None = None
+    secret: str | None = None
+    report_interval: float = 2.0
+    orphan_timeout: float | None = None
+    drain_timeout: float = 60.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    warmup: bool = True
+    models_dir: Path | None = None
+    cache_dir: Path | None = None
+    log_level: str = "info"
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, with the first SIGTERM/SIGINT turned into a drain request
+    instead of an immediate shutdown (uvicorn would also re-raise the signal
+    after serving, turning a clean drain into a non-zero exit)."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: Any) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+        self._signalled = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._signalled:
+            self.should_exit = True
+            self.force_exit = True
+            return
+        self._signalled = True
+        self._on_signal()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def warm_up(engine: Engine) -> None:
+    """One real request through the engine before `ready`: first-call costs
+    (kernel selection, allocator growth, lazy imports) are paid here, not by
+    the first client."""
+    if isinstance(engine, TextEngine):
+        request = TextRequest(
+            request_id=f"warmup-{os.getpid()}",
+            messages=(ChatMessage(role="user", content="Hello"),),
+            sampling=SamplingOptions(max_tokens=4, ignore_eos=True, temperature=0.0),
+        )
+        async for _ in engine.generate(request):
+            pass
+    elif isinstance(engine, ImageEngine):
+        width, height = engine.info.default_size
+        await engine.generate(
+            ImageRequest(
+                request_id="warmup",
+                prompt="warm-up",
+                width=width,
+                height=height,
+                num_inference_steps=min(2, engine.info.default_steps),
+            )
+        )
+
+
+class ReplicaProcess:
+    def __init__(self, config: ReplicaConfig) -> None:
+        self.config = config
+        self.state = ReplicaState()
+        self.url = ""
+        self.started_at = time.time()
+        self._drain_requested = asyncio.Event()
+        self._model_name = config.served_names[0] if config.served_names else config.model
+        self._reporter: StatusReporter | None = None
+
+    def _snapshot(self) -> dict[str, Any]:
+        load = self._engine.load() if hasattr(self, "_engine") else None
+        return {
+            "replicaId": self.config.replica_id,
+            "endpointId": self.config.endpoint_id,
+            "status": self.state.status.value,
+            "reason": self.state.reason,
+            "url": self.url,
+            "model": self._model_name,
+            "gpus": list(self.config.engine.gpu_ids),
+            "startedAt": self.started_at,
+            "load": {
+                "inFlight": self.state.in_flight,
+                "running": load.running if load else 0,
+                "waiting": load.waiting if load else 0,
+                "kvCacheUsage": load.kv_cache_usage if load else None,
+            },
+        }
+
+    def request_drain(self) -> None:
+        self._drain_requested.set()
+
+    async def run(self) -> int:
+        config = self.config
+        if config.registry_url:
+            self._reporter = StatusReporter(
+                config.registry_url,
+                config.replica_id,
+                config.secret,
+                self._snapshot,
+                on_orphaned=self.request_drain,
+                interval=config.report_interval,
+                orphan_timeout=config.orphan_timeout,
+            )
+            self.state.on_change(self._reporter.notify)
+            self._reporter.start()
+        try:
+            return await self._serve()
+        finally:
+            if self._reporter is not None:
+                await self._reporter.close()
+
+    async def _serve(self) -> int:
+        config = self.config
+        try:
+            name, kind, path = resolve(config)
+        except Exception as exc:
+            self.state.set(ReplicaStatus.FAILED, f"model unavailable: {exc}")
+            logger.error("cannot resolve model %r: %s", config.model, exc)
+            return 1
+        self._model_name = config.served_names[0] if config.served_names else name
+        self._engine = create_engine(self._model_name, kind, path, config.engine)
+        metrics = ReplicaMetrics(self._engine, self.state)
+        served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
+        app = build_app(self._engine, self.state, metrics, served, config.max_body_bytes)
+        sock = bind_socket(config.host, config.port)
+        port = sock.getsockname()[1]
+        self.url = f"http://{config.host}:{port}"
+        server = _DrainingServer(
+            uvicorn.Config(
+                app,
+                log_level=config.log_level,
+                access_log=False,
+                lifespan="off",
+                timeout_keep_alive=30,
+            ),
+            on_signal=self.request_drain,
+        )
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        if config.port_file is not None:
+            config.port_file.write_text(f"{port}\n")
+        logger.info("replica %s serving %s on %s", config.replica_id, self._model_name, self.url)
+
+        exit_code = 0
+        self.state.set(ReplicaStatus.LOADING)
+        loading = asyncio.ensure_future(self._load())
+        drain = asyncio.ensure_future(self._drain_requested.wait())
+        await asyncio.wait({loading, drain, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done() and loading.exception() is None and not serving.done():
+            self.state.set(ReplicaStatus.READY)
+            logger.info("replica ready")
+            await asyncio.wait({drain, serving}, return_when=asyncio.FIRST_COMPLETED)
+        elif loading.done() and loading.exception() is not None:
+            error = loading.exception()
+            logger.error("model load failed: %r", error)
+            self.state.set(ReplicaStatus.FAILED, f"load failed: {type(error).__name__}: {error}")
+            exit_code = 1
+        else:
+            # Drain requested (or the server died) while still loading:
+            # let the load finish so the engine can be shut down cleanly.
+            await asyncio.wait({loading}, timeout=config.drain_timeout)
+
+        if self.state.status is not ReplicaStatus.FAILED:
+            self.state.set(ReplicaStatus.DRAINING)
+            idle = await self.state.wait_idle(config.drain_timeout)
+            if not idle:
+                logger.warning("drain timed out with %d in flight", self.state.in_flight)
+        server.should_exit = True
+        await serving
+        drain.cancel()
+        if loading.done() and loading.exception() is None:
+            await self._engine.shutdown()
+        else:
+            loading.cancel()
+        if self.state.status is not ReplicaStatus.FAILED:
+            self.state.set(ReplicaStatus.STOPPED)
+        return exit_code
+
+    async def _load(self) -> None:
+        await self._engine.start()
+        if self.config.warmup:
+            await warm_up(self._engine)
+
+
+def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path]:
+    from inferd.catalog import load_catalog, resolve_model
+
+    catalog = load_catalog(models_dir=config.models_dir)
+    resolved = resolve_model(config.model, catalog.models, cache_dir=config.cache_dir)
+    return resolved.name, ModelKind(resolved.kind), resolved.path
+
+
+def run_replica(config: ReplicaConfig) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # A replica is its own process group leader's child; make sure a SIGTERM
+    # from the launcher reaches our handler, not a default inherited ignore.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    process = ReplicaProcess(config)
+    try:
+        import uvloop
+
+        return uvloop.run(process.run())
+    except ImportError:
+        return asyncio.run(process.run())
