@@ -246,6 +246,13 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path]:
     from inferd.catalog import load_catalog, resolve_model
 
     catalog = load_catalog(models_dir=config.models_dir)
+    if config.engine.engine == "fake":
+        # The fake engine loads nothing: take the kind from the catalog (or
+        # `--engine-arg kind=image`) and never build or download weights.
+        kind = config.engine.extra.get("kind")
+        if kind is None and config.model in catalog.models:
+            kind = catalog.models.get(config.model).kind
+        return config.model, ModelKind(kind or "chat"), Path(".")
     resolved = resolve_model(config.model, catalog.models, cache_dir=config.cache_dir)
     return resolved.name, ModelKind(resolved.kind), resolved.path
 

@@ -1,0 +1,225 @@
+"""Shared pieces of the benchmarks: a closed-loop OpenAI load generator,
+percentiles, a printed table and a JSON report.
+
+Every benchmark measures inferd side by side with its reference in the same
+run, on the same machine, with the same load; the goal is a ratio, never an
+absolute number asserted in a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class LoadResult:
+    label: str
+    requests: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    ttft_s: list[float] = field(default_factory=list, repr=False)
+    latency_s: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.wall_s if self.wall_s else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "requests": self.requests,
+            "errors": self.errors,
+            "wall_s": round(self.wall_s, 4),
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": round(self.tokens_per_s, 2),
+            "requests_per_s": round(self.requests_per_s, 2),
+            "ttft_p50_ms": ms(percentile(self.ttft_s, 50)),
+            "ttft_p99_ms": ms(percentile(self.ttft_s, 99)),
+            "latency_p50_ms": ms(percentile(self.latency_s, 50)),
+            "latency_p99_ms": ms(percentile(self.latency_s, 99)),
+        }
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 3)
+
+
+def chat_body(model: str, max_tokens: int, stream: bool, prompt: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": stream,
+        # Fixed-length outputs: a random-weight model would stop anywhere.
+        "ignore_eos": True,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _one_chat(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[float | None, float, int]:
+    """(time to first content token, latency, completion tokens)."""
+    start = time.perf_counter()
+    if not body["stream"]:
+        response = await client.post(url, json=body, headers=headers)
+        response.raise_for_status()
+        tokens = response.json()["usage"]["completion_tokens"]
+        return None, time.perf_counter() - start, tokens
+    ttft = None
+    tokens = 0
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and any(c["delta"].get("content") for c in chunk["choices"]):
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return ttft, time.perf_counter() - start, tokens
+
+
+async def closed_loop_chat(
+    label: str,
+    url: str,
+    *,
+    model: str,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    stream: bool,
+    headers: dict[str, str] | None = None,
+    prompt: str = "Write a short story about a fox who learns to fly.",
+    timeout_s: float = 600,
+) -> LoadResult:
+    """`concurrency` workers, each sending its next request as soon as the
+    previous one finished, until `requests` were sent (or `timeout_s`)."""
+    body = chat_body(model, max_tokens, stream, prompt)
+    result = LoadResult(label, 0, 0, 0.0, 0)
+    remaining = requests
+    deadline = time.monotonic() + timeout_s
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0 and time.monotonic() < deadline:
+                remaining -= 1
+                try:
+                    ttft, latency, tokens = await _one_chat(client, url, body, headers or {})
+                except (httpx.HTTPError, KeyError, ValueError):
+                    result.errors += 1
+                    continue
+                result.requests += 1
+                result.output_tokens += tokens
+                result.latency_s.append(latency)
+                if ttft is not None:
+                    result.ttft_s.append(ttft)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - started
+    return result
+
+
+def print_table(title: str, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print(f"\n{title}")
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    print("  ".join("-" * widths[c] for c in columns))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def write_report(name: str, report: dict[str, Any], out: Path | None = None) -> Path:
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "benchmark": name,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+        **report,
+    }
+    path.write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    print(f"\nwrote {path}")
+    return path
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)
+    return str(value)
+
+
+def wait_http_ok(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout}s")

@@ -1,0 +1,172 @@
+"""inferd's replica against vLLM's own OpenAI server: same model, same engine
+configuration, same closed-loop load, one run.
+
+    python benchmarks/replica_vs_vllm.py [--requests 64 --concurrency 8 --max-tokens 64]
+
+Both servers are started at once and measured in alternating rounds (so
+drift on a shared machine hits both), streamed and not. Goals: inferd's
+output tokens/s >= 0.95 of vLLM's server; TTFT p50 within +5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import LoadResult, closed_loop_chat, print_table, wait_http_ok, write_report
+
+from inferd.engines.factory import EngineOptions
+from inferd.engines.vllm import engine_args_for
+from inferd.testing import ReplicaHandle, free_port
+
+
+def vllm_cli_flags(args: dict[str, Any]) -> list[str]:
+    """AsyncEngineArgs keywords -> vLLM CLI flags (the same configuration)."""
+    flags = []
+    for key, value in args.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def start_vllm_server(model_path: Path, options: EngineOptions, port: int, log: Path) -> Any:
+    engine_args = engine_args_for(model_path, "tiny-chat", options)
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port),
+        "--disable-uvicorn-access-log", *vllm_cli_flags(engine_args),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def aggregate(label: str, runs: list[LoadResult]) -> dict[str, Any]:
+    pooled = LoadResult(label, 0, 0, 0.0, 0)
+    for run in runs:
+        pooled.requests += run.requests
+        pooled.errors += run.errors
+        pooled.output_tokens += run.output_tokens
+        pooled.wall_s += run.wall_s
+        pooled.ttft_s += run.ttft_s
+        pooled.latency_s += run.latency_s
+    row = pooled.summary()
+    # Median of the rounds' rates: robust to one disturbed round.
+    row["output_tokens_per_s"] = round(statistics.median(r.tokens_per_s for r in runs), 2)
+    return row
+
+
+async def measure(
+    targets: dict[str, str], args: argparse.Namespace, stream: bool
+) -> dict[str, list[LoadResult]]:
+    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    order = list(targets)
+    for round_index in range(args.rounds):
+        for name in order if round_index % 2 == 0 else reversed(order):
+            runs[name].append(
+                await closed_loop_chat(
+                    name,
+                    targets[name],
+                    model="tiny-chat",
+                    requests=args.requests,
+                    concurrency=args.concurrency,
+                    max_tokens=args.max_tokens,
+                    stream=stream,
+                )
+            )
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-chat", help="catalog name or local directory")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    from inferd.catalog import load_catalog, resolve_model
+
+    model_path = resolve_model(args.model, load_catalog().models).path
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    options = EngineOptions(engine="vllm", device=args.device)
+    vllm_port = free_port()
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    reference = start_vllm_server(model_path, options, vllm_port, logs / "bench-vllm-server.log")
+    replica = ReplicaHandle(
+        str(model_path),
+        ["--engine", "vllm", "--device", args.device, "--served-model-name", "tiny-chat"],
+    )
+    try:
+        wait_http_ok(f"http://127.0.0.1:{vllm_port}/health", reference, timeout=600)
+        replica.wait_ready(timeout=600)
+        targets = {
+            "vllm-server": f"http://127.0.0.1:{vllm_port}/v1/chat/completions",
+            "inferd-replica": f"{replica.url}/openai/v1/chat/completions",
+        }
+        # Warm both (first requests pay for lazy initialisation).
+        asyncio.run(
+            measure(
+                targets, argparse.Namespace(**{**vars(args), "rounds": 1, "requests": 16}), True
+            )
+        )
+        report: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "results": {}}
+        rows = []
+        for stream in (False, True):
+            runs = asyncio.run(measure(targets, args, stream))
+            mode = "stream" if stream else "non-stream"
+            base = aggregate("vllm-server", runs["vllm-server"])
+            ours = aggregate("inferd-replica", runs["inferd-replica"])
+            ratio = ours["output_tokens_per_s"] / base["output_tokens_per_s"]
+            ttft_delta = (
+                None
+                if base["ttft_p50_ms"] is None
+                else round(ours["ttft_p50_ms"] - base["ttft_p50_ms"], 3)
+            )
+            for row in (base, ours):
+                rows.append({"mode": mode, **row})
+            rows[-1]["tok/s ratio"] = round(ratio, 3)
+            rows[-1]["ttft p50 delta ms"] = ttft_delta
+            report["results"][mode] = {
+                "vllm_server": base,
+                "inferd_replica": ours,
+                "tokens_per_s_ratio": round(ratio, 4),
+                "ttft_p50_delta_ms": ttft_delta,
+                "goal_met": ratio >= 0.95 and (ttft_delta is None or ttft_delta <= 5),
+            }
+        print_table(
+            f"replica vs vLLM server: {args.requests} requests x {args.rounds} rounds, "
+            f"{args.concurrency} concurrent, {args.max_tokens} output tokens",
+            rows,
+            ["mode", "label", "errors", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms",
+             "latency_p50_ms", "latency_p99_ms", "tok/s ratio", "ttft p50 delta ms"],
+        )  # fmt: skip
+        write_report("replica_vs_vllm", report, args.out)
+    finally:
+        replica.stop()
+        reference.terminate()
+        try:
+            reference.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(reference.pid, 9)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Shared fixtures. Expensive things (tiny model builds, loaded engines,
+replica processes) are built once per session and shared."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferd.testing import LoopThread, ReplicaHandle
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Tiny models are built once and reused across runs (gitignored).
+os.environ.setdefault("INFERD_CACHE_DIR", str(REPO / ".inferd" / "test-cache"))
+# vLLM on CPU: a small KV cache (GiB) and quiet logs.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_DIFFUSERS = importlib.util.find_spec("diffusers") is not None
+
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+needs_diffusers = pytest.mark.skipif(not HAS_DIFFUSERS, reason="diffusers is not installed")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir() -> Path:
+    from inferd.catalog.tiny import ensure_tiny_model
+
+    return ensure_tiny_model("tiny-chat")
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_dir() -> Path:
+    from inferd.catalog.tiny import ensure_tiny_model
+
+    return ensure_tiny_model("tiny-sdxl")
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_replica(tiny_chat_dir: Path) -> Iterator[ReplicaHandle]:
+    """One real replica process serving tiny-chat through vLLM, shared by
+    every test that needs the real engine behind real HTTP."""
+    if not HAS_VLLM:
+        pytest.skip("vLLM is not installed")
+    handle = ReplicaHandle(
+        str(tiny_chat_dir),
+        ["--engine", "vllm", "--device", "cpu", "--served-model-name", "tiny-chat"],
+    )
+    try:
+        yield handle.wait_ready(timeout=300)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def diffusers_replica(tiny_sdxl_dir: Path) -> Iterator[ReplicaHandle]:
+    if not HAS_DIFFUSERS:
+        pytest.skip("diffusers is not installed")
+    handle = ReplicaHandle(
+        str(tiny_sdxl_dir),
+        ["--engine", "diffusers", "--device", "cpu", "--served-model-name", "tiny-sdxl"],
+    )
+    try:
+        yield handle.wait_ready(timeout=300)
+    finally:
+        handle.stop()

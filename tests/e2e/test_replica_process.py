@@ -1,0 +1,204 @@
+"""The replica as a real process, on the fake engine: lifecycle, status
+reports to a registry, graceful drain on SIGTERM, aborts on disconnect.
+
+These are control-plane behaviours (timing, signals), so the fake engine is
+the right tool; the real engines are exercised in test_replica_vllm.py and
+test_replica_diffusers.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd.testing import ReplicaHandle, free_port
+
+CHAT = "/openai/v1/chat/completions"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+class FakeRegistry:
+    """Records status reports; answers `answer` (200 unless a test changes it)."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
+        self.answer = 200
+
+        async def report(request: Request) -> Response:
+            self.reports.append(await request.json())
+            self.auth.append(request.headers.get("authorization"))
+            return JSONResponse({}, status_code=self.answer)
+
+        app = Starlette(routes=[Route("/replicas/{rid}", report, methods=["POST"])])
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def statuses(self) -> list[str]:
+        seen: list[str] = []
+        for report in self.reports:
+            if not seen or seen[-1] != report["status"]:
+                seen.append(report["status"])
+        return seen
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+
+@pytest.fixture
+def registry() -> Iterator[FakeRegistry]:
+    reg = FakeRegistry()
+    yield reg
+    reg.stop()
+
+
+def fake_replica(*args: str, env: dict[str, str] | None = None) -> ReplicaHandle:
+    return ReplicaHandle("tiny-chat", ["--engine", "fake", *args], env=env)
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    assert match, f"{name} not in metrics"
+    return float(match.group(1))
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegistry) -> None:
+    replica = fake_replica(
+        "--registry-url", registry.url, "--replica-id", "r-1", "--endpoint-id", "e-1",
+        "--report-interval", "0.2", "--engine-arg", "load_delay_s=0.5",
+        "--engine-arg", "token_delay_s=0.02",
+        env={"INFERD_REPLICA_SECRET": "s3cret"},
+    ).wait_ready(60)  # fmt: skip
+    try:
+        wait_until(lambda: "ready" in registry.statuses(), 5)
+        ready = next(r for r in registry.reports if r["status"] == "ready")
+        assert ready["replicaId"] == "r-1" and ready["endpointId"] == "e-1"
+        assert ready["url"] == replica.url and ready["pid"] == replica.pid
+        assert set(ready["load"]) >= {"inFlight", "running", "waiting", "kvCacheUsage"}
+        assert registry.auth[-1] == "Bearer s3cret"
+
+        # A long stream is in flight when SIGTERM arrives: it must finish.
+        events: list[str] = []
+        body = {"messages": HELLO, "max_tokens": 60, "stream": True}
+
+        def consume() -> None:
+            with httpx.stream("POST", replica.url + CHAT, json=body, timeout=30) as response:
+                events.extend(line for line in response.iter_lines() if line)
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        wait_until(lambda: metric(replica.url, "inferd_requests_in_flight") == 1, 5)
+        replica.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "draining" in registry.statuses(), 5)
+        refused = httpx.post(replica.url + CHAT, json={"messages": HELLO, "max_tokens": 1})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "replica_draining"
+        reader.join(30)
+        assert events[-1] == "data: [DONE]"
+        assert replica.process.wait(30) == 0
+        assert registry.statuses() == ["starting", "loading", "ready", "draining", "stopped"] or (
+            registry.statuses() == ["loading", "ready", "draining", "stopped"]
+        )
+    finally:
+        replica.stop()
+
+
+def test_failed_load_is_reported_with_reason(registry: FakeRegistry) -> None:
+    replica = fake_replica(
+        "--registry-url", registry.url, "--replica-id", "r-2",
+        "--engine-arg", "fail_load=out of memory while loading weights",
+    )  # fmt: skip
+    try:
+        assert replica.process.wait(30) == 1
+        failed = registry.reports[-1]
+        assert failed["status"] == "failed"
+        assert "out of memory while loading weights" in failed["reason"]
+    finally:
+        replica.stop()
+
+
+def test_replica_that_registry_forgot_drains_and_exits(registry: FakeRegistry) -> None:
+    replica = fake_replica(
+        "--registry-url", registry.url, "--replica-id", "r-3", "--report-interval", "0.2"
+    ).wait_ready(60)
+    try:
+        registry.answer = 404  # the control plane no longer knows this replica
+        assert replica.process.wait(15) == 0
+        assert registry.statuses()[-1] == "stopped"
+    finally:
+        replica.stop()
+
+
+def test_replica_without_registry_exits_after_orphan_timeout() -> None:
+    dead_registry = f"http://127.0.0.1:{free_port()}"
+    replica = fake_replica(
+        "--registry-url", dead_registry, "--report-interval", "0.2", "--orphan-timeout", "1"
+    ).wait_ready(60)
+    try:
+        assert replica.process.wait(15) == 0
+    finally:
+        replica.stop()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts_engine_work(stream: bool) -> None:
+    replica = fake_replica("--engine-arg", "token_delay_s=0.05").wait_ready(60)
+    try:
+        body = {"messages": HELLO, "max_tokens": 2000, "stream": stream}
+        client = httpx.Client(timeout=30)
+        if stream:
+            response = client.send(
+                client.build_request("POST", replica.url + CHAT, json=body), stream=True
+            )
+            next(response.iter_lines())
+        else:
+            threading.Thread(
+                target=lambda: _swallow(lambda: client.post(replica.url + CHAT, json=body)),
+                daemon=True,
+            ).start()
+        wait_until(lambda: metric(replica.url, "inferd_engine_running") == 1, 5)
+        client.close()  # the client goes away mid-generation
+        elapsed = wait_until(lambda: metric(replica.url, "inferd_engine_running") == 0, 2)
+        assert elapsed < 2
+        assert metric(replica.url, "inferd_requests_in_flight") == 0
+    finally:
+        replica.stop()
+
+
+def _swallow(call: Any) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        call()
