@@ -1,0 +1,58 @@
+"""What the gateway needs to know about endpoints and replicas, and nothing more.
+
+The control plane's registry implements `ReplicaDirectory`; the gateway only
+reads it and signals back. Keeping this interface narrow is what lets a
+cluster-backed launcher or another registry replace the local one without
+touching the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class EndpointRoute:
+    endpoint_id: str
+    kind: str  # "chat" | "image"
+    model_name: str
+    # Requests for an endpoint being deleted are refused (503), not held.
+    deleting: bool = False
+    # Scaled to zero or still coming up: hold requests rather than refuse.
+    accepts_held_requests: bool = True
+
+
+@dataclass(frozen=True)
+class RoutableReplica:
+    replica_id: str
+    url: str  # base URL of the replica server, e.g. http://127.0.0.1:41234
+    # Engine queue depth from the replica's last report; the gateway adds its
+    # own in-flight count to rank replicas.
+    reported_waiting: int = 0
+
+
+class ReplicaDirectory(Protocol):
+    def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
+        """None when no such endpoint exists (the gateway answers 404 — after
+        authentication, so that ids cannot be probed without a token)."""
+        ...
+
+    def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
+        """Replicas in status `ready` only; draining ones are excluded."""
+        ...
+
+    def request_capacity(self, endpoint_id: str) -> None:
+        """A request is waiting with no ready replica: scale up now."""
+        ...
+
+    def report_unreachable(self, replica_id: str, reason: str) -> None:
+        """The gateway could not connect to this replica: stop routing to it
+        until it reports again (the registry decides whether it failed)."""
+        ...
+
+    async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
+        """Return True as soon as the endpoint has a ready replica (at once if
+        it has one now), False after `timeout` seconds."""
+        ...
