@@ -1,0 +1,205 @@
+"""The diffusers engine on the real tiny-sdxl pipeline, on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd.engines.base import ImageEngine, ImageRequest
+from inferd.engines.factory import EngineOptions
+from inferd.errors import BadRequest, ServiceUnavailable
+from inferd.testing import LoopThread
+from tests.support import needs_diffusers
+
+pytestmark = needs_diffusers
+
+
+class CountingPipeline:
+    """Wraps the real pipeline; records how many calls overlap."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self._pipeline = pipeline
+        self._lock = threading.Lock()
+        self.active = 0
+        self.peak = 0
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipeline, name)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        with self._lock:
+            self.active += 1
+            self.calls += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            return self._pipeline(**kwargs)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_sdxl_dir: Path, loop: LoopThread) -> Iterator[Any]:
+    from inferd.engines.diffusers import DiffusersImageEngine, load_pipeline
+
+    def loader(path: Path, device: str, dtype: Any) -> CountingPipeline:
+        return CountingPipeline(load_pipeline(path, device, dtype))
+
+    engine = DiffusersImageEngine(
+        "tiny-sdxl", tiny_sdxl_dir, EngineOptions(device="cpu"), loader=loader
+    )
+    loop.run(engine.start())
+    yield engine
+    loop.run(engine.shutdown())
+
+
+@pytest.fixture
+def run(loop: LoopThread) -> Any:
+    return loop.run
+
+
+def decode(png: bytes) -> Any:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    return image
+
+
+def small(request_id: str, **kw: Any) -> ImageRequest:
+    return ImageRequest(request_id, kw.pop("prompt", "a cat"), width=256, height=256, **kw)
+
+
+def test_is_an_image_engine_with_the_models_defaults(engine: Any, run: Any) -> None:
+    assert isinstance(engine, ImageEngine)
+    info = engine.info
+    assert info.default_size == (1024, 1024)
+    assert info.default_steps == 2
+    assert info.side_multiple == 64  # VAE factor 8 x three UNet downsamplings
+
+
+def test_default_request_gives_one_1024_png(engine: Any, run: Any) -> None:
+    pngs = run(engine.generate(ImageRequest("default", "a lighthouse")))
+    assert len(pngs) == 1
+    image = decode(pngs[0])
+    assert (image.format, image.size, image.mode) == ("PNG", (1024, 1024), "RGB")
+
+
+def test_n_images_of_the_requested_size(engine: Any, run: Any) -> None:
+    request = ImageRequest("n3", "a cat", n=3, width=512, height=256)
+    pngs = run(engine.generate(request))
+    assert len(pngs) == 3
+    assert all(decode(p).size == (512, 256) for p in pngs)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 0}, "n"),
+        ({"n": 5}, "n"),  # max_n is 4
+        ({"width": 1000, "height": 1000}, "size"),  # not a multiple of 64
+        ({"width": 128, "height": 256}, "size"),  # below the smallest side
+        ({"width": 4096, "height": 1024}, "size"),  # above the largest
+        ({"num_inference_steps": 0}, "steps"),
+    ],
+)
+def test_bad_requests_are_refused_and_the_engine_keeps_serving(
+    engine: Any, run: Any, fields: dict[str, Any], param: str
+) -> None:
+    request = ImageRequest("bad", "a cat", **{"width": 256, "height": 256, **fields})
+    with pytest.raises(BadRequest) as caught:
+        run(engine.generate(request))
+    assert caught.value.param == param
+    assert len(run(engine.generate(small("after-bad")))) == 1
+
+
+def test_concurrent_requests_never_overlap_in_the_pipeline_and_are_batched(
+    engine: Any, run: Any
+) -> None:
+    pipeline = engine.pipeline
+    calls_before = pipeline.calls
+
+    async def burst() -> list[list[bytes]]:
+        return await asyncio.gather(
+            *(engine.generate(small(f"c{i}", prompt=f"cat number {i}")) for i in range(8))
+        )
+
+    results = run(burst())
+    assert [len(r) for r in results] == [1] * 8
+    assert all(decode(r[0]).size == (256, 256) for r in results)
+    assert pipeline.peak == 1
+    # Queued requests of the same shape share pipeline calls.
+    assert pipeline.calls - calls_before < 8
+    assert max(list(engine.batch_sizes)[-8:]) > 1
+    assert engine.load().running == 0 and engine.load().waiting == 0
+
+
+def test_seed_reproduces_the_images_of_a_direct_pipeline_call(engine: Any, run: Any) -> None:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    first = run(engine.generate(small("s1", seed=7, n=2)))
+    second = run(engine.generate(small("s2", seed=7, n=2)))
+    other = run(engine.generate(small("s3", seed=8, n=2)))
+    assert first == second
+    assert first != other
+    # The engine is idle: calling its pipeline here cannot overlap.
+    direct = engine.pipeline(
+        prompt="a cat",
+        width=256,
+        height=256,
+        num_images_per_prompt=2,
+        num_inference_steps=engine.info.default_steps,
+        guidance_scale=5.0,
+        generator=torch.Generator("cpu").manual_seed(7),
+        output_type="pil",
+    ).images
+    for png, image in zip(first, direct, strict=True):
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), np.asarray(image))
+
+
+def test_a_cancelled_request_leaves_the_queue(engine: Any, run: Any) -> None:
+    async def scenario() -> tuple[int, list[bytes]]:
+        slow = asyncio.ensure_future(engine.generate(ImageRequest("slow", "a")))
+        queued = asyncio.ensure_future(engine.generate(small("queued", seed=1)))
+        await asyncio.sleep(0.1)
+        queued.cancel()
+        await asyncio.sleep(0.05)
+        waiting = engine.load().waiting
+        return waiting, await slow
+
+    waiting, pngs = run(scenario())
+    assert waiting == 0
+    assert len(pngs) == 1
+    assert engine.load().running == 0
+
+
+def test_shutdown_stops_the_worker(tiny_sdxl_dir: Path) -> None:
+    from inferd.engines.diffusers import DiffusersImageEngine
+
+    async def scenario() -> None:
+        engine = DiffusersImageEngine("tiny-sdxl", tiny_sdxl_dir, EngineOptions(device="cpu"))
+        await engine.start()
+        await engine.check_health()
+        await engine.shutdown()
+        with pytest.raises(RuntimeError):
+            await engine.check_health()
+        with pytest.raises(ServiceUnavailable):
+            await engine.generate(small("late"))
+
+    asyncio.run(scenario())
