@@ -38,47 +38,68 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # --- HTTP listener -------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="bind address (loopback by default)")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port")
     # Base of every endpoint's `url`; derived as http://host:port when unset.
-    public_url: str
-    max_body_bytes: int = Field(1 << 20, ge=1024)
-    log_level: LogLevel = "info"
+    public_url: str = Field(description="base of endpoint URLs (default http://HOST:PORT)")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body")
+    log_level: LogLevel = Field("info", description="critical|error|warning|info|debug")
 
     # --- State ---------------------------------------------------------------
-    state_dir: Path
-    db_path: Path
+    state_dir: Path = Field(description="state directory (default ~/.local/share/inferd)")
+    db_path: Path = Field(description="SQLite file (default STATE_DIR/inferd.db)")
     # Supplied by the operator; when unset, one is generated on first start,
     # printed once and stored only as a hash.
-    admin_key: SecretStr | None = None
+    admin_key: SecretStr | None = Field(
+        None, description="management API key (prefer INFERD_ADMIN_KEY: flags show in ps)"
+    )
 
     # --- Catalog -------------------------------------------------------------
-    models_dir: Path
-    configs_dir: Path
+    models_dir: Path = Field(description="model catalog directory")
+    configs_dir: Path = Field(description="GPU types, locations and prices directory")
     # Location used when a create request names none.
-    default_location: str = "local"
+    default_location: str = Field("local", description="location when a request names none")
 
     # --- Endpoint limits -----------------------------------------------------
-    max_replicas_cap: int = Field(8, ge=1, le=1024)
-    max_endpoints: int = Field(10_000, ge=1)
+    max_replicas_cap: int = Field(8, ge=1, le=1024, description="highest maxReplicas allowed")
+    max_endpoints: int = Field(10_000, ge=1, description="endpoints one server holds")
 
     # --- Gateway (issue 4): holding requests while scaling from zero ---------
-    gateway_max_queued_per_endpoint: int = Field(64, ge=0)
-    gateway_max_queued_per_replica: int = Field(32, ge=0)
-    gateway_hold_timeout_seconds: float = Field(180.0, gt=0)
+    gateway_max_queued_per_endpoint: int = Field(
+        64, ge=0, description="requests held per endpoint while no replica is ready"
+    )
+    gateway_max_queued_per_replica: int = Field(
+        32, ge=0, description="requests queued per replica beyond its in-flight work"
+    )
+    gateway_hold_timeout_seconds: float = Field(
+        180.0, gt=0, description="longest a request is held waiting for a replica"
+    )
 
     # --- Registry and health (issue 4) ---------------------------------------
-    health_period_seconds: float = Field(2.0, gt=0)
-    # A replica that has not reported for this many periods is marked failed.
-    health_failure_periods: int = Field(3, ge=1)
-    replica_start_timeout_seconds: float = Field(900.0, gt=0)
-    replica_drain_timeout_seconds: float = Field(30.0, ge=0)
+    health_period_seconds: float = Field(2.0, gt=0, description="replica report period")
+    health_failure_periods: int = Field(
+        3, ge=1, description="missed reports before a replica is failed"
+    )
+    replica_start_timeout_seconds: float = Field(
+        900.0, gt=0, description="longest a replica may take to become ready"
+    )
+    replica_drain_timeout_seconds: float = Field(
+        30.0, ge=0, description="longest a stopping replica drains in-flight work"
+    )
 
     # --- Autoscaler (issue 4) ------------------------------------------------
-    autoscale_target_concurrency: float = Field(8.0, gt=0)
-    autoscale_upscale_delay_seconds: float = Field(5.0, ge=0)
-    autoscale_downscale_delay_seconds: float = Field(60.0, ge=0)
-    reconcile_period_seconds: float = Field(1.0, gt=0)
+    autoscale_target_concurrency: float = Field(
+        8.0, gt=0, description="in-flight requests per replica to aim for"
+    )
+    autoscale_upscale_delay_seconds: float = Field(
+        5.0, ge=0, description="sustained load before adding a replica"
+    )
+    autoscale_downscale_delay_seconds: float = Field(
+        60.0, ge=0, description="sustained low load before removing a replica"
+    )
+    reconcile_period_seconds: float = Field(
+        1.0, gt=0, description="how often desired replicas are applied"
+    )
 
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()

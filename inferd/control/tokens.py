@@ -145,18 +145,31 @@ class RedactingFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed format string; leave it to the formatter
-            return True
-        redacted = redact(message)
-        if redacted != message or record.args:
-            record.msg, record.args = redacted, None
+        # Redact the format string and each argument separately rather than
+        # collapsing them into one message: some formatters (uvicorn's access
+        # log) read `record.args` as a tuple.
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redact_value(a) for a in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {k: _redact_value(v) for k, v in record.args.items()}
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
         return True
+
+
+def _redact_value(value: object) -> object:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, bytes | bytearray):
+        return redact(bytes(value).decode("utf-8", "replace"))
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    # Anything else is formatted with str()/repr() later: do it now, redacted.
+    return redact(str(value))
 
 
 def install_redaction(loggers: Mapping[str, logging.Logger] | None = None) -> None:

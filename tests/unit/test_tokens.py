@@ -161,3 +161,26 @@ def test_filter_redacts_args_and_tracebacks() -> None:
     assert token not in output
     assert "token=infd_ep_***" in output
     assert "bad token infd_ep_***" in output
+
+
+def test_filter_keeps_argument_tuples_for_uvicorn_access_log() -> None:
+    from uvicorn.logging import AccessFormatter
+
+    token = new_endpoint_token()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(AccessFormatter('%(client_addr)s "%(request_line)s" %(status_code)s'))
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger("inferd.test.access")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.info(
+            '%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "GET", f"/x?token={token}", "1.1", 200
+        )
+    finally:
+        logger.removeHandler(handler)
+    output = stream.getvalue()
+    assert token not in output
+    assert '"GET /x?token=infd_ep_*** HTTP/1.1" 200' in output
