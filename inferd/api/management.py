@@ -1,0 +1,255 @@
+"""Wire models of the management API (`/inference/...`); no I/O.
+
+Requests are strict (a string where an integer belongs is a 400, not a
+coercion) and closed (an unknown field is a 400: a misspelt `maxReplica`
+must not be silently dropped). Responses are described here for the OpenAPI
+document; the server builds read responses as plain dicts of exactly this
+shape (`inferd.control.records`), and tests hold the two together.
+
+Every integer has an upper bound: the store's integers are 64-bit, and an
+unbounded number must be a 400, never an overflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+MAX_GPU_COUNT = 64
+MAX_REPLICAS_LIMIT = 1024
+MAX_RETENTION_SECONDS = 7 * 24 * 3600
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_RETENTION_SECONDS = 600
+
+EndpointStatusName = Literal[
+    "pending", "initializing", "running", "updating", "scaledToZero", "failed", "deleting"
+]
+ReplicaStatusName = Literal["starting", "loading", "ready", "draining", "stopped", "failed"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class CreateEndpointRequest(_Request):
+    """Body of `POST /inference/endpoints`."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        description="Unique name: lowercase letters, digits and '-', 1-63 characters, "
+        "starting with a letter or digit.",
+        examples=["my-chat"],
+    )
+    modelName: str = Field(
+        min_length=1, max_length=128, description="A model of GET /inference/models."
+    )
+    gpuType: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="A GPU type offered in the location. Omitted: the recommended type "
+        "for the model (best cost per output token or image).",
+    )
+    gpuCount: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_GPU_COUNT,
+        description="GPUs per replica, one of the counts allowed for the type. Omitted: "
+        "the recommended count for the type.",
+    )
+    locationName: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="A location of GET /inference/locations. Omitted: the server's "
+        "default location (setting default_location, 'local' unless configured).",
+    )
+    minReplicas: int = Field(
+        DEFAULT_MIN_REPLICAS,
+        ge=0,
+        le=MAX_REPLICAS_LIMIT,
+        description="Lower bound of replicas; 0 enables scale-to-zero.",
+    )
+    maxReplicas: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REPLICAS_LIMIT,
+        description="Upper bound of replicas, at most the server's max_replicas_cap. "
+        "Omitted: max(1, minReplicas).",
+    )
+    scaleToZeroRetentionPeriodSeconds: int = Field(
+        DEFAULT_RETENTION_SECONDS,
+        ge=1,
+        le=MAX_RETENTION_SECONDS,
+        description="Idle seconds before an endpoint with minReplicas 0 scales to zero.",
+    )
+
+
+class UpdateEndpointRequest(_Request):
+    """Body of `PATCH /inference/endpoints/{id}`: omitted or null fields stay as they are."""
+
+    minReplicas: int | None = Field(None, ge=0, le=MAX_REPLICAS_LIMIT)
+    maxReplicas: int | None = Field(None, ge=1, le=MAX_REPLICAS_LIMIT)
+    scaleToZeroRetentionPeriodSeconds: int | None = Field(None, ge=1, le=MAX_RETENTION_SECONDS)
+    gpuType: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="A new GPU type (replicas are replaced). With gpuCount omitted, the "
+        "recommended count for the new type.",
+    )
+    gpuCount: int | None = Field(None, ge=1, le=MAX_GPU_COUNT)
+
+
+class Replica(_Response):
+    gpus: int = Field(description="GPUs used by the replica.")
+    status: ReplicaStatusName
+
+
+class EndpointRecord(_Response):
+    """The endpoint record of the specification (2.1), plus inferd's extra fields."""
+
+    id: str = Field(description="UUID of the endpoint.", json_schema_extra={"format": "uuid"})
+    name: str
+    modelName: str
+    gpuType: str
+    gpuCount: int
+    locationName: str
+    minReplicas: int
+    maxReplicas: int
+    currentReplicas: int = Field(description="Replicas that exist now (not stopped or failed).")
+    replicas: list[Replica]
+    scaleToZeroRetentionPeriodSeconds: int
+    hourlyPrice: float = Field(
+        description="Price of one replica-hour at this GPU type, count and location, in `currency`."
+    )
+    status: EndpointStatusName
+    url: str = Field(description="Base URL of the endpoint's inference API.")
+    exampleCommand: str = Field(
+        description="A curl command for this endpoint, with the literal <ACCESS_TOKEN>."
+    )
+    currency: str = Field(description="ISO 4217 code of hourlyPrice.")
+    statusReason: str | None = Field(description="Why the endpoint failed; null otherwise.")
+    createdAt: str = Field(description="RFC 3339 UTC.")
+    updatedAt: str = Field(description="RFC 3339 UTC.")
+
+
+class CreatedEndpoint(EndpointRecord):
+    accessToken: str = Field(
+        description="Bearer token for the endpoint's inference API. Shown only in this "
+        "response; POST /inference/endpoints/{id}/access-token issues a new one."
+    )
+
+
+class EndpointList(_Response):
+    data: list[EndpointRecord]
+
+
+class AccessToken(_Response):
+    accessToken: str = Field(description="The new token; the previous one no longer works.")
+
+
+class Health(_Response):
+    status: Literal["ok"]
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(_Response):
+    error: ErrorDetail
+
+
+# --- catalog responses ---------------------------------------------------------------
+# Built from the catalog's own `to_dict()` output; fields the catalog adds
+# later are left out until they are documented here (extra="ignore"), so the
+# answers never carry an undocumented field.
+
+
+class _CatalogResponse(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ModelInfo(_CatalogResponse):
+    name: str
+    kind: Literal["chat", "image"]
+    source: str = Field(description="Hugging Face repository id, builtin:NAME, or a directory.")
+    description: str
+    parameters: int
+    architecture: dict[str, Any] = Field(
+        description="Architecture facts the GPU recommender uses (layers, heads, dtype, ...)."
+    )
+    # Image models only; null for chat models.
+    defaultSize: str | None = None
+    defaultSteps: int | None = None
+    defaultGuidanceScale: float | None = None
+    maxN: int | None = None
+    minSide: int | None = None
+    maxSide: int | None = None
+    sideMultiple: int | None = None
+
+
+class ModelList(_Response):
+    data: list[ModelInfo]
+
+
+class GpuTypeInfo(_CatalogResponse):
+    name: str = Field(description="The identifier used as gpuType.")
+    displayName: str
+    memoryGb: float
+    memoryBandwidthGbps: float
+    bf16Tflops: float = Field(description="Dense bf16 TFLOP/s.")
+    interconnect: Literal["nvlink", "pcie", "none"]
+    memoryMib: int | None
+    totalMemoryGb: float
+    allowedCounts: list[int] = Field(description="GPUs per replica allowed for this type.")
+
+
+class GpuTypeList(_Response):
+    data: list[GpuTypeInfo]
+
+
+class LocationInfo(_CatalogResponse):
+    name: str
+    description: str
+    offers: dict[str, float] = Field(description="GPU type -> price per GPU-hour.")
+
+
+class LocationList(_Response):
+    currency: str
+    data: list[LocationInfo]
+
+
+class GpuOptionInfo(_CatalogResponse):
+    location: str
+    gpuType: str
+    gpuCount: int
+    fits: bool
+    reasons: list[str] = Field(description="Why it fits and how fast, or why it was rejected.")
+    hourlyPrice: float = Field(description="One replica-hour.")
+    memoryNeededGb: float
+    memoryAvailableGb: float
+    estOutputTokensPerS: float | None
+    costPerMillionTokens: float | None
+    estSecondsPerImage: float | None
+    costPerImage: float | None
+
+
+class RecommendationInfo(_CatalogResponse):
+    model: str
+    location: str | None = Field(description="null: every location was considered.")
+    currency: str
+    best: GpuOptionInfo | None
+    options: list[GpuOptionInfo] = Field(description="Fitting options, best first.")
+    rejected: list[GpuOptionInfo]
+    assumptions: dict[str, Any]
