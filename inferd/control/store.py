@@ -165,7 +165,7 @@ class Store:
         return EndpointRow(*rows[0]) if rows else None
 
     def list_endpoints(self) -> list[EndpointRow]:
-        return [EndpointRow(*r) for r in self._query(_SELECT_ENDPOINT + " ORDER BY created_at, id")]
+        return [EndpointRow(*r) for r in self._query(_SELECT_ENDPOINT + " ORDER BY rowid")]
 
     def update_endpoint(self, endpoint_id: str, **changes: Any) -> EndpointRow:
         """Apply `changes` (column -> value); KeyError if the endpoint is gone."""

@@ -1,0 +1,311 @@
+"""Endpoint lifecycle: create, read, update, delete, re-issue the access token.
+
+Reads are served from an in-memory copy of the endpoint rows, loaded from
+the store at start and written through on every change: this process is the
+only writer of its SQLite file, and reads are the hot path. Writes are
+serialised by one asyncio lock (validate against the current rows, commit,
+then update memory, with no interleaving) and run in a worker thread, so the
+fsync of a commit never stalls the event loop that also carries inference
+traffic. A write returns only after the commit is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from anyio import to_thread
+
+from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
+from inferd.catalog import Catalog
+from inferd.control.placement import Placement, resolve_placement
+from inferd.control.records import DEFAULT_IMAGE_SIZE, ReplicaView, build_record
+from inferd.control.store import DuplicateName, EndpointRow, Store, utc_now_text
+from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
+from inferd.errors import BadRequest, Conflict, NotFound
+
+logger = logging.getLogger(__name__)
+
+# Hooks issue 4 fills in: the replicas the registry knows for an endpoint,
+# and the drain that must finish before a deleted endpoint's row goes.
+ReplicasOf = Callable[[str], Sequence[ReplicaView]]
+Drain = Callable[[EndpointRow], Awaitable[None]]
+
+
+def _no_replicas(endpoint_id: str) -> Sequence[ReplicaView]:
+    return ()
+
+
+async def _no_drain(row: EndpointRow) -> None:
+    return None
+
+
+def render_json(value: Any) -> bytes:
+    """The bytes Starlette's JSONResponse would send for `value`."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+class EndpointService:
+    def __init__(
+        self,
+        store: Store,
+        catalog: Catalog,
+        verifier: TokenVerifier,
+        *,
+        public_url: str,
+        default_location: str,
+        max_replicas_cap: int,
+        max_endpoints: int = 10_000,
+        clock: Callable[[], str] = utc_now_text,
+        new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self._store = store
+        self.catalog = catalog
+        self.verifier = verifier
+        self.public_url = public_url
+        self.default_location = default_location
+        self.max_replicas_cap = max_replicas_cap
+        self.max_endpoints = max_endpoints
+        self._clock = clock
+        self._new_id = new_id
+        self._rows: dict[str, EndpointRow] = {r.id: r for r in store.list_endpoints()}
+        self._names: dict[str, str] = {r.name: r.id for r in self._rows.values()}
+        # Rendered JSON of each record, keyed by everything the record is
+        # computed from: the row object (frozen, replaced on every change, so
+        # identity is its version) and the replicas' views (frozen, compared by
+        # value). Reads are far more frequent than changes, and the list call
+        # renders a thousand records; a hit costs a tuple comparison.
+        self._rendered: dict[str, tuple[EndpointRow, tuple[ReplicaView, ...], bytes]] = {}
+        self._write_lock = asyncio.Lock()
+        self.replicas_of: ReplicasOf = _no_replicas
+        self.drain: Drain = _no_drain
+
+    # --- reads (memory only) -------------------------------------------------------
+
+    def rows(self) -> list[EndpointRow]:
+        return list(self._rows.values())
+
+    def row(self, endpoint_id: str) -> EndpointRow:
+        row = self._rows.get(endpoint_id)
+        if row is None:
+            # Also the answer for an id that is not a UUID at all: to a client
+            # both are "no such endpoint".
+            raise NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
+        return row
+
+    def _image_size(self, row: EndpointRow) -> str:
+        # The model's own default size, so the example works as pasted; a
+        # model gone from the catalog since creation falls back to 1024x1024.
+        if row.model_kind == "image" and row.model_name in self.catalog.models:
+            size = self.catalog.models.get(row.model_name).default_size
+            if size is not None:
+                return f"{size[0]}x{size[1]}"
+        return DEFAULT_IMAGE_SIZE
+
+    def _build(
+        self, row: EndpointRow, replicas: Sequence[ReplicaView] | None = None
+    ) -> dict[str, Any]:
+        if replicas is None:
+            replicas = self.replicas_of(row.id)
+        return build_record(row, self.public_url, replicas, image_size=self._image_size(row))
+
+    def _rendered_json(self, row: EndpointRow) -> bytes:
+        replicas = tuple(self.replicas_of(row.id))
+        cached = self._rendered.get(row.id)
+        if cached is not None and cached[0] is row and cached[1] == replicas:
+            return cached[2]
+        data = render_json(self._build(row, replicas))
+        self._rendered[row.id] = (row, replicas, data)
+        return data
+
+    def record(self, endpoint_id: str) -> dict[str, Any]:
+        return self._build(self.row(endpoint_id))
+
+    def record_json(self, endpoint_id: str) -> bytes:
+        """`record(endpoint_id)` as JSON bytes, from the render cache."""
+        return self._rendered_json(self.row(endpoint_id))
+
+    def records(self) -> list[dict[str, Any]]:
+        return [self._build(row) for row in self._rows.values()]
+
+    def records_json(self) -> bytes:
+        """`{"data": [every record, oldest first]}` as JSON bytes."""
+        return b'{"data":[' + b",".join(map(self._rendered_json, self._rows.values())) + b"]}"
+
+    def find_by_name(self, name: str) -> EndpointRow | None:
+        endpoint_id = self._names.get(name)
+        return None if endpoint_id is None else self._rows.get(endpoint_id)
+
+    # --- validation ------------------------------------------------------------------
+
+    def _check_scaling(self, min_replicas: int, max_replicas: int) -> None:
+        if min_replicas > self.max_replicas_cap:
+            raise BadRequest(
+                f"minReplicas {min_replicas} is above this server's cap of "
+                f"{self.max_replicas_cap} replicas.",
+                param="minReplicas",
+                code="min_replicas_above_cap",
+            )
+        if max_replicas > self.max_replicas_cap:
+            raise BadRequest(
+                f"maxReplicas {max_replicas} is above this server's cap of "
+                f"{self.max_replicas_cap}.",
+                param="maxReplicas",
+                code="max_replicas_above_cap",
+            )
+        if min_replicas > max_replicas:
+            raise BadRequest(
+                f"minReplicas ({min_replicas}) must not exceed maxReplicas ({max_replicas}).",
+                param="minReplicas",
+                code="min_above_max",
+            )
+
+    def _place(
+        self, model_name: str, location: str, gpu_type: str | None, gpu_count: int | None
+    ) -> Placement:
+        return resolve_placement(
+            self.catalog,
+            model_name=model_name,
+            location_name=location,
+            gpu_type=gpu_type,
+            gpu_count=gpu_count,
+        )
+
+    # --- writes ----------------------------------------------------------------------
+
+    async def create(self, req: CreateEndpointRequest) -> tuple[dict[str, Any], str]:
+        """Returns the record and the plaintext token (which is never stored)."""
+        max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
+        self._check_scaling(req.minReplicas, max_replicas)
+        location = req.locationName or self.default_location
+        placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
+        async with self._write_lock:
+            if req.name in self._names:
+                raise Conflict(
+                    f"An endpoint named '{req.name}' already exists.",
+                    param="name",
+                    code="name_taken",
+                )
+            if len(self._rows) >= self.max_endpoints:
+                raise Conflict(
+                    f"This server holds at most {self.max_endpoints} endpoints.",
+                    code="endpoint_limit_reached",
+                )
+            now = self._clock()
+            row = EndpointRow(
+                id=self._new_id(),
+                name=req.name,
+                model_name=placement.model_name,
+                model_kind=placement.model_kind,
+                gpu_type=placement.gpu_type,
+                gpu_count=placement.gpu_count,
+                location_name=placement.location,
+                min_replicas=req.minReplicas,
+                max_replicas=max_replicas,
+                retention_seconds=req.scaleToZeroRetentionPeriodSeconds,
+                hourly_price=placement.hourly_price,
+                currency=placement.currency,
+                created_at=now,
+                updated_at=now,
+            )
+            token = new_endpoint_token()
+            digest = hash_token(token)
+            try:
+                await to_thread.run_sync(self._store.insert_endpoint, row, digest)
+            except DuplicateName:
+                raise Conflict(
+                    f"An endpoint named '{req.name}' already exists.",
+                    param="name",
+                    code="name_taken",
+                ) from None
+            self._rows[row.id] = row
+            self._names[row.name] = row.id
+            self.verifier.set_active(row.id, digest)
+        logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
+        return self._build(row), token
+
+    async def update(self, endpoint_id: str, req: UpdateEndpointRequest) -> dict[str, Any]:
+        async with self._write_lock:
+            row = self._writable(endpoint_id)
+            min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
+            max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
+            self._check_scaling(min_replicas, max_replicas)
+            changes: dict[str, Any] = {
+                "min_replicas": min_replicas,
+                "max_replicas": max_replicas,
+            }
+            if req.scaleToZeroRetentionPeriodSeconds is not None:
+                changes["retention_seconds"] = req.scaleToZeroRetentionPeriodSeconds
+            if req.gpuType is not None or req.gpuCount is not None:
+                gpu_type = req.gpuType or row.gpu_type
+                # Same type, new count: keep the type. New type, no count:
+                # the recommended count for it (as on create).
+                gpu_count = req.gpuCount
+                if gpu_count is None and req.gpuType in (None, row.gpu_type):
+                    gpu_count = row.gpu_count
+                placement = self._place(row.model_name, row.location_name, gpu_type, gpu_count)
+                if (placement.gpu_type, placement.gpu_count) != (row.gpu_type, row.gpu_count):
+                    changes.update(
+                        gpu_type=placement.gpu_type,
+                        gpu_count=placement.gpu_count,
+                        hourly_price=placement.hourly_price,
+                        currency=placement.currency,
+                        generation=row.generation + 1,
+                    )
+            changes = {k: v for k, v in changes.items() if getattr(row, k) != v}
+            if changes:
+                changes["updated_at"] = self._clock()
+                await to_thread.run_sync(
+                    lambda: self._store.update_endpoint(endpoint_id, **changes)
+                )
+                row = replace(row, **changes)
+                self._rows[endpoint_id] = row
+        return self._build(row)
+
+    async def reissue_token(self, endpoint_id: str) -> str:
+        async with self._write_lock:
+            self._writable(endpoint_id)
+            token = new_endpoint_token()
+            digest = hash_token(token)
+            await to_thread.run_sync(self._store.replace_token, endpoint_id, digest, self._clock())
+            # After the commit and before the answer: the old token fails from now on.
+            self.verifier.set_active(endpoint_id, digest)
+        logger.info("re-issued the access token of endpoint %s", endpoint_id)
+        return token
+
+    async def delete(self, endpoint_id: str) -> None:
+        """Mark deleting (tokens stop working), drain replicas, then remove the row."""
+        async with self._write_lock:
+            self.row(endpoint_id)
+            row = await to_thread.run_sync(self._store.mark_deleting, endpoint_id, self._clock())
+            self._rows[endpoint_id] = row
+            self.verifier.forget(endpoint_id)
+        await self._finish_delete(row)
+
+    async def _finish_delete(self, row: EndpointRow) -> None:
+        await self.drain(row)
+        async with self._write_lock:
+            await to_thread.run_sync(self._store.delete_endpoint, row.id)
+            self._rows.pop(row.id, None)
+            self._rendered.pop(row.id, None)
+            if self._names.get(row.name) == row.id:
+                del self._names[row.name]
+        logger.info("deleted endpoint %s (%s)", row.id, row.name)
+
+    async def finish_pending_deletions(self) -> None:
+        """Complete deletions a previous process started but did not finish."""
+        for row in [r for r in self._rows.values() if r.deleting_at is not None]:
+            await self._finish_delete(row)
+
+    def _writable(self, endpoint_id: str) -> EndpointRow:
+        row = self.row(endpoint_id)
+        if row.deleting_at is not None:
+            raise Conflict(
+                f"Endpoint '{endpoint_id}' is being deleted.", param="id", code="endpoint_deleting"
+            )
+        return row
