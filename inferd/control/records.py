@@ -96,14 +96,17 @@ def endpoint_url(public_url: str, endpoint_id: str) -> str:
     return f"{public_url}/endpoints/{endpoint_id}"
 
 
+DEFAULT_IMAGE_SIZE = "1024x1024"
+
+
 # Request bodies of the example commands, keyed by model kind.
-def _example_body(kind: str, model_name: str) -> dict[str, Any]:
+def _example_body(kind: str, model_name: str, image_size: str) -> dict[str, Any]:
     if kind == "image":
         return {
             "model": model_name,
             "prompt": "A watercolor painting of a lighthouse at dawn",
             "n": 1,
-            "size": "1024x1024",
+            "size": image_size,
         }
     return {
         "model": model_name,
@@ -117,9 +120,11 @@ def example_path(kind: str) -> str:
     return "/v1/images/generations" if kind == "image" else f"/{COMPAT_FAMILY}/v1/chat/completions"
 
 
-def example_command(url: str, kind: str, model_name: str) -> str:
+def example_command(
+    url: str, kind: str, model_name: str, image_size: str = DEFAULT_IMAGE_SIZE
+) -> str:
     """A curl line ready to paste, with the literal placeholder `<ACCESS_TOKEN>`."""
-    body = shlex.quote(json.dumps(_example_body(kind, model_name)))
+    body = shlex.quote(json.dumps(_example_body(kind, model_name, image_size)))
     return (
         f"curl {url}{example_path(kind)}"
         ' -H "Authorization: Bearer <ACCESS_TOKEN>"'
@@ -129,9 +134,16 @@ def example_command(url: str, kind: str, model_name: str) -> str:
 
 
 def build_record(
-    row: EndpointRow, public_url: str, replicas: Sequence[ReplicaView] = ()
+    row: EndpointRow,
+    public_url: str,
+    replicas: Sequence[ReplicaView] = (),
+    *,
+    image_size: str = DEFAULT_IMAGE_SIZE,
 ) -> dict[str, Any]:
-    """The endpoint record (spec 2.1 fields first, then inferd's extras)."""
+    """The endpoint record (spec 2.1 fields first, then inferd's extras).
+
+    `image_size` is the model's default size, used in an image model's example.
+    """
     derived = derive_status(row, replicas)
     url = endpoint_url(public_url, row.id)
     current = [r for r in replicas if r.status not in ReplicaStatus.gone()]
@@ -150,7 +162,7 @@ def build_record(
         "hourlyPrice": row.hourly_price,
         "status": derived.status.value,
         "url": url,
-        "exampleCommand": example_command(url, row.model_kind, row.model_name),
+        "exampleCommand": example_command(url, row.model_kind, row.model_name, image_size),
         "currency": row.currency,
         "statusReason": derived.reason,
         "createdAt": row.created_at,
