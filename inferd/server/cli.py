@@ -1,10 +1,147 @@
-"""Placeholder: this area's subcommands are registered here once written."""
+"""`inferd serve`: run the control plane (management API; gateway and replicas later).
+
+One flag per setting (`--max-replicas-cap`, ...), generated from `Settings`
+so none is forgotten; flags win over `INFERD_*` variables, which win over
+the `--config` file. uvicorn handles SIGINT/SIGTERM: it stops accepting,
+finishes in-flight requests, runs the lifespan shutdown, and returns.
+"""
 
 from __future__ import annotations
 
 import argparse
+import copy
+import logging
+import logging.config
+import os
+import signal
+import sys
+from types import FrameType
 from typing import Any
+
+from inferd import __version__
+from inferd.settings import Settings, SettingsError, load_settings, setting_keys
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    return None
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the control plane (management API)",
+        description="Run the inferd control plane. Settings: built-in defaults < --config "
+        "file < INFERD_* environment < these flags (see configs/server.yaml).",
+    )
+    parser.add_argument("--config", help="YAML settings file (default: $INFERD_CONFIG)")
+    parser.add_argument(
+        "--rotate-admin-key",
+        action="store_true",
+        help="generate a new admin key (printed once) and revoke the stored ones",
+    )
+    for key in setting_keys():
+        field = Settings.model_fields[key]
+        parser.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            default=None,
+            metavar=key.split("_")[-1].upper(),
+            help=field.description or f"(setting {key})",
+        )
+    parser.set_defaults(func=run)
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    # Redact anything token-shaped on every handler, whoever logs it.
+    config["filters"] = {"redact": {"()": "inferd.control.tokens.RedactingFilter"}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
+    config["loggers"]["inferd"] = {
+        "handlers": ["default"],
+        "level": level.upper(),
+        "propagate": False,
+    }
+    config["root"] = {"handlers": ["default"], "level": "WARNING"}
+    return config
+
+
+def _banner(settings: Settings, generated_key: str | None) -> str:
+    lines = [
+        f"inferd {__version__} control plane",
+        f"  management API  {settings.public_url}/inference  (OpenAPI: "
+        f"{settings.public_url}/openapi.json)",
+        f"  endpoint URLs   {settings.public_url}/endpoints/<id>",
+        f"  state           {settings.db_path}",
+    ]
+    if generated_key is not None:
+        lines += [
+            "",
+            "Admin key (shown only this once; inferd keeps only its hash):",
+            f"  {generated_key}",
+            "Use it as the bearer token of the management API, e.g.",
+            f"  export INFERD_ADMIN_KEY={generated_key}",
+            f"  export INFERD_API_URL={settings.public_url}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    logger.info("stopped by %s", signal.Signals(signum).name)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from inferd.control.migrations import SchemaTooNew
+    from inferd.control.store import StoreError
+    from inferd.server.app import ControlPlane, create_app
+    from inferd.server.auth import AdminKeyError
+
+    overrides = {key: getattr(args, key, None) for key in setting_keys()}
+    try:
+        # The one place the real environment is read: at run time, passed in.
+        settings = load_settings(env=os.environ, config_path=args.config, overrides=overrides)
+    except SettingsError as exc:
+        print(f"inferd serve: {exc}", file=sys.stderr)
+        return 2
+    log_config = _log_config(settings.log_level)
+    logging.config.dictConfig(log_config)
+    try:
+        plane = ControlPlane.open(settings, rotate_admin_key=args.rotate_admin_key)
+    except AdminKeyError as exc:
+        print(f"inferd serve: {exc}", file=sys.stderr)
+        return 2
+    except (SchemaTooNew, StoreError) as exc:
+        print(f"inferd serve: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(_banner(settings, plane.generated_admin_key), flush=True)
+        app = create_app(plane)
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_config=log_config,
+            log_level=settings.log_level,
+            lifespan="on",
+            server_header=False,
+            # Forwarded headers are not trusted: inferd is not behind a proxy
+            # by default, and the admin surface must not believe a spoofed IP.
+            proxy_headers=False,
+        )
+        server = uvicorn.Server(config)
+        # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the
+        # signal into the handler that was installed before it ran. Make that
+        # a no-op, so a requested stop ends here with status 0 (after the
+        # store is closed) instead of dying by the signal.
+        previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0 if server.started else 1
+    finally:
+        plane.close()

@@ -1,0 +1,120 @@
+"""Admin key of the management API: provisioning at start, checking per request.
+
+The key is either supplied by the operator (`--admin-key`, `INFERD_ADMIN_KEY`,
+config file) and then never stored by inferd, or generated on first start,
+printed once by `inferd serve`, and stored only as its SHA-256 digest (see
+`inferd.control.tokens` for why a fast hash is right for random keys).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferd.control.store import Store, utc_now_text
+from inferd.control.tokens import (
+    ENDPOINT_TOKEN_PREFIX,
+    hash_token,
+    is_well_formed,
+    new_admin_key,
+)
+from inferd.errors import Unauthorized
+
+MIN_OPERATOR_KEY_LEN = 16
+
+
+class AdminUnauthorized(Unauthorized):
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="inferd-management"'}
+
+
+class AdminKeyError(ValueError):
+    """The operator's admin key is unusable (too short)."""
+
+
+@dataclass(frozen=True)
+class AdminProvisioning:
+    auth: AdminAuth
+    # The plaintext of a key generated just now: print it once, then drop it.
+    generated_key: str | None
+
+
+class AdminAuth:
+    def __init__(self, digests: Sequence[bytes]) -> None:
+        self._digests = tuple(digests)
+
+    def is_valid(self, key: str) -> bool:
+        digest = hash_token(key)
+        ok = False
+        # Compare against every key, without stopping at the first match.
+        for known in self._digests:
+            ok |= hmac.compare_digest(digest, known)
+        return ok
+
+    def check(self, authorization: str | None) -> None:
+        """Raise 401 unless `authorization` is `Bearer <a valid admin key>`."""
+        if not authorization:
+            raise AdminUnauthorized(
+                "Missing admin key: send 'Authorization: Bearer <admin key>'.",
+                code="missing_api_key",
+            )
+        scheme, _, key = authorization.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise AdminUnauthorized(
+                "The Authorization header must be 'Bearer <admin key>'.",
+                code="invalid_authorization_header",
+            )
+        if is_well_formed(key, ENDPOINT_TOKEN_PREFIX):
+            raise AdminUnauthorized(
+                "An endpoint access token does not open the management API; use the admin key.",
+                code="wrong_token_kind",
+            )
+        if not self.is_valid(key):
+            raise AdminUnauthorized("Invalid admin key.", code="invalid_api_key")
+
+
+def provision_admin_key(
+    store: Store, operator_key: str | None, *, rotate: bool = False
+) -> AdminProvisioning:
+    """Decide which admin keys open the API in this run.
+
+    An operator key replaces the stored ones for as long as it is configured.
+    Otherwise the stored (generated) keys are used, and one is generated when
+    there is none yet or when `rotate` asks for a new one (revoking the old).
+    """
+    if operator_key is not None:
+        if len(operator_key) < MIN_OPERATOR_KEY_LEN:
+            raise AdminKeyError(f"the admin key must be at least {MIN_OPERATOR_KEY_LEN} characters")
+        return AdminProvisioning(AdminAuth([hash_token(operator_key)]), None)
+    stored = store.admin_key_hashes()
+    if stored and not rotate:
+        return AdminProvisioning(AdminAuth(stored), None)
+    key = new_admin_key()
+    store.add_admin_key(hash_token(key), utc_now_text(), revoke_others=rotate)
+    return AdminProvisioning(AdminAuth(store.admin_key_hashes()), key)
+
+
+class RequireAdmin:
+    """ASGI middleware: every HTTP request below it needs the admin key.
+
+    Runs before routing and body parsing, so an unauthenticated caller learns
+    nothing about ids or validation rules.
+    """
+
+    def __init__(self, app: ASGIApp, auth: AdminAuth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            value = None
+            for name, raw in scope["headers"]:
+                if name == b"authorization":
+                    value = raw.decode("latin-1")
+                    break
+            self.auth.check(value)
+        await self.app(scope, receive, send)

@@ -1,0 +1,220 @@
+"""The OpenAPI 3.1 document of the management API, built from the wire models.
+
+Every operation lists every status it can answer with and that status's
+schema (errors all share `ErrorBody`), so a schema-driven fuzzer can hold the
+server to it. The document is built once per app; bounds that are settings
+(the replica cap) are written into it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from inferd import __version__
+from inferd.api import management as wire
+
+_REF = "#/components/schemas/{model}"
+
+_ERRORS = {
+    400: "Invalid request: malformed JSON, a wrong or missing field, or a value the "
+    "catalog does not allow; `error.param` names the field.",
+    401: "Missing or invalid admin key (endpoint access tokens are refused here).",
+    404: "No endpoint with this id.",
+    409: "Conflict: the name is taken, the endpoint is being deleted, or a limit is reached.",
+    413: "Request body over the server's limit.",
+}
+
+
+def _component_schemas() -> dict[str, Any]:
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (wire.CreateEndpointRequest, "validation"),
+        (wire.UpdateEndpointRequest, "validation"),
+        (wire.EndpointRecord, "serialization"),
+        (wire.CreatedEndpoint, "serialization"),
+        (wire.EndpointList, "serialization"),
+        (wire.AccessToken, "serialization"),
+        (wire.Health, "serialization"),
+        (wire.ErrorBody, "serialization"),
+        (wire.ModelList, "serialization"),
+        (wire.GpuTypeList, "serialization"),
+        (wire.LocationList, "serialization"),
+        (wire.RecommendationInfo, "serialization"),
+    ]
+    _, top = models_json_schema(models, ref_template=_REF)
+    schemas: dict[str, Any] = dict(top.get("$defs", {}))
+    return schemas
+
+
+def _json(schema_name: str, description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model=schema_name)}}},
+    }
+
+
+def _op(
+    op_id: str,
+    summary: str,
+    ok: tuple[int, str | None, str],
+    errors: tuple[int, ...],
+    *,
+    body: str | None = None,
+    params: list[dict[str, Any]] | None = None,
+    public: bool = False,
+) -> dict[str, Any]:
+    status, schema, description = ok
+    responses: dict[str, Any] = {
+        str(status): _json(schema, description) if schema else {"description": description}
+    }
+    for code in (*errors, *(() if public else (401,))):
+        responses[str(code)] = _json("ErrorBody", _ERRORS[code])
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
+    if params:
+        op["parameters"] = params
+    if body:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=body)}}},
+        }
+    if public:
+        op["security"] = []
+    return op
+
+
+_ID_PARAM = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "description": "Endpoint id (UUID).",
+    "schema": {"type": "string"},
+}
+
+
+def build_openapi(*, max_replicas_cap: int, server_url: str | None = None) -> dict[str, Any]:
+    schemas = _component_schemas()
+    # The cap is a setting: document the bound the server will enforce.
+    for name in ("CreateEndpointRequest", "UpdateEndpointRequest"):
+        props = schemas[name]["properties"]
+        for field in ("minReplicas", "maxReplicas"):
+            target = props[field]
+            for branch in target.get("anyOf", [target]):
+                if branch.get("type") == "integer":
+                    branch["maximum"] = max_replicas_cap
+    paths: dict[str, Any] = {
+        "/healthz": {
+            "get": _op(
+                "health", "Liveness of the control plane", (200, "Health", "Up."), (), public=True
+            )
+        },
+        "/inference/endpoints": {
+            "get": _op(
+                "listEndpoints", "List endpoints", (200, "EndpointList", "All endpoints."), ()
+            ),
+            "post": _op(
+                "createEndpoint",
+                "Create an endpoint",
+                (201, "CreatedEndpoint", "The new endpoint and its access token (shown once)."),
+                (400, 409, 413),
+                body="CreateEndpointRequest",
+            ),
+        },
+        "/inference/endpoints/{id}": {
+            "get": _op(
+                "getEndpoint",
+                "Get an endpoint",
+                (200, "EndpointRecord", "The endpoint record."),
+                (404,),
+                params=[_ID_PARAM],
+            ),
+            "patch": _op(
+                "updateEndpoint",
+                "Change scaling settings (or the GPU type and count)",
+                (200, "EndpointRecord", "The updated record."),
+                (400, 404, 409, 413),
+                body="UpdateEndpointRequest",
+                params=[_ID_PARAM],
+            ),
+            "delete": _op(
+                "deleteEndpoint",
+                "Delete an endpoint (its replicas drain first)",
+                (204, None, "Deleted."),
+                (404,),
+                params=[_ID_PARAM],
+            ),
+        },
+        "/inference/endpoints/{id}/access-token": {
+            "post": _op(
+                "requestAccessToken",
+                "Request a new access token; the previous one stops working at once",
+                (200, "AccessToken", "The new token (shown once)."),
+                (404, 409),
+                params=[_ID_PARAM],
+            ),
+        },
+        "/inference/models": {
+            "get": _op("listModels", "Models of the catalog", (200, "ModelList", "Models."), ())
+        },
+        "/inference/gpu-types": {
+            "get": _op("listGpuTypes", "GPU types", (200, "GpuTypeList", "GPU types."), ())
+        },
+        "/inference/locations": {
+            "get": _op(
+                "listLocations",
+                "Locations with the GPU types offered and their hourly prices",
+                (200, "LocationList", "Locations."),
+                (),
+            )
+        },
+        "/inference/recommendations": {
+            "get": _op(
+                "recommend",
+                "GPU options for a model, ranked by cost per output token (or image)",
+                (200, "RecommendationInfo", "Ranked options and rejected ones with reasons."),
+                (400,),
+                params=[
+                    {
+                        "name": "modelName",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1},
+                    },
+                    {
+                        "name": "locationName",
+                        "in": "query",
+                        "required": False,
+                        "description": "Omitted: every location.",
+                        "schema": {"type": "string"},
+                    },
+                ],
+            )
+        },
+    }
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "inferd management API",
+            "version": __version__,
+            "description": "Create, read, change and delete inference endpoints; browse the "
+            "model and GPU catalogs. Every call except /healthz and /openapi.json needs the "
+            "admin key as a bearer token. Errors always have the shape of ErrorBody.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "adminKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The admin key printed by `inferd serve` on first start "
+                    "(or the one the operator configured).",
+                }
+            },
+        },
+        "security": [{"adminKey": []}],
+    }
+    if server_url:
+        doc["servers"] = [{"url": server_url}]
+    return doc
