@@ -1,10 +1,264 @@
-"""Placeholder: this area's subcommands are registered here once written."""
+"""`inferd endpoints create|list|get|update|delete|token`: the management API from a shell.
+
+Readable tables by default, `--json` for scripts. Errors come from the API's
+error body (message, field, code) on stderr with exit status 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from inferd.client.api import DEFAULT_API_URL, ApiError, ManagementClient
+
+LIST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("MODEL", "modelName"),
+    ("GPU", "_gpu"),
+    ("LOCATION", "locationName"),
+    ("REPLICAS", "_replicas"),
+    ("STATUS", "status"),
+    ("PRICE/H", "_price"),
+)
+
+DETAIL_FIELDS: tuple[str, ...] = (
+    "id",
+    "name",
+    "modelName",
+    "gpuType",
+    "gpuCount",
+    "locationName",
+    "minReplicas",
+    "maxReplicas",
+    "currentReplicas",
+    "scaleToZeroRetentionPeriodSeconds",
+    "hourlyPrice",
+    "status",
+    "statusReason",
+    "url",
+    "createdAt",
+    "updatedAt",
+)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    return None
+    parser = subparsers.add_parser(
+        "endpoints", help="create, list, change and delete inference endpoints"
+    )
+    sub = parser.add_subparsers(dest="endpoints_command", metavar="ACTION", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--api-url", help=f"management API base URL (default: $INFERD_API_URL or {DEFAULT_API_URL})"
+    )
+    common.add_argument("--admin-key", help="admin key (default: $INFERD_ADMIN_KEY)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    common.add_argument("--timeout", type=float, default=30.0, help="seconds per API call")
+
+    create = sub.add_parser("create", parents=[common], help="create an endpoint")
+    create.add_argument("name")
+    create.add_argument("--model", required=True, help="model name (see `inferd models`)")
+    create.add_argument("--gpu-type", help="GPU type (default: the recommended one)")
+    create.add_argument("--gpu-count", type=int, help="GPUs per replica (default: recommended)")
+    create.add_argument("--location", help="location (default: the server's default)")
+    _scaling_args(create)
+    create.set_defaults(func=_command(_create))
+
+    sub.add_parser("list", parents=[common], help="list endpoints").set_defaults(
+        func=_command(_list)
+    )
+
+    get = sub.add_parser("get", parents=[common], help="show one endpoint")
+    get.add_argument("endpoint", metavar="ID_OR_NAME")
+    get.set_defaults(func=_command(_get))
+
+    update = sub.add_parser("update", parents=[common], help="change scaling or GPU settings")
+    update.add_argument("endpoint", metavar="ID_OR_NAME")
+    _scaling_args(update)
+    update.add_argument("--gpu-type", help="new GPU type (replicas are replaced)")
+    update.add_argument("--gpu-count", type=int, help="new GPUs per replica")
+    update.set_defaults(func=_command(_update))
+
+    delete = sub.add_parser("delete", parents=[common], help="delete an endpoint")
+    delete.add_argument("endpoint", metavar="ID_OR_NAME")
+    delete.set_defaults(func=_command(_delete))
+
+    token = sub.add_parser(
+        "token", parents=[common], help="issue a new access token (the old one stops working)"
+    )
+    token.add_argument("endpoint", metavar="ID_OR_NAME")
+    token.set_defaults(func=_command(_token))
+
+
+def _scaling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--min-replicas", type=int, help="lower bound (0: scale to zero)")
+    parser.add_argument("--max-replicas", type=int, help="upper bound")
+    parser.add_argument(
+        "--retention", type=int, metavar="SECONDS", help="idle seconds before scaling to zero"
+    )
+
+
+def _scaling_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for flag, field in (
+        ("min_replicas", "minReplicas"),
+        ("max_replicas", "maxReplicas"),
+        ("retention", "scaleToZeroRetentionPeriodSeconds"),
+        ("gpu_type", "gpuType"),
+        ("gpu_count", "gpuCount"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            body[field] = value
+    return body
+
+
+def client_from_args(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> ManagementClient:
+    env = os.environ if env is None else env
+    api_url = args.api_url or env.get("INFERD_API_URL") or DEFAULT_API_URL
+    admin_key = args.admin_key or env.get("INFERD_ADMIN_KEY")
+    return ManagementClient(api_url, admin_key, timeout=args.timeout)
+
+
+# --- actions (each returns the exit status) -----------------------------------------
+
+
+def _create(client: ManagementClient, args: argparse.Namespace) -> int:
+    body = {"name": args.name, "modelName": args.model, **_scaling_body(args)}
+    if args.location:
+        body["locationName"] = args.location
+    record = client.create_endpoint(body)
+    if args.json:
+        _print_json(record)
+        return 0
+    _print_detail(record)
+    print()
+    print("Access token (shown only this once; keep it secret):")
+    print(f"  {record['accessToken']}")
+    print()
+    print("Try it:")
+    print(f"  {record['exampleCommand']}")
+    return 0
+
+
+def _list(client: ManagementClient, args: argparse.Namespace) -> int:
+    records = client.list_endpoints()
+    if args.json:
+        _print_json({"data": records})
+    else:
+        print(format_table(records))
+    return 0
+
+
+def _get(client: ManagementClient, args: argparse.Namespace) -> int:
+    record = client.get_endpoint(client.resolve(args.endpoint))
+    if args.json:
+        _print_json(record)
+    else:
+        _print_detail(record)
+        print(f"{'exampleCommand':<34} {record['exampleCommand']}")
+    return 0
+
+
+def _update(client: ManagementClient, args: argparse.Namespace) -> int:
+    record = client.update_endpoint(client.resolve(args.endpoint), _scaling_body(args))
+    if args.json:
+        _print_json(record)
+    else:
+        _print_detail(record)
+    return 0
+
+
+def _delete(client: ManagementClient, args: argparse.Namespace) -> int:
+    endpoint_id = client.resolve(args.endpoint)
+    client.delete_endpoint(endpoint_id)
+    if args.json:
+        _print_json({"id": endpoint_id, "deleted": True})
+    else:
+        print(f"Deleted endpoint {endpoint_id}.")
+    return 0
+
+
+def _token(client: ManagementClient, args: argparse.Namespace) -> int:
+    endpoint_id = client.resolve(args.endpoint)
+    token = client.new_access_token(endpoint_id)
+    if args.json:
+        _print_json({"id": endpoint_id, "accessToken": token})
+    else:
+        print("New access token (shown only this once; the previous token no longer works):")
+        print(f"  {token}")
+    return 0
+
+
+Action = Callable[[ManagementClient, argparse.Namespace], int]
+
+
+def _command(action: Action) -> Callable[[argparse.Namespace], int]:
+    """The argparse `func`: build the client, run the action, report API errors."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            with client_from_args(args) as client:
+                return action(client, args)
+        except ApiError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            if exc.status == 401 and not (args.admin_key or os.environ.get("INFERD_ADMIN_KEY")):
+                print(
+                    "hint: pass --admin-key or set INFERD_ADMIN_KEY (printed by the first "
+                    "`inferd serve`)",
+                    file=sys.stderr,
+                )
+            return 1
+
+    run.__name__ = action.__name__
+    return run
+
+
+# --- formatting ----------------------------------------------------------------------
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _cell(record: Mapping[str, Any], key: str) -> str:
+    if key == "_gpu":
+        return f"{record['gpuCount']} x {record['gpuType']}"
+    if key == "_replicas":
+        return f"{record['currentReplicas']} ({record['minReplicas']}-{record['maxReplicas']})"
+    if key == "_price":
+        return f"{record['hourlyPrice']:.2f} {record.get('currency', '')}".strip()
+    value = record.get(key)
+    return "" if value is None else str(value)
+
+
+def format_table(records: Sequence[Mapping[str, Any]]) -> str:
+    if not records:
+        return "No endpoints."
+    rows = [[title for title, _ in LIST_COLUMNS]]
+    rows += [[_cell(r, key) for _, key in LIST_COLUMNS] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(LIST_COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _print_detail(record: Mapping[str, Any]) -> None:
+    for key in DETAIL_FIELDS:
+        value = record.get(key)
+        if key == "hourlyPrice":
+            value = f"{value} {record.get('currency', '')}".strip()
+        if key == "statusReason" and value is None:
+            continue
+        print(f"{key:<34} {value}")
+    replicas = record.get("replicas") or []
+    summary = ", ".join(f"{r['status']} ({r['gpus']} GPU)" for r in replicas) or "none"
+    print(f"{'replicas':<34} {summary}")

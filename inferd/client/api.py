@@ -1,0 +1,122 @@
+"""A small synchronous client of the management API (used by the CLI and tests)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+_UUID_RE = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
+
+
+class ApiError(Exception):
+    """An error answer of the API, in the one error shape (or a transport failure)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+    def __str__(self) -> str:
+        details = [f"HTTP {self.status}"] if self.status else []
+        if self.param:
+            details.append(f"param: {self.param}")
+        if self.code:
+            details.append(f"code: {self.code}")
+        return f"{self.message} ({', '.join(details)})" if details else self.message
+
+
+class ManagementClient:
+    def __init__(
+        self,
+        api_url: str = DEFAULT_API_URL,
+        admin_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self._headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        # A client passed in (tests, a shared pool) belongs to the caller.
+        self._owns_http = http is None
+        self._http = http or httpx.Client(base_url=api_url.rstrip("/"), timeout=timeout)
+        self.api_url = api_url
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> ManagementClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self._http.request(method, "/inference" + path, headers=self._headers, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(f"cannot reach the inferd API at {self.api_url}: {exc}") from None
+        if resp.status_code == 204:
+            return None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.is_success:
+            return body
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            raise ApiError(
+                str(err.get("message")),
+                status=resp.status_code,
+                param=err.get("param"),
+                code=err.get("code"),
+            )
+        raise ApiError(f"unexpected answer: {resp.text[:200]}", status=resp.status_code)
+
+    # --- endpoints -------------------------------------------------------------------
+
+    def create_endpoint(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/endpoints", json=body)
+        return result
+
+    def list_endpoints(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/endpoints")["data"]
+        return result
+
+    def get_endpoint(self, endpoint_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/endpoints/{endpoint_id}")
+        return result
+
+    def update_endpoint(self, endpoint_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PATCH", f"/endpoints/{endpoint_id}", json=body)
+        return result
+
+    def delete_endpoint(self, endpoint_id: str) -> None:
+        self._call("DELETE", f"/endpoints/{endpoint_id}")
+
+    def new_access_token(self, endpoint_id: str) -> str:
+        result: dict[str, Any] = self._call("POST", f"/endpoints/{endpoint_id}/access-token")
+        return str(result["accessToken"])
+
+    def resolve(self, id_or_name: str) -> str:
+        """An endpoint id from an id or a name."""
+        if _UUID_RE.match(id_or_name):
+            return id_or_name.lower()
+        for record in self.list_endpoints():
+            if record["name"] == id_or_name:
+                return str(record["id"])
+        raise ApiError(f"no endpoint named '{id_or_name}'", status=404, code="not_found")
