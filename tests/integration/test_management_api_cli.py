@@ -1,0 +1,128 @@
+"""`inferd endpoints ...` against the in-process management API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from inferd.cli import main
+from inferd.client import cli as client_cli
+from inferd.client.api import ManagementClient
+from inferd.control.tokens import is_well_formed
+from inferd.server.app import ControlPlane, create_app
+from inferd.settings import load_settings
+
+ADMIN = "cli-admin-key-0123456789"
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
+    plane = ControlPlane.open(settings)
+    with TestClient(create_app(plane)) as http:
+
+        def client_from_args(args: argparse.Namespace, env: object = None) -> ManagementClient:
+            # The CLI's own flag handling, with the in-process app as transport.
+            return ManagementClient("http://testserver", args.admin_key or ADMIN, http=http)
+
+        monkeypatch.setattr(client_cli, "client_from_args", client_from_args)
+        yield http
+    plane.close()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["endpoints", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_create_list_get_update_token_delete(
+    api: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "create", "demo", "--model", "tiny-chat", "--min-replicas", "0",
+                       "--max-replicas", "2", "--retention", "30")  # fmt: skip
+    assert code == 0
+    assert "Access token (shown only this once" in out
+    assert "curl http://" in out and "<ACCESS_TOKEN>" in out
+
+    code, out, _ = run(capsys, "create", "pics", "--model", "tiny-sdxl", "--location", "local",
+                       "--json")  # fmt: skip
+    assert code == 0
+    pics = json.loads(out)
+    assert is_well_formed(pics["accessToken"])
+
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    header, *lines = out.strip().splitlines()
+    assert header.split()[:3] == ["ID", "NAME", "MODEL"]
+    assert [line.split()[1] for line in lines] == ["demo", "pics"]
+    assert "scaledToZero" in lines[0]
+
+    code, out, _ = run(capsys, "list", "--json")
+    assert [r["name"] for r in json.loads(out)["data"]] == ["demo", "pics"]
+
+    # By name or by id.
+    code, out, _ = run(capsys, "get", "demo")
+    assert code == 0 and "tiny-chat" in out and "exampleCommand" in out
+    code, out, _ = run(capsys, "get", pics["id"], "--json")
+    assert json.loads(out)["name"] == "pics"
+
+    code, out, _ = run(capsys, "update", "demo", "--max-replicas", "3", "--json")
+    assert code == 0 and json.loads(out)["maxReplicas"] == 3
+
+    code, out, _ = run(capsys, "token", "pics", "--json")
+    new_token = json.loads(out)["accessToken"]
+    assert is_well_formed(new_token) and new_token != pics["accessToken"]
+
+    code, out, _ = run(capsys, "delete", "pics")
+    assert code == 0 and pics["id"] in out
+    code, out, _ = run(capsys, "list", "--json")
+    assert [r["name"] for r in json.loads(out)["data"]] == ["demo"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("get", "nope"), "no endpoint named 'nope'"),
+        (("get", "00000000-0000-4000-8000-000000000000"), "HTTP 404"),
+        (("create", "Bad_Name", "--model", "tiny-chat"), "param: name"),
+        (("create", "x", "--model", "gpt-17"), "code: model_not_found"),
+        (("create", "x", "--model", "tiny-chat", "--min-replicas", "3", "--max-replicas", "2"),
+         "param: minReplicas"),
+        (("get", "demo", "--admin-key", "wrong-key-0123456789"), "HTTP 401"),
+    ],
+)  # fmt: skip
+def test_errors_come_from_the_error_body(
+    api: TestClient, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], needle: str
+) -> None:
+    run(capsys, "create", "demo", "--model", "tiny-chat")
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert err.startswith("error: ")
+    assert needle in err
+
+
+def test_unreachable_api(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["endpoints", "list", "--api-url", "http://127.0.0.1:9", "--timeout", "2"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert "cannot reach the inferd API" in err
+
+
+def test_defaults_from_environment() -> None:
+    args = argparse.Namespace(api_url=None, admin_key=None, timeout=5.0)
+    client = client_cli.client_from_args(
+        args, {"INFERD_API_URL": "http://example.test:1", "INFERD_ADMIN_KEY": "k" * 20}
+    )
+    assert client.api_url == "http://example.test:1"
+    assert client._headers == {"Authorization": "Bearer " + "k" * 20}
+    client.close()
+
+
+def test_table_formatting() -> None:
+    assert client_cli.format_table([]) == "No endpoints."
