@@ -105,8 +105,8 @@ def test_image_models(catalog: Catalog) -> None:
         name="tiny-sdxl",
         default_size=(1024, 1024),
         max_n=4,
-        min_side=64,
-        max_side=1024,
+        min_side=256,
+        max_side=2048,
         side_multiple=32,
         default_steps=2,
     )

@@ -50,6 +50,27 @@ def test_catalog_name_builds_the_builtin_model(models: ModelCatalog, tiny_chat_d
     assert _safetensors_parameters(resolved.path / "model.safetensors") == arch.parameters
 
 
+def test_tiny_sdxl_entry_matches_the_built_pipeline(
+    models: ModelCatalog, tiny_sdxl_dir: Path
+) -> None:
+    resolved = resolve_model("tiny-sdxl", models, cache_dir=tiny_sdxl_dir.parent)
+    assert (resolved.path, resolved.kind) == (tiny_sdxl_dir, "image")
+    assert resolved.spec is not None
+    folders = {
+        "unet": "unet",
+        "textEncoder": "text_encoder",
+        "textEncoder2": "text_encoder_2",
+        "vae": "vae",
+    }
+    for component, count in resolved.spec.image.components.items():
+        files = sorted((resolved.path / folders[component]).glob("*.safetensors"))
+        assert files, component
+        assert sum(_safetensors_parameters(f) for f in files) == count, component
+    served = json.loads((resolved.path / "inferd.json").read_text())
+    assert tuple(served["default_size"]) == resolved.spec.default_size
+    assert served["default_steps"] == resolved.spec.default_steps
+
+
 def test_builtin_reference_finds_its_catalog_entry(
     models: ModelCatalog, tiny_chat_dir: Path
 ) -> None:
