@@ -52,7 +52,7 @@ class GpuType:
 class Location:
     name: str
     description: str
-    offers: Mapping[str, float]  # gpu type -> price per GPU-hour
+    offers: Mapping[str, float] = field(hash=False)  # gpu type -> price per GPU-hour
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "offers": dict(self.offers)}
@@ -60,12 +60,12 @@ class Location:
 
 @dataclass(frozen=True)
 class GpuCatalog:
-    gpu_types: Mapping[str, GpuType]
-    locations: Mapping[str, Location]
+    gpu_types: Mapping[str, GpuType] = field(hash=False)
+    locations: Mapping[str, Location] = field(hash=False)
     currency: str
     allowed_counts: tuple[int, ...] = DEFAULT_ALLOWED_COUNTS
     # Types whose counts differ from `allowed_counts` (cpu: 1 only).
-    count_overrides: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    count_overrides: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for loc in self.locations.values():

@@ -170,7 +170,9 @@ class ImageArchitecture:
 
     family: str  # "sdxl"
     parameters: int
-    components: Mapping[str, int]  # unet, textEncoder, textEncoder2, vae -> parameters
+    # unet, textEncoder, textEncoder2, vae -> parameters. (Mappings stay out
+    # of the hash, so that the frozen dataclasses hash.)
+    components: Mapping[str, int] = dataclasses.field(hash=False)
     dtype: str
     unet_tflops_per_step: float
     vae_decode_tflops: float

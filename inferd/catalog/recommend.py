@@ -119,7 +119,7 @@ class Recommendation:
     currency: str
     options: tuple[GpuOption, ...]  # fitting, best first
     rejected: tuple[GpuOption, ...]
-    assumptions: Mapping[str, Any] = field(default_factory=dict)
+    assumptions: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def best(self) -> GpuOption | None:
         return self.options[0] if self.options else None

@@ -140,6 +140,9 @@ def test_catalog_lookup(catalog: Catalog) -> None:
         catalog.models.get("gpt-5")
     names = [m.name for m in catalog.models.all()]
     assert names == sorted(names)
+    # Frozen entries hash (their mappings are left out), so they can key caches.
+    assert len(set(catalog.models.all())) == len(names)
+    assert len(set(catalog.gpus.locations.values())) == len(catalog.gpus.locations)
 
 
 GOOD_CHAT = {
