@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,17 +83,27 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def _money(value: float | None, currency: str, digits: int) -> str:
-    return "-" if value is None else f"{value:,.{digits}f} {currency}"
+def _money(value: float | None, currency: str) -> str:
+    """Three significant digits, never scientific: 3.48, 0.494, 0.0000399."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return f"0.00 {currency}"
+    decimals = max(2, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f} {currency}"
+
+
+def _steps(count: int | None) -> str:
+    return f"{count} step{'' if count == 1 else 's'}"
 
 
 def _option_row(option: GpuOption, currency: str) -> list[str]:
     if option.est_seconds_per_image is not None:
         speed = f"{option.est_seconds_per_image:.2f} s/image"
-        cost = _money(option.cost_per_image, currency, 5) + " /image"
+        cost = _money(option.cost_per_image, currency) + " /image"
     elif option.est_output_tokens_per_s is not None:
         speed = f"{option.est_output_tokens_per_s:,.0f} tokens/s"
-        cost = _money(option.cost_per_million_tokens, currency, 3) + " /1M tokens"
+        cost = _money(option.cost_per_million_tokens, currency) + " /1M tokens"
     else:
         speed, cost = "-", "-"
     return [
@@ -111,7 +122,9 @@ def format_recommendation(rec: Recommendation) -> str:
     if "concurrency" in a:
         basis = f"{a['concurrency']} concurrent sequences of {a['contextTokensPerSequence']} tokens"
     else:
-        basis = f"{a['steps']} steps at {a['size']}, batches of up to {a['imagesPerBatch']} images"
+        basis = (
+            f"{_steps(a['steps'])} at {a['size']}, batches of up to {a['imagesPerBatch']} images"
+        )
     lines = [
         f"{rec.model} {where}: {len(rec.options)} option(s) fit, {len(rec.rejected)} rejected "
         f"({basis})",
@@ -180,7 +193,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
             detail = f"context {s.chat.context_length}"
         else:
             assert s.default_size is not None
-            detail = f"{s.default_size[0]}x{s.default_size[1]}, {s.default_steps} steps"
+            detail = f"{s.default_size[0]}x{s.default_size[1]}, {_steps(s.default_steps)}"
         arch = s.architecture
         rows.append([s.name, s.kind, _params(arch.parameters), arch.dtype, detail, s.source])
     print(format_table(["name", "kind", "params", "dtype", "defaults", "source"], rows))
