@@ -92,8 +92,18 @@ async def _healthz(request: Request) -> Response:
 
 def create_app(plane: ControlPlane, *, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     settings = plane.settings
+    gpus = plane.catalog.gpus
     openapi_body = json.dumps(
-        build_openapi(max_replicas_cap=settings.max_replicas_cap, server_url=settings.public_url)
+        build_openapi(
+            max_replicas_cap=settings.max_replicas_cap,
+            model_names=[m.name for m in plane.catalog.models.all()],
+            gpu_types=list(gpus.gpu_types),
+            # Any count some type allows; which type allows which is checked
+            # per request (and listed by GET /inference/gpu-types).
+            gpu_counts=sorted({c for t in gpus.gpu_types for c in gpus.allowed_counts_for(t)}),
+            locations=list(gpus.locations),
+            server_url=settings.public_url,
+        )
     ).encode()
 
     async def openapi(request: Request) -> Response:

@@ -6,6 +6,8 @@ in the one error shape), call the service, map the result to a response.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -23,6 +25,22 @@ from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _resource(path: str, **handlers: Handler) -> Route:
+    """One route per path, dispatching on the method, so that a 405 answers
+    with an `Allow` header listing every method of the path (separate routes
+    per method would each report only their own)."""
+    by_method = dict(handlers)
+    if "GET" in by_method:
+        by_method.setdefault("HEAD", by_method["GET"])
+
+    async def dispatch(request: Request) -> Response:
+        return await by_method[request.method](request)
+
+    return Route(path, dispatch, methods=list(handlers), name=path)
+
 
 class ManagementRoutes:
     def __init__(self, service: EndpointService, max_body_bytes: int) -> None:
@@ -34,16 +52,18 @@ class ManagementRoutes:
 
     def routes(self) -> list[BaseRoute]:
         return [
-            Route("/endpoints", self.list_endpoints, methods=["GET"]),
-            Route("/endpoints", self.create_endpoint, methods=["POST"]),
-            Route("/endpoints/{id}", self.get_endpoint, methods=["GET"]),
-            Route("/endpoints/{id}", self.update_endpoint, methods=["PATCH"]),
-            Route("/endpoints/{id}", self.delete_endpoint, methods=["DELETE"]),
-            Route("/endpoints/{id}/access-token", self.reissue_token, methods=["POST"]),
-            Route("/models", self.list_models, methods=["GET"]),
-            Route("/gpu-types", self.list_gpu_types, methods=["GET"]),
-            Route("/locations", self.list_locations, methods=["GET"]),
-            Route("/recommendations", self.recommendations, methods=["GET"]),
+            _resource("/endpoints", GET=self.list_endpoints, POST=self.create_endpoint),
+            _resource(
+                "/endpoints/{id}",
+                GET=self.get_endpoint,
+                PATCH=self.update_endpoint,
+                DELETE=self.delete_endpoint,
+            ),
+            _resource("/endpoints/{id}/access-token", POST=self.reissue_token),
+            _resource("/models", GET=self.list_models),
+            _resource("/gpu-types", GET=self.list_gpu_types),
+            _resource("/locations", GET=self.list_locations),
+            _resource("/recommendations", GET=self.recommendations),
         ]
 
     # --- endpoints -------------------------------------------------------------------
@@ -99,7 +119,7 @@ class ManagementRoutes:
             raise BadRequest(
                 f"Unknown model '{model_name}'.", param="modelName", code="model_not_found"
             )
-        location = params.get("locationName") or None
+        location = params.get("locationName")  # absent: every location; "" is invalid
         if location is not None and location not in catalog.gpus.locations:
             raise BadRequest(
                 f"Unknown location '{location}'.", param="locationName", code="location_not_found"

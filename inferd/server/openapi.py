@@ -8,6 +8,7 @@ server to it. The document is built once per app; bounds that are settings
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -84,6 +85,12 @@ def _op(
     return op
 
 
+def _enum_or_string(names: Sequence[str]) -> dict[str, Any]:
+    if names:
+        return {"type": "string", "enum": list(names)}
+    return {"type": "string", "minLength": 1}
+
+
 _ID_PARAM = {
     "name": "id",
     "in": "path",
@@ -93,16 +100,52 @@ _ID_PARAM = {
 }
 
 
-def build_openapi(*, max_replicas_cap: int, server_url: str | None = None) -> dict[str, Any]:
+def _constrain(prop: dict[str, Any], type_: str, key: str, value: Any) -> None:
+    """Set `key` on the `type_` branch of a property (which may be `anyOf` with null)."""
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") == type_:
+            branch[key] = value
+
+
+# Links from a created endpoint to the operations on it (clients and
+# stateful fuzzers follow them).
+_CREATED_LINKS = {
+    name: {"operationId": op, "parameters": {"id": "$response.body#/id"}}
+    for name, op in (
+        ("GetEndpoint", "getEndpoint"),
+        ("UpdateEndpoint", "updateEndpoint"),
+        ("DeleteEndpoint", "deleteEndpoint"),
+        ("RequestAccessToken", "requestAccessToken"),
+    )
+}
+
+
+def build_openapi(
+    *,
+    max_replicas_cap: int,
+    model_names: Sequence[str] = (),
+    gpu_types: Sequence[str] = (),
+    gpu_counts: Sequence[int] = (),
+    locations: Sequence[str] = (),
+    server_url: str | None = None,
+) -> dict[str, Any]:
+    """The document for this server: bounds that are settings (the replica
+    cap) and the catalog's names are written in, so what it says is exactly
+    what the server accepts field by field."""
     schemas = _component_schemas()
-    # The cap is a setting: document the bound the server will enforce.
-    for name in ("CreateEndpointRequest", "UpdateEndpointRequest"):
-        props = schemas[name]["properties"]
+    create = schemas["CreateEndpointRequest"]["properties"]
+    update = schemas["UpdateEndpointRequest"]["properties"]
+    for props in (create, update):
         for field in ("minReplicas", "maxReplicas"):
-            target = props[field]
-            for branch in target.get("anyOf", [target]):
-                if branch.get("type") == "integer":
-                    branch["maximum"] = max_replicas_cap
+            _constrain(props[field], "integer", "maximum", max_replicas_cap)
+        if gpu_types:
+            _constrain(props["gpuType"], "string", "enum", list(gpu_types))
+        if gpu_counts:
+            _constrain(props["gpuCount"], "integer", "enum", sorted(gpu_counts))
+    if model_names:
+        _constrain(create["modelName"], "string", "enum", list(model_names))
+    if locations:
+        _constrain(create["locationName"], "string", "enum", list(locations))
     paths: dict[str, Any] = {
         "/healthz": {
             "get": _op(
@@ -179,14 +222,14 @@ def build_openapi(*, max_replicas_cap: int, server_url: str | None = None) -> di
                         "name": "modelName",
                         "in": "query",
                         "required": True,
-                        "schema": {"type": "string", "minLength": 1},
+                        "schema": _enum_or_string(model_names),
                     },
                     {
                         "name": "locationName",
                         "in": "query",
                         "required": False,
                         "description": "Omitted: every location.",
-                        "schema": {"type": "string"},
+                        "schema": _enum_or_string(locations),
                     },
                 ],
             )
@@ -215,6 +258,7 @@ def build_openapi(*, max_replicas_cap: int, server_url: str | None = None) -> di
         },
         "security": [{"adminKey": []}],
     }
+    doc["paths"]["/inference/endpoints"]["post"]["responses"]["201"]["links"] = _CREATED_LINKS
     if server_url:
         doc["servers"] = [{"url": server_url}]
     return doc

@@ -479,7 +479,7 @@ def test_unknown_route_and_method(client: TestClient) -> None:
     assert_error(client.get("/inference/endpoints/"), 404)
     resp = client.put("/inference/endpoints")
     assert_error(resp, 405)
-    assert "GET" in resp.headers["allow"]
+    assert set(resp.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
 
 
 # --- catalog routes ----------------------------------------------------------------------
@@ -513,6 +513,7 @@ def test_recommendations(client: TestClient, openapi: dict[str, Any]) -> None:
         ({"modelName": "gpt-17"}, "modelName", "model_not_found"),
         ({"modelName": "tiny-chat", "locationName": "mars-1"}, "locationName",
          "location_not_found"),
+        ({"modelName": "tiny-chat", "locationName": ""}, "locationName", "location_not_found"),
     ]:  # fmt: skip
         resp = client.get("/inference/recommendations", params=params)
         assert_error(resp, 400, param, code)

@@ -1,0 +1,130 @@
+"""Admin key provisioning and the deletion hook that issue 4's drain plugs into."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from inferd.control.store import EndpointRow, Store
+from inferd.control.tokens import ADMIN_KEY_PREFIX, hash_token, is_well_formed
+from inferd.server.app import ControlPlane, create_app
+from inferd.server.auth import AdminKeyError, provision_admin_key
+from inferd.settings import load_settings
+
+ADMIN = "lifecycle-admin-key-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(tmp_path / "inferd.db")
+    yield s
+    s.close()
+
+
+# --- admin key -------------------------------------------------------------------------
+
+
+def test_generated_once_then_reused(store: Store) -> None:
+    first = provision_admin_key(store, None)
+    assert first.generated_key is not None
+    assert is_well_formed(first.generated_key, ADMIN_KEY_PREFIX)
+    assert store.admin_key_hashes() == [hash_token(first.generated_key)]
+    again = provision_admin_key(store, None)
+    assert again.generated_key is None  # not generated (nor printed) a second time
+    assert again.auth.is_valid(first.generated_key)
+
+
+def test_rotation_revokes_the_old_key(store: Store) -> None:
+    old = provision_admin_key(store, None).generated_key
+    assert old is not None
+    rotated = provision_admin_key(store, None, rotate=True)
+    assert rotated.generated_key is not None and rotated.generated_key != old
+    assert rotated.auth.is_valid(rotated.generated_key)
+    assert not rotated.auth.is_valid(old)
+
+
+def test_operator_key_is_used_and_not_stored(store: Store) -> None:
+    provisioned = provision_admin_key(store, ADMIN)
+    assert provisioned.generated_key is None
+    assert provisioned.auth.is_valid(ADMIN)
+    assert store.admin_key_hashes() == []
+    with pytest.raises(AdminKeyError):
+        provision_admin_key(store, "short")
+
+
+# --- deletion ----------------------------------------------------------------------------
+
+
+def open_plane(tmp_path: Path) -> ControlPlane:
+    settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
+    return ControlPlane.open(settings)
+
+
+def test_delete_waits_for_the_drain_hook(tmp_path: Path) -> None:
+    plane = open_plane(tmp_path)
+    app = create_app(plane)
+    drained: list[EndpointRow] = []
+
+    async def scenario() -> None:
+        release, started = asyncio.Event(), asyncio.Event()
+
+        async def slow_drain(row: EndpointRow) -> None:
+            drained.append(row)
+            started.set()
+            await release.wait()
+
+        plane.service.drain = slow_drain
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c:
+            created = await c.post(
+                "/inference/endpoints", json={"name": "demo", "modelName": "tiny-chat"}
+            )
+            endpoint_id, token = created.json()["id"], created.json()["accessToken"]
+            path = f"/inference/endpoints/{endpoint_id}"
+            deleting = asyncio.create_task(c.delete(path))
+            await asyncio.wait_for(started.wait(), timeout=10)
+            # While draining: visible as deleting, closed to change, token dead.
+            record = (await c.get(path)).json()
+            assert record["status"] == "deleting"
+            assert not plane.verifier.verify(endpoint_id, token)
+            patch = await c.patch(path, json={"maxReplicas": 1})
+            assert patch.status_code == 409
+            assert patch.json()["error"]["code"] == "endpoint_deleting"
+            reissue = await c.post(path + "/access-token")
+            assert reissue.status_code == 409
+            release.set()
+            assert (await deleting).status_code == 204
+            assert (await c.get(path)).status_code == 404
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        plane.close()
+    assert [row.name for row in drained] == ["demo"]
+    assert drained[0].deleting_at is not None
+
+
+def test_deletion_interrupted_by_a_crash_finishes_on_start(tmp_path: Path) -> None:
+    plane = open_plane(tmp_path)
+    with TestClient(create_app(plane)) as c:
+        created = c.post(
+            "/inference/endpoints", json={"name": "demo", "modelName": "tiny-chat"}, headers=AUTH
+        ).json()
+    # The process died after marking the endpoint deleting, before removing it.
+    plane.store.mark_deleting(created["id"], "2025-01-01T00:00:00.000Z")
+    plane.close()
+
+    plane = open_plane(tmp_path)
+    try:
+        assert not plane.verifier.verify(created["id"], created["accessToken"])
+        with TestClient(create_app(plane)) as c:  # the lifespan finishes the deletion
+            assert c.get(f"/inference/endpoints/{created['id']}", headers=AUTH).status_code == 404
+        assert plane.store.get_endpoint(created["id"]) is None
+    finally:
+        plane.close()
