@@ -1,0 +1,375 @@
+"""Management API read path against a bare Starlette handler, side by side.
+
+With N endpoints stored (1,000 by default), `GET /inference/endpoints/{id}`
+and `GET /inference/endpoints` are served by:
+
+- inferd: the real app (`inferd.server.app.create_app`) on its SQLite file,
+  admin-key auth included;
+- bare: a Starlette app with no auth that returns the very same JSON
+  documents from a dict in memory.
+
+Each runs in its own uvicorn process (same loop and HTTP implementation, no
+access log) on loopback; one closed-loop async httpx client drives them in
+turn, each pass bounded by a request count and a duration, rounds
+interleaved. Goal: inferd's rate at least 0.5 of the bare handler's.
+
+    .venv/bin/python benchmarks/management_api.py [--endpoints 1000] [--duration 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from common import LoadResult, percentile, print_table, wait_http_ok, write_report
+
+from inferd.testing import free_port
+
+ADMIN_KEY = "bench-admin-key-0123456789"
+# Records embed it (url, exampleCommand); fixed so both servers' JSON agree.
+PUBLIC_URL = "http://127.0.0.1:8080"
+
+
+# --- servers (run in child processes) ------------------------------------------------
+
+
+def _uvicorn(app: Any, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(app, host="127.0.0.1", port=port, access_log=False, log_level="warning")
+
+
+def serve_inferd(state_dir: str, port: int) -> None:
+    from inferd.server.app import ControlPlane, create_app
+
+    plane = ControlPlane.open(inferd_settings(state_dir))
+    _uvicorn(create_app(plane), port)
+
+
+def bare_app(records: list[dict[str, Any]]) -> Any:
+    """The reference: the same documents from memory, no auth, no store."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    by_id = {r["id"]: r for r in records}
+
+    async def get_one(request: Request) -> Response:
+        return JSONResponse(by_id[request.path_params["id"]])
+
+    async def get_all(request: Request) -> Response:
+        return JSONResponse({"data": records})
+
+    return Starlette(
+        routes=[
+            Route("/inference/endpoints", get_all),
+            Route("/inference/endpoints/{id}", get_one),
+        ]
+    )
+
+
+def serve_bare(data_file: str, port: int) -> None:
+    _uvicorn(bare_app(json.loads(Path(data_file).read_text())), port)
+
+
+def inferd_settings(state_dir: str) -> Any:
+    from inferd.settings import load_settings
+
+    return load_settings(
+        env={},
+        overrides={"state_dir": state_dir, "admin_key": ADMIN_KEY, "public_url": PUBLIC_URL},
+    )
+
+
+# --- setup ---------------------------------------------------------------------------
+
+
+async def _populate(state_dir: str, count: int) -> list[dict[str, Any]]:
+    from inferd.api.management import CreateEndpointRequest
+    from inferd.server.app import ControlPlane
+
+    plane = ControlPlane.open(inferd_settings(state_dir))
+    try:
+        models = [m.name for m in plane.catalog.models.all() if m.name.startswith("tiny-")]
+        for i in range(count):
+            req = CreateEndpointRequest(
+                name=f"bench-{i:05d}",
+                modelName=models[i % len(models)],
+                locationName="local",
+                minReplicas=i % 2,
+                maxReplicas=2,
+            )
+            await plane.service.create(req)
+        return plane.service.records()
+    finally:
+        plane.close()
+
+
+# --- load ----------------------------------------------------------------------------
+
+
+async def closed_loop_get(
+    label: str,
+    base_url: str,
+    paths: list[str],
+    *,
+    concurrency: int,
+    max_requests: int,
+    duration_s: float,
+    headers: dict[str, str],
+) -> LoadResult:
+    result = LoadResult(label, 0, 0, 0.0, 0)
+    remaining = max_requests
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=headers, limits=limits, timeout=30
+    ) as client:
+        # Warm up every connection first so handshakes are not measured.
+        await asyncio.gather(*(client.get(paths[0]) for _ in range(concurrency)))
+        deadline = time.monotonic() + duration_s
+
+        async def worker(seed: int) -> None:
+            nonlocal remaining
+            rng = random.Random(seed)
+            while remaining > 0 and time.monotonic() < deadline:
+                remaining -= 1
+                path = paths[rng.randrange(len(paths))]
+                start = time.perf_counter()
+                try:
+                    resp = await client.get(path)
+                    await resp.aread()
+                    ok = resp.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if not ok:
+                    result.errors += 1
+                    continue
+                result.requests += 1
+                result.latency_s.append(time.perf_counter() - start)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        result.wall_s = time.perf_counter() - started
+    return result
+
+
+async def asgi_cost(app: Any, paths: list[str], headers: dict[str, str], count: int) -> list[float]:
+    """Seconds per request through the ASGI app alone: no sockets, no client.
+
+    Isolates the server-side work (routing, auth, record, JSON) from the
+    HTTP client, which on a small machine is the bottleneck of the loop test.
+    """
+    raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    rng = random.Random(0)
+    timings: list[float] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            assert message["status"] == 200, message
+
+    for _ in range(count):
+        path = paths[rng.randrange(len(paths))]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+            "root_path": "", "query_string": b"", "headers": raw_headers,
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        }  # fmt: skip
+        start = time.perf_counter()
+        await app(scope, receive, send)
+        timings.append(time.perf_counter() - start)
+    return timings
+
+
+def _row(res: LoadResult, route: str, server: str) -> dict[str, Any]:
+    return {
+        "route": route,
+        "server": server,
+        "requests": res.requests,
+        "errors": res.errors,
+        "rps": round(res.requests_per_s, 1),
+        "p50_ms": round((percentile(res.latency_s, 50) or 0) * 1000, 3),
+        "p99_ms": round((percentile(res.latency_s, 99) or 0) * 1000, 3),
+    }
+
+
+def _in_process(
+    state_dir: str,
+    records: list[dict[str, Any]],
+    routes: dict[str, list[str]],
+    headers: dict[str, str],
+    count: int,
+) -> list[dict[str, Any]]:
+    from inferd.server.app import ControlPlane, create_app
+
+    plane = ControlPlane.open(inferd_settings(state_dir))
+    apps = {"inferd": create_app(plane), "bare": bare_app(records)}
+    rows: list[dict[str, Any]] = []
+    try:
+        for route, paths in routes.items():
+            n = count if len(paths) > 1 else max(50, count // 20)  # the list is ~1 MB
+            timings: dict[str, list[float]] = {server: [] for server in apps}
+            for app in apps.values():
+                asyncio.run(asgi_cost(app, paths, headers, 20))  # warm-up
+            # Interleaved chunks, so a burst of load from elsewhere on the
+            # machine hits both servers alike.
+            for _ in range(10):
+                for server, app in apps.items():
+                    timings[server] += asyncio.run(asgi_cost(app, paths, headers, n // 10))
+            means = {server: sum(t) / len(t) for server, t in timings.items()}
+            for server, t in timings.items():
+                rows.append({
+                    "route": route, "server": server,
+                    "mean_us": round(means[server] * 1e6, 1),
+                    "p50_us": round((percentile(t, 50) or 0) * 1e6, 1),
+                    "p99_us": round((percentile(t, 99) or 0) * 1e6, 1),
+                    # Rate ratio: the inverse of the cost ratio.
+                    "vs_bare": round(means["bare"] / means[server], 3),
+                })  # fmt: skip
+    finally:
+        plane.close()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoints", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per pass")
+    parser.add_argument("--max-requests", type=int, default=50_000, help="per pass")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved passes per server")
+    parser.add_argument("--asgi-requests", type=int, default=2000, help="in-process calls")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--serve", choices=["inferd", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--state", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.serve == "inferd":
+        serve_inferd(args.state, args.port)
+        return 0
+    if args.serve == "bare":
+        serve_bare(args.state, args.port)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="inferd-bench-") as tmp:
+        state_dir = os.path.join(tmp, "state")
+        t0 = time.perf_counter()
+        records = asyncio.run(_populate(state_dir, args.endpoints))
+        print(f"stored {len(records)} endpoints in {time.perf_counter() - t0:.1f}s")
+        data_file = os.path.join(tmp, "records.json")
+        Path(data_file).write_text(json.dumps(records))
+
+        procs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        try:
+            for server, state in (("inferd", state_dir), ("bare", data_file)):
+                port = free_port()
+                cmd = [sys.executable, __file__, "--serve", server, "--state", state]
+                proc = subprocess.Popen([*cmd, "--port", str(port)])
+                url = f"http://127.0.0.1:{port}"
+                procs[server] = (proc, url)
+            for server, (proc, url) in procs.items():
+                ready = "/healthz" if server == "inferd" else "/inference/endpoints"
+                wait_http_ok(url + ready, proc, 60)
+            ids = [r["id"] for r in records]
+            routes = {
+                "GET /inference/endpoints/{id}": [f"/inference/endpoints/{i}" for i in ids],
+                "GET /inference/endpoints": ["/inference/endpoints"],
+            }
+            headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            # Same document from both servers (what the bare handler returns is
+            # exactly what inferd returns).
+            for path in (routes["GET /inference/endpoints/{id}"][0], "/inference/endpoints"):
+                got = [httpx.get(u + path, headers=headers).json() for _, u in procs.values()]
+                assert got[0] == got[1], f"responses differ on {path}"
+
+            results: dict[tuple[str, str], list[LoadResult]] = {}
+            for _ in range(args.rounds):
+                for route, paths in routes.items():
+                    for server, (_, url) in procs.items():
+                        res = asyncio.run(
+                            closed_loop_get(
+                                f"{server} {route}",
+                                url,
+                                paths,
+                                concurrency=args.concurrency,
+                                max_requests=args.max_requests,
+                                duration_s=args.duration,
+                                headers=headers,
+                            )
+                        )
+                        results.setdefault((route, server), []).append(res)
+        finally:
+            for proc, _ in procs.values():
+                proc.terminate()
+            for proc, _ in procs.values():
+                proc.wait(timeout=30)
+
+        in_process = _in_process(state_dir, records, routes, headers, args.asgi_requests)
+
+    rows: list[dict[str, Any]] = []
+    for (route, server), passes in results.items():
+        merged = LoadResult(f"{server} {route}", 0, 0, 0.0, 0)
+        for res in passes:
+            merged.requests += res.requests
+            merged.errors += res.errors
+            merged.wall_s += res.wall_s
+            merged.latency_s += res.latency_s
+        rows.append(_row(merged, route, server))
+    by_key = {(r["route"], r["server"]): r for r in rows}
+    for row in rows:
+        bare = by_key[(row["route"], "bare")]
+        row["vs_bare"] = round(row["rps"] / bare["rps"], 3) if bare["rps"] else None
+    columns = ["route", "server", "requests", "errors", "rps", "p50_ms", "p99_ms", "vs_bare"]
+    print_table(
+        f"management API, {args.endpoints} endpoints, concurrency {args.concurrency}, "
+        f"{args.rounds} x {args.duration:g}s passes (goal: inferd rps >= 0.5 x bare)",
+        rows,
+        columns,
+    )
+    goal_met = all(
+        r["vs_bare"] is not None and r["vs_bare"] >= 0.5 for r in rows if r["server"] == "inferd"
+    )
+    print_table(
+        f"server-side cost per request, in-process ASGI calls (no sockets, no client), "
+        f"{args.asgi_requests} requests per route",
+        in_process,
+        ["route", "server", "mean_us", "p50_us", "p99_us", "vs_bare"],
+    )
+    print(f"\ngoal met: {goal_met}")
+    write_report(
+        "management_api",
+        {
+            "settings": {
+                "endpoints": args.endpoints,
+                "concurrency": args.concurrency,
+                "duration_s": args.duration,
+                "max_requests": args.max_requests,
+                "rounds": args.rounds,
+            },
+            "results": rows,
+            "in_process": in_process,
+            "goal": "inferd requests/s >= 0.5 x bare handler, per route",
+            "goal_met": goal_met,
+        },
+        args.out,
+    )
+    return 0 if goal_met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
