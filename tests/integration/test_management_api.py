@@ -586,3 +586,26 @@ def test_catalog_wire_models_cover_the_catalog(plane: ControlPlane) -> None:
     assert set(rec) <= set(RecommendationInfo.model_fields)
     for option in rec["options"] + rec["rejected"]:
         assert set(option) <= set(GpuOptionInfo.model_fields)
+
+
+def test_patch_gpu_type_and_count(client: TestClient, plane: ControlPlane) -> None:
+    gpus = plane.catalog.gpus
+    assert "H200" not in gpus.locations["us-west"].offers
+    created = create(client, locationName="us-west", gpuType="L4", gpuCount=1)
+    path = f"/inference/endpoints/{created['id']}"
+    # A new count for the same type.
+    updated = client.patch(path, json={"gpuCount": 2}).json()
+    assert (updated["gpuType"], updated["gpuCount"]) == ("L4", 2)
+    assert updated["hourlyPrice"] == pytest.approx(gpus.hourly_price("us-west", "L4", 2))
+    # A new type without a count: the recommended count for that type.
+    updated = client.patch(path, json={"gpuType": "A10G"}).json()
+    best = recommend(plane.catalog.models.get("tiny-chat"), gpus, "us-west", gpu_type="A10G").best()
+    assert best is not None
+    assert (updated["gpuType"], updated["gpuCount"]) == ("A10G", best.gpu_count)
+    # Checked as on create.
+    resp = client.patch(path, json={"gpuType": "H200"})
+    assert_error(resp, 400, "gpuType", "gpu_type_not_offered")
+    assert_error(client.patch(path, json={"gpuCount": 3}), 400, "gpuCount", "gpu_count_not_allowed")
+    assert client.get(path).json() == updated
+    # GPU changes leave the token alone.
+    assert plane.verifier.verify(created["id"], created["accessToken"])

@@ -184,3 +184,19 @@ def test_filter_keeps_argument_tuples_for_uvicorn_access_log() -> None:
     output = stream.getvalue()
     assert token not in output
     assert '"GET /x?token=infd_ep_*** HTTP/1.1" 200' in output
+
+
+def test_install_redaction_on_root_handlers() -> None:
+    root = logging.getLogger()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root.addHandler(handler)
+    try:
+        tokens.install_redaction()
+        tokens.install_redaction()  # idempotent
+        assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
+        token = new_endpoint_token()
+        logging.getLogger("inferd.test.child").warning("leaked %s", token)
+    finally:
+        root.removeHandler(handler)
+    assert token not in stream.getvalue()
