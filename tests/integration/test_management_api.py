@@ -609,3 +609,11 @@ def test_patch_gpu_type_and_count(client: TestClient, plane: ControlPlane) -> No
     assert client.get(path).json() == updated
     # GPU changes leave the token alone.
     assert plane.verifier.verify(created["id"], created["accessToken"])
+
+
+def test_image_example_uses_the_model_default_size(client: TestClient, plane: ControlPlane) -> None:
+    spec = plane.catalog.models.get("sdxl-turbo")
+    assert spec.default_size is not None
+    created = create(client, "turbo", modelName="sdxl-turbo", locationName="us-east")
+    width, height = spec.default_size
+    assert f'"size": "{width}x{height}"' in created["exampleCommand"]
