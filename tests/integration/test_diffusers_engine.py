@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,27 @@ def test_a_cancelled_request_leaves_the_queue(engine: Any, run: Any) -> None:
     waiting, pngs = run(scenario())
     assert waiting == 0
     assert len(pngs) == 1
+    assert engine.load().running == 0
+
+
+def test_a_client_gone_mid_generation_frees_the_pipeline_at_the_next_step(
+    engine: Any, run: Any
+) -> None:
+    async def scenario() -> float:
+        # 200 steps at 1024x1024 would take a minute on this CPU.
+        long = asyncio.ensure_future(
+            engine.generate(ImageRequest("long", "a", num_inference_steps=200))
+        )
+        for _ in range(1000):  # until the worker has started it
+            if engine.load().running:
+                break
+            await asyncio.sleep(0.01)
+        long.cancel()
+        cancelled = time.monotonic()
+        await engine.generate(small("next"))
+        return time.monotonic() - cancelled
+
+    assert run(scenario(), timeout=30) < 5
     assert engine.load().running == 0
 
 
