@@ -1,0 +1,370 @@
+"""The gateway: authenticate, hold or route, forward, and account.
+
+`Gateway` is constructed once per server with the registry's
+`ReplicaDirectory` and the token verifier; `gateway_routes(gateway)` gives
+the Starlette routes mounted on the server app. Each route is a plain ASGI
+callable (no request object, no middleware): the body is read once, size
+checked, and passed through unparsed; the replica validates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from inferd import COMPAT_FAMILY
+from inferd.errors import (
+    BadRequest,
+    InferdError,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    error_response,
+)
+from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
+from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
+from inferd.gateway.hold import Dispatcher, retry_after
+from inferd.gateway.metrics import UNAUTHENTICATED, GatewayMetrics
+from inferd.gateway.proxy import Relayed, forward
+from inferd.gateway.settings import GatewaySettings
+from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
+from inferd.gateway.upstream import HttpxUpstream, Upstream
+
+logger = logging.getLogger(__name__)
+
+# Request headers passed to the replica. Not the client's Authorization:
+# the endpoint token stops at the gateway.
+FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
+CLIENT_GONE = 499
+
+
+@dataclass(frozen=True)
+class GatewayRoute:
+    """One public path under `/endpoints/{endpoint_id}` and where it goes."""
+
+    path: str  # below the endpoint URL
+    upstream_path: str  # on the replica
+    method: str
+    label: str  # metrics route label: chat | images | models
+    kind: str | None  # model kind it serves; None: any
+
+
+CHAT = f"/{COMPAT_FAMILY}/v1/chat/completions"
+ROUTES = (
+    GatewayRoute(CHAT, CHAT, "POST", "chat", "chat"),
+    GatewayRoute("/v1/images/generations", "/v1/images/generations", "POST", "images", "image"),
+    GatewayRoute("/images/generations", "/v1/images/generations", "POST", "images", "image"),
+    GatewayRoute(
+        f"/{COMPAT_FAMILY}/v1/images/generations",
+        f"/{COMPAT_FAMILY}/v1/images/generations",
+        "POST",
+        "images",
+        "image",
+    ),
+    GatewayRoute(
+        f"/{COMPAT_FAMILY}/v1/models", f"/{COMPAT_FAMILY}/v1/models", "GET", "models", None
+    ),
+)
+PREFIX = "/endpoints/{endpoint_id}"
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _default_upstream(settings: GatewaySettings) -> Upstream:
+    try:
+        from inferd.gateway.pool import ConnectionPool
+    except ImportError:  # httptools is absent on some platforms
+        return HttpxUpstream(connect_timeout=settings.connect_timeout_seconds)
+    return ConnectionPool(connect_timeout=settings.connect_timeout_seconds)
+
+
+class Gateway:
+    def __init__(
+        self,
+        directory: ReplicaDirectory,
+        verifier: TokenCheck,
+        settings: GatewaySettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        upstream: Upstream | None = None,
+    ) -> None:
+        """`upstream`: the client to replicas; default the lean pool
+        (`pool.ConnectionPool`), or `HttpxUpstream(httpx.AsyncClient(...))`."""
+        self.directory = directory
+        self.verifier = verifier
+        self.settings = settings or GatewaySettings()
+        self.clock = clock
+        self.upstream = upstream or _default_upstream(self.settings)
+        self._endpoints: dict[str, EndpointTraffic] = {}
+        self._dispatcher = Dispatcher(directory, self.settings, clock)
+        self._replica_urls: dict[str, str] = {}
+        self.metrics = GatewayMetrics(lambda: self._endpoints.values())
+
+    # -- lifecycle and what the control plane reads -----------------------
+
+    async def startup(self) -> None:
+        """Nothing to open: connections to replicas are made on first use."""
+
+    async def shutdown(self) -> None:
+        """Answer held requests with 503 and close the connections."""
+        await self._dispatcher.close(list(self._endpoints.values()))
+        await self.upstream.aclose()
+
+    def traffic(self, endpoint_id: str) -> TrafficSnapshot:
+        ep = self._endpoints.get(endpoint_id)
+        if ep is None:
+            return EndpointTraffic(endpoint_id, 1).snapshot()
+        return ep.snapshot()
+
+    def traffic_all(self) -> dict[str, TrafficSnapshot]:
+        return {eid: ep.snapshot() for eid, ep in self._endpoints.items()}
+
+    def abort_replica(self, replica_id: str, reason: str = "the replica failed") -> int:
+        """Fail what is in progress on a replica the registry gave up on (for
+        example one that hangs): requests that had no byte yet are retried
+        elsewhere, streams end with an SSE error event. Returns the count."""
+        url = self._replica_urls.get(replica_id)
+        return 0 if url is None else self.upstream.abort_host(url, reason)
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        """Drop the bookkeeping of a deleted endpoint (once nothing is in flight)."""
+        ep = self._endpoints.get(endpoint_id)
+        if ep is not None and ep.idle():
+            del self._endpoints[endpoint_id]
+
+    # -- the request path ---------------------------------------------------
+
+    def _endpoint(self, endpoint_id: str) -> EndpointTraffic:
+        ep = self._endpoints.get(endpoint_id)
+        if ep is None:
+            ep = EndpointTraffic(endpoint_id, self.settings.service_time_window)
+            self._endpoints[endpoint_id] = ep
+        return ep
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, route: GatewayRoute) -> None:
+        started = time.perf_counter()
+        endpoint_id: str = scope["path_params"]["endpoint_id"]
+        label = UNAUTHENTICATED
+        status = 500
+        try:
+            authorization = content_length = None
+            headers = []
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value
+                elif name == b"content-length":
+                    content_length = value
+                elif name in FORWARDED_REQUEST_HEADERS:
+                    headers.append((name, value))
+            if not authorized(self.verifier, endpoint_id, authorization):
+                raise unauthorized()
+            label = endpoint_id
+            endpoint = self.directory.endpoint(endpoint_id)
+            self._check(endpoint, route, scope["path"])
+            body = await self._read_body(receive, content_length)
+            ep = self._endpoint(endpoint_id)
+            ep.last_request_at = self.clock()
+            ep.requests_total += 1
+            status = await self._serve(ep, route, headers, body, receive, send)
+        except InferdError as exc:
+            status = exc.status
+            await self._send_error(exc, scope, receive, send)
+        except _ClientGone:
+            status = CLIENT_GONE
+        finally:
+            metrics = self.metrics
+            metrics.requests.labels(label, route.label, str(status)).inc()
+            metrics.latency.labels(label, route.label).observe(time.perf_counter() - started)
+
+    def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute, path: str) -> None:
+        if endpoint is None:
+            raise NotFound("This endpoint does not exist.", code="endpoint_not_found")
+        if endpoint.deleting:
+            raise ServiceUnavailable(
+                "This endpoint is being deleted.", code="endpoint_deleting", retry_after=60
+            )
+        if route.kind is not None and route.kind != endpoint.kind:
+            # Answered here: a wrong route must not wake a scaled-to-zero endpoint.
+            raise NotFound(
+                f"This endpoint serves the {endpoint.kind} model '{endpoint.model_name}'; "
+                f"{route.path} is not available on it.",
+                code="unsupported_route",
+            )
+
+    async def _read_body(self, receive: Receive, content_length: bytes | None) -> bytes:
+        limit = self.settings.max_body_bytes
+        if content_length is not None:
+            try:
+                declared = int(content_length)
+            except ValueError:
+                raise BadRequest("Invalid Content-Length header.", code="invalid_header") from None
+            if declared > limit:
+                raise PayloadTooLarge(
+                    f"Request body of {declared} bytes exceeds the limit of {limit} bytes."
+                )
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise _ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _serve(
+        self,
+        ep: EndpointTraffic,
+        route: GatewayRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        receive: Receive,
+        send: Send,
+    ) -> int:
+        """Dispatch, with the client's connection watched: if it goes away,
+        the work is cancelled at once, which closes the upstream connection,
+        which makes the replica abort the generation."""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(task)
+        watcher = asyncio.ensure_future(watch.run(receive))
+        try:
+            return await self._dispatch(ep, route, headers, body, send)
+        except asyncio.CancelledError:
+            if watch.gone and task.uncancel() == 0:
+                return CLIENT_GONE
+            raise
+        finally:
+            watch.done = True
+            watcher.cancel()
+
+    async def _dispatch(
+        self,
+        ep: EndpointTraffic,
+        route: GatewayRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        send: Send,
+    ) -> int:
+        settings = self.settings
+        dispatcher = self._dispatcher
+        metrics = self.metrics
+        arrived = self.clock()
+        deadline = arrived + settings.max_hold_seconds
+        exclude: frozenset[str] = frozenset()
+        for _ in range(settings.max_attempts):
+            replica = await dispatcher.acquire(ep, exclude, deadline)
+            rid = replica.replica_id
+            self._replica_urls[rid] = replica.url
+            begun = self.clock()
+            if begun - arrived > 0.001:
+                metrics.hold.labels(ep.endpoint_id).observe(begun - arrived)
+            try:
+                result = await forward(
+                    self.upstream,
+                    replica.url,
+                    route.method,
+                    route.upstream_path,
+                    headers,
+                    body,
+                    send,
+                )
+            finally:
+                dispatcher.release(ep, rid)
+            if isinstance(result, Relayed):
+                ep.service_times.append(self.clock() - begun)
+                if result.broken:
+                    metrics.upstream_errors.labels(ep.endpoint_id, "broken_stream").inc()
+                return result.status
+            metrics.upstream_errors.labels(ep.endpoint_id, result.reason).inc()
+            logger.info(
+                "endpoint %s: replica %s failed before answering (%s); trying another",
+                ep.endpoint_id,
+                rid,
+                result.detail,
+            )
+            if result.unreachable:
+                self.directory.report_unreachable(rid, result.detail)
+            metrics.retries.labels(ep.endpoint_id, result.reason).inc()
+            exclude = exclude | {rid}
+        ready = len(self.directory.ready_replicas(ep.endpoint_id))
+        raise ServiceUnavailable(
+            f"No replica of this endpoint could take the request after "
+            f"{settings.max_attempts} attempts; retry later.",
+            code="no_replica_available",
+            retry_after=retry_after(
+                scaling=False,
+                ahead=len(ep.queue) + 1,
+                slots=max(1, ready) * settings.max_in_flight_per_replica,
+                mean_service_s=ep.mean_service_time(),
+                cold_start_s=0.0,
+                scaling_for_s=0.0,
+            ),
+        )
+
+    async def _send_error(
+        self, exc: InferdError, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        response = error_response(exc)
+        if exc.status == 401:
+            response.raw_headers.append(WWW_AUTHENTICATE)
+        elif exc.status == 413:
+            # The rest of the body was not read: do not reuse this connection.
+            response.raw_headers.append((b"connection", b"close"))
+        await response(scope, receive, send)
+
+
+class _DisconnectWatch:
+    """Reads the client's side after the body: `http.disconnect` means the
+    client left; the handler's task is cancelled so the work stops now."""
+
+    __slots__ = ("done", "gone", "task")
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task = task
+        self.gone = False
+        self.done = False
+
+    async def run(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.done:
+                    self.gone = True
+                    self.task.cancel()
+                return
+
+
+class _Endpoint:
+    """The ASGI app of one gateway route (a class instance, so Starlette's
+    `Route` passes the raw scope through instead of building a Request)."""
+
+    __slots__ = ("gateway", "route")
+
+    def __init__(self, gateway: Gateway, route: GatewayRoute) -> None:
+        self.gateway = gateway
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.gateway.handle(scope, receive, send, self.route)
+
+
+def gateway_routes(gateway: Gateway) -> list[Route]:
+    """Routes to mount at the root of the server app (their paths start with
+    `/endpoints/{endpoint_id}`)."""
+    return [
+        Route(PREFIX + r.path, _Endpoint(gateway, r), methods=[r.method], name=f"gateway{r.path}")
+        for r in ROUTES
+    ]

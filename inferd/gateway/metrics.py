@@ -1,0 +1,94 @@
+"""The gateway's Prometheus metrics, on a registry of their own that the
+server exposes next to its other metrics.
+
+Counts and latencies are updated per request; in-flight and held numbers are
+read from the traffic bookkeeping at scrape time (no per-request gauge
+updates). The `endpoint` label is only ever an authenticated endpoint's id,
+so requests with made-up ids cannot grow the label set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from inferd.gateway.traffic import EndpointTraffic
+
+UNAUTHENTICATED = "unauthenticated"
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+)  # fmt: skip
+_HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _TrafficCollector(Collector):
+    def __init__(self, endpoints: Callable[[], Iterable[EndpointTraffic]]) -> None:
+        self._endpoints = endpoints
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            "inferd_gateway_in_flight_requests",
+            "Requests forwarded to a replica and not finished, per endpoint.",
+            labels=["endpoint"],
+        )
+        held = GaugeMetricFamily(
+            "inferd_gateway_held_requests",
+            "Requests held by the gateway waiting for a replica, per endpoint.",
+            labels=["endpoint"],
+        )
+        for ep in list(self._endpoints()):
+            in_flight.add_metric([ep.endpoint_id], ep.in_flight_total)
+            held.add_metric([ep.endpoint_id], len(ep.queue))
+        yield in_flight
+        yield held
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+class GatewayMetrics:
+    def __init__(self, endpoints: Callable[[], Iterable[EndpointTraffic]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "inferd_gateway_requests",
+            "Requests answered by the gateway, by endpoint, route and HTTP status "
+            "(499: the client went away).",
+            ["endpoint", "route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "inferd_gateway_request_duration_seconds",
+            "Time from request to last byte, holding included.",
+            ["endpoint", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.hold = Histogram(
+            "inferd_gateway_hold_duration_seconds",
+            "Time requests spent held before being forwarded or refused.",
+            ["endpoint"],
+            buckets=_HOLD_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "inferd_gateway_retries",
+            "Forward attempts retried on another replica, by reason "
+            "(unreachable, connection, draining).",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "inferd_gateway_upstream_errors",
+            "Failures talking to replicas, by kind (unreachable, connection, draining, "
+            "broken_stream).",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        r.register(_TrafficCollector(endpoints))
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))

@@ -1,0 +1,121 @@
+"""One forward attempt: send the request to a replica and relay its answer.
+
+Nothing is sent to the client until the replica's first body bytes are in,
+so an attempt that fails before then (connection refused or reset, replica
+draining or still loading) can be retried elsewhere: it returns a `Retry`.
+After that, bytes go out as they arrive; a failure of an event stream ends
+it with an SSE error event, never a silent stall.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from starlette.types import Send
+
+from inferd.api.openai import sse_error
+from inferd.gateway.upstream import Headers, Upstream, UpstreamConnectError, UpstreamError
+
+# Response headers passed back to the client; the rest (server, date,
+# connection, transfer-encoding) belong to the hop.
+RELAYED_RESPONSE_HEADERS = frozenset(
+    {b"content-type", b"content-length", b"x-request-id", b"retry-after", b"cache-control"}
+)
+# 503 codes a replica answers before it did anything: safe to send elsewhere.
+RETRYABLE_CODES = frozenset({"replica_draining", "model_loading"})
+_MAX_PEEK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Retry:
+    reason: str  # "unreachable" | "connection" | "draining"
+    detail: str
+    unreachable: bool = False
+
+
+@dataclass(frozen=True)
+class Relayed:
+    status: int
+    # The stream broke after the client had bytes (an SSE error event ended
+    # it) — counted as an upstream error.
+    broken: bool = False
+
+
+def _retryable_503(body: bytes) -> bool:
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return code in RETRYABLE_CODES
+
+
+def _relayed_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+    out = []
+    sse = False
+    for name, value in headers:
+        if name in RELAYED_RESPONSE_HEADERS:
+            out.append((name, value))
+            if name == b"content-type" and value.startswith(b"text/event-stream"):
+                sse = True
+    return out, sse
+
+
+async def forward(
+    upstream: Upstream,
+    base_url: str,
+    method: str,
+    path: str,
+    headers: Headers,
+    body: bytes,
+    send: Send,
+) -> Retry | Relayed:
+    try:
+        response = await upstream.send(base_url, method, path, headers, body)
+    except UpstreamConnectError as exc:
+        return Retry("unreachable", str(exc), unreachable=True)
+    except UpstreamError as exc:
+        return Retry("connection", str(exc))
+    try:
+        status = response.status
+        try:
+            first = await response.next_chunk()
+            if status == 503:
+                # Small error bodies: read it all to see whether to retry.
+                while not response.complete and len(first) < _MAX_PEEK:
+                    more = await response.next_chunk()
+                    if not more:
+                        break
+                    first += more
+                if _retryable_503(first):
+                    return Retry("draining", f"replica answered 503 {first[:200]!r}")
+        except UpstreamError as exc:
+            return Retry("connection", str(exc))
+        relayed, sse = _relayed_headers(response.headers)
+        await send({"type": "http.response.start", "status": status, "headers": relayed})
+        done = response.complete  # `first` held everything that had arrived
+        await send({"type": "http.response.body", "body": first, "more_body": not done})
+        if done:
+            return Relayed(status)
+        try:
+            while True:
+                chunk = await response.next_chunk()
+                if not chunk:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError:
+            if not sse:
+                # Returning without ending the body makes the server close the
+                # client's connection: a cut body must not pass for an answer.
+                return Relayed(status, broken=True)
+            error = sse_error(
+                "The replica serving this stream failed; the response is incomplete.",
+                "server_error",
+                "upstream_failed",
+            )
+            await send({"type": "http.response.body", "body": error, "more_body": False})
+            return Relayed(status, broken=True)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return Relayed(status)
+    finally:
+        response.close()

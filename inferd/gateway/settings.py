@@ -1,0 +1,46 @@
+"""The gateway's knobs, in one frozen object built by whoever composes the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferd.http import DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    # Largest request body forwarded; larger ones get 413 before upstream.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # The gateway's own in-flight requests per replica; at this bound the
+    # replica takes no more and further requests are held (or refused 429).
+    max_in_flight_per_replica: int = 32
+    # Requests held per endpoint, while scaling from zero or while every
+    # ready replica is at `max_in_flight_per_replica`.
+    max_held_requests: int = 64
+    # How long one request may be held in all (across its retries).
+    max_hold_seconds: float = 180.0
+    # Forward attempts per request (the first one included).
+    max_attempts: int = 3
+    connect_timeout_seconds: float = 2.0
+    # How often a held request's endpoint is re-read from the directory, to
+    # notice replicas that became ready while others are busy.
+    hold_poll_seconds: float = 0.1
+    # Until a cold start has been observed for an endpoint, the Retry-After
+    # of a request refused while it scales from zero uses this.
+    cold_start_estimate_seconds: float = 10.0
+    # Service times kept per endpoint (for Retry-After and the autoscaler).
+    service_time_window: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be at least 1")
+        if self.max_in_flight_per_replica < 1:
+            raise ValueError("max_in_flight_per_replica must be at least 1")
+        if self.max_held_requests < 0:
+            raise ValueError("max_held_requests must not be negative")
+        if self.max_hold_seconds <= 0 or self.hold_poll_seconds <= 0:
+            raise ValueError("max_hold_seconds and hold_poll_seconds must be positive")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.service_time_window < 1:
+            raise ValueError("service_time_window must be at least 1")
