@@ -118,13 +118,19 @@ def test_n_images_of_the_requested_size(engine: Any, run: Any) -> None:
         ({"num_inference_steps": 0}, "steps"),
     ],
 )
-def test_bad_requests_are_refused_and_the_engine_keeps_serving(
+def test_bad_requests_are_refused(
     engine: Any, run: Any, fields: dict[str, Any], param: str
 ) -> None:
     request = ImageRequest("bad", "a cat", **{"width": 256, "height": 256, **fields})
     with pytest.raises(BadRequest) as caught:
         run(engine.generate(request))
     assert caught.value.param == param
+    assert engine.load().waiting == 0
+
+
+def test_the_engine_serves_after_bad_requests(engine: Any, run: Any) -> None:
+    with pytest.raises(BadRequest):
+        run(engine.generate(small("bad", n=99)))
     assert len(run(engine.generate(small("after-bad")))) == 1
 
 
