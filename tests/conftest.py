@@ -3,7 +3,6 @@ replica processes) are built once per session and shared."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +21,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-HAS_DIFFUSERS = importlib.util.find_spec("diffusers") is not None
-
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
-needs_diffusers = pytest.mark.skipif(not HAS_DIFFUSERS, reason="diffusers is not installed")
+from tests.support import HAS_DIFFUSERS, HAS_VLLM  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ from inferd.engines.base import (
     validate_image_request,
 )
 from inferd.engines.factory import EngineOptions
-from inferd.engines.vllm import check_prompt_fits, check_token_ids
+from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.errors import BadRequest, Conflict
 
 FAKE_VOCAB = 1000

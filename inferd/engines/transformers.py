@@ -58,7 +58,7 @@ from inferd.engines.base import (
 )
 from inferd.engines.chat_template import ChatPromptRenderer
 from inferd.engines.factory import EngineOptions
-from inferd.engines.vllm import check_prompt_fits, check_token_ids
+from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.errors import BadRequest, Conflict, ServiceUnavailable
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,12 @@
-"""The replica's Starlette app: routes only; handlers do the protocol work."""
+"""The replica's Starlette app: routes only; handlers do the protocol work.
+
+Engines are told apart by their `kind`, not `isinstance` against the
+protocols: a runtime protocol check reads every property, and an engine's
+`info` is only available once it has loaded."""
 
 from __future__ import annotations
+
+from typing import cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,13 +43,11 @@ def build_app(
         )
 
     if engine.kind is ModelKind.CHAT:
-        assert isinstance(engine, TextEngine)
-        chat = ChatHandler(engine, state, metrics, model, max_body_bytes)
+        chat = ChatHandler(cast(TextEngine, engine), state, metrics, model, max_body_bytes)
         routes = [Route(CHAT_PATH, chat.handle, methods=["POST"])]
         routes += [Route(path, wrong_kind, methods=["POST"]) for path in IMAGES_PATHS]
     else:
-        assert isinstance(engine, ImageEngine)
-        images = ImagesHandler(engine, state, metrics, model, max_body_bytes)
+        images = ImagesHandler(cast(ImageEngine, engine), state, metrics, model, max_body_bytes)
         routes = [Route(path, images.handle, methods=["POST"]) for path in IMAGES_PATHS]
         routes.append(Route(CHAT_PATH, wrong_kind, methods=["POST"]))
 

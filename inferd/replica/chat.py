@@ -115,7 +115,9 @@ class ChatHandler:
             )
             streams = [self.engine.generate(r) for r in to_text_requests(body, request_id)]
             try:
-                firsts = [await anext(s) for s in streams]
+                # All choices enter the engine together (one batch), and any
+                # validation error surfaces here, before a status is sent.
+                firsts = list(await asyncio.gather(*(anext(s) for s in streams)))
             except BaseException:
                 await _close_all(streams)
                 raise

@@ -46,6 +46,7 @@ class StatusReporter:
         self._last_success = time.monotonic()
         self._seq = 0
         self._orphaned = False
+        self._closing = False
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -78,7 +79,9 @@ class StatusReporter:
             self._on_orphaned()
 
     async def _run(self) -> None:
-        while True:
+        # A flag, not task cancellation, ends the loop: on Python < 3.12
+        # `wait_for` can swallow a cancel that races with the event it waits on.
+        while not self._closing:
             self._wake.clear()
             await self.report_now()
             if (
@@ -91,9 +94,9 @@ class StatusReporter:
 
     async def close(self) -> None:
         """Send a last report (the final status), then stop."""
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
         await self.report_now()
         await self._client.aclose()

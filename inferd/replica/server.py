@@ -15,10 +15,10 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 
@@ -97,23 +97,25 @@ async def warm_up(engine: Engine) -> None:
     """One real request through the engine before `ready`: first-call costs
     (kernel selection, allocator growth, lazy imports) are paid here, not by
     the first client."""
-    if isinstance(engine, TextEngine):
+    if engine.kind is ModelKind.CHAT:
+        text_engine = cast(TextEngine, engine)
         request = TextRequest(
             request_id=f"warmup-{os.getpid()}",
             messages=(ChatMessage(role="user", content="Hello"),),
             sampling=SamplingOptions(max_tokens=4, ignore_eos=True, temperature=0.0),
         )
-        async for _ in engine.generate(request):
+        async for _ in text_engine.generate(request):
             pass
-    elif isinstance(engine, ImageEngine):
-        width, height = engine.info.default_size
-        await engine.generate(
+    else:
+        image_engine = cast(ImageEngine, engine)
+        width, height = image_engine.info.default_size
+        await image_engine.generate(
             ImageRequest(
                 request_id="warmup",
                 prompt="warm-up",
                 width=width,
                 height=height,
-                num_inference_steps=min(2, engine.info.default_steps),
+                num_inference_steps=min(2, image_engine.info.default_steps),
             )
         )
 
@@ -173,13 +175,14 @@ class ReplicaProcess:
     async def _serve(self) -> int:
         config = self.config
         try:
-            name, kind, path = resolve(config)
+            name, kind, path, defaults = resolve(config)
         except Exception as exc:
             self.state.set(ReplicaStatus.FAILED, f"model unavailable: {exc}")
             logger.error("cannot resolve model %r: %s", config.model, exc)
             return 1
         self._model_name = config.served_names[0] if config.served_names else name
-        self._engine = create_engine(self._model_name, kind, path, config.engine)
+        options = replace(config.engine, extra={**defaults, **config.engine.extra})
+        self._engine = create_engine(self._model_name, kind, path, options)
         metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
         app = build_app(self._engine, self.state, metrics, served, config.max_body_bytes)
@@ -242,7 +245,7 @@ class ReplicaProcess:
             await warm_up(self._engine)
 
 
-def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path]:
+def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, dict[str, Any]]:
     from inferd.catalog import load_catalog, resolve_model
 
     catalog = load_catalog(models_dir=config.models_dir)
@@ -252,9 +255,30 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path]:
         kind = config.engine.extra.get("kind")
         if kind is None and config.model in catalog.models:
             kind = catalog.models.get(config.model).kind
-        return config.model, ModelKind(kind or "chat"), Path(".")
+        return config.model, ModelKind(kind or "chat"), Path("."), {}
     resolved = resolve_model(config.model, catalog.models, cache_dir=config.cache_dir)
-    return resolved.name, ModelKind(resolved.kind), resolved.path
+    return (
+        resolved.name,
+        ModelKind(resolved.kind),
+        resolved.path,
+        catalog_engine_defaults(resolved.spec),
+    )
+
+
+def catalog_engine_defaults(spec: Any) -> dict[str, Any]:
+    """Serving defaults the catalog knows for a model (an image model's steps,
+    guidance and size limits), for the engine's `extra`; flags still win."""
+    if spec is None or spec.kind != "image":
+        return {}
+    defaults = {
+        "default_steps": spec.default_steps,
+        "default_guidance_scale": spec.default_guidance_scale,
+        "max_n": spec.max_n,
+        "min_side": spec.min_side,
+        "max_side": spec.max_side,
+        "default_size": list(spec.default_size) if spec.default_size else None,
+    }
+    return {key: value for key, value in defaults.items() if value is not None}
 
 
 def run_replica(config: ReplicaConfig) -> int:
@@ -262,6 +286,7 @@ def run_replica(config: ReplicaConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     # A replica is its own process group leader's child; make sure a SIGTERM
     # from the launcher reaches our handler, not a default inherited ignore.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -8,9 +8,10 @@ test_replica_diffusers.py.
 
 from __future__ import annotations
 
-import contextlib
+import json
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -174,31 +175,33 @@ def test_replica_without_registry_exits_after_orphan_timeout() -> None:
         replica.stop()
 
 
+def raw_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    """Send a POST on a bare socket, so the test controls exactly when the
+    client goes away (closing an httpx client from another thread does not
+    reliably close a connection that is in use)."""
+    parsed = httpx.URL(url)
+    sock = socket.create_connection((parsed.host, parsed.port))
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parsed.host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_engine_work(stream: bool) -> None:
     replica = fake_replica("--engine-arg", "token_delay_s=0.05").wait_ready(60)
     try:
         body = {"messages": HELLO, "max_tokens": 2000, "stream": stream}
-        client = httpx.Client(timeout=30)
-        if stream:
-            response = client.send(
-                client.build_request("POST", replica.url + CHAT, json=body), stream=True
-            )
-            next(response.iter_lines())
-        else:
-            threading.Thread(
-                target=lambda: _swallow(lambda: client.post(replica.url + CHAT, json=body)),
-                daemon=True,
-            ).start()
+        sock = raw_post(replica.url, CHAT, body)
         wait_until(lambda: metric(replica.url, "inferd_engine_running") == 1, 5)
-        client.close()  # the client goes away mid-generation
+        if stream:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.close()  # the client goes away mid-generation
         elapsed = wait_until(lambda: metric(replica.url, "inferd_engine_running") == 0, 2)
         assert elapsed < 2
         assert metric(replica.url, "inferd_requests_in_flight") == 0
     finally:
         replica.stop()
-
-
-def _swallow(call: Any) -> None:
-    with contextlib.suppress(httpx.HTTPError):
-        call()
