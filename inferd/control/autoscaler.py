@@ -1,0 +1,106 @@
+"""The autoscaling policy: a pure function of settings, observations, its own
+previous state and the clock.
+
+- Target: enough replicas that each carries about `target_concurrency`
+  requests (in flight plus waiting), within [minReplicas, maxReplicas].
+- Up: after the load has asked for more for `upscale_delay_s`; at once when a
+  request waits and no replica is ready or coming (scale from zero).
+- Down: after the load has asked for fewer for `downscale_delay_s`.
+- Zero: only when minReplicas is 0 and no request arrived for the
+  endpoint's retention period (and nothing is in flight or waiting).
+
+Like Ray Serve's `autoscaling_policy`, it never sleeps or reads a clock:
+the reconciler calls it every tick with `now`, and tests call it with a table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    min_replicas: int
+    max_replicas: int
+    retention_s: float
+    target_concurrency: float = 4.0
+    upscale_delay_s: float = 1.0
+    downscale_delay_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Observations:
+    in_flight: int  # requests forwarded to replicas and not finished
+    held: int  # requests waiting in the gateway for capacity
+    ready: int  # replicas taking traffic
+    coming_up: int  # replicas starting or loading
+    last_request_at: float | None  # clock seconds; None: never called
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    desired: int = 0
+    # When the load first asked for more (or fewer) replicas than desired;
+    # None while it agrees.
+    above_since: float | None = None
+    below_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    state: ScalerState
+    reason: str
+
+
+def target_replicas(settings: ScalingSettings, obs: Observations, now: float) -> tuple[int, str]:
+    """What the load alone asks for, clamped to the bounds and the retention rule."""
+    load = obs.in_flight + obs.held
+    by_load = math.ceil(load / settings.target_concurrency) if load else 0
+    idle_for = math.inf if obs.last_request_at is None else now - obs.last_request_at
+    if settings.min_replicas > 0:
+        floor, why = settings.min_replicas, "minReplicas"
+    elif load > 0 or idle_for < settings.retention_s:
+        floor, why = 1, "traffic within the retention period"
+    else:
+        floor, why = 0, "idle past the retention period"
+    target = min(max(by_load, floor), settings.max_replicas)
+    if by_load > floor:
+        why = f"{load} requests at {settings.target_concurrency:g} per replica"
+    if by_load > settings.max_replicas:
+        why += f" (capped at maxReplicas {settings.max_replicas})"
+    return target, why
+
+
+def decide(
+    settings: ScalingSettings, obs: Observations, state: ScalerState, now: float
+) -> Decision:
+    target, why = target_replicas(settings, obs, now)
+    current = state.desired
+
+    # Bounds changed (PATCH): obey them at once.
+    if current > settings.max_replicas or current < settings.min_replicas:
+        bounded = min(max(current, settings.min_replicas), settings.max_replicas)
+        return Decision(bounded, ScalerState(bounded), "replica bounds changed")
+
+    if target == current:
+        return Decision(current, ScalerState(current), why)
+
+    if target > current:
+        # A request is waiting and nothing will serve it: no delay.
+        if obs.held > 0 and obs.ready == 0 and obs.coming_up == 0:
+            return Decision(target, ScalerState(target), f"request waiting with no replica; {why}")
+        above_since = state.above_since if state.above_since is not None else now
+        if now - above_since >= settings.upscale_delay_s:
+            return Decision(target, ScalerState(target), why)
+        return Decision(current, replace(state, above_since=above_since, below_since=None), why)
+
+    # target < current
+    if target == 0:
+        # The retention period was the delay; nothing is running or waiting.
+        return Decision(0, ScalerState(0), why)
+    below_since = state.below_since if state.below_since is not None else now
+    if now - below_since >= settings.downscale_delay_s:
+        return Decision(target, ScalerState(target), why)
+    return Decision(current, replace(state, below_since=below_since, above_since=None), why)
