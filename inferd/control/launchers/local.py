@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
 from inferd.control.launchers.inventory import LocalGpu
@@ -42,7 +43,7 @@ class _Process:
     popen: subprocess.Popen[bytes] | None  # None when adopted after a restart
     log_path: Path | None
     kill_at: float | None = None  # monotonic deadline of a pending stop
-    log_file: object | None = field(default=None, repr=False)
+    log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
 def _is_replica_process(pid: int, replica_id: str) -> bool:
@@ -209,10 +210,8 @@ class LocalLauncher:
             _kill_group(process.pid)
             del self._processes[replica_id]
             if process.log_file is not None:
-                process.log_file.close()  # type: ignore[attr-defined]
-            exited.append(
-                ExitedReplica(replica_id, returncode, _tail(process.log_path))  # type: ignore[arg-type]
-            )
+                process.log_file.close()
+            exited.append(ExitedReplica(replica_id, returncode, _tail(process.log_path)))
         return exited
 
     def _poll(self, process: _Process) -> int | bool | None:
