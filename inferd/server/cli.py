@@ -14,6 +14,7 @@ import logging
 import logging.config
 import os
 import signal
+import sqlite3
 import sys
 from types import FrameType
 from typing import Any
@@ -94,6 +95,7 @@ def _stopped(signum: int, frame: FrameType | None) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from inferd.catalog import CatalogError
     from inferd.control.migrations import SchemaTooNew
     from inferd.control.store import StoreError
     from inferd.server.app import ControlPlane, create_app
@@ -113,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
     except AdminKeyError as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 2
-    except (SchemaTooNew, StoreError) as exc:
+    except (SchemaTooNew, StoreError, CatalogError) as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, sqlite3.Error) as exc:
+        print(f"inferd serve: cannot open the state in {settings.db_path}: {exc}", file=sys.stderr)
         return 1
     try:
         print(_banner(settings, plane.generated_admin_key), flush=True)
