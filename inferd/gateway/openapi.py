@@ -1,0 +1,235 @@
+"""OpenAPI paths and components of the gateway routes, to merge into the
+server's document (`paths` and `components` are disjoint from the management
+API's, except `ErrorBody`/`ErrorDetail`, which are the same model).
+
+Request bodies come from the replica's wire models; the gateway passes them
+through unparsed, and the replica answers 400 for what they refuse. Every
+status either can answer is listed with its schema, so schemathesis can hold
+the pair to it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from inferd.api import management, openai
+from inferd.gateway.app import PREFIX, ROUTES, GatewayRoute
+
+_REF = "#/components/schemas/{model}"
+SECURITY_SCHEME = "endpointToken"
+
+_ERRORS = {
+    400: "Invalid request (the replica validates the body): malformed JSON, a wrong or "
+    "missing field, or a value beyond the model's limits; `error.param` names the field.",
+    401: "Missing, malformed or wrong access token, a token of another endpoint, or an "
+    "endpoint id that does not exist: one answer for all.",
+    404: "The endpoint no longer exists, the path is not served by its model kind, or the "
+    "requested `model` is not the endpoint's.",
+    409: "A request with this request id is already running.",
+    413: "Request body over the limit (answered before the body is read).",
+    429: "Every replica is at its in-flight bound and the endpoint's waiting queue is full.",
+    500: "The replica failed while answering.",
+    503: "No replica could take the request in time: the waiting queue is full while a "
+    "replica starts, the wait timed out, or the endpoint is being deleted.",
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds after which a retry is likely to be served.",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+_WWW_AUTHENTICATE = {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}}
+
+_OPEN = {"type": "object", "additionalProperties": True}
+_RESPONSE_SCHEMAS: dict[str, Any] = {
+    "ChatCompletion": {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "message", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "required": ["role", "content"],
+                            "properties": {
+                                "role": {"type": "string", "const": "assistant"},
+                                "content": {"type": ["string", "null"]},
+                            },
+                        },
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                },
+            },
+            "usage": {"$ref": _REF.format(model="CompletionUsage")},
+        },
+    },
+    "CompletionUsage": {
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            "prompt_tokens": {"type": "integer", "minimum": 0},
+            "completion_tokens": {"type": "integer", "minimum": 0},
+            "total_tokens": {"type": "integer", "minimum": 0},
+        },
+    },
+    "ChatCompletionStream": {
+        "type": "string",
+        "description": "Server-sent events: `data: <chat.completion.chunk JSON>` events, "
+        "then `data: [DONE]`. A failure after the first event ends the stream with "
+        '`data: {"error": {...}}` (the ErrorBody shape) instead of `[DONE]`.',
+    },
+    "ImagesResponse": {
+        "type": "object",
+        "required": ["created", "data"],
+        "properties": {
+            "created": {"type": "integer"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["b64_json"],
+                    "properties": {"b64_json": {"type": "string", "description": "A PNG, base64."}},
+                },
+            },
+        },
+    },
+    "InferenceModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"type": "string", "const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object"],
+                    "properties": {"id": {"type": "string"}, "object": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+
+
+def _model_schemas() -> dict[str, Any]:
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (openai.ChatCompletionRequest, "validation"),
+        (openai.ImageGenerationRequest, "validation"),
+        (management.ErrorBody, "serialization"),
+    ]
+    _, top = models_json_schema(models, ref_template=_REF)
+    return dict(top.get("$defs", {}))
+
+
+def _json(schema: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model=schema)}}},
+    }
+    if headers:
+        response["headers"] = copy.deepcopy(headers)
+    return response
+
+
+def _error(status: int) -> dict[str, Any]:
+    headers = _RETRY_AFTER if status in (429, 503) else _WWW_AUTHENTICATE if status == 401 else None
+    return _json("ErrorBody", _ERRORS[status], headers)
+
+
+_SUMMARIES = {
+    "chat": "Chat completion (OpenAI-compatible)",
+    "images": "Image generation (OpenAI-compatible)",
+    "models": "The model this endpoint serves",
+}
+_OPERATION_IDS = {
+    "/openai/v1/chat/completions": "createChatCompletion",
+    "/v1/images/generations": "createImage",
+    "/images/generations": "createImageFromEndpointBase",
+    "/openai/v1/images/generations": "createImageOpenAIBase",
+    "/openai/v1/models": "listEndpointModels",
+}
+
+
+def _operation(route: GatewayRoute) -> dict[str, Any]:
+    responses: dict[str, Any]
+    if route.label == "chat":
+        responses = {
+            "200": {
+                "description": "The completion; with `stream: true`, server-sent events "
+                "passed through as the replica produces them.",
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(model="ChatCompletion")}},
+                    "text/event-stream": {
+                        "schema": {"$ref": _REF.format(model="ChatCompletionStream")}
+                    },
+                },
+            }
+        }
+        errors: tuple[int, ...] = (400, 401, 404, 409, 413, 429, 500, 503)
+    elif route.label == "images":
+        responses = {"200": _json("ImagesResponse", "The generated images.")}
+        errors = (400, 401, 404, 413, 429, 500, 503)
+    else:
+        responses = {"200": _json("InferenceModelList", "One model: the endpoint's.")}
+        errors = (401, 404, 429, 503)
+    for status in errors:
+        responses[str(status)] = _error(status)
+    op: dict[str, Any] = {
+        "operationId": _OPERATION_IDS[route.path],
+        "summary": _SUMMARIES[route.label],
+        "tags": ["inference"],
+        "parameters": [
+            {
+                "name": "endpoint_id",
+                "in": "path",
+                "required": True,
+                "description": "Endpoint id (the last segment of the endpoint's `url`).",
+                "schema": {"type": "string"},
+            }
+        ],
+        "responses": responses,
+        "security": [{SECURITY_SCHEME: []}],
+    }
+    if route.label in ("chat", "images"):
+        model = "ChatCompletionRequest" if route.label == "chat" else "ImageGenerationRequest"
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=model)}}},
+        }
+    return op
+
+
+def gateway_openapi() -> dict[str, Any]:
+    """{"paths": ..., "components": {"schemas": ..., "securitySchemes": ...}}."""
+    paths: dict[str, Any] = {}
+    for route in ROUTES:
+        paths.setdefault(PREFIX + route.path, {})[route.method.lower()] = _operation(route)
+    schemas = _model_schemas()
+    schemas.update(copy.deepcopy(_RESPONSE_SCHEMAS))
+    return {
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                SECURITY_SCHEME: {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The endpoint's access token (shown once at creation or "
+                    "on 'Request Access Token'). It opens this endpoint only.",
+                }
+            },
+        },
+    }

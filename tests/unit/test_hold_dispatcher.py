@@ -1,0 +1,205 @@
+"""The dispatcher on an event loop, with an in-memory directory and an
+injected clock: first-in first-out release, no overtaking, no leaks when a
+held client leaves, the bounds (429/503) and time-outs. No sleeps: the tests
+only let the loop turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from inferd.errors import ServiceUnavailable, TooManyRequests
+from inferd.gateway.directory import EndpointRoute, RoutableReplica
+from inferd.gateway.hold import Dispatcher
+from inferd.gateway.settings import GatewaySettings
+from inferd.gateway.static import StaticDirectory
+from inferd.gateway.traffic import EndpointTraffic
+
+T = TypeVar("T")
+EP = "ep-1"
+A = RoutableReplica("a", "http://127.0.0.1:1")
+B = RoutableReplica("b", "http://127.0.0.1:2")
+NONE: frozenset[str] = frozenset()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+async def turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def setup(
+    replicas: list[RoutableReplica], **settings: Any
+) -> tuple[Dispatcher, EndpointTraffic, StaticDirectory, Clock]:
+    directory = StaticDirectory()
+    directory.add_endpoint(EndpointRoute(EP, "chat", "m"), replicas)
+    clock = Clock()
+    options = {"max_in_flight_per_replica": 1, "max_held_requests": 4, **settings}
+    dispatcher = Dispatcher(directory, GatewaySettings(**options), clock)
+    return dispatcher, EndpointTraffic(EP, 8), directory, clock
+
+
+def test_held_requests_are_released_first_in_first_out() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, _, clock = setup([A])
+        first = await dispatcher.acquire(ep, NONE, clock() + 60)
+        assert first is A and ep.in_flight == {"a": 1}
+        second = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        third = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        assert len(ep.queue) == 2 and not second.done()
+        dispatcher.release(ep, "a")
+        await turns()
+        assert second.done() and not third.done()
+        assert ep.in_flight == {"a": 1} and len(ep.queue) == 1
+        dispatcher.release(ep, "a")
+        await turns()
+        assert third.result() is A
+        dispatcher.release(ep, "a")
+        assert ep.in_flight_total == 0 and not ep.queue
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_a_new_request_does_not_overtake_held_ones() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, _, clock = setup([A])
+        await dispatcher.acquire(ep, NONE, clock() + 60)
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        dispatcher.release(ep, "a")  # the slot goes to the held request...
+        late = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        assert held.done() and not late.done()  # ...not to the newcomer
+        dispatcher.release(ep, "a")
+        await turns()
+        assert late.result() is A
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_a_client_that_leaves_while_held_leaves_no_trace() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, _, clock = setup([A])
+        await dispatcher.acquire(ep, NONE, clock() + 60)
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        held.cancel()
+        await turns()
+        assert not ep.queue
+        # Cancelled in the same loop turn as it was given a slot: the slot
+        # comes back.
+        racing = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        dispatcher.release(ep, "a")
+        racing.cancel()
+        await turns()
+        assert racing.cancelled()
+        assert ep.in_flight_total == 0 and not ep.queue
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_queue_full_is_429_when_busy_and_503_when_scaling() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup([A], max_held_requests=1)
+        await dispatcher.acquire(ep, NONE, clock() + 60)
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        with pytest.raises(TooManyRequests) as busy:
+            await dispatcher.acquire(ep, NONE, clock() + 60)
+        assert busy.value.retry_after is not None and busy.value.retry_after >= 1
+        held.cancel()
+        dispatcher.release(ep, "a")
+
+        directory.set_ready(EP, [])
+        waiting = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        assert directory.capacity_requests == [EP]  # asked at once
+        with pytest.raises(ServiceUnavailable) as scaling:
+            await dispatcher.acquire(ep, NONE, clock() + 60)
+        assert scaling.value.code == "scaling_up"
+        # The estimate comes from the default cold start (10 s), 4 s of it gone.
+        clock.now += 4
+        with pytest.raises(ServiceUnavailable) as later:
+            await dispatcher.acquire(ep, NONE, clock() + 60)
+        # 6 s left, then 2 requests ahead through 1 slot at 1 s each (no
+        # service time observed yet).
+        assert later.value.retry_after == 8
+        waiting.cancel()
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_scale_from_zero_releases_when_ready_and_measures_the_cold_start() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup([], max_in_flight_per_replica=4)
+        held = [asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60)) for _ in range(3)]
+        await turns()
+        assert len(ep.queue) == 3 and ep.snapshot().held == 3
+        clock.now += 12.5
+        directory.set_ready(EP, [A, B])
+        results = await asyncio.gather(*held)
+        assert sorted(r.replica_id for r in results) == ["a", "a", "b"]
+        assert ep.cold_start_s == 12.5 and ep.scale_requested_at is None
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_hold_past_the_deadline_is_503_hold_timeout() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, _, clock = setup([])
+        deadline = clock() + 30
+        clock.now += 31  # already past it when the request is held
+        with pytest.raises(ServiceUnavailable) as timed_out:
+            await dispatcher.acquire(ep, NONE, deadline)
+        assert timed_out.value.code == "hold_timeout"
+        assert not ep.queue
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_a_request_that_tried_every_replica_waits_for_a_new_one() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup([A])
+        tried = asyncio.ensure_future(dispatcher.acquire(ep, frozenset({"a"}), clock() + 60))
+        await turns()
+        assert not tried.done() and len(ep.queue) == 1
+        directory.set_ready(EP, [A, B])
+        assert await tried is B  # found by the watcher's re-read of the directory
+        await dispatcher.close([ep])
+
+    run(scenario())
+
+
+def test_close_answers_held_requests() -> None:
+    async def scenario() -> None:
+        dispatcher, ep, _, clock = setup([])
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        await dispatcher.close([ep])
+        with pytest.raises(ServiceUnavailable):
+            await held
+        assert ep.watcher is None
+
+    run(scenario())
