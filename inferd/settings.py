@@ -68,8 +68,8 @@ class Settings(BaseModel):
     gateway_max_queued_per_endpoint: int = Field(
         64, ge=0, description="requests held per endpoint while no replica is ready"
     )
-    gateway_max_queued_per_replica: int = Field(
-        32, ge=0, description="requests queued per replica beyond its in-flight work"
+    gateway_max_in_flight_per_replica: int = Field(
+        128, ge=1, description="requests forwarded to one replica at once; more are held"
     )
     gateway_hold_timeout_seconds: float = Field(
         180.0, gt=0, description="longest a request is held waiting for a replica"
@@ -99,6 +99,19 @@ class Settings(BaseModel):
     )
     reconcile_period_seconds: float = Field(
         1.0, gt=0, description="how often desired replicas are applied"
+    )
+
+    # --- Replicas (local launcher) --------------------------------------------
+    replica_args: str = Field(
+        "",
+        description="extra `inferd replica` arguments for every replica, e.g. "
+        "'--engine fake' or '--cpu-kv-cache-gib 2' (shell syntax)",
+    )
+    cpu_replica_slots: int = Field(
+        4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"
+    )
+    replica_orphan_timeout_seconds: float = Field(
+        60.0, gt=0, description="a replica that cannot reach the control plane this long exits"
     )
 
     def admin_key_value(self) -> str | None:

@@ -110,6 +110,14 @@ class UpdateEndpointRequest(_Request):
 class Replica(_Response):
     gpus: int = Field(description="GPUs used by the replica.")
     status: ReplicaStatusName
+    id: str = Field(description="ID of the replica.")
+    statusReason: str | None = Field(
+        description="Why the replica is in this status (draining, failed), or null."
+    )
+    since: str | None = Field(
+        description="RFC 3339 UTC time the replica entered its status: with `status` "
+        "`loading`, how long the model has been loading."
+    )
 
 
 class EndpointRecord(_Response):
@@ -135,7 +143,10 @@ class EndpointRecord(_Response):
         description="A curl command for this endpoint, with the literal <ACCESS_TOKEN>."
     )
     currency: str = Field(description="ISO 4217 code of hourlyPrice.")
-    statusReason: str | None = Field(description="Why the endpoint failed; null otherwise.")
+    statusReason: str | None = Field(
+        description="Why the endpoint is failed, or pending (for example waiting for GPU "
+        "capacity); null otherwise."
+    )
     createdAt: str = Field(description="RFC 3339 UTC.")
     updatedAt: str = Field(description="RFC 3339 UTC.")
 

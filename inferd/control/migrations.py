@@ -4,7 +4,6 @@ Each migration runs in its own transaction together with the row that
 records it in `schema_migrations`, so a crash leaves the schema at one
 version or the next, never half-way. To change the schema, append a
 `Migration` with the next version number; never edit a released one.
-(Issue 4 adds the replicas table as version 2.)
 """
 
 from __future__ import annotations
@@ -86,7 +85,35 @@ _V1 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+_V2 = Migration(
+    2,
+    "replicas",
+    (
+        # What a restarted control plane needs to adopt replicas that kept
+        # running (pid, GPUs, secret digest) and to show their last state.
+        """
+        CREATE TABLE replicas (
+            id          TEXT PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            generation  INTEGER NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
+            -- Physical GPU indices, comma-separated; empty on CPU.
+            gpu_ids     TEXT NOT NULL,
+            pid         INTEGER NOT NULL,
+            secret_hash BLOB NOT NULL,
+            status      TEXT NOT NULL,
+            reason      TEXT,
+            url         TEXT,
+            created_at  TEXT NOT NULL,
+            updated_at  TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX replicas_by_endpoint ON replicas (endpoint_id)",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 
 
 def latest_version() -> int:

@@ -56,6 +56,17 @@ class ReplicaView:
     status: ReplicaStatus
     generation: int = 1
     reason: str | None = None
+    replica_id: str = ""
+    since: str | None = None  # RFC 3339 time the replica entered its status
+
+
+@dataclass(frozen=True)
+class EndpointRuntime:
+    """Everything the record derives from besides the stored row: the
+    replicas, and why none is coming up when one is wanted (capacity)."""
+
+    replicas: tuple[ReplicaView, ...] = ()
+    waiting_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,13 +75,16 @@ class DerivedStatus:
     reason: str | None = None
 
 
-def derive_status(row: EndpointRow, replicas: Sequence[ReplicaView] = ()) -> DerivedStatus:
+def derive_status(
+    row: EndpointRow, replicas: Sequence[ReplicaView] = (), waiting_for: str | None = None
+) -> DerivedStatus:
     """Endpoint status from its settings and its replicas' states.
 
     - deletion started -> deleting
     - a ready replica -> running, or updating while replicas of an older
       generation (GPU settings changed) are still being replaced
     - replicas coming up and none ready -> initializing
+    - a replica wanted but not placeable (`waiting_for`) -> pending, with why
     - no live replica: every recent one failed -> failed (with the reason);
       minReplicas 0 -> scaledToZero; else pending (waiting to be placed)
     """
@@ -83,6 +97,10 @@ def derive_status(row: EndpointRow, replicas: Sequence[ReplicaView] = ()) -> Der
         return DerivedStatus(EndpointStatus.UPDATING if stale else EndpointStatus.RUNNING)
     if any(r.status in ReplicaStatus.coming_up() for r in live):
         return DerivedStatus(EndpointStatus.INITIALIZING)
+    if waiting_for is not None and not live:
+        # A replica is wanted but cannot be placed: say so instead of
+        # looking idle (scaledToZero) or broken (failed).
+        return DerivedStatus(EndpointStatus.PENDING, waiting_for)
     failed = [r for r in replicas if r.status is ReplicaStatus.FAILED]
     if failed and not live:
         reason = failed[-1].reason or "replica failed"
@@ -139,12 +157,13 @@ def build_record(
     replicas: Sequence[ReplicaView] = (),
     *,
     image_size: str = DEFAULT_IMAGE_SIZE,
+    waiting_for: str | None = None,
 ) -> dict[str, Any]:
     """The endpoint record (spec 2.1 fields first, then inferd's extras).
 
     `image_size` is the model's default size, used in an image model's example.
     """
-    derived = derive_status(row, replicas)
+    derived = derive_status(row, replicas, waiting_for)
     url = endpoint_url(public_url, row.id)
     current = [r for r in replicas if r.status not in ReplicaStatus.gone()]
     return {
@@ -157,7 +176,16 @@ def build_record(
         "minReplicas": row.min_replicas,
         "maxReplicas": row.max_replicas,
         "currentReplicas": len(current),
-        "replicas": [{"gpus": r.gpus, "status": r.status.value} for r in current],
+        "replicas": [
+            {
+                "gpus": r.gpus,
+                "status": r.status.value,
+                "id": r.replica_id,
+                "statusReason": r.reason,
+                "since": r.since,
+            }
+            for r in current
+        ],
         "scaleToZeroRetentionPeriodSeconds": row.retention_seconds,
         "hourlyPrice": row.hourly_price,
         "status": derived.status.value,

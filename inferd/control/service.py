@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from anyio import to_thread
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
 from inferd.control.placement import Placement, resolve_placement
-from inferd.control.records import DEFAULT_IMAGE_SIZE, ReplicaView, build_record
+from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
 from inferd.control.store import DuplicateName, EndpointRow, Store, utc_now_text
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
@@ -33,12 +33,12 @@ logger = logging.getLogger(__name__)
 
 # Hooks issue 4 fills in: the replicas the registry knows for an endpoint,
 # and the drain that must finish before a deleted endpoint's row goes.
-ReplicasOf = Callable[[str], Sequence[ReplicaView]]
+RuntimeOf = Callable[[str], EndpointRuntime]
 Drain = Callable[[EndpointRow], Awaitable[None]]
 
 
-def _no_replicas(endpoint_id: str) -> Sequence[ReplicaView]:
-    return ()
+def _no_runtime(endpoint_id: str) -> EndpointRuntime:
+    return EndpointRuntime()
 
 
 async def _no_drain(row: EndpointRow) -> None:
@@ -80,15 +80,18 @@ class EndpointService:
         # identity is its version) and the replicas' views (frozen, compared by
         # value). Reads are far more frequent than changes, and the list call
         # renders a thousand records; a hit costs a tuple comparison.
-        self._rendered: dict[str, tuple[EndpointRow, tuple[ReplicaView, ...], bytes]] = {}
+        self._rendered: dict[str, tuple[EndpointRow, EndpointRuntime, bytes]] = {}
         self._write_lock = asyncio.Lock()
-        self.replicas_of: ReplicasOf = _no_replicas
+        self.runtime_of: RuntimeOf = _no_runtime
         self.drain: Drain = _no_drain
 
     # --- reads (memory only) -------------------------------------------------------
 
     def rows(self) -> list[EndpointRow]:
         return list(self._rows.values())
+
+    def find(self, endpoint_id: str) -> EndpointRow | None:
+        return self._rows.get(endpoint_id)
 
     def row(self, endpoint_id: str) -> EndpointRow:
         row = self._rows.get(endpoint_id)
@@ -107,20 +110,24 @@ class EndpointService:
                 return f"{size[0]}x{size[1]}"
         return DEFAULT_IMAGE_SIZE
 
-    def _build(
-        self, row: EndpointRow, replicas: Sequence[ReplicaView] | None = None
-    ) -> dict[str, Any]:
-        if replicas is None:
-            replicas = self.replicas_of(row.id)
-        return build_record(row, self.public_url, replicas, image_size=self._image_size(row))
+    def _build(self, row: EndpointRow, runtime: EndpointRuntime | None = None) -> dict[str, Any]:
+        if runtime is None:
+            runtime = self.runtime_of(row.id)
+        return build_record(
+            row,
+            self.public_url,
+            runtime.replicas,
+            image_size=self._image_size(row),
+            waiting_for=runtime.waiting_for,
+        )
 
     def _rendered_json(self, row: EndpointRow) -> bytes:
-        replicas = tuple(self.replicas_of(row.id))
+        runtime = self.runtime_of(row.id)
         cached = self._rendered.get(row.id)
-        if cached is not None and cached[0] is row and cached[1] == replicas:
+        if cached is not None and cached[0] is row and cached[1] == runtime:
             return cached[2]
-        data = render_json(self._build(row, replicas))
-        self._rendered[row.id] = (row, replicas, data)
+        data = render_json(self._build(row, runtime))
+        self._rendered[row.id] = (row, runtime, data)
         return data
 
     def record(self, endpoint_id: str) -> dict[str, Any]:

@@ -67,6 +67,31 @@ UPDATABLE = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class ReplicaRow:
+    """One replica as stored: enough to adopt it after a restart."""
+
+    id: str
+    endpoint_id: str
+    generation: int
+    gpu_type: str
+    gpu_count: int
+    gpu_ids: str  # comma-separated physical indices; "" on CPU
+    pid: int
+    secret_hash: bytes
+    status: str
+    reason: str | None
+    url: str | None
+    created_at: str
+    updated_at: str
+
+    def gpu_id_tuple(self) -> tuple[int, ...]:
+        return tuple(int(i) for i in self.gpu_ids.split(",") if i)
+
+
+_REPLICA_COLUMNS = tuple(f.name for f in fields(ReplicaRow))
+
+
 class DuplicateName(Exception):
     """Another endpoint already has this name."""
 
@@ -244,6 +269,36 @@ class Store:
             conn.execute(
                 "INSERT INTO admin_keys (key_hash, created_at) VALUES (?, ?)", (key_hash, at)
             )
+
+    # --- replicas -------------------------------------------------------------------------
+
+    def insert_replica(self, row: ReplicaRow) -> None:
+        placeholders = ", ".join("?" for _ in _REPLICA_COLUMNS)
+        with self._tx() as conn:
+            conn.execute(
+                f"INSERT INTO replicas ({', '.join(_REPLICA_COLUMNS)}) VALUES ({placeholders})",
+                tuple(getattr(row, c) for c in _REPLICA_COLUMNS),
+            )
+
+    def update_replica(
+        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: str
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE replicas SET status = ?, reason = ?, url = ?, updated_at = ? WHERE id = ?",
+                (status, reason, url, at, replica_id),
+            )
+
+    def delete_replica(self, replica_id: str) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
+
+    def list_replicas(self) -> list[ReplicaRow]:
+        rows = self._query(f"SELECT {', '.join(_REPLICA_COLUMNS)} FROM replicas ORDER BY rowid")
+        return [
+            ReplicaRow(*row[:7], bytes(row[7]), *row[8:])  # type: ignore[call-arg]
+            for row in rows
+        ]
 
     # --- meta --------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""`inferd serve`: run the control plane (management API; gateway and replicas later).
+"""`inferd serve`: run the control plane: management API, gateway, registry, replicas.
 
 One flag per setting (`--max-replicas-cap`, ...), generated from `Settings`
 so none is forgotten; flags win over `INFERD_*` variables, which win over
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run the control plane (management API)",
+        help="run the control plane: management API, gateway and replicas",
         description="Run the inferd control plane. Settings: built-in defaults < --config "
         "file < INFERD_* environment < these flags (see configs/server.yaml).",
     )
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from inferd.control.store import StoreError
     from inferd.server.app import ControlPlane, create_app
     from inferd.server.auth import AdminKeyError
+    from inferd.server.runtime import attach_runtime, runtime_routes
 
     overrides = {key: getattr(args, key, None) for key in setting_keys()}
     try:
@@ -123,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(_banner(settings, plane.generated_admin_key), flush=True)
-        app = create_app(plane)
+        runtime = attach_runtime(plane)
+        app = create_app(plane, extra_routes=runtime_routes(runtime))
         config = uvicorn.Config(
             app,
             host=settings.host,
@@ -135,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
             # Forwarded headers are not trusted: inferd is not behind a proxy
             # by default, and the admin surface must not believe a spoofed IP.
             proxy_headers=False,
+            # In-flight requests (streams included) get this long to finish
+            # after a stop is requested; replicas then drain as well.
+            timeout_graceful_shutdown=int(settings.replica_drain_timeout_seconds) or None,
         )
         server = uvicorn.Server(config)
         # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the

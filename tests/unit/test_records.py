@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from inferd.control.records import (
+    DerivedStatus,
     EndpointStatus,
     ReplicaStatus,
     ReplicaView,
@@ -97,7 +98,9 @@ def test_record_has_every_spec_field_typed() -> None:
         assert isinstance(record[field], typ), field
     assert record["url"] == f"http://127.0.0.1:8080/endpoints/{ROW.id}"
     assert record["currentReplicas"] == 1
-    assert record["replicas"] == [{"gpus": 1, "status": "ready"}]
+    assert record["replicas"] == [
+        {"gpus": 1, "status": "ready", "id": "", "statusReason": None, "since": None}
+    ]
     assert record["status"] == "running"
     assert record["statusReason"] is None
     assert record["currency"] == "USD"
@@ -121,3 +124,12 @@ def test_image_example_command_is_valid_shell_and_json() -> None:
     body = json.loads(argv[argv.index("-d") + 1])
     assert body["model"] == "tiny-sdxl" and body["n"] == 1 and body["size"] == "1024x1024"
     assert body["prompt"]
+
+
+def test_capacity_wait_is_pending_with_the_reason() -> None:
+    waiting = "this machine has 0 H100-80GB GPU(s); a replica needs 1"
+    derived = derive_status(replace(ROW, min_replicas=0), (), waiting_for=waiting)
+    assert derived == DerivedStatus(EndpointStatus.PENDING, waiting)
+    # A replica coming up wins over the wait.
+    derived = derive_status(ROW, (rv(R.LOADING),), waiting_for=waiting)
+    assert derived.status is EndpointStatus.INITIALIZING

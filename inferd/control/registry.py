@@ -1,0 +1,274 @@
+"""The registry: what the control plane knows about every replica.
+
+Replicas push status and load (`report`); the reconciler adds replicas it
+launched, marks the ones it stops, and removes the ones whose process ended.
+The gateway reads it through `ReplicaDirectory`. A replica that stops
+reporting is failed after `failure_periods` health periods (or, while it
+loads, after `start_timeout_s`), which is how a hung (SIGSTOPped) replica is
+ejected without any probe from our side.
+
+Statuses set by the control plane are sticky: once a replica is `draining`
+or `failed` here, a late report that says `ready` does not bring it back
+into routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from inferd.control.records import ReplicaStatus
+from inferd.control.store import utc_now_text
+from inferd.gateway.directory import EndpointRoute, RoutableReplica
+
+_FORWARD = {
+    ReplicaStatus.STARTING: 0,
+    ReplicaStatus.LOADING: 1,
+    ReplicaStatus.READY: 2,
+    ReplicaStatus.DRAINING: 3,
+    ReplicaStatus.STOPPED: 4,
+    ReplicaStatus.FAILED: 4,
+}
+# Statuses the control plane sets that a replica's own report cannot undo.
+_STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
+
+
+def secret_digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    in_flight: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float | None = None
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica as the registry knows it (a frozen snapshot)."""
+
+    replica_id: str
+    endpoint_id: str
+    generation: int
+    gpu_type: str
+    gpu_ids: tuple[int, ...]
+    gpu_count: int
+    secret_digest: bytes = field(repr=False)
+    status: ReplicaStatus = ReplicaStatus.STARTING
+    reason: str | None = None
+    pid: int | None = None
+    url: str | None = None
+    load: ReplicaLoad = ReplicaLoad()
+    created_at: float = 0.0  # clock
+    status_since: float = 0.0  # clock
+    last_report_at: float | None = None  # clock
+    # The gateway could not connect: out of routing until the next report.
+    unreachable: bool = False
+    # Wall-clock times for the API (RFC 3339 text).
+    created_wall: str = ""
+    status_since_wall: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.status not in ReplicaStatus.gone()
+
+    @property
+    def routable(self) -> bool:
+        return self.status is ReplicaStatus.READY and not self.unreachable and bool(self.url)
+
+
+class ReportRejected(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Registry:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], str] = utc_now_text,
+        health_period_s: float = 2.0,
+        failure_periods: int = 3,
+        start_timeout_s: float = 900.0,
+        on_change: Callable[[str], None] | None = None,
+        on_capacity_request: Callable[[str], None] | None = None,
+        endpoints: Callable[[str], EndpointRoute | None] = lambda endpoint_id: None,
+    ) -> None:
+        """`endpoints`: looks an endpoint up for the gateway (the service's
+        in-memory rows: an endpoint is routable the moment it is created)."""
+        self._clock = clock
+        self._wall = wall
+        self._health_period = health_period_s
+        self._failure_periods = failure_periods
+        self._start_timeout = start_timeout_s
+        self._replicas: dict[str, Replica] = {}
+        self._lookup_endpoint = endpoints
+        self._ready_events: dict[str, asyncio.Event] = {}
+        # Called with an endpoint id when one of its replicas changed (the
+        # reconciler persists and re-derives), or when a request waits for
+        # capacity (the reconciler scales up now).
+        self._on_change = on_change or (lambda endpoint_id: None)
+        self._on_capacity_request = on_capacity_request or (lambda endpoint_id: None)
+
+    # -- replicas (fed by the reconciler) ---------------------------------------
+
+    def add(self, replica: Replica) -> Replica:
+        now = self._clock()
+        replica = replace(replica, created_at=now, status_since=now, status_since_wall=self._wall())
+        self._replicas[replica.replica_id] = replica
+        self._changed(replica)
+        return replica
+
+    def get(self, replica_id: str) -> Replica | None:
+        return self._replicas.get(replica_id)
+
+    def all(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    def of_endpoint(self, endpoint_id: str) -> list[Replica]:
+        return [r for r in self._replicas.values() if r.endpoint_id == endpoint_id]
+
+    def set_status(self, replica_id: str, status: ReplicaStatus, reason: str | None = None) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.status == status:
+            return
+        if replica.status in ReplicaStatus.gone():
+            return  # terminal
+        self._replicas[replica_id] = replace(
+            replica,
+            status=status,
+            reason=reason,
+            status_since=self._clock(),
+            status_since_wall=self._wall(),
+        )
+        self._changed(self._replicas[replica_id])
+
+    def remove(self, replica_id: str) -> Replica | None:
+        replica = self._replicas.pop(replica_id, None)
+        if replica is not None:
+            self._on_change(replica.endpoint_id)
+        return replica
+
+    # -- reports from replicas ------------------------------------------------------
+
+    def report(self, replica_id: str, secret: str | None, payload: Mapping[str, Any]) -> None:
+        """Apply one status report. Raises ReportRejected(401|404|410)."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            # Not ours (any more): the replica drains and exits on 404.
+            raise ReportRejected(404, "unknown replica")
+        if secret is None or not hmac.compare_digest(secret_digest(secret), replica.secret_digest):
+            raise ReportRejected(401, "bad replica secret")
+        if replica.status is ReplicaStatus.FAILED:
+            raise ReportRejected(410, "replica was failed by the control plane")
+        try:
+            reported = ReplicaStatus(str(payload.get("status")))
+        except ValueError:
+            raise ReportRejected(400, "unknown status") from None
+        load = payload.get("load") or {}
+        now = self._clock()
+        status: ReplicaStatus = replica.status
+        reason = replica.reason
+        # Forward only, and the control plane's own verdicts stand.
+        if replica.status not in _STICKY and _FORWARD[reported] >= _FORWARD[replica.status]:
+            status, reason = reported, payload.get("reason")
+        elif reported in ReplicaStatus.gone():
+            status, reason = reported, payload.get("reason") or replica.reason
+        updated = replace(
+            replica,
+            status=status,
+            reason=reason,
+            url=payload.get("url") or replica.url,
+            pid=payload.get("pid") or replica.pid,
+            load=ReplicaLoad(
+                in_flight=int(load.get("inFlight") or 0),
+                running=int(load.get("running") or 0),
+                waiting=int(load.get("waiting") or 0),
+                kv_cache_usage=load.get("kvCacheUsage"),
+            ),
+            last_report_at=now,
+            unreachable=False,
+            status_since=replica.status_since if status == replica.status else now,
+            status_since_wall=(
+                replica.status_since_wall if status == replica.status else self._wall()
+            ),
+        )
+        self._replicas[replica_id] = updated
+        if status != replica.status or replica.unreachable:
+            self._changed(updated)
+
+    def check_liveness(self) -> list[Replica]:
+        """Fail replicas that went quiet; returns the ones failed now."""
+        now = self._clock()
+        silent_limit = self._health_period * self._failure_periods
+        failed = []
+        for replica in list(self._replicas.values()):
+            if replica.status in ReplicaStatus.gone():
+                continue
+            if replica.status in ReplicaStatus.coming_up():
+                # Loading can take minutes, but a replica that loads still
+                # reports; silence is failure here too, only later.
+                last = replica.last_report_at or replica.created_at
+                limit = silent_limit if replica.last_report_at else self._start_timeout
+                if now - last > limit or now - replica.created_at > self._start_timeout:
+                    why = (
+                        f"no report for {now - last:.1f}s while {replica.status.value}"
+                        if now - last > limit
+                        else f"not ready after {self._start_timeout:.0f}s"
+                    )
+                    failed.append(self._fail(replica, why))
+                continue
+            last = replica.last_report_at or replica.status_since
+            if now - last > silent_limit:
+                failed.append(self._fail(replica, f"stopped reporting ({now - last:.1f}s silent)"))
+        return failed
+
+    def _fail(self, replica: Replica, reason: str) -> Replica:
+        self.set_status(replica.replica_id, ReplicaStatus.FAILED, reason)
+        return self._replicas[replica.replica_id]
+
+    def _changed(self, replica: Replica) -> None:
+        if replica.routable:
+            event = self._ready_events.pop(replica.endpoint_id, None)
+            if event is not None:
+                event.set()
+        self._on_change(replica.endpoint_id)
+
+    # -- ReplicaDirectory (the gateway's view) ---------------------------------------
+
+    def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
+        return self._lookup_endpoint(endpoint_id)
+
+    def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
+        return [
+            RoutableReplica(r.replica_id, r.url or "", r.load.waiting)
+            for r in self._replicas.values()
+            if r.endpoint_id == endpoint_id and r.routable
+        ]
+
+    def request_capacity(self, endpoint_id: str) -> None:
+        self._on_capacity_request(endpoint_id)
+
+    def report_unreachable(self, replica_id: str, reason: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is not None and not replica.unreachable:
+            self._replicas[replica_id] = replace(replica, unreachable=True)
+            self._on_change(replica.endpoint_id)
+
+    async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
+        if self.ready_replicas(endpoint_id):
+            return True
+        event = self._ready_events.setdefault(endpoint_id, asyncio.Event())
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+        return bool(self.ready_replicas(endpoint_id))

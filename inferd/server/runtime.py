@@ -1,0 +1,224 @@
+"""The serving half of `inferd serve`: registry, launcher, gateway, reconciler.
+
+`attach_runtime(plane)` builds them, plugs them into the management side
+(the record's replicas and status, the drain on delete) and the app's
+lifespan, and returns the routes to mount: the gateway, the registry's
+report route and `/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
+from inferd.control.launchers.local import LocalLauncher
+from inferd.control.reconciler import Reconciler, ReconcilerSettings
+from inferd.control.records import EndpointRuntime, ReplicaView
+from inferd.control.registry import Registry, ReportRejected
+from inferd.errors import error_body
+from inferd.gateway.app import Gateway, gateway_routes
+from inferd.gateway.directory import EndpointRoute
+from inferd.gateway.settings import GatewaySettings
+from inferd.http import parse_json_object, read_body
+from inferd.server.app import ControlPlane
+from inferd.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+REGISTRY_PATH = "/internal/registry"
+_MAX_REPORT_BYTES = 64 * 1024
+
+
+@dataclass
+class Runtime:
+    registry: Registry
+    launcher: LocalLauncher
+    gateway: Gateway
+    reconciler: Reconciler
+
+    def endpoint_runtime(self, endpoint_id: str) -> EndpointRuntime:
+        views = tuple(
+            ReplicaView(
+                gpus=r.gpu_count,
+                status=r.status,
+                generation=r.generation,
+                reason=r.reason,
+                replica_id=r.replica_id,
+                since=r.status_since_wall or None,
+            )
+            for r in self.registry.of_endpoint(endpoint_id)
+        )
+        return EndpointRuntime(views, self.reconciler.capacity_reason(endpoint_id))
+
+
+def registry_url(settings: Settings) -> str:
+    host = settings.host
+    dial = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    if ":" in dial and not dial.startswith("["):
+        dial = f"[{dial}]"
+    return f"http://{dial}:{settings.port}{REGISTRY_PATH}"
+
+
+def build_launcher(plane: ControlPlane) -> LocalLauncher:
+    settings = plane.settings
+    gpu_types = plane.catalog.gpus.gpu_types
+    gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
+    for gpu, gpu_type in gpus:
+        logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
+    args = [
+        "--report-interval", str(settings.health_period_seconds),
+        "--orphan-timeout", str(settings.replica_orphan_timeout_seconds),
+        "--drain-timeout", str(settings.replica_drain_timeout_seconds),
+        "--models-dir", str(settings.models_dir),
+        "--log-level", settings.log_level,
+        *shlex.split(settings.replica_args),
+    ]  # fmt: skip
+    return LocalLauncher(
+        registry_url=registry_url(settings),
+        log_dir=settings.state_dir / "logs",
+        gpus=gpus,
+        cpu_slots=settings.cpu_replica_slots,
+        replica_args=args,
+    )
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "inferd_replicas", "Replicas by endpoint and status.", labels=["endpoint", "status"]
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for replica in self._registry.all():
+            key = (replica.endpoint_id, replica.status.value)
+            counts[key] = counts.get(key, 0) + 1
+        for (endpoint, status), count in sorted(counts.items()):
+            family.add_metric([endpoint, status], count)
+        return [family]
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -> Runtime:
+    settings = plane.settings
+    # The reconciler is woken by the registry; it exists after the registry,
+    # so the callbacks look it up late.
+    holder: dict[str, Reconciler] = {}
+
+    def wake(endpoint_id: str) -> None:
+        if "r" in holder:
+            holder["r"].wake(endpoint_id)
+
+    def endpoint_route(endpoint_id: str) -> EndpointRoute | None:
+        row = plane.service.find(endpoint_id)
+        if row is None:
+            return None
+        return EndpointRoute(
+            row.id, row.model_kind, row.model_name, deleting=row.deleting_at is not None
+        )
+
+    registry = Registry(
+        endpoints=endpoint_route,
+        health_period_s=settings.health_period_seconds,
+        failure_periods=settings.health_failure_periods,
+        start_timeout_s=settings.replica_start_timeout_seconds,
+        on_change=wake,
+        on_capacity_request=wake,
+    )
+    gateway = Gateway(
+        registry,
+        plane.verifier,
+        GatewaySettings(
+            max_body_bytes=settings.max_body_bytes,
+            max_in_flight_per_replica=settings.gateway_max_in_flight_per_replica,
+            max_held_requests=settings.gateway_max_queued_per_endpoint,
+            max_hold_seconds=settings.gateway_hold_timeout_seconds,
+        ),
+    )
+    launcher = launcher or build_launcher(plane)
+    reconciler = Reconciler(
+        registry=registry,
+        launcher=launcher,
+        traffic=gateway,
+        records=plane.store,
+        endpoints=plane.service.rows,
+        settings=ReconcilerSettings(
+            period_s=settings.reconcile_period_seconds,
+            drain_timeout_s=settings.replica_drain_timeout_seconds,
+            target_concurrency=settings.autoscale_target_concurrency,
+            upscale_delay_s=settings.autoscale_upscale_delay_seconds,
+            downscale_delay_s=settings.autoscale_downscale_delay_seconds,
+        ),
+    )
+    holder["r"] = reconciler
+    runtime = Runtime(registry, launcher, gateway, reconciler)
+    plane.service.runtime_of = runtime.endpoint_runtime
+    plane.service.drain = reconciler.drain_endpoint
+
+    async def start() -> None:
+        rows = await asyncio.to_thread(plane.store.list_replicas)
+        adopted = set(reconciler.adopt(rows, plane.service.rows()))
+        for row in rows:
+            if row.id not in adopted:
+                await asyncio.to_thread(plane.store.delete_replica, row.id)
+        if rows:
+            logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
+        await gateway.startup()
+        reconciler.start()
+
+    async def stop() -> None:
+        await reconciler.stop()
+        await gateway.shutdown()
+        # Embedded mode owns its replicas: a clean stop leaves none running.
+        await asyncio.to_thread(launcher.shutdown, settings.replica_drain_timeout_seconds)
+        for replica in registry.all():
+            registry.remove(replica.replica_id)
+            await asyncio.to_thread(plane.store.delete_replica, replica.replica_id)
+
+    plane.on_startup.append(start)
+    plane.on_shutdown.append(stop)
+    return runtime
+
+
+def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
+    registry = runtime.registry
+
+    async def report(request: Request) -> Response:
+        auth = request.headers.get("authorization", "")
+        secret = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+        payload = parse_json_object(await read_body(request, _MAX_REPORT_BYTES))
+        try:
+            registry.report(request.path_params["replica_id"], secret, payload)
+        except ReportRejected as exc:
+            return JSONResponse(
+                error_body(str(exc), "invalid_request_error", None, "report_rejected"),
+                status_code=exc.status,
+            )
+        return Response(status_code=204)
+
+    metrics_registry = CollectorRegistry(auto_describe=True)
+    metrics_registry.register(_ReplicaCollector(registry))
+
+    async def metrics(request: Request) -> Response:
+        body = runtime.gateway.metrics.render() + bytes(generate_latest(metrics_registry))
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return [
+        *gateway_routes(runtime.gateway),
+        Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
