@@ -1,0 +1,156 @@
+"""The registry with an injected clock: reports, sticky verdicts, liveness,
+and the gateway's view."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from inferd.control.records import ReplicaStatus as S
+from inferd.control.registry import Registry, Replica, ReportRejected, secret_digest
+from inferd.gateway.directory import EndpointRoute
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(clock: Clock, **kwargs: Any) -> tuple[Registry, list[str]]:
+    changes: list[str] = []
+    registry = Registry(
+        clock=clock,
+        health_period_s=1.0,
+        failure_periods=3,
+        start_timeout_s=60.0,
+        on_change=changes.append,
+        endpoints=lambda eid: EndpointRoute(eid, "chat", "tiny-chat") if eid == "e1" else None,
+        **kwargs,
+    )
+    return registry, changes
+
+
+def replica(rid: str = "r1", endpoint: str = "e1") -> Replica:
+    return Replica(rid, endpoint, 1, "cpu", (), 1, secret_digest(f"s-{rid}"))
+
+
+def report(registry: Registry, status: str, rid: str = "r1", **extra: Any) -> None:
+    payload = {"status": status, "url": "http://127.0.0.1:9", "load": {"inFlight": 2}, **extra}
+    registry.report(rid, f"s-{rid}", payload)
+
+
+def test_reports_move_a_replica_forward_and_into_routing() -> None:
+    clock = Clock()
+    registry, changes = make(clock)
+    registry.add(replica())
+    assert registry.ready_replicas("e1") == []
+    report(registry, "loading")
+    report(registry, "ready")
+    (routable,) = registry.ready_replicas("e1")
+    assert routable.replica_id == "r1" and routable.url == "http://127.0.0.1:9"
+    assert registry.get("r1").load.in_flight == 2  # type: ignore[union-attr]
+    assert changes.count("e1") >= 3  # added, loading, ready
+    # A stale report cannot move it back.
+    report(registry, "loading")
+    assert registry.get("r1").status is S.READY  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "rid,secret,status",
+    [("nobody", "s-nobody", 404), ("r1", "wrong", 401), ("r1", None, 401)],
+)
+def test_reports_are_authenticated(rid: str, secret: str | None, status: int) -> None:
+    registry, _ = make(Clock())
+    registry.add(replica())
+    with pytest.raises(ReportRejected) as info:
+        registry.report(rid, secret, {"status": "ready"})
+    assert info.value.status == status
+
+
+def test_control_plane_verdicts_are_sticky() -> None:
+    registry, _ = make(Clock())
+    registry.add(replica())
+    report(registry, "ready")
+    registry.set_status("r1", S.DRAINING, "scaled down")
+    report(registry, "ready")  # a report already on its way
+    assert registry.get("r1").status is S.DRAINING  # type: ignore[union-attr]
+    assert registry.ready_replicas("e1") == []
+    report(registry, "stopped")
+    assert registry.get("r1").status is S.STOPPED  # type: ignore[union-attr]
+    registry.set_status("r1", S.READY)  # terminal: no way back
+    assert registry.get("r1").status is S.STOPPED  # type: ignore[union-attr]
+
+
+def test_a_failed_replica_is_told_it_is_gone() -> None:
+    registry, _ = make(Clock())
+    registry.add(replica())
+    registry.set_status("r1", S.FAILED, "stopped reporting")
+    with pytest.raises(ReportRejected) as info:
+        report(registry, "ready")
+    assert info.value.status == 410
+
+
+def test_silence_fails_a_ready_replica_after_the_failure_periods() -> None:
+    clock = Clock()
+    registry, _ = make(clock)
+    registry.add(replica())
+    report(registry, "ready")
+    clock.now += 2.9
+    assert registry.check_liveness() == []
+    clock.now += 0.2
+    (failed,) = registry.check_liveness()
+    assert failed.status is S.FAILED and "stopped reporting" in (failed.reason or "")
+    assert registry.ready_replicas("e1") == []
+
+
+def test_a_loading_replica_gets_the_start_timeout_only_while_it_reports() -> None:
+    clock = Clock()
+    registry, _ = make(clock)
+    registry.add(replica())
+    clock.now += 30  # no report yet: within the start timeout
+    assert registry.check_liveness() == []
+    report(registry, "loading")
+    for _ in range(20):  # reporting while loading: fine until the start timeout
+        clock.now += 1
+        report(registry, "loading")
+        assert registry.check_liveness() == []
+    clock.now += 11
+    (failed,) = registry.check_liveness()
+    assert "while loading" in (failed.reason or "") or "not ready" in (failed.reason or "")
+
+
+def test_unreachable_leaves_routing_until_the_next_report() -> None:
+    registry, _ = make(Clock())
+    registry.add(replica())
+    report(registry, "ready")
+    registry.report_unreachable("r1", "connection refused")
+    assert registry.ready_replicas("e1") == []
+    report(registry, "ready")
+    assert len(registry.ready_replicas("e1")) == 1
+
+
+def test_endpoint_lookup_and_capacity_request() -> None:
+    asked: list[str] = []
+    registry, _ = make(Clock(), on_capacity_request=asked.append)
+    assert registry.endpoint("e1") == EndpointRoute("e1", "chat", "tiny-chat")
+    assert registry.endpoint("nope") is None
+    registry.request_capacity("e1")
+    assert asked == ["e1"]
+
+
+def test_wait_ready_wakes_when_a_replica_turns_ready() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        registry, _ = make(Clock())
+        registry.add(replica())
+        timed_out = await registry.wait_ready("e1", 0.01)
+        waiter = asyncio.ensure_future(registry.wait_ready("e1", 5))
+        await asyncio.sleep(0)
+        report(registry, "ready")
+        return timed_out, await asyncio.wait_for(waiter, 1)
+
+    assert asyncio.run(scenario()) == (False, True)
