@@ -29,7 +29,7 @@ from inferd.errors import (
 )
 from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
-from inferd.gateway.hold import Dispatcher, retry_after
+from inferd.gateway.hold import Dispatcher, endpoint_gone, retry_after
 from inferd.gateway.metrics import UNAUTHENTICATED, GatewayMetrics
 from inferd.gateway.proxy import Relayed, forward
 from inferd.gateway.settings import GatewaySettings
@@ -139,6 +139,7 @@ class Gateway:
         ep = self._endpoints.get(endpoint_id)
         if ep is not None and ep.idle():
             del self._endpoints[endpoint_id]
+            self.metrics.forget(endpoint_id)
 
     # -- the request path ---------------------------------------------------
 
@@ -180,17 +181,13 @@ class Gateway:
         except _ClientGone:
             status = CLIENT_GONE
         finally:
-            metrics = self.metrics
-            metrics.requests.labels(label, route.label, str(status)).inc()
-            metrics.latency.labels(label, route.label).observe(time.perf_counter() - started)
+            self.metrics.answered(label, route.label, status, time.perf_counter() - started)
 
     def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute, path: str) -> None:
-        if endpoint is None:
-            raise NotFound("This endpoint does not exist.", code="endpoint_not_found")
-        if endpoint.deleting:
-            raise ServiceUnavailable(
-                "This endpoint is being deleted.", code="endpoint_deleting", retry_after=60
-            )
+        gone = endpoint_gone(endpoint is not None, endpoint is not None and endpoint.deleting)
+        if gone is not None:
+            raise gone
+        assert endpoint is not None
         if route.kind is not None and route.kind != endpoint.kind:
             # Answered here: a wrong route must not wake a scaled-to-zero endpoint.
             raise NotFound(
@@ -239,7 +236,7 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         watch = _DisconnectWatch(task)
-        watcher = asyncio.ensure_future(watch.run(receive))
+        watcher = asyncio.get_running_loop().create_task(watch.run(receive))
         try:
             return await self._dispatch(ep, route, headers, body, send)
         except asyncio.CancelledError:
@@ -283,6 +280,8 @@ class Gateway:
                 )
             finally:
                 dispatcher.release(ep, rid)
+                if rid not in ep.in_flight:
+                    self._replica_urls.pop(rid, None)
             if isinstance(result, Relayed):
                 ep.service_times.append(self.clock() - begun)
                 if result.broken:

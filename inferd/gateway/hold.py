@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inferd.errors import InferdError, ServiceUnavailable, TooManyRequests
+from inferd.errors import InferdError, NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import ReplicaDirectory, RoutableReplica
 from inferd.gateway.routing import Outcome, choose_replica
 from inferd.gateway.settings import GatewaySettings
@@ -247,6 +247,10 @@ class Dispatcher:
         asked = self._clock()
         try:
             while ep.queue:
+                gone = _gone(directory, ep.endpoint_id)
+                if gone is not None:
+                    self._fail_held(ep, gone)
+                    break
                 if directory.ready_replicas(ep.endpoint_id):
                     self.pump(ep)
                     if not ep.queue:
@@ -257,7 +261,7 @@ class Dispatcher:
                 if now - asked >= _CAPACITY_REPEAT_S:
                     asked = now
                     directory.request_capacity(ep.endpoint_id)
-                await directory.wait_ready(ep.endpoint_id, max(poll, _CAPACITY_REPEAT_S))
+                await directory.wait_ready(ep.endpoint_id, poll)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -265,6 +269,12 @@ class Dispatcher:
             logger.exception("hold watcher for endpoint %s failed", ep.endpoint_id)
         finally:
             ep.watcher = None
+
+    def _fail_held(self, ep: EndpointTraffic, error: InferdError) -> None:
+        for waiter in list(ep.queue):
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
+        ep.queue.clear()
 
     def _refusal(
         self, ep: EndpointTraffic, scaling: bool, ready: int, *, timed_out: bool = False
@@ -306,15 +316,28 @@ class Dispatcher:
         self._closed = True
         watchers = []
         for ep in endpoints:
-            for waiter in list(ep.queue):
-                if not waiter.future.done():
-                    waiter.future.set_exception(
-                        ServiceUnavailable(
-                            "The gateway is shutting down.", code="shutting_down", retry_after=1
-                        )
-                    )
-            ep.queue.clear()
+            self._fail_held(
+                ep,
+                ServiceUnavailable(
+                    "The gateway is shutting down.", code="shutting_down", retry_after=1
+                ),
+            )
             if ep.watcher is not None:
                 ep.watcher.cancel()
                 watchers.append(ep.watcher)
         await asyncio.gather(*watchers, return_exceptions=True)
+
+
+def endpoint_gone(exists: bool, deleting: bool) -> InferdError | None:
+    """The answer for requests of an endpoint that was deleted (404) or is
+    being deleted (503, no Retry-After: it will not come back); else None."""
+    if not exists:
+        return NotFound("This endpoint does not exist.", code="endpoint_not_found")
+    if deleting:
+        return ServiceUnavailable("This endpoint is being deleted.", code="endpoint_deleting")
+    return None
+
+
+def _gone(directory: ReplicaDirectory, endpoint_id: str) -> InferdError | None:
+    route = directory.endpoint(endpoint_id)
+    return endpoint_gone(route is not None, route is not None and route.deleting)

@@ -10,6 +10,7 @@ so requests with made-up ids cannot grow the label set.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -89,6 +90,30 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_TrafficCollector(endpoints))
+        # Labelled children by (endpoint, route, status): `labels()` takes a
+        # lock and builds a key on every call; this is one dict lookup.
+        self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def answered(self, endpoint: str, route: str, status: int, seconds: float) -> None:
+        key = (endpoint, route, status)
+        children = self._answered.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(endpoint, route, str(status)),
+                self.latency.labels(endpoint, route),
+            )
+            self._answered[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def forget(self, endpoint: str) -> None:
+        """Drop the series of a deleted endpoint."""
+        for key in [k for k in self._answered if k[0] == endpoint]:
+            del self._answered[key]
+        for metric in (self.requests, self.latency, self.hold, self.retries, self.upstream_errors):
+            for labels in list(metric._metrics):  # no public way to list a metric's children
+                if labels[0] == endpoint:
+                    metric.remove(*labels)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

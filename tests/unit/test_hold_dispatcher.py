@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from inferd.errors import ServiceUnavailable, TooManyRequests
+from inferd.errors import NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.hold import Dispatcher
 from inferd.gateway.settings import GatewaySettings
@@ -201,5 +201,24 @@ def test_close_answers_held_requests() -> None:
         with pytest.raises(ServiceUnavailable):
             await held
         assert ep.watcher is None
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("deleted", [True, False])
+def test_held_requests_of_a_deleted_endpoint_are_answered(deleted: bool) -> None:
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup([], hold_poll_seconds=0.01)
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
+        await turns()
+        if deleted:
+            directory.remove_endpoint(EP)
+        else:
+            directory.set_route(EndpointRoute(EP, "chat", "m", deleting=True))
+        with pytest.raises(NotFound if deleted else ServiceUnavailable) as answered:
+            await held
+        assert answered.value.code == ("endpoint_not_found" if deleted else "endpoint_deleting")
+        assert not ep.queue
+        await dispatcher.close([ep])
 
     run(scenario())

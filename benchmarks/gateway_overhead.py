@@ -1,0 +1,315 @@
+"""What the gateway adds: the same closed-loop load through the endpoint URL
+and straight to the replica, in one run, rounds alternating.
+
+The gateway runs in its own process as in production: this script starts
+itself with `--serve-gateway`, which builds `Gateway` over a static directory
+(one endpoint, the one replica) and a token verifier holding one token, and
+serves it with uvicorn (uvloop, httptools, no access log). The HTTP client
+to the replica is measured both ways: the lean pool (default) and httpx.
+
+Parts:
+- latency: fake engine with token_delay_s=0, non-streamed, 2 output tokens:
+  the added p50/p99 is the gateway's own cost (goal p50 <= 1 ms, p99 <= 5 ms).
+- stream: fake engine, streamed, 64 tokens: output tokens/s ratio (goal
+  >= 0.95) and TTFT p50 delta (goal <= +2 ms).
+- vllm: the same two on a real vLLM tiny-chat replica on the CPU (skipped
+  where vLLM is missing, or with --skip-vllm).
+
+    .venv/bin/python benchmarks/gateway_overhead.py [--requests 300] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import LoadResult, closed_loop_chat, print_table, wait_http_ok, write_report
+
+from inferd.testing import ReplicaHandle, free_port
+
+ENDPOINT_ID = "bench-endpoint"
+MODEL = "tiny-chat"
+
+
+# --- the gateway process ---------------------------------------------------------
+
+
+def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> None:
+    import contextlib
+    from collections.abc import AsyncIterator
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from inferd.control.tokens import TokenVerifier, hash_token
+    from inferd.errors import EXCEPTION_HANDLERS
+    from inferd.gateway.app import Gateway, gateway_routes
+    from inferd.gateway.directory import EndpointRoute, RoutableReplica
+    from inferd.gateway.settings import GatewaySettings
+    from inferd.gateway.static import StaticDirectory
+    from inferd.gateway.upstream import HttpxUpstream
+
+    class OneToken:
+        def active_token_hashes(self) -> dict[str, bytes]:
+            return {ENDPOINT_ID: hash_token(token)}
+
+    directory = StaticDirectory()
+    directory.add_endpoint(
+        EndpointRoute(ENDPOINT_ID, "chat", MODEL), [RoutableReplica("r-1", replica_url)]
+    )
+    settings = GatewaySettings(max_in_flight_per_replica=256)
+    client = HttpxUpstream() if upstream == "httpx" else None
+    gateway = Gateway(directory, TokenVerifier(OneToken()), settings, upstream=client)
+
+    async def health(request: Request) -> Response:
+        return Response(b"ok")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.startup()
+        yield
+        await gateway.shutdown()
+
+    app = Starlette(
+        routes=[*gateway_routes(gateway), Route("/healthz", health)],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        access_log=False,
+        log_level="warning",
+        loop="uvloop",
+        http="httptools",
+    )
+
+
+def start_gateway(replica_url: str, token: str, upstream: str) -> tuple[Any, str]:
+    port = free_port()
+    command = [
+        sys.executable, __file__, "--serve-gateway", "--replica-url", replica_url,
+        "--port", str(port), "--token", token, "--upstream", upstream,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, start_new_session=True)
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout=60)
+    except BaseException:
+        process.kill()
+        raise
+    return process, f"http://127.0.0.1:{port}/endpoints/{ENDPOINT_ID}"
+
+
+# --- measuring -------------------------------------------------------------------------
+
+
+def pooled(label: str, runs: list[LoadResult]) -> dict[str, Any]:
+    total = LoadResult(label, 0, 0, 0.0, 0)
+    for run in runs:
+        total.requests += run.requests
+        total.errors += run.errors
+        total.output_tokens += run.output_tokens
+        total.wall_s += run.wall_s
+        total.ttft_s += run.ttft_s
+        total.latency_s += run.latency_s
+    row = total.summary()
+    row["output_tokens_per_s"] = round(statistics.median(r.tokens_per_s for r in runs), 2)
+    return row
+
+
+async def measure(
+    targets: dict[str, tuple[str, dict[str, str]]],
+    *,
+    rounds: int,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    stream: bool,
+) -> dict[str, list[LoadResult]]:
+    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    order = list(targets)
+    for index in range(rounds):
+        for name in order if index % 2 == 0 else list(reversed(order)):
+            url, headers = targets[name]
+            runs[name].append(
+                await closed_loop_chat(
+                    name,
+                    url + "/openai/v1/chat/completions",
+                    model=MODEL,
+                    requests=requests,
+                    concurrency=concurrency,
+                    max_tokens=max_tokens,
+                    stream=stream,
+                    headers=headers,
+                    timeout_s=300,
+                )
+            )
+    return runs
+
+
+def compare(
+    part: str, runs: dict[str, list[LoadResult]], stream: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    base = pooled("direct", runs["direct"])
+    rows = [{"part": part, **base}]
+    summary: dict[str, Any] = {"direct": base}
+    for name in runs:
+        if name == "direct":
+            continue
+        row = pooled(name, runs[name])
+        row["added p50 ms"] = round(row["latency_p50_ms"] - base["latency_p50_ms"], 3)
+        row["added p99 ms"] = round(row["latency_p99_ms"] - base["latency_p99_ms"], 3)
+        if base["output_tokens_per_s"]:
+            row["tok/s ratio"] = round(row["output_tokens_per_s"] / base["output_tokens_per_s"], 3)
+        if stream and base["ttft_p50_ms"] is not None and row["ttft_p50_ms"] is not None:
+            row["ttft p50 delta ms"] = round(row["ttft_p50_ms"] - base["ttft_p50_ms"], 3)
+        rows.append({"part": part, **row})
+        summary[name] = row
+    return rows, summary
+
+
+def run_part(
+    part: str,
+    replica_url: str,
+    args: argparse.Namespace,
+    *,
+    stream: bool,
+    max_tokens: int,
+    concurrency: int,
+    requests: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from inferd.control.tokens import new_endpoint_token
+
+    token = new_endpoint_token()
+    gateways = {}
+    targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (replica_url, {})}
+    try:
+        for upstream in args.upstreams:
+            process, url = start_gateway(replica_url, token, upstream)
+            gateways[upstream] = process
+            targets[f"gateway-{upstream}"] = (url, {"Authorization": f"Bearer {token}"})
+        # Warm every path (connections, first-call costs).
+        warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
+        asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
+        runs = asyncio.run(
+            measure(
+                targets,
+                rounds=args.rounds,
+                requests=requests,
+                concurrency=concurrency,
+                max_tokens=max_tokens,
+                stream=stream,
+            )
+        )
+    finally:
+        for process in gateways.values():
+            process.terminate()
+            process.wait(30)
+    return compare(part, runs, stream)
+
+
+COLUMNS = [
+    "part", "label", "requests", "errors", "latency_p50_ms", "latency_p99_ms", "added p50 ms",
+    "added p99 ms", "output_tokens_per_s", "tok/s ratio", "ttft_p50_ms", "ttft p50 delta ms",
+]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=300, help="per round and target")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--stream-tokens", type=int, default=64)
+    parser.add_argument("--upstreams", nargs="+", default=["pool", "httpx"])
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=None)
+    # Internal: the gateway process.
+    parser.add_argument("--serve-gateway", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--replica-url", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", default="pool", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_gateway:
+        serve_gateway(args.replica_url, args.port, args.token, args.upstream)
+        return 0
+
+    rows: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}, "parts": {}}
+
+    def add(part: str, result: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
+        rows.extend(result[0])
+        report["parts"][part] = result[1]
+
+    fake = ReplicaHandle(MODEL, ["--engine", "fake", "--engine-arg", "token_delay_s=0"])
+    try:
+        url = fake.wait_ready(60).url
+        for concurrency in args.concurrency:
+            add(
+                f"fake latency c={concurrency}",
+                run_part(f"fake latency c={concurrency}", url, args, stream=False,
+                         max_tokens=2, concurrency=concurrency, requests=args.requests),
+            )  # fmt: skip
+        stream_c = max(args.concurrency)
+        add(
+            f"fake stream c={stream_c}",
+            run_part(f"fake stream c={stream_c}", url, args, stream=True,
+                     max_tokens=args.stream_tokens, concurrency=stream_c,
+                     requests=max(16, args.requests // 4)),
+        )  # fmt: skip
+    finally:
+        fake.stop()
+
+    if not args.skip_vllm:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            print("vLLM is not installed: skipping the vLLM part")
+        else:
+            from inferd.catalog.tiny import ensure_tiny_model
+
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            model_path = ensure_tiny_model("tiny-chat")
+            real = ReplicaHandle(
+                str(model_path),
+                ["--engine", "vllm", "--device", args.device, "--served-model-name", MODEL],
+            )
+            try:
+                url = real.wait_ready(900).url
+                add(
+                    "vllm latency c=1",
+                    run_part("vllm latency c=1", url, args, stream=False, max_tokens=4,
+                             concurrency=1, requests=max(20, args.requests // 4)),
+                )  # fmt: skip
+                add(
+                    "vllm stream c=4",
+                    run_part("vllm stream c=4", url, args, stream=True,
+                             max_tokens=args.stream_tokens, concurrency=4,
+                             requests=max(16, args.requests // 10)),
+                )  # fmt: skip
+            finally:
+                real.stop()
+
+    print_table(
+        f"gateway overhead: {args.rounds} alternating rounds per part, "
+        f"upstream clients {', '.join(args.upstreams)}",
+        rows,
+        COLUMNS,
+    )
+    write_report("gateway_overhead", report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
