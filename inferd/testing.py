@@ -119,3 +119,125 @@ class ReplicaHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def replica_processes(registry_port: int) -> list[int]:
+    """PIDs of replica processes started by the control plane on this port."""
+    marker = f":{registry_port}/internal/registry".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if b"inferd.replica" in cmdline and marker in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+class ServeHandle:
+    """`inferd serve` as a real process, with its own state directory."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        port: int | None = None,
+        admin_key: str | None = "infd_admin_test_key_0123456789abcdef",
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_key = admin_key
+        # The developer's own INFERD_* settings must not leak in; the shared
+        # cache of tiny models may.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERD_")}
+        if "INFERD_CACHE_DIR" in os.environ:
+            env["INFERD_CACHE_DIR"] = os.environ["INFERD_CACHE_DIR"]
+        if admin_key is not None:
+            env["INFERD_ADMIN_KEY"] = admin_key
+        self.env = env
+        self.settings = dict(settings or {})
+        self.runs = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> ServeHandle:
+        self.runs += 1
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "inferd", "serve",
+            "--port", str(self.port),
+            "--state-dir", str(self.state_dir / "state"),
+        ]  # fmt: skip
+        for key, value in self.settings.items():
+            command += ["--" + key.replace("_", "-"), value]
+        self.out_path = self.state_dir / f"serve-{self.runs}.log"
+        with open(self.out_path, "wb") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"inferd serve exited:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise TimeoutError(f"inferd serve did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.out_path.read_text(errors="replace")[-8000:]
+
+    def api(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+    def create_endpoint(self, **body: Any) -> dict[str, Any]:
+        with self.api() as api:
+            response = api.post("/inference/endpoints", json=body)
+        if response.status_code != 201:
+            raise AssertionError(f"create failed: {response.status_code} {response.text}")
+        return dict(response.json())
+
+    def record(self, endpoint_id: str) -> dict[str, Any]:
+        with self.api() as api:
+            response = api.get(f"/inference/endpoints/{endpoint_id}")
+        response.raise_for_status()
+        return dict(response.json())
+
+    def wait_record(
+        self, endpoint_id: str, predicate: Any, timeout: float = 120, interval: float = 0.2
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        record = self.record(endpoint_id)
+        while time.monotonic() < deadline:
+            if predicate(record):
+                return record
+            time.sleep(interval)
+            record = self.record(endpoint_id)
+        raise AssertionError(f"record never matched within {timeout}s: {record}")
+
+    def replica_pids(self) -> list[int]:
+        return replica_processes(self.port)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(10)
+
+    def cleanup(self) -> None:
+        """Stop the server and make sure no replica of it is left."""
+        self.stop()
+        for pid in self.replica_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)

@@ -84,6 +84,7 @@ def derive_status(
     - a ready replica -> running, or updating while replicas of an older
       generation (GPU settings changed) are still being replaced
     - replicas coming up and none ready -> initializing
+    - only draining replicas left -> updating (on the way down)
     - a replica wanted but not placeable (`waiting_for`) -> pending, with why
     - no live replica: every recent one failed -> failed (with the reason);
       minReplicas 0 -> scaledToZero; else pending (waiting to be placed)
@@ -97,12 +98,16 @@ def derive_status(
         return DerivedStatus(EndpointStatus.UPDATING if stale else EndpointStatus.RUNNING)
     if any(r.status in ReplicaStatus.coming_up() for r in live):
         return DerivedStatus(EndpointStatus.INITIALIZING)
-    if waiting_for is not None and not live:
+    if live:
+        # Only draining replicas left: on the way down (to zero, or out for
+        # a replacement); not yet scaled to zero.
+        return DerivedStatus(EndpointStatus.UPDATING)
+    if waiting_for is not None:
         # A replica is wanted but cannot be placed: say so instead of
         # looking idle (scaledToZero) or broken (failed).
         return DerivedStatus(EndpointStatus.PENDING, waiting_for)
     failed = [r for r in replicas if r.status is ReplicaStatus.FAILED]
-    if failed and not live:
+    if failed:
         reason = failed[-1].reason or "replica failed"
         return DerivedStatus(EndpointStatus.FAILED, reason)
     if row.min_replicas == 0:

@@ -57,7 +57,9 @@ def rv(status: ReplicaStatus, generation: int = 1, reason: str | None = None) ->
         (1, (rv(R.FAILED, reason="out of memory"),), False, "failed", "out of memory"),
         (1, (rv(R.FAILED), rv(R.STARTING)), False, "initializing", None),
         (0, (rv(R.STOPPED),), False, "scaledToZero", None),
-        (1, (rv(R.DRAINING),), False, "pending", None),
+        # Draining to zero: on the way down, not there yet.
+        (0, (rv(R.DRAINING),), False, "updating", None),
+        (1, (rv(R.DRAINING),), False, "updating", None),
     ],
 )
 def test_derive_status(

@@ -1,0 +1,185 @@
+"""The whole path with real processes and the real engines on the tiny models:
+`inferd serve` -> endpoints -> replicas (vLLM, diffusers) -> gateway -> the
+official `openai` client; scale to zero and back without losing a request;
+tokens scoped to their endpoint; delete leaves no process behind."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from inferd.testing import ServeHandle
+from tests.support import needs_diffusers, needs_vllm
+
+pytestmark = [needs_vllm, needs_diffusers, pytest.mark.slow]
+
+RETENTION_S = 4
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeHandle]:
+    handle = ServeHandle(
+        tmp_path_factory.mktemp("serve"),
+        settings={
+            "health_period_seconds": "0.5",
+            "reconcile_period_seconds": "0.2",
+            "autoscale_upscale_delay_seconds": "1",
+            "autoscale_downscale_delay_seconds": "2",
+            "replica_drain_timeout_seconds": "20",
+            "replica_args": "--cpu-kv-cache-gib 1",
+        },
+    ).start()
+    try:
+        yield handle
+    finally:
+        handle.cleanup()
+        assert handle.replica_pids() == []
+
+
+def chat_client(record: dict[str, Any], token: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{record['url']}/openai/v1", api_key=token, max_retries=0, timeout=300
+    )
+
+
+def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
+    created = serve.create_endpoint(
+        name="chat",
+        modelName="tiny-chat",
+        minReplicas=0,
+        maxReplicas=2,
+        scaleToZeroRetentionPeriodSeconds=RETENTION_S,
+    )
+    endpoint_id, token = created["id"], created["accessToken"]
+    assert created["status"] == "scaledToZero" and created["currentReplicas"] == 0
+
+    # First request: held while a replica starts from zero, then answered.
+    progress: list[dict[str, Any]] = []
+    watcher = threading.Thread(
+        target=lambda: progress.append(
+            serve.wait_record(endpoint_id, lambda r: r["status"] == "initializing", timeout=60)
+        )
+    )
+    watcher.start()
+    client = chat_client(created, token)
+    completion = client.chat.completions.create(
+        model="tiny-chat",
+        messages=[{"role": "user", "content": "Hello!"}],
+        max_tokens=8,
+        extra_body={"ignore_eos": True},
+    )
+    watcher.join()
+    assert completion.usage is not None and completion.usage.completion_tokens == 8
+    assert isinstance(completion.choices[0].message.content, str)
+    # While held, the record said so, with the replica's progress.
+    (held_view,) = progress
+    (coming,) = held_view["replicas"]
+    assert coming["status"] in ("starting", "loading") and coming["since"]
+
+    stream = client.chat.completions.create(
+        model="tiny-chat",
+        messages=[{"role": "user", "content": "Stream, please."}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    # The record matches what runs.
+    record = serve.record(endpoint_id)
+    assert record["status"] == "running"
+    assert record["currentReplicas"] == 1
+    assert [(r["gpus"], r["status"]) for r in record["replicas"]] == [(1, "ready")]
+    assert (record["gpuType"], record["gpuCount"], record["locationName"]) == ("cpu", 1, "local")
+    assert record["hourlyPrice"] == 0.0
+    assert len(serve.replica_pids()) == 1
+
+    # Idle past the retention period: to zero, and the process is gone.
+    record = serve.wait_record(
+        endpoint_id, lambda r: r["status"] == "scaledToZero", timeout=RETENTION_S + 60
+    )
+    assert record["currentReplicas"] == 0 and record["replicas"] == []
+    deadline = time.monotonic() + 30
+    while serve.replica_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert serve.replica_pids() == []
+
+    # The next request wakes it and is answered, not lost.
+    again = client.chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Again"}], max_tokens=3
+    )
+    assert again.choices[0].message.content is not None
+
+    # A re-issued token works; the old one is refused at once.
+    with serve.api() as api:
+        new_token = api.post(f"/inference/endpoints/{endpoint_id}/access-token").json()[
+            "accessToken"
+        ]
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "x"}], max_tokens=1
+        )
+    fresh = chat_client(created, new_token).chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "x"}], max_tokens=1
+    )
+    assert fresh.choices[0].finish_reason in ("length", "stop")
+
+    # This endpoint's token opens no other endpoint.
+    other = serve.create_endpoint(name="other", modelName="tiny-chat", minReplicas=0)
+    with pytest.raises(openai.AuthenticationError):
+        chat_client(other, new_token).chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "x"}], max_tokens=1
+        )
+
+    with serve.api() as api:
+        assert api.delete(f"/inference/endpoints/{endpoint_id}").status_code == 204
+        assert api.delete(f"/inference/endpoints/{other['id']}").status_code == 204
+    assert serve.replica_pids() == []
+
+
+def test_image_endpoint_answers_the_openai_images_client(serve: ServeHandle) -> None:
+    from PIL import Image
+
+    created = serve.create_endpoint(
+        name="images", modelName="tiny-sdxl", minReplicas=0, maxReplicas=1
+    )
+    token = created["accessToken"]
+    # Base URL `{url}/v1` (the spec's path) ...
+    client = openai.OpenAI(
+        base_url=f"{created['url']}/v1", api_key=token, max_retries=0, timeout=300
+    )
+    result = client.images.generate(prompt="a lighthouse at dusk")
+    assert result.data is not None and result.data[0].b64_json is not None
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+    assert image.format == "PNG" and image.size == (1024, 1024)
+    # ... and the endpoint URL itself as base URL.
+    plain = openai.OpenAI(base_url=created["url"], api_key=token, max_retries=0, timeout=300)
+    assert plain.images.generate(prompt="a fox", size="256x256").data
+    with serve.api() as api:
+        assert api.delete(f"/inference/endpoints/{created['id']}").status_code == 204
+    assert serve.replica_pids() == []
+
+
+def test_stopping_serve_stops_its_replicas(tmp_path: Path) -> None:
+    handle = ServeHandle(
+        tmp_path, settings={"replica_args": "--engine fake", "health_period_seconds": "0.5"}
+    ).start()
+    try:
+        created = handle.create_endpoint(name="warm", modelName="tiny-chat", minReplicas=2)
+        handle.wait_record(created["id"], lambda r: r["status"] == "running", timeout=60)
+        assert len(handle.replica_pids()) == 2
+        assert handle.stop() == 0
+        assert handle.replica_pids() == []
+    finally:
+        handle.cleanup()
