@@ -1,8 +1,9 @@
 """A real `inferd serve` process keeps every record and token across restarts.
 
 Stops it gracefully (SIGTERM) and brutally (SIGKILL); after each restart the
-records read back unchanged and every issued token still verifies against the
-same SQLite file (the gateway that checks tokens on requests comes later).
+records read back unchanged, every issued token still verifies against the
+same SQLite file and still opens its endpoint through the gateway, and no
+revoked token does. Replicas run the fake engine: this is about the store.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import httpx
 
 from inferd.control.store import Store
 from inferd.control.tokens import TokenVerifier
+from inferd.testing import replica_processes
 
 ADMIN_KEY_RE = re.compile(r"infd_admin_[0-9A-Za-z]{38}")
 START_TIMEOUT_S = 60.0
@@ -48,6 +50,8 @@ class Served:
 def start(state_dir: Path, port: int, run: int) -> Served:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERD_")}
     env["HOME"] = str(state_dir)  # nothing of the developer's own state is touched
+    if "INFERD_CACHE_DIR" in os.environ:  # the shared tiny-model cache may stay
+        env["INFERD_CACHE_DIR"] = os.environ["INFERD_CACHE_DIR"]
     out, err = state_dir / f"serve-{run}.out", state_dir / f"serve-{run}.err"
     with out.open("wb") as fout, err.open("wb") as ferr:
         proc = subprocess.Popen(
@@ -62,6 +66,10 @@ def start(state_dir: Path, port: int, run: int) -> Served:
                 str(state_dir / "state"),
                 "--log-level",
                 "info",
+                "--replica-args",
+                "--engine fake",
+                "--health-period-seconds",
+                "0.5",
             ],
             stdout=fout,
             stderr=ferr,
@@ -87,11 +95,48 @@ def stop(served: Served, sig: signal.Signals) -> int:
     return served.proc.wait(timeout=30)
 
 
+# What a restart may change: the replicas that run now, not the settings.
+RUNTIME_FIELDS = ("currentReplicas", "replicas", "status", "statusReason")
+
+
 def snapshot(url: str, admin_key: str) -> list[dict[str, Any]]:
     resp = httpx.get(url + "/inference/endpoints", headers={"Authorization": f"Bearer {admin_key}"})
     assert resp.status_code == 200, resp.text
     records: list[dict[str, Any]] = resp.json()["data"]
-    return sorted(records, key=lambda r: r["id"])
+    stored = [{k: v for k, v in r.items() if k not in RUNTIME_FIELDS} for r in records]
+    return sorted(stored, key=lambda r: r["id"])
+
+
+def check_gateway(
+    url: str, valid: dict[str, str], revoked: dict[str, str], kinds: dict[str, str]
+) -> None:
+    """Each valid token opens its endpoint (held until a replica is up); a
+    revoked one gets 401."""
+    for endpoint_id, token in valid.items():
+        if kinds[endpoint_id] == "image":
+            path, body = "/v1/images/generations", {"prompt": "x", "size": "64x64"}
+        else:
+            path, body = (
+                "/openai/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+            )
+        resp = httpx.post(
+            f"{url}/endpoints/{endpoint_id}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+    for endpoint_id, token in revoked.items():
+        resp = httpx.post(
+            f"{url}/endpoints/{endpoint_id}/openai/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert resp.status_code == 401
 
 
 def check_tokens(db: Path, valid: dict[str, str], revoked: dict[str, str]) -> None:
@@ -132,10 +177,12 @@ def test_records_and_tokens_survive_sigterm_and_sigkill(tmp_path: Path) -> None:
             {"name": "chat-b", "modelName": "tiny-chat", "locationName": "local"},
             {"name": "image-a", "modelName": "tiny-sdxl", "minReplicas": 0},
         ]
+        kinds: dict[str, str] = {}
         for body in bodies:
             resp = client.post("/inference/endpoints", json=body)
             assert resp.status_code == 201, resp.text
             tokens[resp.json()["id"]] = resp.json()["accessToken"]
+            kinds[resp.json()["id"]] = "image" if "sdxl" in str(body["modelName"]) else "chat"
         some_id = next(iter(tokens))
         resp = client.post(f"/inference/endpoints/{some_id}/access-token")
         assert resp.status_code == 200
@@ -163,6 +210,8 @@ def test_records_and_tokens_survive_sigterm_and_sigkill(tmp_path: Path) -> None:
         )
         assert extra.status_code == 201
         tokens[extra.json()["id"]] = extra.json()["accessToken"]
+        kinds[extra.json()["id"]] = "chat"
+        check_gateway(second.url, tokens, revoked, kinds)
         before = snapshot(second.url, admin_key)
     finally:
         stop(second, signal.SIGKILL)  # no shutdown at all: only what was committed
@@ -171,8 +220,12 @@ def test_records_and_tokens_survive_sigterm_and_sigkill(tmp_path: Path) -> None:
     third = start(workdir, port, 3)
     try:
         assert snapshot(third.url, admin_key) == before
+        check_gateway(third.url, tokens, revoked, kinds)
     finally:
         assert stop(third, signal.SIGTERM) == 0
+    # Replicas orphaned by the SIGKILL were adopted by the third run and
+    # stopped with it.
+    assert replica_processes(port) == []
 
     # No token ever reached the logs or the terminal.
     for served in (first, second, third):
