@@ -85,11 +85,22 @@ _RESPONSE_SCHEMAS: dict[str, Any] = {
             "total_tokens": {"type": "integer", "minimum": 0},
         },
     },
-    "ChatCompletionStream": {
-        "type": "string",
-        "description": "Server-sent events: `data: <chat.completion.chunk JSON>` events, "
-        "then `data: [DONE]`. A failure after the first event ends the stream with "
-        '`data: {"error": {...}}` (the ErrorBody shape) instead of `[DONE]`.',
+    # One server-sent event (OpenAPI 3.1: the schema of an event-stream
+    # media type describes each event).
+    "ChatCompletionStreamEvent": {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "type": "string",
+                "description": "A `chat.completion.chunk` JSON object; the last event is the "
+                "literal `[DONE]`. A failure after the first event sends an ErrorBody JSON "
+                "object instead and ends the stream.",
+            },
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
     },
     "ImagesResponse": {
         "type": "object",
@@ -131,7 +142,29 @@ def _model_schemas() -> dict[str, Any]:
         (management.ErrorBody, "serialization"),
     ]
     _, top = models_json_schema(models, ref_template=_REF)
-    return dict(top.get("$defs", {}))
+    schemas: dict[str, Any] = dict(top.get("$defs", {}))
+    _add_validator_rules(schemas)
+    return schemas
+
+
+def _branch(prop: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(b for b in prop.get("anyOf", [prop]) if b.get("type") == type_)
+
+
+def _add_validator_rules(schemas: dict[str, Any]) -> None:
+    """What the wire models check in validators (invisible to the generated
+    schema) and is static, written into the schema. Limits that depend on the
+    engine (context length, images per call, structured output support) stay
+    out: those are 400s documented as such."""
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    _branch(chat["tools"], "array")["maxItems"] = 0  # tool calling is refused
+    chat["logprobs"]["anyOf"] = [{"type": "boolean", "const": False}, {"type": "null"}]
+    _branch(chat["logit_bias"], "object")["propertyNames"] = {"pattern": r"^-?\d{1,10}$"}
+    _branch(chat["stop"], "string")["minLength"] = 1
+    _branch(chat["stop"], "array")["items"] = {"type": "string", "minLength": 1}
+    images = schemas["ImageGenerationRequest"]["properties"]
+    _branch(images["size"], "string")["pattern"] = r"^(auto|[1-9][0-9]{1,4}x[1-9][0-9]{1,4})$"
+    images["response_format"]["enum"] = ["b64_json"]
 
 
 def _json(schema: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -173,7 +206,7 @@ def _operation(route: GatewayRoute) -> dict[str, Any]:
                 "content": {
                     "application/json": {"schema": {"$ref": _REF.format(model="ChatCompletion")}},
                     "text/event-stream": {
-                        "schema": {"$ref": _REF.format(model="ChatCompletionStream")}
+                        "schema": {"$ref": _REF.format(model="ChatCompletionStreamEvent")}
                     },
                 },
             }
