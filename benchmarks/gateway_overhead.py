@@ -31,6 +31,7 @@ from typing import Any
 
 from common import LoadResult, closed_loop_chat, print_table, wait_http_ok, write_report
 
+from inferd.control.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port
 
 ENDPOINT_ID = "bench-endpoint"
@@ -127,9 +128,17 @@ def pooled(label: str, runs: list[LoadResult]) -> dict[str, Any]:
     return row
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def measure(
     targets: dict[str, tuple[str, dict[str, str]]],
     *,
+    cpu: dict[str, list[float]] | None = None,
+    pids: dict[str, int] | None = None,
     rounds: int,
     requests: int,
     concurrency: int,
@@ -141,6 +150,8 @@ async def measure(
     for index in range(rounds):
         for name in order if index % 2 == 0 else list(reversed(order)):
             url, headers = targets[name]
+            pid = (pids or {}).get(name)
+            before = cpu_seconds(pid) if pid else 0.0
             runs[name].append(
                 await closed_loop_chat(
                     name,
@@ -154,11 +165,14 @@ async def measure(
                     timeout_s=300,
                 )
             )
+            if pid and cpu is not None:
+                done = runs[name][-1].requests + runs[name][-1].errors
+                cpu.setdefault(name, []).append((cpu_seconds(pid) - before) / max(1, done))
     return runs
 
 
 def compare(
-    part: str, runs: dict[str, list[LoadResult]], stream: bool
+    part: str, runs: dict[str, list[LoadResult]], stream: bool, cpu: dict[str, list[float]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     base = pooled("direct", runs["direct"])
     rows = [{"part": part, **base}]
@@ -167,6 +181,8 @@ def compare(
         if name == "direct":
             continue
         row = pooled(name, runs[name])
+        if cpu.get(name):
+            row["gateway cpu us/req"] = round(statistics.median(cpu[name]) * 1e6)
         row["added p50 ms"] = round(row["latency_p50_ms"] - base["latency_p50_ms"], 3)
         row["added p99 ms"] = round(row["latency_p99_ms"] - base["latency_p99_ms"], 3)
         if base["output_tokens_per_s"]:
@@ -188,22 +204,26 @@ def run_part(
     concurrency: int,
     requests: int,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from inferd.control.tokens import new_endpoint_token
 
     token = new_endpoint_token()
     gateways = {}
     targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (replica_url, {})}
+    pids: dict[str, int] = {}
+    cpu: dict[str, list[float]] = {}
     try:
         for upstream in args.upstreams:
             process, url = start_gateway(replica_url, token, upstream)
             gateways[upstream] = process
             targets[f"gateway-{upstream}"] = (url, {"Authorization": f"Bearer {token}"})
+            pids[f"gateway-{upstream}"] = process.pid
         # Warm every path (connections, first-call costs).
         warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
         asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
         runs = asyncio.run(
             measure(
                 targets,
+                cpu=cpu,
+                pids=pids,
                 rounds=args.rounds,
                 requests=requests,
                 concurrency=concurrency,
@@ -215,12 +235,13 @@ def run_part(
         for process in gateways.values():
             process.terminate()
             process.wait(30)
-    return compare(part, runs, stream)
+    return compare(part, runs, stream, cpu)
 
 
 COLUMNS = [
     "part", "label", "requests", "errors", "latency_p50_ms", "latency_p99_ms", "added p50 ms",
     "added p99 ms", "output_tokens_per_s", "tok/s ratio", "ttft_p50_ms", "ttft p50 delta ms",
+    "gateway cpu us/req",
 ]  # fmt: skip
 
 
@@ -231,6 +252,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--stream-tokens", type=int, default=64)
     parser.add_argument("--upstreams", nargs="+", default=["pool", "httpx"])
+    parser.add_argument("--skip-fake", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None)
@@ -252,24 +274,20 @@ def main() -> int:
         rows.extend(result[0])
         report["parts"][part] = result[1]
 
-    fake = ReplicaHandle(MODEL, ["--engine", "fake", "--engine-arg", "token_delay_s=0"])
-    try:
-        url = fake.wait_ready(60).url
-        for concurrency in args.concurrency:
-            add(
-                f"fake latency c={concurrency}",
-                run_part(f"fake latency c={concurrency}", url, args, stream=False,
-                         max_tokens=2, concurrency=concurrency, requests=args.requests),
-            )  # fmt: skip
-        stream_c = max(args.concurrency)
-        add(
-            f"fake stream c={stream_c}",
-            run_part(f"fake stream c={stream_c}", url, args, stream=True,
-                     max_tokens=args.stream_tokens, concurrency=stream_c,
-                     requests=max(16, args.requests // 4)),
-        )  # fmt: skip
-    finally:
-        fake.stop()
+    if not args.skip_fake:
+        fake = ReplicaHandle(MODEL, ["--engine", "fake", "--engine-arg", "token_delay_s=0"])
+        try:
+            url = fake.wait_ready(60).url
+            for concurrency in args.concurrency:
+                part = f"fake latency c={concurrency}"
+                add(part, run_part(part, url, args, stream=False, max_tokens=2,
+                                   concurrency=concurrency, requests=args.requests))  # fmt: skip
+            part = f"fake stream c={max(args.concurrency)}"
+            add(part, run_part(part, url, args, stream=True, max_tokens=args.stream_tokens,
+                               concurrency=max(args.concurrency),
+                               requests=max(16, args.requests // 4)))  # fmt: skip
+        finally:
+            fake.stop()
 
     if not args.skip_vllm:
         try:

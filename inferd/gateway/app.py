@@ -169,7 +169,7 @@ class Gateway:
                 raise unauthorized()
             label = endpoint_id
             endpoint = self.directory.endpoint(endpoint_id)
-            self._check(endpoint, route, scope["path"])
+            self._check(endpoint, route)
             body = await self._read_body(receive, content_length)
             ep = self._endpoint(endpoint_id)
             ep.last_request_at = self.clock()
@@ -183,7 +183,7 @@ class Gateway:
         finally:
             self.metrics.answered(label, route.label, status, time.perf_counter() - started)
 
-    def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute, path: str) -> None:
+    def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute) -> None:
         gone = endpoint_gone(endpoint is not None, endpoint is not None and endpoint.deleting)
         if gone is not None:
             raise gone

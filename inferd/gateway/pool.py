@@ -167,27 +167,32 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------
 
+    # A response that was finished or aborted gets no more callbacks: its
+    # connection is closed, so `self.response` is None only if the replica
+    # sent bytes after the message we asked for.
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.response is not None
-        self.response.headers.append((name.lower(), value))
+        if self.response is not None:
+            self.response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         response = self.response
-        assert response is not None
+        if response is None:
+            return
         response.status = self.parser.get_status_code()
         response.keep_alive = self.parser.should_keep_alive()
         response.headers_done = True
         response._wake()
 
     def on_body(self, body: bytes) -> None:
-        assert self.response is not None
-        self.response._push(body)
+        if self.response is not None:
+            self.response._push(body)
 
     def on_message_complete(self) -> None:
         response = self.response
-        assert response is not None
-        response.complete = True
-        response._wake()
+        if response is not None:
+            response.complete = True
+            response._wake()
 
     # -- pool side ---------------------------------------------------------
 
