@@ -307,7 +307,7 @@ class ConnectionPool:
                 loop.create_connection(lambda: _Connection(self, key, loop), key[0], key[1]),
                 self.connect_timeout,
             )
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise UpstreamConnectError(
                 f"cannot connect to {key[0]}:{key[1]}: {type(exc).__name__} {exc}"
             ) from None

@@ -73,7 +73,7 @@ class StaticDirectory:
                 return True
             try:
                 await asyncio.wait_for(waiter[1].wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             return True
         finally:
