@@ -77,8 +77,10 @@ class Settings(BaseModel):
 
     # --- Registry and health (issue 4) ---------------------------------------
     health_period_seconds: float = Field(2.0, gt=0, description="replica report period")
+    # 2: a hung replica is out of routing within two periods of its last
+    # report, and one late report is still tolerated.
     health_failure_periods: int = Field(
-        3, ge=1, description="missed reports before a replica is failed"
+        2, ge=1, description="missed reports before a replica is failed"
     )
     replica_start_timeout_seconds: float = Field(
         900.0, gt=0, description="longest a replica may take to become ready"

@@ -98,7 +98,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], str] = utc_now_text,
         health_period_s: float = 2.0,
-        failure_periods: int = 3,
+        failure_periods: int = 2,
         start_timeout_s: float = 900.0,
         on_change: Callable[[str], None] | None = None,
         on_capacity_request: Callable[[str], None] | None = None,
