@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -90,21 +91,36 @@ async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def create_app(plane: ControlPlane, *, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+def openapi_document(
+    settings: Settings, catalog: Catalog, parts: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """What `/openapi.json` serves for these settings and catalog; `parts`:
+    the OpenAPI paths and components of the routes mounted besides the
+    management API, so that the one document describes every public route."""
+    gpus = catalog.gpus
+    return build_openapi(
+        max_replicas_cap=settings.max_replicas_cap,
+        model_names=[m.name for m in catalog.models.all()],
+        gpu_types=list(gpus.gpu_types),
+        # Any count some type allows; which type allows which is checked
+        # per request (and listed by GET /inference/gpu-types).
+        gpu_counts=sorted({c for t in gpus.gpu_types for c in gpus.allowed_counts_for(t)}),
+        locations=list(gpus.locations),
+        server_url=settings.public_url,
+        parts=parts,
+    )
+
+
+def create_app(
+    plane: ControlPlane,
+    *,
+    extra_routes: Sequence[BaseRoute] = (),
+    openapi_parts: Sequence[Mapping[str, Any]] = (),
+) -> Starlette:
+    """`openapi_parts`: the OpenAPI paths and components of `extra_routes`
+    (see `openapi_document`)."""
     settings = plane.settings
-    gpus = plane.catalog.gpus
-    openapi_body = json.dumps(
-        build_openapi(
-            max_replicas_cap=settings.max_replicas_cap,
-            model_names=[m.name for m in plane.catalog.models.all()],
-            gpu_types=list(gpus.gpu_types),
-            # Any count some type allows; which type allows which is checked
-            # per request (and listed by GET /inference/gpu-types).
-            gpu_counts=sorted({c for t in gpus.gpu_types for c in gpus.allowed_counts_for(t)}),
-            locations=list(gpus.locations),
-            server_url=settings.public_url,
-        )
-    ).encode()
+    openapi_body = json.dumps(openapi_document(settings, plane.catalog, openapi_parts)).encode()
 
     async def openapi(request: Request) -> Response:
         return Response(openapi_body, media_type="application/json")

@@ -1,14 +1,17 @@
-"""The OpenAPI 3.1 document of the management API, built from the wire models.
+"""The OpenAPI 3.1 document of the server, built from the wire models.
 
-Every operation lists every status it can answer with and that status's
-schema (errors all share `ErrorBody`), so a schema-driven fuzzer can hold the
-server to it. The document is built once per app; bounds that are settings
-(the replica cap) are written into it.
+The management API is described here; other parts of the server (the
+gateway's inference routes, `/metrics`) bring their own paths and components,
+merged in by `build_openapi(parts=...)`, so that one document describes every
+public route. Every operation lists every status it can answer with and that
+status's schema (errors all share `ErrorBody`), so a schema-driven fuzzer can
+hold the server to it. The document is built once per app; bounds that are
+settings (the replica cap) are written into it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -120,6 +123,22 @@ _CREATED_LINKS = {
 }
 
 
+def merge_part(doc: dict[str, Any], part: Mapping[str, Any]) -> None:
+    """Add a part's `paths` and `components` to `doc`. A path or component
+    defined on both sides must be the same (shared models such as `ErrorBody`
+    are); anything else is a programming error, raised at start-up."""
+    for path, ops in part.get("paths", {}).items():
+        if path in doc["paths"]:
+            raise ValueError(f"OpenAPI path {path} is defined twice")
+        doc["paths"][path] = ops
+    for section, entries in part.get("components", {}).items():
+        target = doc["components"].setdefault(section, {})
+        for name, value in entries.items():
+            if name in target and target[name] != value:
+                raise ValueError(f"OpenAPI component {section}/{name} differs between parts")
+            target[name] = value
+
+
 def build_openapi(
     *,
     max_replicas_cap: int,
@@ -128,10 +147,12 @@ def build_openapi(
     gpu_counts: Sequence[int] = (),
     locations: Sequence[str] = (),
     server_url: str | None = None,
+    parts: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The document for this server: bounds that are settings (the replica
     cap) and the catalog's names are written in, so what it says is exactly
-    what the server accepts field by field."""
+    what the server accepts field by field. `parts` are the documents of
+    the other routes the server mounts (see `merge_part`)."""
     schemas = _component_schemas()
     create = schemas["CreateEndpointRequest"]["properties"]
     update = schemas["UpdateEndpointRequest"]["properties"]
@@ -151,6 +172,19 @@ def build_openapi(
             "get": _op(
                 "health", "Liveness of the control plane", (200, "Health", "Up."), (), public=True
             )
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "responses": {
+                    "200": {
+                        "description": "The OpenAPI 3.1 document of every public route.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+                "security": [],
+            }
         },
         "/inference/endpoints": {
             "get": _op(
@@ -238,11 +272,13 @@ def build_openapi(
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
-            "title": "inferd management API",
+            "title": "inferd API",
             "version": __version__,
             "description": "Create, read, change and delete inference endpoints; browse the "
-            "model and GPU catalogs. Every call except /healthz and /openapi.json needs the "
-            "admin key as a bearer token. Errors always have the shape of ErrorBody.",
+            "model and GPU catalogs. Every call except /healthz, /openapi.json and /metrics "
+            "needs a bearer token: the admin key on /inference, the endpoint's access token "
+            "on its inference routes (/endpoints/{endpoint_id}/...). Errors always have the "
+            "shape of ErrorBody.",
         },
         "paths": paths,
         "components": {
@@ -259,6 +295,8 @@ def build_openapi(
         "security": [{"adminKey": []}],
     }
     doc["paths"]["/inference/endpoints"]["post"]["responses"]["201"]["links"] = _CREATED_LINKS
+    for part in parts:
+        merge_part(doc, part)
     if server_url:
         doc["servers"] = [{"url": server_url}]
     return doc

@@ -13,6 +13,7 @@ import logging
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -29,6 +30,7 @@ from inferd.control.registry import Registry, ReportRejected
 from inferd.errors import error_body
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
+from inferd.gateway.openapi import gateway_openapi
 from inferd.gateway.settings import GatewaySettings
 from inferd.http import parse_json_object, read_body
 from inferd.server.app import ControlPlane
@@ -192,6 +194,26 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)
     return runtime
+
+
+def runtime_openapi() -> dict[str, Any]:
+    """OpenAPI paths and components of the public routes of `runtime_routes`
+    (the registry's report route is internal: replicas only)."""
+    part = gateway_openapi()
+    part["paths"]["/metrics"] = {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus metrics of the gateway and the replicas by status",
+            "responses": {
+                "200": {
+                    "description": "Prometheus text exposition format.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+            "security": [],
+        }
+    }
+    return part
 
 
 def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
