@@ -9,6 +9,7 @@ never Starlette's or pydantic's own 422.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -42,15 +43,42 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+# A `\uD800`-`\uDFFF` escape: valid JSON syntax, but unpaired it is no
+# Unicode text, and any later encode (a tokenizer, an error message echoing
+# it) fails. Bodies with none (nearly all) skip the check entirely.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(
+                "Request body contains an unpaired UTF-16 surrogate escape; "
+                "strings must be valid Unicode.",
+                code="invalid_json",
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key)
+            _check_unicode(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_unicode(item)
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise BadRequest("Request body is empty; a JSON object is required.", code="invalid_json")
     try:
         value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, dict):
         raise BadRequest("Request body must be a JSON object.", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(value)
     return value
 
 
