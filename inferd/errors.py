@@ -131,9 +131,21 @@ class InternalError(InferdError):
     code = "internal_error"
 
 
+# Messages quote what the client sent (an id, a model name, a path, a key of
+# logit_bias); clipped, so that an error body stays small whatever was sent.
+MAX_ERROR_MESSAGE_CHARS = 1000
+MAX_ERROR_PARAM_CHARS = 100
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def error_body(
     message: str, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
+    message = _clip(message, MAX_ERROR_MESSAGE_CHARS)
+    param = None if param is None else _clip(param, MAX_ERROR_PARAM_CHARS)
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
