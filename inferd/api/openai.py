@@ -40,6 +40,14 @@ class ChatMessageIn(_Strict):
     content: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)] | list[TextContentPart] | None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _bounded(self) -> ChatMessageIn:
+        # The same cap whether the content is a string or a list of parts.
+        parts = self.content if isinstance(self.content, list) else ()
+        if sum(len(part.text) for part in parts) > MAX_MESSAGE_CHARS:
+            raise ValueError(f"a message's content must be at most {MAX_MESSAGE_CHARS} characters")
+        return self
+
     def text(self) -> str:
         if self.content is None:
             return ""
