@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks: a closed-loop OpenAI load generator,
-percentiles, a printed table and a JSON report.
+"""Shared pieces of the benchmarks: closed-loop OpenAI load generators (chat
+and images), percentiles, a printed table, a JSON report, and starting and
+stopping vLLM's own OpenAI server with inferd's engine configuration.
 
 Every benchmark measures inferd side by side with its reference in the same
 run, on the same machine, with the same load; the goal is a ratio, never an
@@ -9,9 +10,13 @@ absolute number asserted in a test.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
 import os
 import platform
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -88,7 +93,7 @@ def chat_body(model: str, max_tokens: int, stream: bool, prompt: str) -> dict[st
     return body
 
 
-async def _one_chat(
+async def one_chat(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> tuple[float | None, float, int]:
     """(time to first content token, latency, completion tokens)."""
@@ -140,7 +145,7 @@ async def closed_loop_chat(
             while remaining > 0 and time.monotonic() < deadline:
                 remaining -= 1
                 try:
-                    ttft, latency, tokens = await _one_chat(client, url, body, headers or {})
+                    ttft, latency, tokens = await one_chat(client, url, body, headers or {})
                 except (httpx.HTTPError, KeyError, ValueError):
                     result.errors += 1
                     continue
@@ -149,6 +154,125 @@ async def closed_loop_chat(
                 result.latency_s.append(latency)
                 if ttft is not None:
                     result.ttft_s.append(ttft)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - started
+    return result
+
+
+def pooled(label: str, runs: Sequence[LoadResult]) -> dict[str, Any]:
+    """One summary row over rounds: latencies pooled, rates the rounds' median
+    (robust to one disturbed round on a shared machine)."""
+    total = LoadResult(label, 0, 0, 0.0, 0)
+    for run in runs:
+        total.requests += run.requests
+        total.errors += run.errors
+        total.output_tokens += run.output_tokens
+        total.wall_s += run.wall_s
+        total.ttft_s += run.ttft_s
+        total.latency_s += run.latency_s
+    row = total.summary()
+    row["output_tokens_per_s"] = round(statistics.median(r.tokens_per_s for r in runs), 2)
+    return row
+
+
+# --- images -------------------------------------------------------------------------
+
+
+@dataclass
+class ImageRun:
+    """One round of image generation: images delivered (PNG bytes in the
+    caller's hands) over the round's wall time."""
+
+    label: str
+    images: int = 0
+    errors: int = 0
+    wall_s: float = 0.0
+    latency_s: list[float] = field(default_factory=list, repr=False)
+    # CPU seconds the processes involved spent in the round (set by the caller).
+    cpu_s: float | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_s_per_image(self) -> float | None:
+        return None if self.cpu_s is None or not self.images else self.cpu_s / self.images
+
+
+def pooled_images(label: str, runs: Sequence[ImageRun]) -> dict[str, Any]:
+    latencies = [x for run in runs for x in run.latency_s]
+    return {
+        "label": label,
+        "images": sum(r.images for r in runs),
+        "errors": sum(r.errors for r in runs),
+        "images_per_s": round(statistics.median(r.images_per_s for r in runs), 3),
+        "images_per_s_rounds": [round(r.images_per_s, 3) for r in runs],
+        "latency_p50_ms": ms(percentile(latencies, 50)),
+        "latency_p99_ms": ms(percentile(latencies, 99)),
+        "cpu_ms_per_image": ms(
+            statistics.median(c for r in runs if (c := r.cpu_s_per_image) is not None)
+            if any(r.cpu_s_per_image is not None for r in runs)
+            else None
+        ),
+    }
+
+
+def cpu_seconds(pids: Sequence[int] = ()) -> float:
+    """CPU time (user + system, all threads) of this process plus `pids`.
+    On a shared machine CPU seconds per unit of work vary far less than wall
+    time: the other tenants' load stretches the wall clock, not the work."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+async def closed_loop_images(
+    label: str,
+    url: str,
+    *,
+    requests: int,
+    concurrency: int,
+    size: str,
+    headers: dict[str, str] | None = None,
+    prompt: str = "a watercolor painting of a lighthouse by the sea at sunset",
+    timeout_s: float = 600,
+) -> ImageRun:
+    """`concurrency` workers sending OpenAI image requests (n=1, b64_json) one
+    after another until `requests` were sent (or `timeout_s`); each answer's
+    image is decoded and checked to be a PNG."""
+    body = {"prompt": prompt, "n": 1, "size": size, "response_format": "b64_json"}
+    result = ImageRun(label)
+    remaining = requests
+    deadline = time.monotonic() + timeout_s
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0 and time.monotonic() < deadline:
+                remaining -= 1
+                start = time.perf_counter()
+                try:
+                    response = await client.post(url, json=body, headers=headers or {})
+                    response.raise_for_status()
+                    png = base64.b64decode(response.json()["data"][0]["b64_json"])
+                    if not png.startswith(PNG_SIGNATURE):
+                        raise ValueError("not a PNG")
+                except (httpx.HTTPError, KeyError, IndexError, ValueError):
+                    result.errors += 1
+                    continue
+                result.latency_s.append(time.perf_counter() - start)
+                result.images += 1
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -173,11 +297,19 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def load_average() -> str:
+    """The machine's 1/5/15-minute load, as `uptime` prints it: on a shared
+    machine every figure is read against it."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average: {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} CPUs)"
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average": load_average(),
     }
     try:
         import torch
@@ -223,3 +355,54 @@ def wait_http_ok(url: str, process: subprocess.Popen[bytes], timeout: float) -> 
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+# --- vLLM's own OpenAI server ----------------------------------------------------------
+
+
+def vllm_cli_flags(args: dict[str, Any]) -> list[str]:
+    """AsyncEngineArgs keywords -> vLLM CLI flags (the same configuration)."""
+    flags = []
+    for key, value in args.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def start_vllm_server(
+    model_path: Path, options: Any, port: int, log: Path, served_name: str = "tiny-chat"
+) -> subprocess.Popen[bytes]:
+    """`python -m vllm.entrypoints.openai.api_server` with the engine arguments
+    inferd itself uses for `options` (an `EngineOptions`), in its own process
+    group. Set VLLM_CPU_KVCACHE_SPACE in the environment first on a CPU."""
+    from inferd.engines.vllm import engine_args_for
+
+    engine_args = engine_args_for(model_path, served_name, options)
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port),
+        "--disable-uvicorn-access-log", *vllm_cli_flags(engine_args),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL of the process's whole group (started with
+    `start_new_session=True`) if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)

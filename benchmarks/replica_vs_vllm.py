@@ -15,43 +15,20 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from common import LoadResult, closed_loop_chat, print_table, wait_http_ok, write_report
+from common import (
+    LoadResult,
+    closed_loop_chat,
+    print_table,
+    start_vllm_server,
+    wait_http_ok,
+    write_report,
+)
 
 from inferd.engines.factory import EngineOptions
-from inferd.engines.vllm import engine_args_for
 from inferd.testing import ReplicaHandle, free_port
-
-
-def vllm_cli_flags(args: dict[str, Any]) -> list[str]:
-    """AsyncEngineArgs keywords -> vLLM CLI flags (the same configuration)."""
-    flags = []
-    for key, value in args.items():
-        if key == "model":
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False or value is None:
-            continue
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
-def start_vllm_server(model_path: Path, options: EngineOptions, port: int, log: Path) -> Any:
-    engine_args = engine_args_for(model_path, "tiny-chat", options)
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-        "--disable-uvicorn-access-log", *vllm_cli_flags(engine_args),
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
-    )
 
 
 def aggregate(label: str, runs: list[LoadResult]) -> dict[str, Any]:
