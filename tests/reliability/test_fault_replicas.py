@@ -1,0 +1,206 @@
+"""Replica faults under a real `inferd serve` (issue 5, items 1 and 2): a
+replica SIGKILLed or SIGSTOPped mid-request, and the reverse, a burst that
+must not look like a fault. Fake-engine replicas: these are about the
+control plane and the gateway, not the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from inferd.testing import ServeHandle
+from tests.reliability.fault_support import (
+    CHAT,
+    Endpoint,
+    StreamReader,
+    busy_replica,
+    chat_body,
+    keep_alive_burst,
+    metric,
+    pid_alive,
+    ready_ids,
+    replica_pid,
+    replica_url,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+HEALTH_PERIOD_S = 0.5
+RECONCILE_PERIOD_S = 0.1
+HANG_HEALTH_PERIOD_S = 1.0
+STREAM_TOKENS = 1000  # 20 s at 20 ms a token: still running when the fault hits
+SLOW_TOKENS = 100  # 2 s
+
+
+def two_replicas(serve: ServeHandle, name: str) -> tuple[Endpoint, dict[str, str]]:
+    """An endpoint with two ready replicas, and their own URLs by id."""
+    ep = Endpoint.create(serve, name=name, modelName="tiny-chat", minReplicas=2, maxReplicas=2)
+    record = serve.wait_record(ep.id, lambda r: len(ready_ids(r)) == 2, timeout=60)
+    return ep, {rid: replica_url(serve, rid) for rid in ready_ids(record)}
+
+
+def burst(ep: Endpoint, count: int, concurrency: int) -> Coroutine[Any, Any, list[int]]:
+    return keep_alive_burst(ep.url + CHAT, chat_body(2), ep.headers, count, concurrency)
+
+
+def gateway_counter(serve: ServeHandle, name: str, endpoint_id: str) -> float:
+    return metric(serve.url, name, endpoint=endpoint_id)
+
+
+def load_the_victim(
+    ep: Endpoint, urls: dict[str, str], pool: ThreadPoolExecutor
+) -> tuple[str, StreamReader, list[Future[httpx.Response]], int]:
+    """A stream on one replica (the victim), then non-streamed requests until
+    the victim runs at least one of them too. Returns the victim, the stream,
+    the non-streamed futures and how many of them the victim runs."""
+    stream = StreamReader(ep.url + CHAT, chat_body(STREAM_TOKENS, stream=True), ep.headers)
+    stream.start()
+    assert stream.started.wait(10) and stream.status == 200
+    victim = busy_replica(urls)
+    assert victim is not None
+    # Least in-flight routing: the first goes to the idle replica, the next
+    # ones alternate, so the victim gets some of them.
+    plain = [pool.submit(ep.post, CHAT, chat_body(SLOW_TOKENS), 30) for _ in range(4)]
+    wait_until(lambda: busy_replica({victim: urls[victim]}, running=2), 5, what="victim busy")
+    on_victim = int(metric(urls[victim], "inferd_engine_running")) - 1
+    return victim, stream, plain, on_victim
+
+
+def assert_stream_ended_with_error(stream: StreamReader, fault_at: float, bound_s: float) -> None:
+    stream.join(bound_s + 5)
+    assert stream.ended_at is not None, "the stream stalled"
+    assert stream.ended_at - fault_at <= bound_s, f"ended {stream.ended_at - fault_at:.2f}s after"
+    assert stream.error is None, stream.error  # a closed stream, not a cut connection
+    last = stream.events[-1]
+    assert isinstance(last, dict) and last["error"]["code"] == "upstream_failed", last
+    assert "[DONE]" not in stream.events
+    assert len(stream.events) > 1  # tokens came before the fault
+
+
+@pytest.mark.reliability(item=1)
+def test_replica_sigkilled_mid_request(serve_factory: Callable[..., ServeHandle]) -> None:
+    """SIGKILL mid-request: unanswered requests retried elsewhere, the stream
+    ends with an SSE error, no routing to it after a health period, replaced."""
+    serve = serve_factory()
+    ep, urls = two_replicas(serve, "kill")
+    with ThreadPoolExecutor(8) as pool:
+        victim, stream, plain, on_victim = load_the_victim(ep, urls, pool)
+        assert on_victim >= 1
+        retries_before = gateway_counter(serve, "inferd_gateway_retries_total", ep.id)
+        victim_pid = replica_pid(serve, victim)
+        assert victim_pid is not None
+        os.kill(victim_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        # The stream it carried ends at once with an error event, closed.
+        assert_stream_ended_with_error(stream, killed_at, bound_s=2.0)
+        # Non-streamed requests had no byte yet: retried on the survivor, whole.
+        for future in plain:
+            response = future.result(30)
+            assert response.status_code == 200, response.text
+            assert response.json()["usage"]["completion_tokens"] == SLOW_TOKENS
+    retried = gateway_counter(serve, "inferd_gateway_retries_total", ep.id) - retries_before
+    assert retried >= on_victim
+
+    # One health period after the kill, nothing goes to the dead replica: no
+    # attempt fails (each would be a retry or an upstream error), all succeed.
+    time.sleep(max(0.0, killed_at + HEALTH_PERIOD_S - time.monotonic()))
+    retries = gateway_counter(serve, "inferd_gateway_retries_total", ep.id)
+    errors = gateway_counter(serve, "inferd_gateway_upstream_errors_total", ep.id)
+    assert asyncio.run(burst(ep, 40, 10)) == [200] * 40
+    assert gateway_counter(serve, "inferd_gateway_retries_total", ep.id) == retries
+    assert gateway_counter(serve, "inferd_gateway_upstream_errors_total", ep.id) == errors
+
+    # Replaced: two ready replicas again, one of them new; the dead one reaped.
+    record = serve.wait_record(
+        ep.id, lambda r: len(ready_ids(r)) == 2 and victim not in ready_ids(r), timeout=30
+    )
+    assert len(ready_ids(record) - set(urls)) == 1
+    assert not pid_alive(victim_pid)
+    assert len(serve.replica_pids()) == 2
+
+
+@pytest.mark.reliability(item=2)
+def test_replica_sigstopped_is_ejected_and_killed(
+    serve_factory: Callable[..., ServeHandle],
+) -> None:
+    """SIGSTOP: the hung replica is ejected within two health periods, its
+    in-flight requests end in bounded time, its process is killed."""
+    # A longer period than elsewhere, so that two periods stand clear of the
+    # fixed costs of the measurement (a report in transit, one reconcile
+    # tick, this poll).
+    serve = serve_factory(health_period_seconds=str(HANG_HEALTH_PERIOD_S))
+    ep, urls = two_replicas(serve, "hang")
+    with ThreadPoolExecutor(8) as pool:
+        victim, stream, plain, on_victim = load_the_victim(ep, urls, pool)
+        survivor = next(rid for rid in urls if rid != victim)
+        victim_pid = replica_pid(serve, victim)
+        assert victim_pid is not None
+        os.kill(victim_pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            # Ejected: out of the record's live replicas (the registry failed
+            # it), so out of routing. Two health periods, plus one reconcile
+            # tick for the check to run and 0.25 s for the last report in
+            # transit and this poll.
+            ejected = wait_until(
+                lambda: victim not in {r["id"] for r in serve.record(ep.id)["replicas"]},
+                timeout=10,
+                interval=0.02,
+                what="the hung replica ejected",
+            )
+            bound = 2 * HANG_HEALTH_PERIOD_S + RECONCILE_PERIOD_S + 0.25
+            assert ejected <= bound, f"ejected after {ejected:.2f}s (bound {bound:.2f}s)"
+
+            # Its stream ends with an error event; the non-streamed requests it
+            # held had no byte yet: answered by the survivor. Nothing hangs.
+            assert_stream_ended_with_error(stream, stopped_at, bound_s=bound + 0.5)
+            for future in plain:
+                response = future.result(bound + 10)
+                assert response.status_code == 200, response.text
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim_pid, signal.SIGCONT)  # in case it was not killed
+
+    # The hung process itself was killed (and reaped): no orphan.
+    wait_until(lambda: not pid_alive(victim_pid), 5, what="the hung replica killed")
+    record = serve.wait_record(ep.id, lambda r: len(ready_ids(r)) == 2, timeout=30)
+    assert survivor in ready_ids(record) and victim not in ready_ids(record)
+    assert sorted(serve.replica_pids()) == sorted(
+        pid for rid in ready_ids(record) if (pid := replica_pid(serve, rid)) is not None
+    )
+    assert on_victim >= 1
+
+
+@pytest.mark.reliability(item=2)
+def test_burst_of_1000_causes_no_health_restart(
+    serve_factory: Callable[..., ServeHandle],
+) -> None:
+    """1,000 requests (50 at a time) to a healthy endpoint: no replica is
+    failed or restarted by the health check, every request succeeds."""
+    serve = serve_factory()
+    ep, urls = two_replicas(serve, "burst")
+    pids = {rid: replica_pid(serve, rid) for rid in urls}
+    started = time.monotonic()
+    statuses = asyncio.run(burst(ep, 1000, 50))
+    took = time.monotonic() - started
+    assert statuses == [200] * 1000
+    # Let a missed report show: the registry would fail a replica only after
+    # its silence exceeded the failure periods.
+    time.sleep(3 * HEALTH_PERIOD_S)
+    record = serve.record(ep.id)
+    assert [r["status"] for r in record["replicas"]] == ["ready", "ready"], record
+    assert ready_ids(record) == set(urls)
+    assert {rid: replica_pid(serve, rid) for rid in urls} == pids
+    assert gateway_counter(serve, "inferd_gateway_retries_total", ep.id) == 0
+    assert took < 30
