@@ -184,6 +184,7 @@ class VllmTextEngine:
 
     def _sampling_params(self, request: TextRequest, prompt_len: int) -> Any:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         info = self.info
@@ -213,6 +214,10 @@ class VllmTextEngine:
             )
         except (ValueError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
+        except VLLMClientError as exc:
+            # vLLM's own validation (VLLMValidationError, not a ValueError):
+            # e.g. min_tokens above the room left in the context.
+            raise BadRequest(str(exc), param=getattr(exc, "parameter", None)) from None
 
     def load(self) -> EngineLoad:
         # The frontend's own count covers requests not yet seen by the
