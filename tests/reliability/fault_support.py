@@ -13,7 +13,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,20 +146,19 @@ def assert_error_shape(response: httpx.Response) -> dict[str, Any]:
 
 
 async def open_loop(
-    client: httpx.AsyncClient,
-    send: Callable[[httpx.AsyncClient], Any],
+    send: Callable[[int], Awaitable[int | str]],
     rate: float,
     until: Callable[[], bool],
     max_seconds: float,
 ) -> list[int | str]:
-    """Fire `send(client)` at a fixed `rate` per second, without waiting for
-    answers (open loop), until `until()` or `max_seconds`; then wait for
-    every answer. Returns the statuses (or the exception's name)."""
+    """Call `send(n)` for n = 0, 1, ... at a fixed `rate` per second, without
+    waiting for answers (open loop), until `until()` or `max_seconds`; then
+    wait for every answer. Returns what each returned (a status, or a word
+    for what went wrong), or the name of the httpx error it raised."""
 
-    async def one() -> int | str:
+    async def one(n: int) -> int | str:
         try:
-            response = await send(client)
-            return int(response.status_code)
+            return await send(n)
         except httpx.HTTPError as exc:
             return type(exc).__name__
 
@@ -167,11 +166,22 @@ async def open_loop(
     start = time.monotonic()
     sent = 0
     while time.monotonic() - start < max_seconds and not until():
-        tasks.append(asyncio.ensure_future(one()))
+        tasks.append(asyncio.ensure_future(one(sent)))
         sent += 1
         # Keep the schedule: the n-th request leaves at start + n / rate.
         await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
     return list(await asyncio.gather(*tasks))
+
+
+async def stream_status(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> int | str:
+    """POST a streamed request and read it whole: its status, or "broken
+    stream" when a 200 stream did not end with `[DONE]` (an SSE error event
+    ends a stream that failed after its first byte)."""
+    async with client.stream("POST", url, json=body) as response:
+        events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    if response.status_code == 200 and events[-1:] != ["data: [DONE]"]:
+        return "broken stream"
+    return response.status_code
 
 
 class StreamReader(threading.Thread):

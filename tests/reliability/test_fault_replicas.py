@@ -204,3 +204,35 @@ def test_burst_of_1000_causes_no_health_restart(
     assert {rid: replica_pid(serve, rid) for rid in urls} == pids
     assert gateway_counter(serve, "inferd_gateway_retries_total", ep.id) == 0
     assert took < 30
+
+
+@pytest.mark.reliability(item=1)
+def test_stream_killed_before_its_first_byte_is_retried(
+    serve_factory: Callable[..., ServeHandle],
+) -> None:
+    """A streamed request whose replica is SIGKILLed before the first token
+    (no byte sent yet) is retried on the other replica and streams whole."""
+    # A second a token: the kill lands before the first one.
+    serve = serve_factory(replica_args="--engine fake --engine-arg token_delay_s=1 --no-warmup")
+    ep, urls = two_replicas(serve, "kill-early")
+    stream = StreamReader(ep.url + CHAT, chat_body(3, stream=True), ep.headers)
+    stream.start()
+    victim = None
+
+    def found() -> bool:
+        nonlocal victim
+        victim = busy_replica(urls)
+        return victim is not None
+
+    wait_until(found, 5, 0.02, "the stream in an engine")
+    assert victim is not None and not stream.events
+    victim_pid = replica_pid(serve, victim)
+    assert victim_pid is not None
+    os.kill(victim_pid, signal.SIGKILL)
+    stream.join(15)
+    assert stream.error is None and stream.status == 200
+    assert stream.events[-1] == "[DONE]", stream.events
+    assert not any(isinstance(e, dict) and "error" in e for e in stream.events)
+    tokens = [e for e in stream.events if isinstance(e, dict) and e["choices"]]
+    assert sum(1 for e in tokens if e["choices"][0]["delta"].get("content")) == 3
+    assert gateway_counter(serve, "inferd_gateway_retries_total", ep.id) == 1

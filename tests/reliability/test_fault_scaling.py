@@ -23,6 +23,7 @@ from tests.reliability.fault_support import (
     keep_alive_burst,
     open_loop,
     ready_ids,
+    stream_status,
     wait_until,
 )
 
@@ -78,7 +79,8 @@ class Watch:
 async def load(
     ep: Endpoint, rate: float, until: Callable[[], bool], then_s: float = 1.0
 ) -> list[int | str]:
-    """Requests at `rate` a second until `until()`, then `then_s` more."""
+    """Requests at `rate` a second, every other one streamed, until
+    `until()`, then `then_s` more. Returns each one's status."""
     reached_at: list[float] = []
 
     def done() -> bool:
@@ -87,13 +89,13 @@ async def load(
         return bool(reached_at) and time.monotonic() - reached_at[0] >= then_s
 
     async with httpx.AsyncClient(headers=ep.headers, timeout=60) as client:
-        return await open_loop(
-            client,
-            lambda c: c.post(ep.url + CHAT, json=chat_body(TOKENS)),
-            rate,
-            done,
-            PHASE_MAX_S,
-        )
+
+        async def send(n: int) -> int | str:
+            if n % 2:
+                return (await client.post(ep.url + CHAT, json=chat_body(TOKENS))).status_code
+            return await stream_status(client, ep.url + CHAT, chat_body(TOKENS, stream=True))
+
+        return await open_loop(send, rate, done, PHASE_MAX_S)
 
 
 def ready_path(watch: Watch) -> list[int]:
@@ -112,7 +114,7 @@ def counts(statuses: list[Any]) -> dict[Any, int]:
 @pytest.mark.reliability(item=4)
 def test_one_two_one_under_load(serve_factory: Callable[..., ServeHandle]) -> None:
     """1 -> 2 -> 1 replicas under an open-loop load at a fixed rate (20/s,
-    then 3/s): zero failed requests."""
+    then 3/s; half of it streamed): zero failed requests."""
     serve = serve_factory(**SCALING)
     ep = Endpoint.create(serve, name="up-down", modelName="tiny-chat", minReplicas=1, maxReplicas=2)
     serve.wait_record(ep.id, lambda r: len(ready_ids(r)) == 1, timeout=60)
@@ -133,8 +135,9 @@ def test_one_two_one_under_load(serve_factory: Callable[..., ServeHandle]) -> No
 
 @pytest.mark.reliability(item=4)
 def test_one_zero_one_under_load(serve_factory: Callable[..., ServeHandle]) -> None:
-    """1 -> 0 -> 1 replicas: load at a fixed rate (5/s), idle past the
-    retention (to zero), load again: zero failed requests."""
+    """1 -> 0 -> 1 replicas: load at a fixed rate (5/s, half of it
+    streamed), idle past the retention (to zero), load again: zero failed
+    requests."""
     serve = serve_factory(**SCALING)
     ep = Endpoint.create(
         serve,
