@@ -14,11 +14,12 @@ import httpx
 import pytest
 
 from inferd.gateway.settings import GatewaySettings
-from inferd.testing import ReplicaHandle
+from inferd.testing import ReplicaHandle, ServeHandle
 from tests.reliability.fault_support import (
     CHAT,
     HELLO,
     IMAGES,
+    Endpoint,
     GatewayInFront,
     assert_error_shape,
     metric,
@@ -140,3 +141,25 @@ def test_sixteen_concurrent_images_through_a_bounded_gateway(
         if response.status_code == 429:
             assert response.json()["error"]["code"] == "overloaded"
     wait_until(lambda: gateway.in_flight() == 0, 5, what="the gateway drained")
+
+
+@needs_diffusers
+@pytest.mark.reliability(item=6)
+def test_sixteen_concurrent_images_through_an_endpoint(
+    serve_factory: Callable[..., ServeHandle],
+) -> None:
+    """16 concurrent image requests to an `inferd serve` endpoint of
+    tiny-sdxl (a real diffusers replica; 8 in flight and 4 held at most):
+    200s and clean 429s, none 500."""
+    serve = serve_factory(
+        replica_args="--engine diffusers",
+        gateway_max_in_flight_per_replica="8",
+        gateway_max_queued_per_endpoint="4",
+    )
+    ep = Endpoint.create(serve, name="images", modelName="tiny-sdxl", minReplicas=1)
+    serve.wait_record(ep.id, lambda r: r["status"] == "running", timeout=240)
+    responses = sixteen_at_once(ep.url + IMAGES, ep.headers)
+    by_status = assert_answered_or_cleanly_refused(responses)
+    assert by_status.get(200, 0) >= 12 and set(by_status) <= {200, 429}, by_status
+    record = serve.record(ep.id)
+    assert [r["status"] for r in record["replicas"]] == ["ready"]
