@@ -18,6 +18,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.control.tokens import redact
+
 logger = logging.getLogger(__name__)
 
 
@@ -132,7 +134,9 @@ class InternalError(InferdError):
 
 
 # Messages quote what the client sent (an id, a model name, a path, a key of
-# logit_bias); clipped, so that an error body stays small whatever was sent.
+# logit_bias): anything shaped like a token is redacted (a token sent in the
+# wrong place must not come back in a body that proxies and clients log), and
+# the text is clipped, so that an error body stays small whatever was sent.
 MAX_ERROR_MESSAGE_CHARS = 1000
 MAX_ERROR_PARAM_CHARS = 100
 
@@ -144,8 +148,8 @@ def _clip(text: str, limit: int) -> str:
 def error_body(
     message: str, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
-    message = _clip(message, MAX_ERROR_MESSAGE_CHARS)
-    param = None if param is None else _clip(param, MAX_ERROR_PARAM_CHARS)
+    message = _clip(redact(message), MAX_ERROR_MESSAGE_CHARS)
+    param = None if param is None else _clip(redact(param), MAX_ERROR_PARAM_CHARS)
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
