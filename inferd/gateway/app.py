@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httpx
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -94,14 +95,21 @@ class Gateway:
         settings: GatewaySettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        upstream: Upstream | None = None,
+        upstream: Upstream | httpx.AsyncClient | None = None,
     ) -> None:
-        """`upstream`: the client to replicas; default the lean pool
-        (`pool.ConnectionPool`), or `HttpxUpstream(httpx.AsyncClient(...))`."""
+        """`clock`: monotonic seconds; `TrafficSnapshot` times are its values.
+        `upstream`: the HTTP client to replicas; by default the lean pool
+        (`pool.ConnectionPool`); an `httpx.AsyncClient` (or `HttpxUpstream`)
+        works too, at several times the CPU per request.
+
+        Everything here runs on the server's event loop: call `traffic()`,
+        `abort_replica()` and `forget_endpoint()` from it too."""
         self.directory = directory
         self.verifier = verifier
         self.settings = settings or GatewaySettings()
         self.clock = clock
+        if isinstance(upstream, httpx.AsyncClient):
+            upstream = HttpxUpstream(upstream)
         self.upstream = upstream or _default_upstream(self.settings)
         self._endpoints: dict[str, EndpointTraffic] = {}
         self._dispatcher = Dispatcher(directory, self.settings, clock)
