@@ -35,6 +35,9 @@ _FORWARD = {
     ReplicaStatus.STOPPED: 4,
     ReplicaStatus.FAILED: 4,
 }
+# A replica still coming up is failed for silence only after this many
+# times the silence that fails a ready one.
+LOADING_SILENCE_FACTOR = 5
 # Statuses the control plane sets that a replica's own report cannot undo.
 _STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
 
@@ -217,9 +220,15 @@ class Registry:
                 continue
             if replica.status in ReplicaStatus.coming_up():
                 # Loading can take minutes, but a replica that loads still
-                # reports; silence is failure here too, only later.
+                # reports; silence is failure here too, only later: loading
+                # an engine starves the replica's process of CPU (reports a
+                # period late are common), and it takes no traffic yet.
                 last = replica.last_report_at or replica.created_at
-                limit = silent_limit if replica.last_report_at else self._start_timeout
+                limit = (
+                    silent_limit * LOADING_SILENCE_FACTOR
+                    if replica.last_report_at
+                    else self._start_timeout
+                )
                 if now - last > limit or now - replica.created_at > self._start_timeout:
                     why = (
                         f"no report for {now - last:.1f}s while {replica.status.value}"

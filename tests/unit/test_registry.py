@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from inferd.control.records import ReplicaStatus as S
-from inferd.control.registry import Registry, Replica, ReportRejected, secret_digest
+from inferd.control.registry import (
+    LOADING_SILENCE_FACTOR,
+    Registry,
+    Replica,
+    ReportRejected,
+    secret_digest,
+)
 from inferd.gateway.directory import EndpointRoute
 
 
@@ -122,6 +128,18 @@ def test_a_loading_replica_gets_the_start_timeout_only_while_it_reports() -> Non
     clock.now += 11
     (failed,) = registry.check_liveness()
     assert "while loading" in (failed.reason or "") or "not ready" in (failed.reason or "")
+
+
+def test_a_loading_replica_is_failed_for_silence_only_later_than_a_ready_one() -> None:
+    clock = Clock()
+    registry, _ = make(clock)
+    registry.add(replica())
+    report(registry, "loading")
+    clock.now += 3.1  # would fail a ready replica (3 periods of 1 s)
+    assert registry.check_liveness() == []
+    clock.now += 3 * LOADING_SILENCE_FACTOR - 3.1 + 0.1
+    (failed,) = registry.check_liveness()
+    assert "no report for" in (failed.reason or "") and "while loading" in (failed.reason or "")
 
 
 def test_unreachable_leaves_routing_until_the_next_report() -> None:
