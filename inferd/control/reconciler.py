@@ -433,10 +433,13 @@ class Reconciler:
                 for replica_id in remaining:
                     self.launcher.kill(replica_id)
             await asyncio.sleep(0.05)
-        for replica in self.registry.of_endpoint(row.id):
-            self.registry.remove(replica.replica_id)
-        self._forget(row.id)
-        await self._sync_records()
+        # Under the lock: a tick's store writes in progress must not see
+        # the same replicas go (each would delete them, the second fails).
+        async with self._tick_lock:
+            for replica in self.registry.of_endpoint(row.id):
+                self.registry.remove(replica.replica_id)
+            self._forget(row.id)
+            await self._sync_records()
 
 
 def _victims(replicas: Sequence[Replica], count: int, traffic: TrafficSnapshot) -> list[Replica]:

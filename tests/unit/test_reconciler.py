@@ -133,7 +133,7 @@ async def _inline(func: Any, *args: Any) -> Any:
 
 
 class World:
-    def __init__(self, row: EndpointRow, slots: int = 8) -> None:
+    def __init__(self, row: EndpointRow, slots: int = 8, to_thread: Any = _inline) -> None:
         self.clock = Clock()
         self.rows = [row]
         self.launcher = FakeLauncher(slots)
@@ -150,7 +150,7 @@ class World:
                 target_concurrency=4, upscale_delay_s=2, downscale_delay_s=10
             ),
             clock=self.clock,
-            to_thread=_inline,
+            to_thread=to_thread,
         )
 
     def tick(self, advance: float = 0.0, heartbeat: bool = True) -> None:
@@ -309,6 +309,30 @@ def test_delete_drains_everything_and_waits_for_the_processes() -> None:
         await asyncio.wait_for(drain, 2)
 
     asyncio.run(delete())
+    assert w.registry.of_endpoint("e1") == [] and w.records.rows == {}
+
+
+def test_delete_while_the_loop_ticks_forgets_each_replica_once() -> None:
+    """DELETE's drain and the reconcile loop both write the store; with
+    store calls that yield (as worker threads do), they must take turns."""
+
+    async def yielding(func: Any, *args: Any) -> Any:
+        await asyncio.sleep(0)
+        return func(*args)
+
+    w = World(endpoint(min_replicas=1), to_thread=yielding)
+    w.tick()
+    w.report_all()
+    w.tick()
+    (rid,) = w.live()
+    w.rows[0] = dataclasses.replace(w.rows[0], deleting_at="t")
+
+    async def delete_while_ticking() -> None:
+        w.launcher.exit(rid, 0)  # its process ended just now
+        ticks = [w.reconciler.tick() for _ in range(3)]
+        await asyncio.gather(w.reconciler.drain_endpoint(w.rows[0], timeout_s=5), *ticks)
+
+    asyncio.run(delete_while_ticking())
     assert w.registry.of_endpoint("e1") == [] and w.records.rows == {}
 
 
