@@ -95,6 +95,38 @@ def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict
     return args
 
 
+def yield_engine_core_cpu(engine: Any) -> None:
+    """Lower the scheduling priority of vLLM's engine-core processes (nice 19).
+
+    While it waits for its worker's step, the engine core spins on
+    `sched_yield()`. On a machine with few cores (measured on 2 vCPUs, kernel
+    6.18) that spin starves every other process on its core for as long as
+    generation lasts: the replica's HTTP front end delivered a 7,000-token
+    stream in one burst after 10 s, and /health, the control plane and
+    clients sharing the core stalled as long. At nice 19 the spin only takes
+    what nobody else wants: the same stream arrived with no gap over 26 ms,
+    and no slower. The worker process, which does the model's arithmetic,
+    keeps its priority."""
+    manager = getattr(getattr(engine, "engine_core", None), "resources", None)
+    processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
+    for process in processes:
+        if process.pid is not None:
+            lower_priority(process.pid)
+
+
+def lower_priority(pid: int, niceness: int = 19) -> None:
+    """Set every thread of `pid` to `niceness` (on Linux, nice is per thread)."""
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except OSError as exc:  # gone, or not ours to change: serve anyway
+            logger.info("could not lower the priority of thread %d: %s", tid, exc)
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -124,7 +156,8 @@ class VllmTextEngine:
         return self._info
 
     async def start(self) -> None:
-        if self._options.device == "cpu" or not _cuda_available():
+        on_cpu = self._options.device == "cpu" or not _cuda_available()
+        if on_cpu:
             # Read by vLLM's CPU worker (a child process) at start-up, in GiB.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._options.cpu_kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -138,6 +171,8 @@ class VllmTextEngine:
             args,
             stat_loggers=[_stat_logger_factory(self._tracker)],
         )
+        if on_cpu:
+            yield_engine_core_cpu(self._engine)
         model_config = self._engine.model_config
         self._renderer = ChatPromptRenderer.from_pretrained(self._model_path)
         self._info = TextModelInfo(
