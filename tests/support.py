@@ -3,11 +3,14 @@ from conftest)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import re
 import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -61,3 +64,64 @@ class FakeRegistry:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(5)
+
+
+# -- scenarios that must catch real vLLM mid-generation ----------------------
+
+# A long generation of tiny-chat on this CPU lasts about 2 s; a scenario's
+# precondition ("the request is running in the engine") must be seen well
+# inside it for what follows to mean anything.
+MID_GENERATION_WINDOW_S = 0.8
+
+
+@functools.cache
+def observer() -> httpx.Client:
+    """One long-lived HTTP client for tests that watch a server while it works.
+
+    A client made per call (`httpx.get`) builds an SSL context and opens a
+    connection each time: a burst of CPU that, on the 2-core machines here
+    while vLLM generates, got the test process descheduled for the rest of
+    the generation (seen: /metrics polls taking 2.4 s that curl, run beside
+    them, got in 1 ms). A kept-alive connection answered in 2 ms throughout."""
+    return httpx.Client(timeout=10)
+
+
+def metrics_text(url: str) -> str:
+    return observer().get(f"{url}/metrics").text
+
+
+def engine_running(url: str) -> float:
+    """`inferd_engine_running` of the replica at `url`."""
+    match = re.search(r"^inferd_engine_running ([0-9.e+-]+)$", metrics_text(url), re.M)
+    assert match, "inferd_engine_running missing"
+    return float(match.group(1))
+
+
+def seen_running(url: str, window: float = MID_GENERATION_WINDOW_S) -> bool:
+    """True when the replica at `url` reports a request running in its engine,
+    in an answer that came back within `window` seconds of now."""
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline:
+        running = engine_running(url)
+        if time.monotonic() > deadline:
+            return False  # the answer itself came too late to say "now"
+        if running >= 1:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def until_mid_generation(attempt: Any, attempts: int = 4) -> None:
+    """Run `attempt(i)` until one of them establishes its precondition.
+
+    On the 2-core CPU machines this suite runs on, the kernel can leave every
+    process but vLLM's without CPU for as long as a generation lasts (see
+    `yield_engine_core_cpu`, which makes it rare, not impossible). A scenario
+    that needs a request caught mid-generation then sees it only once it has
+    ended. `attempt` returns False when it could not see its precondition in
+    time, and is run again; its assertions, once the precondition held, are
+    never retried. No valid attempt at all fails the test."""
+    for index in range(attempts):
+        if attempt(index):
+            return
+    pytest.fail(f"no attempt in {attempts} caught the engine mid-generation")

@@ -13,7 +13,13 @@ import openai
 import pytest
 
 from inferd.testing import ReplicaHandle
-from tests.support import needs_vllm
+from tests.support import (
+    MID_GENERATION_WINDOW_S,
+    metrics_text,
+    needs_vllm,
+    seen_running,
+    until_mid_generation,
+)
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 
@@ -26,7 +32,7 @@ def client(replica: ReplicaHandle) -> openai.OpenAI:
 
 
 def metric(replica: ReplicaHandle, name: str) -> float:
-    text = httpx.get(f"{replica.url}/metrics").text
+    text = metrics_text(replica.url)
     match = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
     assert match, f"{name} missing"
     return float(match.group(1))
@@ -119,54 +125,70 @@ def test_bad_requests_are_4xx_and_the_same_process_keeps_serving(
     assert vllm_replica.process.poll() is None  # same PID, still serving
 
 
+def wait_idle(replica: ReplicaHandle, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(replica, "inferd_engine_running") + metric(replica, "inferd_engine_waiting"):
+        assert time.monotonic() < deadline, "vLLM still busy from an earlier request"
+        time.sleep(0.05)
+
+
 def test_reused_request_id_while_running_is_409(vllm_replica: ReplicaHandle) -> None:
-    body = {"messages": HELLO, "max_tokens": 2000, "ignore_eos": True, "request_id": "dup-1"}
-    first: list[int] = []
-    thread = threading.Thread(
-        target=lambda: first.append(
-            httpx.post(vllm_replica.url + CHAT, json=body, timeout=120).status_code
+    def attempt(index: int) -> bool:
+        wait_idle(vllm_replica)
+        body = {"messages": HELLO, "max_tokens": 2000, "ignore_eos": True}
+        body["request_id"] = f"dup-{index}"
+        first: list[int] = []
+        thread = threading.Thread(
+            target=lambda: first.append(
+                httpx.post(vllm_replica.url + CHAT, json=body, timeout=120).status_code
+            )
         )
-    )
-    thread.start()
-    deadline = time.monotonic() + 10
-    # Wait until the first is inside the engine (not merely admitted).
-    while time.monotonic() < deadline and (
-        metric(vllm_replica, "inferd_engine_running")
-        + metric(vllm_replica, "inferd_engine_waiting")
-        < 1
-    ):
-        time.sleep(0.02)
-    second = httpx.post(vllm_replica.url + CHAT, json={**body, "max_tokens": 1}, timeout=60)
-    thread.join(120)
-    assert second.status_code == 409
-    assert first == [200]
-    # Once the first finished, the id is free again.
-    again = httpx.post(vllm_replica.url + CHAT, json={**body, "max_tokens": 1}, timeout=60)
-    assert again.status_code == 200
+        thread.start()
+        try:
+            if not seen_running(vllm_replica.url):
+                return False
+            asked = time.monotonic()
+            second = httpx.post(vllm_replica.url + CHAT, json={**body, "max_tokens": 1}, timeout=60)
+            if second.status_code == 200 and time.monotonic() - asked > MID_GENERATION_WINDOW_S:
+                return False  # answered after a stall: the first may have ended meanwhile
+        finally:
+            thread.join(120)
+        assert second.status_code == 409, second.text
+        assert first == [200]
+        # Once the first finished, the id is free again.
+        again = httpx.post(vllm_replica.url + CHAT, json={**body, "max_tokens": 1}, timeout=60)
+        assert again.status_code == 200
+        return True
+
+    until_mid_generation(attempt)
 
 
 def test_client_disconnect_aborts_in_vllm(vllm_replica: ReplicaHandle) -> None:
     body = {"messages": HELLO, "max_tokens": 1800, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as http:
-        response = http.send(
-            http.build_request("POST", vllm_replica.url + CHAT, json=body), stream=True
-        )
-        lines = response.iter_lines()
-        next(lines)
-        next(lines)
-        assert (
-            metric(vllm_replica, "inferd_engine_running")
-            + metric(vllm_replica, "inferd_engine_waiting")
-            >= 1
-        )
-        response.close()
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline:
-        if metric(vllm_replica, "inferd_engine_running") == 0:
-            break
-        time.sleep(0.05)
-    assert metric(vllm_replica, "inferd_engine_running") == 0
-    assert metric(vllm_replica, "inferd_requests_in_flight") == 0
+
+    def attempt(index: int) -> bool:
+        wait_idle(vllm_replica)
+        with httpx.Client(timeout=60) as http:
+            response = http.send(
+                http.build_request("POST", vllm_replica.url + CHAT, json=body), stream=True
+            )
+            lines = response.iter_lines()
+            next(lines)
+            next(lines)
+            caught = seen_running(vllm_replica.url)
+            response.close()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if metric(vllm_replica, "inferd_engine_running") == 0:
+                break
+            time.sleep(0.05)
+        if not caught:
+            return False
+        assert metric(vllm_replica, "inferd_engine_running") == 0
+        assert metric(vllm_replica, "inferd_requests_in_flight") == 0
+        return True
+
+    until_mid_generation(attempt)
 
 
 def test_health_and_metrics(vllm_replica: ReplicaHandle) -> None:

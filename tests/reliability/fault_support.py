@@ -30,6 +30,7 @@ from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.testing import ReplicaHandle, ServeHandle, free_port
+from tests.support import metrics_text
 
 CHAT = "/openai/v1/chat/completions"
 IMAGES = "/v1/images/generations"
@@ -52,7 +53,7 @@ def wait_until(
 
 def metric(url: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` at `url`/metrics whose labels include `labels`."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = metrics_text(url)
     total = 0.0
     for match in re.finditer(rf"^{name}(?:{{(.*?)}})? ([0-9.e+-]+)$", text, re.M):
         found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))

@@ -27,7 +27,13 @@ from tests.reliability.fault_support import (
     read_until,
     wait_until,
 )
-from tests.support import needs_diffusers, needs_vllm
+from tests.support import (
+    MID_GENERATION_WINDOW_S,
+    needs_diffusers,
+    needs_vllm,
+    seen_running,
+    until_mid_generation,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -57,17 +63,24 @@ def test_client_disconnect_frees_vllm(
     else:
         url, headers = vllm_replica.url + CHAT, {}
     body = {"messages": HELLO, "max_tokens": 1800, "ignore_eos": True, "stream": stream}
-    sock = open_request(url, body, headers)
-    try:
-        if stream:
-            assert read_until(sock, b"data: ", 60).startswith(b"HTTP/1.1 200")
-        wait_until(lambda: engine_running(vllm_replica) >= 1, 30, what="generation running")
-    finally:
-        sock.close()  # the client goes away mid-generation
-    freed = wait_until(
-        lambda: engine_running(vllm_replica) == 0, DISCONNECT_BOUND_S + 1, 0.02, "vLLM freed"
-    )
-    assert freed <= DISCONNECT_BOUND_S, f"running for {freed:.2f}s after the disconnect"
+
+    def attempt(index: int) -> bool:
+        wait_until(lambda: engine_running(vllm_replica) == 0, 30, what="vLLM idle")
+        sock = open_request(url, body, headers)
+        try:
+            if stream:
+                assert read_until(sock, b"data: ", 60).startswith(b"HTTP/1.1 200")
+            if not seen_running(vllm_replica.url, window=2 * MID_GENERATION_WINDOW_S):
+                return False
+        finally:
+            sock.close()  # the client goes away mid-generation
+        freed = wait_until(
+            lambda: engine_running(vllm_replica) == 0, DISCONNECT_BOUND_S + 1, 0.02, "vLLM freed"
+        )
+        assert freed <= DISCONNECT_BOUND_S, f"running for {freed:.2f}s after the disconnect"
+        return True
+
+    until_mid_generation(attempt)
     wait_until(lambda: metric(vllm_replica.url, "inferd_requests_in_flight") == 0, 2)
     if via == "gateway":
         wait_until(lambda: gateway.in_flight() == 0, 2, what="the gateway forgot the request")
