@@ -21,6 +21,7 @@ from typing import Any
 from common import (
     LoadResult,
     closed_loop_chat,
+    lower_engine_core_priority,
     print_table,
     start_vllm_server,
     wait_http_ok,
@@ -75,6 +76,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--reference-nice",
+        action="store_true",
+        help="run vLLM's engine core at nice 19 in the reference server too, as inferd "
+        "does on a CPU (see yield_engine_core_cpu); default: vLLM as shipped",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -92,6 +99,8 @@ def main() -> int:
     )
     try:
         wait_http_ok(f"http://127.0.0.1:{vllm_port}/health", reference, timeout=600)
+        if args.reference_nice:
+            print("reference engine cores at nice 19:", lower_engine_core_priority(reference.pid))
         replica.wait_ready(timeout=600)
         targets = {
             "vllm-server": f"http://127.0.0.1:{vllm_port}/v1/chat/completions",
