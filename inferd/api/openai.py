@@ -26,6 +26,9 @@ MAX_CHAT_N = 8
 MAX_PROMPT_CHARS = 4_000
 
 
+REQUEST_ID_PATTERN = r"^[!-~]+$"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
@@ -100,7 +103,12 @@ class ChatCompletionRequest(_Strict):
     min_tokens: Annotated[int, Field(ge=0)] = 0
     stop_token_ids: list[int] | None = None
     structured_outputs: StructuredOutputs | None = None
-    request_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    # Echoed in the X-Request-Id response header, so it must be a valid one:
+    # visible ASCII only (a CJK or emoji id was a 500, a newline a dropped
+    # connection, when the header was encoded).
+    request_id: (
+        Annotated[str, Field(min_length=1, max_length=128, pattern=REQUEST_ID_PATTERN)] | None
+    ) = None
 
     @field_validator("stop")
     @classmethod

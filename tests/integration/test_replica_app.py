@@ -179,6 +179,12 @@ BAD_CHAT_REQUESTS = [
     ("tools unsupported", {"messages": HELLO, "tools": [{"type": "function"}]}, 400, None, None),
     ("too many messages", {"messages": HELLO * 300}, 400, "messages", None),
     ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, "model", "model_not_found"),
+    # request_id comes back in the X-Request-Id header: only what a header can carry.
+    ("request_id not ascii", {"messages": HELLO, "request_id": "\u4e00"}, 400, "request_id", None),
+    ("request_id astral", {"messages": HELLO, "request_id": "\U0001f600"}, 400, "request_id",
+     None),
+    ("request_id newline", {"messages": HELLO, "request_id": "a\nb"}, 400, "request_id", None),
+    ("request_id too long", {"messages": HELLO, "request_id": "x" * 129}, 400, "request_id", None),
 ]  # fmt: skip
 
 
