@@ -164,6 +164,7 @@ class ServeHandle:
         self.settings = dict(settings or {})
         self.runs = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self._groups_seen: set[int] = set()
 
     def start(self, timeout: float = 60) -> ServeHandle:
         self.runs += 1
@@ -223,7 +224,19 @@ class ServeHandle:
         raise AssertionError(f"record never matched within {timeout}s: {record}")
 
     def replica_pids(self) -> list[int]:
-        return replica_processes(self.port)
+        """The replica processes (one per replica) this server launched."""
+        pids = replica_processes(self.port)
+        self._groups_seen.update(pids)  # each leads its own process group
+        return pids
+
+    def launched_pids(self) -> list[int]:
+        """Every live process this server launched or its replicas started
+        (vLLM's engine core and workers included): [] once all are gone."""
+        from inferd.control.launchers.local import launched_processes
+        from inferd.server.runtime import REGISTRY_PATH
+
+        self.replica_pids()
+        return launched_processes(f"http://127.0.0.1:{self.port}{REGISTRY_PATH}", self._groups_seen)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int | None:
         if self.process is None or self.process.poll() is not None:
@@ -241,3 +254,6 @@ class ServeHandle:
         for pid in self.replica_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        for pid in self.launched_pids():  # children that left their group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -9,15 +9,17 @@ import base64
 import io
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 import pytest
 
 from inferd.testing import ServeHandle
 from tests.support import needs_diffusers, needs_vllm
+
+T = TypeVar("T")
 
 pytestmark = [needs_vllm, needs_diffusers, pytest.mark.slow]
 
@@ -41,13 +43,32 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeHandle]:
         yield handle
     finally:
         handle.cleanup()
-        assert handle.replica_pids() == []
+        assert handle.launched_pids() == []
 
 
 def chat_client(record: dict[str, Any], token: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=f"{record['url']}/openai/v1", api_key=token, max_retries=0, timeout=300
     )
+
+
+def held_while_waking(serve: ServeHandle, endpoint_id: str, call: Callable[[], T]) -> T:
+    """`call()` (a request to an endpoint at zero replicas) answers; while it
+    was held, the endpoint's record said `initializing`, with the progress of
+    the replica on its way (`starting` or `loading`, since when)."""
+    progress: list[dict[str, Any]] = []
+    watcher = threading.Thread(
+        target=lambda: progress.append(
+            serve.wait_record(endpoint_id, lambda r: r["status"] == "initializing", timeout=60)
+        )
+    )
+    watcher.start()
+    result = call()
+    watcher.join()
+    (held_view,) = progress
+    (coming,) = held_view["replicas"]
+    assert coming["status"] in ("starting", "loading") and coming["since"]
+    return result
 
 
 def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
@@ -62,27 +83,19 @@ def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
     assert created["status"] == "scaledToZero" and created["currentReplicas"] == 0
 
     # First request: held while a replica starts from zero, then answered.
-    progress: list[dict[str, Any]] = []
-    watcher = threading.Thread(
-        target=lambda: progress.append(
-            serve.wait_record(endpoint_id, lambda r: r["status"] == "initializing", timeout=60)
-        )
-    )
-    watcher.start()
     client = chat_client(created, token)
-    completion = client.chat.completions.create(
-        model="tiny-chat",
-        messages=[{"role": "user", "content": "Hello!"}],
-        max_tokens=8,
-        extra_body={"ignore_eos": True},
+    completion = held_while_waking(
+        serve,
+        endpoint_id,
+        lambda: client.chat.completions.create(
+            model="tiny-chat",
+            messages=[{"role": "user", "content": "Hello!"}],
+            max_tokens=8,
+            extra_body={"ignore_eos": True},
+        ),
     )
-    watcher.join()
     assert completion.usage is not None and completion.usage.completion_tokens == 8
     assert isinstance(completion.choices[0].message.content, str)
-    # While held, the record said so, with the replica's progress.
-    (held_view,) = progress
-    (coming,) = held_view["replicas"]
-    assert coming["status"] in ("starting", "loading") and coming["since"]
 
     stream = client.chat.completions.create(
         model="tiny-chat",
@@ -104,6 +117,9 @@ def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
     assert (record["gpuType"], record["gpuCount"], record["locationName"]) == ("cpu", 1, "local")
     assert record["hourlyPrice"] == 0.0
     assert len(serve.replica_pids()) == 1
+    # Every process of the replica carries the launcher's mark: its own, and
+    # vLLM's engine core and worker, so "no process left" below means all.
+    assert len(serve.launched_pids()) >= 3
 
     # Idle past the retention period: to zero, and the process is gone.
     record = serve.wait_record(
@@ -111,13 +127,17 @@ def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
     )
     assert record["currentReplicas"] == 0 and record["replicas"] == []
     deadline = time.monotonic() + 30
-    while serve.replica_pids() and time.monotonic() < deadline:
+    while serve.launched_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert serve.replica_pids() == []
+    assert serve.launched_pids() == []
 
-    # The next request wakes it and is answered, not lost.
-    again = client.chat.completions.create(
-        model="tiny-chat", messages=[{"role": "user", "content": "Again"}], max_tokens=3
+    # The next request wakes it and is answered, not lost: held meanwhile.
+    again = held_while_waking(
+        serve,
+        endpoint_id,
+        lambda: client.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "Again"}], max_tokens=3
+        ),
     )
     assert again.choices[0].message.content is not None
 
@@ -145,7 +165,8 @@ def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
     with serve.api() as api:
         assert api.delete(f"/inference/endpoints/{endpoint_id}").status_code == 204
         assert api.delete(f"/inference/endpoints/{other['id']}").status_code == 204
-    assert serve.replica_pids() == []
+    # Delete returns once the replica is gone: vLLM's engine core and worker too.
+    assert serve.launched_pids() == []
 
 
 def test_image_endpoint_answers_the_openai_images_client(serve: ServeHandle) -> None:
@@ -168,7 +189,7 @@ def test_image_endpoint_answers_the_openai_images_client(serve: ServeHandle) -> 
     assert plain.images.generate(prompt="a fox", size="256x256").data
     with serve.api() as api:
         assert api.delete(f"/inference/endpoints/{created['id']}").status_code == 204
-    assert serve.replica_pids() == []
+    assert serve.launched_pids() == []
 
 
 def test_stopping_serve_stops_its_replicas(tmp_path: Path) -> None:
@@ -180,6 +201,6 @@ def test_stopping_serve_stops_its_replicas(tmp_path: Path) -> None:
         handle.wait_record(created["id"], lambda r: r["status"] == "running", timeout=60)
         assert len(handle.replica_pids()) == 2
         assert handle.stop() == 0
-        assert handle.replica_pids() == []
+        assert handle.launched_pids() == []
     finally:
         handle.cleanup()

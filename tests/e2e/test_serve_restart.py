@@ -21,8 +21,10 @@ from typing import Any
 
 import httpx
 
+from inferd.control.launchers.local import launched_processes
 from inferd.control.store import Store
 from inferd.control.tokens import TokenVerifier
+from inferd.server.runtime import REGISTRY_PATH
 from inferd.testing import replica_processes
 
 ADMIN_KEY_RE = re.compile(r"infd_admin_[0-9A-Za-z]{38}")
@@ -226,6 +228,7 @@ def test_records_and_tokens_survive_sigterm_and_sigkill(tmp_path: Path) -> None:
     # Replicas orphaned by the SIGKILL were adopted by the third run and
     # stopped with it.
     assert replica_processes(port) == []
+    assert launched_processes(f"http://127.0.0.1:{port}{REGISTRY_PATH}") == []
 
     # No token ever reached the logs or the terminal.
     for served in (first, second, third):

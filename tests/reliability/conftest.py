@@ -42,7 +42,7 @@ def serve_factory(tmp_path: Path) -> Iterator[Callable[..., ServeHandle]]:
     yield start
     for handle in handles:
         handle.cleanup()
-    assert [pid for handle in handles for pid in handle.replica_pids()] == []
+    assert [pid for handle in handles for pid in handle.launched_pids()] == []
 
 
 # -- the gateway alone, in front of given replica processes -------------------

@@ -93,4 +93,4 @@ def test_control_plane_sigkilled_and_restarted(serve_factory: Callable[..., Serv
     assert set(running) == set(pids)
 
     assert serve.stop() == 0
-    assert serve.replica_pids() == []
+    assert serve.launched_pids() == []

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -54,6 +54,37 @@ def _is_replica_process(pid: int, replica_id: str) -> bool:
     except OSError:
         return False
     return b"inferd.replica" in cmdline and replica_id.encode() in cmdline
+
+
+LAUNCHED_BY_ENV = "INFERD_LAUNCHED_BY"
+
+
+def launched_processes(registry_url: str, groups: Iterable[int] = ()) -> list[int]:
+    """PIDs of the live processes (not zombies) that this control plane
+    launched: those with its mark in their environment, and every member of
+    their process groups and of `groups` (each replica leads its own group,
+    which its children join). The groups matter because vLLM's engine core
+    and workers rename themselves with setproctitle, which overwrites the
+    environment that /proc shows; they stay in the replica's group, even
+    when the replica itself is gone."""
+    mark = f"{LAUNCHED_BY_ENV}={registry_url}".encode()
+    live: dict[int, int] = {}  # pid -> process group
+    marked = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            pid = int(entry.name)
+            live[pid] = int(fields[2])
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                marked.add(pid)
+        except OSError:
+            continue
+    wanted = set(groups) | {live[pid] for pid in marked}
+    return sorted(pid for pid, group in live.items() if pid in marked or group in wanted)
 
 
 class LocalLauncher:
@@ -144,7 +175,14 @@ class LocalLauncher:
         gpu_ids = (
             () if spec.gpu_type == CPU else tuple(self._free_gpus(spec.gpu_type)[: spec.gpu_count])
         )
-        env = {**self._env, "INFERD_REPLICA_SECRET": spec.secret}
+        env = {
+            **self._env,
+            "INFERD_REPLICA_SECRET": spec.secret,
+            # Inherited by every process of the replica, vLLM's engine core
+            # and workers included (which rename themselves and may outlive a
+            # crashed parent): `launched_processes` finds them all by it.
+            LAUNCHED_BY_ENV: self._registry_url,
+        }
         if gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
         else:
