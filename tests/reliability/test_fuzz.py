@@ -129,6 +129,18 @@ def test_every_operation_answers_as_documented(case: schemathesis.Case, targets:
     targets.count(f"{case.method} {case.path}", response.status_code)
 
 
+def test_every_operation_got_its_examples(targets: Targets) -> None:
+    """Runs after the fuzzing: every documented operation that takes input
+    (parameters or a body) was called at least EXAMPLES times, and every
+    other one (nothing to vary: /healthz, /metrics, /openapi.json) at least
+    once, so no operation was skipped or cut short."""
+    for path, operations in DOCUMENT["paths"].items():
+        for method, operation in operations.items():
+            calls = sum(targets.statuses.get(f"{method.upper()} {path}", {}).values())
+            takes_input = bool(operation.get("parameters") or operation.get("requestBody"))
+            assert calls >= (EXAMPLES if takes_input else 1), (method, path, calls)
+
+
 def test_fuzzing_left_the_targets_serving(targets: Targets) -> None:
     """After the fuzzing (runs after it in this module), both endpoints still
     answer a plain request: nothing the fuzzer sent broke a replica."""
