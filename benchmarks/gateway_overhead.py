@@ -13,6 +13,11 @@ Parts:
 - stream: fake engine with token_delay_s=0 (the gateway's per-token cost
   is all there is to see), streamed, 64 tokens: output tokens/s ratio (goal
   >= 0.95) and TTFT p50 delta (goal <= +2 ms).
+- serve: the production path. `inferd serve` (management API, registry,
+  reconciler and gateway in one process) with one endpoint pinned at one
+  fake-engine replica; the load goes to the endpoint's `url` with its token
+  and, for the reference, straight to that replica (skipped with
+  --skip-serve). "gateway cpu us/req" is then the whole server's CPU.
 - vllm: the same two on a real vLLM tiny-chat replica on the CPU (skipped
   where vLLM is missing, or with --skip-vllm).
 
@@ -243,6 +248,57 @@ def run_part(
     return compare(part, runs, stream, cpu)
 
 
+def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
+    """The parts measured through a real `inferd serve` endpoint URL."""
+    import tempfile
+
+    from inferd.testing import ServeHandle
+
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-serve-") as workdir:
+        serve = ServeHandle(
+            Path(workdir),
+            settings={"replica_args": "--engine fake --engine-arg token_delay_s=0"},
+        ).start()
+        try:
+            created = serve.create_endpoint(
+                name="bench", modelName=MODEL, minReplicas=1, maxReplicas=1
+            )
+            record = serve.wait_record(created["id"], lambda r: r["status"] == "running", 120)
+            (replica,) = record["replicas"]
+            targets = {
+                "direct": (serve.replica_url(replica["id"]), {}),
+                "endpoint": (
+                    created["url"],
+                    {"Authorization": f"Bearer {created['accessToken']}"},
+                ),
+            }
+            assert serve.process is not None
+            pids = {"endpoint": serve.process.pid}
+            for stream in (False, True):
+                for concurrency in args.concurrency:
+                    part = f"serve {'stream' if stream else 'latency'} c={concurrency}"
+                    max_tokens = args.stream_tokens if stream else 2
+                    requests = max(16, args.requests // 4) if stream else args.requests
+                    warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
+                    asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
+                    cpu: dict[str, list[float]] = {}
+                    runs = asyncio.run(
+                        measure(
+                            targets,
+                            cpu=cpu,
+                            pids=pids,
+                            rounds=args.rounds,
+                            requests=requests,
+                            concurrency=concurrency,
+                            max_tokens=max_tokens,
+                            stream=stream,
+                        )
+                    )
+                    add(part, compare(part, runs, stream, cpu))
+        finally:
+            serve.cleanup()
+
+
 COLUMNS = [
     "part", "label", "requests", "errors", "latency_p50_ms", "latency_p99_ms", "added p50 ms",
     "added p99 ms", "output_tokens_per_s", "tok/s ratio", "ttft_p50_ms", "ttft p50 delta ms",
@@ -258,6 +314,7 @@ def main() -> int:
     parser.add_argument("--stream-tokens", type=int, default=64)
     parser.add_argument("--upstreams", nargs="+", default=["pool", "httpx"])
     parser.add_argument("--skip-fake", action="store_true")
+    parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None)
@@ -294,6 +351,9 @@ def main() -> int:
                                    requests=max(16, args.requests // 4)))  # fmt: skip
         finally:
             fake.stop()
+
+    if not args.skip_serve:
+        run_serve_parts(args, add)
 
     if not args.skip_vllm:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -228,6 +229,15 @@ class ServeHandle:
         pids = replica_processes(self.port)
         self._groups_seen.update(pids)  # each leads its own process group
         return pids
+
+    def replica_url(self, replica_id: str) -> str:
+        """A replica's own base URL, from the line it logs when it binds."""
+        log = self.state_dir / "state" / "logs" / f"replica-{replica_id}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        match = re.search(rf"replica {replica_id} serving \S+ on (http://\S+)", text)
+        if match is None:
+            raise AssertionError(f"replica {replica_id} has not logged its URL")
+        return match.group(1)
 
     def launched_pids(self) -> list[int]:
         """Every live process this server launched or its replicas started

@@ -97,10 +97,7 @@ def statuses(record: dict[str, Any]) -> list[str]:
 
 def replica_url(serve: ServeHandle, replica_id: str) -> str:
     """The replica's own base URL, from the line it logs when it binds."""
-    log = serve.state_dir / "state" / "logs" / f"replica-{replica_id}.log"
-    match = re.search(rf"replica {replica_id} serving \S+ on (http://\S+)", _read(log))
-    assert match, f"replica {replica_id} has not logged its URL"
-    return match.group(1)
+    return serve.replica_url(replica_id)
 
 
 def replica_pid(serve: ServeHandle, replica_id: str) -> int | None:
