@@ -47,17 +47,23 @@ class StatusReporter:
         self._seq = 0
         self._orphaned = False
         self._closing = False
+        # Snapshots taken when the status changed, not yet sent: each change
+        # is reported as it was, so a quick succession (starting -> loading
+        # before the first report goes out) is not collapsed into its end.
+        self._pending: list[dict[str, Any]] = []
 
     def start(self) -> None:
+        self._pending.append(self._snapshot())  # the first status: starting
         self._task = asyncio.ensure_future(self._run())
 
     def notify(self) -> None:
         """Report now (a status change) instead of at the next heartbeat."""
+        self._pending.append(self._snapshot())
         self._wake.set()
 
-    async def report_now(self) -> bool:
+    async def report_now(self, snapshot: dict[str, Any] | None = None) -> bool:
         self._seq += 1
-        payload = {**self._snapshot(), "seq": self._seq, "pid": os.getpid()}
+        payload = {**(snapshot or self._snapshot()), "seq": self._seq, "pid": os.getpid()}
         try:
             response = await self._client.post(self._url, json=payload)
         except httpx.HTTPError as exc:
@@ -83,7 +89,10 @@ class StatusReporter:
         # `wait_for` can swallow a cancel that races with the event it waits on.
         while not self._closing:
             self._wake.clear()
-            await self.report_now()
+            pending: list[dict[str, Any] | None] = [*self._pending] or [None]
+            self._pending = []
+            for snapshot in pending:  # None: a heartbeat, the state as it is now
+                await self.report_now(snapshot)
             if (
                 self._orphan_timeout is not None
                 and time.monotonic() - self._last_success > self._orphan_timeout
@@ -98,5 +107,7 @@ class StatusReporter:
         self._wake.set()
         if self._task is not None:
             await self._task
+        for snapshot in self._pending:
+            await self.report_now(snapshot)
         await self.report_now()
         await self._client.aclose()
