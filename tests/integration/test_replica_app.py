@@ -285,6 +285,10 @@ def test_images_default_to_1024_square_png(images: TestClient) -> None:
 def test_images_n_and_size(images: TestClient) -> None:
     data = images.post(IMAGES, json={"prompt": "x", "n": 2, "size": "512x256"}).json()["data"]
     assert [png_size(base64.b64decode(d["b64_json"])) for d in data] == [(512, 256)] * 2
+    text = images.get("/metrics").text
+    assert "inferd_generated_images_total 2.0" in text
+    assert 'inferd_requests_total{route="images",status="200"} 1.0' in text
+    assert 'inferd_request_duration_seconds_count{route="images"} 1.0' in text
 
 
 BAD_IMAGE_REQUESTS = [
