@@ -188,6 +188,9 @@ def test_chat_endpoint(
     surfaces: Surfaces, body: bytes | dict[str, Any], status: int, code: str | None,
     param: str | None,
 ) -> None:  # fmt: skip
+    """One row of the chat table, posted through the gateway to a chat
+    endpoint: the row's status (400, or 404 for an unknown model) in the one
+    error shape, small, with the row's code and param where it names them."""
     endpoint = surfaces.chat
     check(post_raw(endpoint.url + CHAT, endpoint.headers, body), status, code, param)
 
@@ -198,11 +201,17 @@ def test_image_endpoint(
     surfaces: Surfaces, body: bytes | dict[str, Any], status: int, code: str | None,
     param: str | None,
 ) -> None:  # fmt: skip
+    """One row of the image table, posted through the gateway to an image
+    endpoint: the row's status (400, or 404 for an unknown model) in the one
+    error shape, small, with the row's code and param where it names them."""
     endpoint = surfaces.image
     check(post_raw(endpoint.url + IMAGES, endpoint.headers, body), status, code, param)
 
 
 def test_wrong_route_for_the_model_kind(surfaces: Surfaces) -> None:
+    """A chat request to an image endpoint and an image request to a chat
+    endpoint, through the gateway: each a 404 `unsupported_route` in the one
+    error shape."""
     image, chat = surfaces.image, surfaces.chat
     check(post_raw(image.url + CHAT, image.headers, {"messages": HI}), 404, "unsupported_route",
           None)  # fmt: skip
@@ -391,6 +400,9 @@ def test_management_api(
     surfaces: Surfaces, method: str, path: str, body: bytes | dict[str, Any] | None,
     status: int, code: str | None,
 ) -> None:  # fmt: skip
+    """One row of the management table, sent with the admin key: the row's
+    status (400, 404 or 405) in the one error shape, small, with the row's code
+    where it names one."""
     url = surfaces.serve.url + path.replace("{chat}", surfaces.chat.id)
     if isinstance(body, dict):
         response = httpx.request(method, url, json=body, headers=surfaces.admin())
@@ -400,6 +412,9 @@ def test_management_api(
 
 
 def test_nothing_was_created_by_the_bad_requests(surfaces: Surfaces) -> None:
+    """Runs after the bad requests in this module: the management API lists
+    only the chat and image endpoints the fixture created, so no refused create
+    made one."""
     names = [r["name"] for r in list_endpoints(surfaces.serve)["data"]]
     assert sorted(names) == ["chat", "image"]
 
@@ -447,6 +462,9 @@ def test_vllm_endpoint(
     vllm_gateway: GatewayInFront, vllm_replica: ReplicaHandle, body: dict[str, Any], status: int,
     code: str | None, param: str | None,
 ) -> None:  # fmt: skip
+    """One row of the engine-limits table, through the gateway to the real vLLM
+    replica (max_tokens far or just past the context, n or messages over the
+    cap): 400 in the one error shape, with the row's param."""
     if body.get("max_tokens") == "context":
         # Exactly one token more than fits after this prompt.
         ok = httpx.post(

@@ -171,6 +171,9 @@ def gateway(
 def test_refused_by_the_replica_which_keeps_serving(
     vllm_replica: ReplicaHandle, body: dict[str, Any] | bytes, status: int
 ) -> None:
+    """One row of this module's table straight at the vLLM replica: refused
+    with its 400 in the one error shape, then the same process (same PID,
+    health ready) answers a good request with 200."""
     body = resolve(body, vocab_size(vllm_replica))
     assert_refused_then_serves(vllm_replica, vllm_replica.url + CHAT, {}, body, status)
 
@@ -178,6 +181,9 @@ def test_refused_by_the_replica_which_keeps_serving(
 def test_every_crash_input_through_the_gateway(
     vllm_replica: ReplicaHandle, gateway: GatewayInFront
 ) -> None:
+    """Every row of the replica e2e table and of this module's, through the
+    gateway: each refused with its 4xx in the one error shape, then the same
+    vLLM process (same PID, health ready) answers a good request."""
     vocab = vocab_size(vllm_replica)
     rows = [(name, body, status) for name, body, status in REPLICA_TABLE] + MORE
     for name, body, status in rows:

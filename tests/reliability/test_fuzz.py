@@ -103,6 +103,9 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Targets]:
 
 
 def test_one_document_describes_every_public_route(targets: Targets) -> None:
+    """The served /openapi.json is the one the tests are generated from (bar
+    its server URL): every gateway route, /healthz, /metrics,
+    /inference/endpoints; each operation needs its own credential or none."""
     served = httpx.get(targets.serve.url + "/openapi.json").json()
     assert served.pop("servers") == [{"url": targets.serve.url}]
     assert served == {k: v for k, v in DOCUMENT.items() if k != "servers"}
@@ -119,6 +122,9 @@ def test_one_document_describes_every_public_route(targets: Targets) -> None:
 @pytest.mark.timeout(300)
 @schema.parametrize()
 def test_every_operation_answers_as_documented(case: schemathesis.Case, targets: Targets) -> None:
+    """One generated case (positive or negative data) with the endpoint's token
+    or the admin key: no server error, status and schema as documented, bad
+    input refused (413 allowed), unauthenticated calls refused."""
     if case.path.startswith("/endpoints/"):
         endpoint = targets.image if "images" in case.path else targets.chat
         case.path_parameters = {**(case.path_parameters or {}), "endpoint_id": endpoint.id}

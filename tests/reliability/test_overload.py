@@ -128,6 +128,9 @@ async def open_loop(
 def test_twice_the_capacity_gets_429_with_retry_after_bounded_memory_and_recovers(
     serve: ServeHandle,
 ) -> None:
+    """Twice the measured capacity for 8 s: only 200s (at least half the
+    capacity) and 429s (one error shape, Retry-After 1 s to the queue's drain),
+    queue, in-flight and RSS bounded; all served again within 60 s."""
     endpoint = Endpoint.create(serve, name="busy", modelName="tiny-chat", minReplicas=1)
     record = serve.wait_record(endpoint.id, lambda r: r["status"] == "running", timeout=60)
     url = endpoint.url + CHAT

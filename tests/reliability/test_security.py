@@ -101,6 +101,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 @pytest.mark.reliability(item=11)
 def test_only_a_token_on_its_own_endpoint_gets_in(fleet: Fleet) -> None:
+    """Each endpoint's token gets 200 on its own endpoint and 401
+    `invalid_api_key` with `WWW-Authenticate: Bearer` on the others; every
+    refusal (admin key, bad tokens, a missing endpoint) has the same body."""
     refusals = set()
     for i, endpoint in enumerate(fleet.endpoints):
         for j in range(N):
@@ -140,6 +143,9 @@ MANAGEMENT_CALLS = [
 
 @pytest.mark.reliability(item=11)
 def test_management_api_refuses_inference_tokens_and_wrong_admin_keys(fleet: Fleet) -> None:
+    """Every management call with no key, a wrong admin key, a bad scheme, the
+    key in the query or an endpoint token: 401 with its code and
+    WWW-Authenticate; nothing changes and every token still works."""
     before = list_endpoints(fleet.serve)
     target = fleet.endpoints[0].id
     credentials: dict[str, tuple[dict[str, str], str]] = {
@@ -234,6 +240,9 @@ def test_an_old_token_fails_within_a_second_of_its_reissue(fleet: Fleet) -> None
 def test_no_plaintext_token_in_the_database_logs_or_error_bodies(
     fleet: Fleet, tmp_path: Path
 ) -> None:
+    """Every secret handed out (admin key; live, re-issued and deleted tokens),
+    also sent where it does not belong: no plaintext in the database (the
+    digests are there), in any error body, or in the debug logs."""
     serve = fleet.serve
     state = serve.state_dir / "state"
     # More secrets, in more states: re-issued (revoked), deleted with its endpoint.
@@ -341,6 +350,9 @@ def churn(url: str, worker: int, calls: int, ledger: Ledger) -> None:
 
 @pytest.mark.reliability(item=13)
 def test_sigkill_during_create_and_reissue_loses_no_answered_call(tmp_path: Path) -> None:
+    """SIGKILL amid concurrent creates and token re-issues: the database is
+    intact, every answered create is there after a restart, each endpoint's
+    last answered token works (unless a re-issue was in flight), no older one."""
     serve = ServeHandle(
         tmp_path,
         admin_key=ADMIN,
