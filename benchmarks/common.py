@@ -395,13 +395,14 @@ def start_vllm_server(
     )
 
 
-def lower_engine_core_priority(group_pid: int) -> list[int]:
-    """Give the vLLM engine cores in a process group the priority inferd's
-    replica gives its own on a CPU (`yield_engine_core_cpu`: nice 19), for a
-    reference run with the same OS scheduling. Returns their PIDs."""
-    from inferd.engines.vllm import lower_priority
+def pin_engine_cores(group_pid: int) -> dict[int, list[int]]:
+    """Give the vLLM engine cores in a process group the placement inferd's
+    replica gives its own on a CPU (`keep_engine_core_with_its_workers`: on
+    its workers' cores), for a reference run with the same OS scheduling.
+    Returns {engine-core PID: the CPUs it now runs on}."""
+    from inferd.engines.vllm import pin_to_its_workers
 
-    found = []
+    found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -409,8 +410,7 @@ def lower_engine_core_priority(group_pid: int) -> list[int]:
             if os.getpgid(int(proc.name)) != group_pid:
                 continue
             if (proc / "comm").read_text().startswith("VLLM::EngineCor"):
-                lower_priority(int(proc.name))
-                found.append(int(proc.name))
+                found[int(proc.name)] = sorted(pin_to_its_workers(int(proc.name)))
         except OSError:
             continue
     return found

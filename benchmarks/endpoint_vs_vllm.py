@@ -32,7 +32,7 @@ from common import (
     LoadResult,
     closed_loop_chat,
     load_average,
-    lower_engine_core_priority,
+    pin_engine_cores,
     pooled,
     print_table,
     start_vllm_server,
@@ -95,10 +95,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--reference-nice",
+        "--reference-pinned",
         action="store_true",
-        help="run vLLM's engine core at nice 19 in the reference server too, as inferd "
-        "does on a CPU (see yield_engine_core_cpu); default: vLLM as shipped",
+        help="run vLLM's engine core on its workers' CPUs in the reference server too, as "
+        "inferd does on a CPU (see keep_engine_core_with_its_workers); default: as shipped",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -123,8 +123,8 @@ def main() -> int:
         serve.start()
         endpoint_url, endpoint_headers = start_endpoint(serve)
         wait_http_ok(f"http://127.0.0.1:{vllm_port}/health", reference, timeout=900)
-        if args.reference_nice:
-            print("reference engine cores at nice 19:", lower_engine_core_priority(reference.pid))
+        if args.reference_pinned:
+            print("reference engine cores pinned:", pin_engine_cores(reference.pid))
         targets = {
             "vllm-server": (f"http://127.0.0.1:{vllm_port}/v1/chat/completions", {}),
             "inferd-endpoint": (endpoint_url, endpoint_headers),

@@ -21,7 +21,7 @@ from typing import Any
 from common import (
     LoadResult,
     closed_loop_chat,
-    lower_engine_core_priority,
+    pin_engine_cores,
     print_table,
     start_vllm_server,
     wait_http_ok,
@@ -77,10 +77,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument(
-        "--reference-nice",
+        "--reference-pinned",
         action="store_true",
-        help="run vLLM's engine core at nice 19 in the reference server too, as inferd "
-        "does on a CPU (see yield_engine_core_cpu); default: vLLM as shipped",
+        help="run vLLM's engine core on its workers' CPUs in the reference server too, as "
+        "inferd does on a CPU (see keep_engine_core_with_its_workers); default: as shipped",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -99,8 +99,8 @@ def main() -> int:
     )
     try:
         wait_http_ok(f"http://127.0.0.1:{vllm_port}/health", reference, timeout=600)
-        if args.reference_nice:
-            print("reference engine cores at nice 19:", lower_engine_core_priority(reference.pid))
+        if args.reference_pinned:
+            print("reference engine cores pinned:", pin_engine_cores(reference.pid))
         replica.wait_ready(timeout=600)
         targets = {
             "vllm-server": f"http://127.0.0.1:{vllm_port}/v1/chat/completions",

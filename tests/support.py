@@ -116,7 +116,7 @@ def until_mid_generation(attempt: Any, attempts: int = 4) -> None:
 
     On the 2-core CPU machines this suite runs on, the kernel can leave every
     process but vLLM's without CPU for as long as a generation lasts (see
-    `yield_engine_core_cpu`, which makes it rare, not impossible). A scenario
+    `keep_engine_core_with_its_workers`, which makes it rare). A scenario
     that needs a request caught mid-generation then sees it only once it has
     ended. `attempt` returns False when it could not see its precondition in
     time, and is run again; its assertions, once the precondition held, are
