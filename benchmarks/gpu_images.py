@@ -21,8 +21,9 @@ Variants, each on a freshly built pipeline (same seed), one after another:
 - default: `DiffusersImageEngine` with default options (the replica's
   `--device cuda`), `generate()` returning PNG bytes; PNG encoding included.
 - optimize: the same with `optimize=True` (the replica's `--optimize`): fused
-  QKV, channels-last, `torch.compile(max-autotune)` of the UNet and VAE
-  decoder. Compilation happens in the warm-up call, reported apart.
+  QKV, channels-last, `torch.compile` of the UNet and VAE decoder (the
+  engine's compile mode, `default`; `--compile-mode` picks another).
+  Compilation happens in the warm-up call, reported apart.
 
 Each variant: one warm-up call at the measured size (not timed in the rate;
 its time is shown), then `--runs` timed images, median reported. Reference:
@@ -283,6 +284,7 @@ def run_engine(
     runs: int,
     optimize: bool,
     tmp: Path,
+    compile_mode: str | None = None,
 ) -> VariantResult:
     from inferd.engines.base import ImageRequest
     from inferd.engines.diffusers import DiffusersImageEngine
@@ -298,6 +300,7 @@ def run_engine(
             "default_size": [size, size],
             "min_side": min(256, size),
             "max_side": max(2048, size),
+            **({"compile_mode": compile_mode} if compile_mode else {}),
         },
     )
     built: list[float] = []
@@ -385,6 +388,11 @@ def main() -> int:
         default=["bare", "default", "optimize"],
     )
     parser.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode for the optimize variant (default: the engine's, 'default')",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="toy scale on the CPU: checks the code path only"
     )
     parser.add_argument("--out", type=Path, default=None)
@@ -435,7 +443,7 @@ def main() -> int:
             else:
                 result = run_engine(
                     configs, device, device_index, size, steps, args.runs,
-                    variant == "optimize", tmp,
+                    variant == "optimize", tmp, args.compile_mode,
                 )  # fmt: skip
             results.append(result)
             print(f"{result.variant}: {result.row()}")

@@ -231,3 +231,49 @@ def test_shutdown_stops_the_worker(tiny_sdxl_dir: Path) -> None:
             await engine.generate(small("late"))
 
     asyncio.run(scenario())
+
+
+def test_fast_settings_fuse_qkv_set_channels_last_and_wrap_in_compile(tiny_sdxl_dir: Path) -> None:
+    """What `optimize=True` does to a pipeline on CUDA, checked on a fresh CPU
+    copy (the compile itself is lazy: wrapping costs nothing until a call)."""
+    import torch
+
+    from inferd.engines.diffusers import _optimize_for_cuda, load_pipeline
+
+    unwrapped = load_pipeline(tiny_sdxl_dir, "cpu", torch.float32)
+    _optimize_for_cuda(unwrapped, "none")
+    conv = unwrapped.unet.conv_in.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.is_contiguous()  # really reordered, not a 1x1 no-op
+    assert any(name.endswith("to_qkv") for name, _ in unwrapped.unet.named_modules())
+    assert not isinstance(unwrapped.unet, torch._dynamo.eval_frame.OptimizedModule)
+
+    compiled = load_pipeline(tiny_sdxl_dir, "cpu", torch.float32)
+    _optimize_for_cuda(compiled, "default")
+    assert isinstance(compiled.unet, torch._dynamo.eval_frame.OptimizedModule)
+
+    with pytest.raises(ValueError, match="compile_mode 'fastest'"):
+        _optimize_for_cuda(load_pipeline(tiny_sdxl_dir, "cpu", torch.float32), "fastest")
+
+
+def test_optimize_is_not_applied_on_the_cpu(tiny_sdxl_dir: Path) -> None:
+    """`--optimize` on a CPU replica serves the plain pipeline (compiling the
+    tiny model costs more than it saves), and an unknown compile mode is
+    never reached there."""
+    import torch
+
+    from inferd.engines.diffusers import DiffusersImageEngine
+
+    async def scenario() -> Any:
+        options = EngineOptions(device="cpu", optimize=True, extra={"compile_mode": "fastest"})
+        engine = DiffusersImageEngine("tiny-sdxl", tiny_sdxl_dir, options)
+        await engine.start()
+        try:
+            (png,) = await engine.generate(small("optimize-on-cpu"))
+            return engine.pipeline.unet, decode(png).size
+        finally:
+            await engine.shutdown()
+
+    unet, size = asyncio.run(scenario())
+    assert not isinstance(unet, torch._dynamo.eval_frame.OptimizedModule)
+    assert size == (256, 256)
