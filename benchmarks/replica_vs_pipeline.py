@@ -16,7 +16,8 @@ pipeline called directly, in one run.
   PNG encoding of one image overlaps the next call, as in the engine.
 - direct-batch (with several clients, reference only): the same pipeline
   called with a list of `concurrency` prompts, as the replica's batching
-  does with compatible concurrent requests.
+  does with compatible concurrent requests on a GPU (on the CPU it serves
+  one image per call unless `--engine-arg max_batch_images=N`).
 
 Both sides are loaded at once and measured in alternating rounds; the rate
 is the median over rounds. Goal: replica >= 0.95 of direct at every size and
@@ -217,13 +218,21 @@ def main() -> int:
     parser.add_argument(
         "--no-direct-batch", action="store_true", help="skip the batched direct reference"
     )
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the replica (e.g. max_batch_images=4 to batch on the CPU)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     path = model_dir(args.model)
     steps, guidance = serving_defaults(path)
     print(f"model {path}: {steps} steps, guidance {guidance}; {load_average()}")
-    replica = ReplicaHandle(str(path), ["--engine", "diffusers", "--device", "cpu"])
+    engine_args = [arg for item in args.engine_arg for arg in ("--engine-arg", item)]
+    replica = ReplicaHandle(str(path), ["--engine", "diffusers", "--device", "cpu", *engine_args])
     direct: DirectPipeline | None = None
     try:
         direct = DirectPipeline(path, steps, guidance)

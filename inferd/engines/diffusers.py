@@ -7,18 +7,19 @@ included, runs on one dedicated worker thread fed by a queue; the event loop
 only waits on futures. PNG encoding runs in the default executor, so the
 encoding of one batch overlaps the denoising of the next.
 
-Batching: the worker takes the oldest queued job and adds the queued jobs
-that share its size, steps, guidance and negative prompt (up to
-`max_batch_images` images), then makes one pipeline call with a prompt list.
+Batching (on CUDA): the worker takes the oldest queued job and adds the
+queued jobs that share its size, steps, guidance and negative prompt (up to
+`max_batch_images` images, 4 by default on CUDA), then makes one pipeline
+call with a prompt list.
 Seeded jobs run alone with one `torch.Generator` on the CPU, as a direct
 `pipeline(prompt, generator=torch.Generator().manual_seed(seed))` call would:
 their images are reproducible whatever else is queued. A client that goes
 away cancels its queued job; a batch whose jobs have all gone is stopped at
-the next step. Measured with tiny-sdxl on this project's 2-core CPU (best of
-4, seconds per image): at 1024x1024, 4 concurrent requests, 0.86 one call
-each vs 0.88 batched (the CPU is already busy with one image); at 512x512,
-8 concurrent, 0.32 vs 0.21 batched. Batching pays where one image leaves
-the device idle (small sizes, GPUs), and costs nothing measurable elsewhere.
+the next step. On the CPU the default is one image per call: there one
+image already keeps every core busy, and a prompt list only makes larger
+tensors (benchmarks/replica_vs_pipeline.py, tiny-sdxl on a 2-core CPU: one
+call of 4 prompts gave 0.73x the images/s of 4 calls at 1024x1024 and 0.77x
+at 512x512). Batching pays where one image leaves the device idle: GPUs.
 
 Defaults (size, steps, guidance, limits) come from, in order:
 `options.extra` (`default_steps`, `default_guidance_scale`, `max_n`,
@@ -71,7 +72,7 @@ logger = logging.getLogger(__name__)
 FALLBACK_STEPS = 30  # SDXL base's usual count; the catalog normally says.
 FALLBACK_GUIDANCE = 5.0  # the SDXL pipeline's own default
 DEFAULT_MAX_N = 4
-DEFAULT_MAX_BATCH_IMAGES = 4
+DEFAULT_MAX_BATCH_IMAGES = {"cuda": 4, "cpu": 1}  # by device; see "Batching"
 # zlib level 1: several times faster than PIL's default (6) on 1024x1024
 # images, for files a little larger.
 PNG_COMPRESS_LEVEL = 1
@@ -215,9 +216,7 @@ class DiffusersImageEngine:
         self._pipeline: Any = None
         self._info: ImageModelInfo | None = None
         self._default_guidance = FALLBACK_GUIDANCE
-        self._max_batch_images = int(
-            options.extra.get("max_batch_images", DEFAULT_MAX_BATCH_IMAGES)
-        )
+        self._max_batch_images = 1  # set at load, once the device is known
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -353,6 +352,11 @@ class DiffusersImageEngine:
     def _load(self) -> None:
         device = _resolve_device(self._options)
         dtype = _resolve_dtype(self._options, device)
+        self._max_batch_images = int(
+            self._options.extra.get(
+                "max_batch_images", DEFAULT_MAX_BATCH_IMAGES["cpu" if device == "cpu" else "cuda"]
+            )
+        )
         pipeline = self._loader(self._model_path, device, dtype)
         if self._options.optimize and device.startswith("cuda"):
             compile_mode = str(self._options.extra.get("compile_mode", COMPILE_MODE))

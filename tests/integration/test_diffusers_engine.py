@@ -61,7 +61,11 @@ def engine(tiny_sdxl_dir: Path, loop: LoopThread) -> Iterator[Any]:
         return CountingPipeline(load_pipeline(path, device, dtype))
 
     engine = DiffusersImageEngine(
-        "tiny-sdxl", tiny_sdxl_dir, EngineOptions(device="cpu"), loader=loader
+        "tiny-sdxl",
+        tiny_sdxl_dir,
+        # Batching as on CUDA, so the tests below exercise it (the CPU default is 1).
+        EngineOptions(device="cpu", extra={"max_batch_images": 4}),
+        loader=loader,
     )
     loop.run(engine.start())
     yield engine
@@ -277,3 +281,23 @@ def test_optimize_is_not_applied_on_the_cpu(tiny_sdxl_dir: Path) -> None:
     unet, size = asyncio.run(scenario())
     assert not isinstance(unet, torch._dynamo.eval_frame.OptimizedModule)
     assert size == (256, 256)
+
+
+def test_on_the_cpu_each_image_gets_its_own_pipeline_call_by_default(tiny_sdxl_dir: Path) -> None:
+    """Batching is the CUDA default only: on the CPU one image already keeps
+    every core busy, and a prompt list measured slower than one call each."""
+    from inferd.engines.diffusers import DiffusersImageEngine
+
+    async def scenario() -> list[int]:
+        engine = DiffusersImageEngine("tiny-sdxl", tiny_sdxl_dir, EngineOptions(device="cpu"))
+        await engine.start()
+        try:
+            results = await asyncio.gather(
+                *(engine.generate(small(f"cpu{i}", prompt=f"dog {i}")) for i in range(4))
+            )
+            assert [len(r) for r in results] == [1] * 4
+            return list(engine.batch_sizes)
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(scenario()) == [1, 1, 1, 1]
