@@ -204,6 +204,34 @@ def compare(
     return rows, summary
 
 
+def warm_then_measure(
+    targets: dict[str, tuple[str, dict[str, str]]],
+    pids: dict[str, int],
+    cpu: dict[str, list[float]],
+    rounds: int,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    stream: bool,
+) -> dict[str, list[LoadResult]]:
+    """One untimed round on every path (connections, first-call costs), then
+    the measured rounds; each process's CPU seconds per request land in `cpu`."""
+    warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
+    asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
+    return asyncio.run(
+        measure(
+            targets,
+            cpu=cpu,
+            pids=pids,
+            rounds=rounds,
+            requests=requests,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            stream=stream,
+        )
+    )
+
+
 def run_part(
     part: str,
     replica_url: str,
@@ -226,20 +254,8 @@ def run_part(
             gateways[upstream] = process
             targets[f"gateway-{upstream}"] = (url, {"Authorization": f"Bearer {token}"})
             pids[f"gateway-{upstream}"] = process.pid
-        # Warm every path (connections, first-call costs).
-        warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
-        asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
-        runs = asyncio.run(
-            measure(
-                targets,
-                cpu=cpu,
-                pids=pids,
-                rounds=args.rounds,
-                requests=requests,
-                concurrency=concurrency,
-                max_tokens=max_tokens,
-                stream=stream,
-            )
+        runs = warm_then_measure(
+            targets, pids, cpu, args.rounds, requests, concurrency, max_tokens, stream
         )
     finally:
         for process in gateways.values():
@@ -279,20 +295,9 @@ def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
                     part = f"serve {'stream' if stream else 'latency'} c={concurrency}"
                     max_tokens = args.stream_tokens if stream else 2
                     requests = max(16, args.requests // 4) if stream else args.requests
-                    warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
-                    asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
                     cpu: dict[str, list[float]] = {}
-                    runs = asyncio.run(
-                        measure(
-                            targets,
-                            cpu=cpu,
-                            pids=pids,
-                            rounds=args.rounds,
-                            requests=requests,
-                            concurrency=concurrency,
-                            max_tokens=max_tokens,
-                            stream=stream,
-                        )
+                    runs = warm_then_measure(
+                        targets, pids, cpu, args.rounds, requests, concurrency, max_tokens, stream
                     )
                     add(part, compare(part, runs, stream, cpu))
         finally:
