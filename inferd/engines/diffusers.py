@@ -18,8 +18,9 @@ away cancels its queued job; a batch whose jobs have all gone is stopped at
 the next step. On the CPU the default is one image per call: there one
 image already keeps every core busy, and a prompt list only makes larger
 tensors (benchmarks/replica_vs_pipeline.py, tiny-sdxl on a 2-core CPU: one
-call of 4 prompts gave 0.73x the images/s of 4 calls at 1024x1024 and 0.77x
-at 512x512). Batching pays where one image leaves the device idle: GPUs.
+call of 4 prompts gave 0.70-0.73x the images/s of 4 calls at 1024x1024 and
+0.77-0.86x at 512x512). Batching pays where one image leaves the device idle:
+GPUs.
 
 Defaults (size, steps, guidance, limits) come from, in order:
 `options.extra` (`default_steps`, `default_guidance_scale`, `max_n`,
