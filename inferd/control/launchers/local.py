@@ -46,6 +46,15 @@ class _Process:
     log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
+def _process_state(pid: int) -> str | None:
+    """The one-letter state in /proc/PID/stat ("Z" for a zombie), or None
+    when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _is_replica_process(pid: int, replica_id: str) -> bool:
     """True when `pid` is alive and runs the replica `replica_id` (guards
     against PID reuse after a restart)."""
@@ -257,11 +266,18 @@ class LocalLauncher:
         if process.popen is not None:
             code = process.popen.poll()
             return False if code is None else code
-        try:
-            os.kill(process.pid, 0)
-        except ProcessLookupError:
+        state = _process_state(process.pid)
+        if state is None or state == "Z":
             return None
-        except PermissionError:
+        try:
+            cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+        except OSError:
+            return None  # gone between the two reads
+        if not cmdline:
+            # Exiting: the kernel drops a process's memory (and with it the
+            # command line) before it closes its files, GPU handles included.
+            # Not gone until it is a zombie, or its GPUs could be handed on
+            # while still held.
             return False
         return False if _is_replica_process(process.pid, process.replica_id) else None
 
