@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,9 @@ class LoadResult:
     output_tokens: int
     ttft_s: list[float] = field(default_factory=list, repr=False)
     latency_s: list[float] = field(default_factory=list, repr=False)
+    # CPU seconds the measured server process spent in the round (set by
+    # chat_rounds when it is given the process's pid).
+    cpu_s: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -47,6 +50,11 @@ class LoadResult:
     @property
     def requests_per_s(self) -> float:
         return self.requests / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_s_per_request(self) -> float | None:
+        done = self.requests + self.errors
+        return None if self.cpu_s is None or not done else self.cpu_s / done
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -177,6 +185,51 @@ def pooled(label: str, runs: Sequence[LoadResult]) -> dict[str, Any]:
     return row
 
 
+def alternating(names: Sequence[str], rounds: int) -> Iterator[str]:
+    """Every side once per round, the order reversed every other round, so
+    drift on a shared machine (another tenant, a warming cache) hits every
+    side alike instead of whichever runs last."""
+    for index in range(rounds):
+        yield from (names if index % 2 == 0 else reversed(names))
+
+
+async def chat_rounds(
+    targets: Mapping[str, tuple[str, Mapping[str, str]]],
+    *,
+    model: str,
+    rounds: int,
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    stream: bool,
+    cpu_pids: Mapping[str, int] | None = None,
+    timeout_s: float = 600,
+) -> dict[str, list[LoadResult]]:
+    """`closed_loop_chat` on every target (name -> chat completions URL and
+    request headers), `rounds` times in alternating order. A target named in
+    `cpu_pids` gets the CPU seconds of that process in each round's `cpu_s`."""
+    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    for name in alternating(list(targets), rounds):
+        url, headers = targets[name]
+        pid = (cpu_pids or {}).get(name)
+        before = process_cpu_seconds(pid) if pid else 0.0
+        result = await closed_loop_chat(
+            name,
+            url,
+            model=model,
+            requests=requests,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            stream=stream,
+            headers=dict(headers),
+            timeout_s=timeout_s,
+        )
+        if pid:
+            result.cpu_s = process_cpu_seconds(pid) - before
+        runs[name].append(result)
+    return runs
+
+
 # --- images -------------------------------------------------------------------------
 
 
@@ -224,13 +277,17 @@ def cpu_seconds(pids: Sequence[int] = ()) -> float:
     """CPU time (user + system, all threads) of this process plus `pids`.
     On a shared machine CPU seconds per unit of work vary far less than wall
     time: the other tenants' load stretches the wall clock, not the work."""
-    total = time.process_time()
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    return time.process_time() + sum(process_cpu_seconds(pid) for pid in pids)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process so far (Linux /proc); 0 once
+    it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -347,7 +404,7 @@ def wait_http_ok(url: str, process: subprocess.Popen[bytes], timeout: float) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return

@@ -30,7 +30,7 @@ from typing import Any
 
 from common import (
     LoadResult,
-    closed_loop_chat,
+    chat_rounds,
     load_average,
     pin_engine_cores,
     pooled,
@@ -45,36 +45,6 @@ from inferd.testing import ServeHandle, free_port
 
 GOAL = 0.95
 MODEL = "tiny-chat"
-
-
-async def measure(
-    targets: dict[str, tuple[str, dict[str, str]]],
-    *,
-    rounds: int,
-    requests: int,
-    concurrency: int,
-    max_tokens: int,
-    stream: bool,
-) -> dict[str, list[LoadResult]]:
-    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
-    order = list(targets)
-    for index in range(rounds):
-        for name in order if index % 2 == 0 else list(reversed(order)):
-            url, headers = targets[name]
-            runs[name].append(
-                await closed_loop_chat(
-                    name,
-                    url,
-                    model=MODEL,
-                    requests=requests,
-                    concurrency=concurrency,
-                    max_tokens=max_tokens,
-                    stream=stream,
-                    headers=headers,
-                    timeout_s=600,
-                )
-            )
-    return runs
 
 
 def start_endpoint(serve: ServeHandle) -> tuple[str, dict[str, str]]:
@@ -129,21 +99,23 @@ def main() -> int:
             "vllm-server": (f"http://127.0.0.1:{vllm_port}/v1/chat/completions", {}),
             "inferd-endpoint": (endpoint_url, endpoint_headers),
         }
+
+        def measure(rounds: int, requests: int, stream: bool) -> dict[str, list[LoadResult]]:
+            return asyncio.run(
+                chat_rounds(targets, model=MODEL, rounds=rounds, requests=requests,
+                            concurrency=args.concurrency, max_tokens=args.max_tokens,
+                            stream=stream)
+            )  # fmt: skip
+
         # Warm both paths (connections, first-call costs); not measured.
         for stream in (False, True):
-            asyncio.run(
-                measure(targets, rounds=1, requests=16, concurrency=args.concurrency,
-                        max_tokens=args.max_tokens, stream=stream)
-            )  # fmt: skip
+            measure(1, 16, stream)
         report: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "results": {}}
         rows = []
         for stream in (False, True):
             mode = "stream" if stream else "non-stream"
             load_before = load_average()
-            runs = asyncio.run(
-                measure(targets, rounds=args.rounds, requests=args.requests,
-                        concurrency=args.concurrency, max_tokens=args.max_tokens, stream=stream)
-            )  # fmt: skip
+            runs = measure(args.rounds, args.requests, stream)
             base = pooled("vllm-server", runs["vllm-server"])
             ours = pooled("inferd-endpoint", runs["inferd-endpoint"])
             rounds_rate = {

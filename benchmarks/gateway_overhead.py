@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import LoadResult, closed_loop_chat, print_table, wait_http_ok, write_report
+from common import LoadResult, chat_rounds, pooled, print_table, wait_http_ok, write_report
 
 from inferd.control.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port
@@ -124,65 +124,8 @@ def start_gateway(replica_url: str, token: str, upstream: str) -> tuple[Any, str
 # --- measuring -------------------------------------------------------------------------
 
 
-def pooled(label: str, runs: list[LoadResult]) -> dict[str, Any]:
-    total = LoadResult(label, 0, 0, 0.0, 0)
-    for run in runs:
-        total.requests += run.requests
-        total.errors += run.errors
-        total.output_tokens += run.output_tokens
-        total.wall_s += run.wall_s
-        total.ttft_s += run.ttft_s
-        total.latency_s += run.latency_s
-    row = total.summary()
-    row["output_tokens_per_s"] = round(statistics.median(r.tokens_per_s for r in runs), 2)
-    return row
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def measure(
-    targets: dict[str, tuple[str, dict[str, str]]],
-    *,
-    cpu: dict[str, list[float]] | None = None,
-    pids: dict[str, int] | None = None,
-    rounds: int,
-    requests: int,
-    concurrency: int,
-    max_tokens: int,
-    stream: bool,
-) -> dict[str, list[LoadResult]]:
-    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
-    order = list(targets)
-    for index in range(rounds):
-        for name in order if index % 2 == 0 else list(reversed(order)):
-            url, headers = targets[name]
-            pid = (pids or {}).get(name)
-            before = cpu_seconds(pid) if pid else 0.0
-            runs[name].append(
-                await closed_loop_chat(
-                    name,
-                    url + "/openai/v1/chat/completions",
-                    model=MODEL,
-                    requests=requests,
-                    concurrency=concurrency,
-                    max_tokens=max_tokens,
-                    stream=stream,
-                    headers=headers,
-                    timeout_s=300,
-                )
-            )
-            if pid and cpu is not None:
-                done = runs[name][-1].requests + runs[name][-1].errors
-                cpu.setdefault(name, []).append((cpu_seconds(pid) - before) / max(1, done))
-    return runs
-
-
 def compare(
-    part: str, runs: dict[str, list[LoadResult]], stream: bool, cpu: dict[str, list[float]]
+    part: str, runs: dict[str, list[LoadResult]], stream: bool
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     base = pooled("direct", runs["direct"])
     rows = [{"part": part, **base}]
@@ -191,8 +134,9 @@ def compare(
         if name == "direct":
             continue
         row = pooled(name, runs[name])
-        if cpu.get(name):
-            row["gateway cpu us/req"] = round(statistics.median(cpu[name]) * 1e6)
+        cpu = [c for r in runs[name] if (c := r.cpu_s_per_request) is not None]
+        if cpu:
+            row["gateway cpu us/req"] = round(statistics.median(cpu) * 1e6)
         row["added p50 ms"] = round(row["latency_p50_ms"] - base["latency_p50_ms"], 3)
         row["added p99 ms"] = round(row["latency_p99_ms"] - base["latency_p99_ms"], 3)
         if base["output_tokens_per_s"]:
@@ -207,7 +151,6 @@ def compare(
 def warm_then_measure(
     targets: dict[str, tuple[str, dict[str, str]]],
     pids: dict[str, int],
-    cpu: dict[str, list[float]],
     rounds: int,
     requests: int,
     concurrency: int,
@@ -215,21 +158,21 @@ def warm_then_measure(
     stream: bool,
 ) -> dict[str, list[LoadResult]]:
     """One untimed round on every path (connections, first-call costs), then
-    the measured rounds; each process's CPU seconds per request land in `cpu`."""
-    warm = {"rounds": 1, "requests": 32, "concurrency": concurrency}
-    asyncio.run(measure(targets, **warm, max_tokens=max_tokens, stream=stream))
-    return asyncio.run(
-        measure(
-            targets,
-            cpu=cpu,
-            pids=pids,
-            rounds=rounds,
-            requests=requests,
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            stream=stream,
-        )
-    )
+    the measured rounds, with each process's CPU seconds in every round."""
+    chat_urls = {
+        name: (url + "/openai/v1/chat/completions", headers)
+        for name, (url, headers) in targets.items()
+    }
+
+    def rounds_of(count: int, size: int, cpu_pids: dict[str, int]) -> dict[str, list[LoadResult]]:
+        return asyncio.run(
+            chat_rounds(chat_urls, model=MODEL, rounds=count, requests=size,
+                        concurrency=concurrency, max_tokens=max_tokens, stream=stream,
+                        cpu_pids=cpu_pids, timeout_s=300)
+        )  # fmt: skip
+
+    rounds_of(1, 32, {})
+    return rounds_of(rounds, requests, pids)
 
 
 def run_part(
@@ -247,7 +190,6 @@ def run_part(
     gateways = {}
     targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (replica_url, {})}
     pids: dict[str, int] = {}
-    cpu: dict[str, list[float]] = {}
     try:
         for upstream in args.upstreams:
             process, url = start_gateway(replica_url, token, upstream)
@@ -255,13 +197,13 @@ def run_part(
             targets[f"gateway-{upstream}"] = (url, {"Authorization": f"Bearer {token}"})
             pids[f"gateway-{upstream}"] = process.pid
         runs = warm_then_measure(
-            targets, pids, cpu, args.rounds, requests, concurrency, max_tokens, stream
+            targets, pids, args.rounds, requests, concurrency, max_tokens, stream
         )
     finally:
         for process in gateways.values():
             process.terminate()
             process.wait(30)
-    return compare(part, runs, stream, cpu)
+    return compare(part, runs, stream)
 
 
 def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
@@ -295,11 +237,10 @@ def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
                     part = f"serve {'stream' if stream else 'latency'} c={concurrency}"
                     max_tokens = args.stream_tokens if stream else 2
                     requests = max(16, args.requests // 4) if stream else args.requests
-                    cpu: dict[str, list[float]] = {}
                     runs = warm_then_measure(
-                        targets, pids, cpu, args.rounds, requests, concurrency, max_tokens, stream
+                        targets, pids, args.rounds, requests, concurrency, max_tokens, stream
                     )
-                    add(part, compare(part, runs, stream, cpu))
+                    add(part, compare(part, runs, stream))
         finally:
             serve.cleanup()
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from common import (
     ImageRun,
+    alternating,
     closed_loop_images,
     cpu_seconds,
     load_average,
@@ -200,9 +201,8 @@ def measure_block(
 
     names = ["direct", "replica"] + (["direct-batch"] if with_batch else [])
     runs: dict[str, list[ImageRun]] = {name: [] for name in names}
-    for index in range(rounds):
-        for name in names if index % 2 == 0 else list(reversed(names)):
-            runs[name].append(run(name))
+    for name in alternating(names, rounds):
+        runs[name].append(run(name))
     return runs
 
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from common import (
     LoadResult,
-    closed_loop_chat,
+    chat_rounds,
     pin_engine_cores,
+    pooled,
     print_table,
     start_vllm_server,
     wait_http_ok,
@@ -30,42 +30,6 @@ from common import (
 
 from inferd.engines.factory import EngineOptions
 from inferd.testing import ReplicaHandle, free_port
-
-
-def aggregate(label: str, runs: list[LoadResult]) -> dict[str, Any]:
-    pooled = LoadResult(label, 0, 0, 0.0, 0)
-    for run in runs:
-        pooled.requests += run.requests
-        pooled.errors += run.errors
-        pooled.output_tokens += run.output_tokens
-        pooled.wall_s += run.wall_s
-        pooled.ttft_s += run.ttft_s
-        pooled.latency_s += run.latency_s
-    row = pooled.summary()
-    # Median of the rounds' rates: robust to one disturbed round.
-    row["output_tokens_per_s"] = round(statistics.median(r.tokens_per_s for r in runs), 2)
-    return row
-
-
-async def measure(
-    targets: dict[str, str], args: argparse.Namespace, stream: bool
-) -> dict[str, list[LoadResult]]:
-    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
-    order = list(targets)
-    for round_index in range(args.rounds):
-        for name in order if round_index % 2 == 0 else reversed(order):
-            runs[name].append(
-                await closed_loop_chat(
-                    name,
-                    targets[name],
-                    model="tiny-chat",
-                    requests=args.requests,
-                    concurrency=args.concurrency,
-                    max_tokens=args.max_tokens,
-                    stream=stream,
-                )
-            )
-    return runs
 
 
 def main() -> int:
@@ -102,23 +66,26 @@ def main() -> int:
         if args.reference_pinned:
             print("reference engine cores pinned:", pin_engine_cores(reference.pid))
         replica.wait_ready(timeout=600)
-        targets = {
-            "vllm-server": f"http://127.0.0.1:{vllm_port}/v1/chat/completions",
-            "inferd-replica": f"{replica.url}/openai/v1/chat/completions",
+        targets: dict[str, tuple[str, dict[str, str]]] = {
+            "vllm-server": (f"http://127.0.0.1:{vllm_port}/v1/chat/completions", {}),
+            "inferd-replica": (f"{replica.url}/openai/v1/chat/completions", {}),
         }
-        # Warm both (first requests pay for lazy initialisation).
-        asyncio.run(
-            measure(
-                targets, argparse.Namespace(**{**vars(args), "rounds": 1, "requests": 16}), True
-            )
-        )
+
+        def measure(rounds: int, requests: int, stream: bool) -> dict[str, list[LoadResult]]:
+            return asyncio.run(
+                chat_rounds(targets, model="tiny-chat", rounds=rounds, requests=requests,
+                            concurrency=args.concurrency, max_tokens=args.max_tokens,
+                            stream=stream)
+            )  # fmt: skip
+
+        measure(1, 16, True)  # warm both: first requests pay for lazy initialisation
         report: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "results": {}}
         rows = []
         for stream in (False, True):
-            runs = asyncio.run(measure(targets, args, stream))
+            runs = measure(args.rounds, args.requests, stream)
             mode = "stream" if stream else "non-stream"
-            base = aggregate("vllm-server", runs["vllm-server"])
-            ours = aggregate("inferd-replica", runs["inferd-replica"])
+            base = pooled("vllm-server", runs["vllm-server"])
+            ours = pooled("inferd-replica", runs["inferd-replica"])
             ratio = ours["output_tokens_per_s"] / base["output_tokens_per_s"]
             ttft_delta = (
                 None
