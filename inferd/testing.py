@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from inferd import procfs
+
 T = TypeVar("T")
 
 
@@ -126,16 +128,10 @@ def replica_processes(registry_port: int) -> list[int]:
     """PIDs of replica processes started by the control plane on this port."""
     marker = f":{registry_port}/internal/registry".encode()
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if b"inferd.replica" in cmdline and marker in cmdline and state != "Z":
-            pids.append(int(entry.name))
+    for pid in procfs.all_pids():
+        cmdline = b"\0".join(procfs.command_line(pid) or [])
+        if b"inferd.replica" in cmdline and marker in cmdline and procfs.alive(pid):
+            pids.append(pid)
     return pids
 
 

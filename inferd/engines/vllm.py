@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from inferd import procfs
 from inferd.engines.base import (
     EngineLoad,
     ModelKind,
@@ -119,7 +120,7 @@ def pin_to_its_workers(core: int) -> set[int]:
     worker processes are bound to; returns them (empty: nothing was moved,
     the workers being bound to no subset of what the core may use)."""
     cpus: set[int] = set()
-    for worker in _children(core):
+    for worker in procfs.children(core):
         try:
             cpus |= os.sched_getaffinity(worker)
         except OSError:
@@ -130,7 +131,7 @@ def pin_to_its_workers(core: int) -> set[int]:
         return set()
     if not cpus or cpus >= allowed:
         return set()
-    for tid in _threads(core):
+    for tid in procfs.threads(core):
         try:
             os.sched_setaffinity(tid, cpus)
         except OSError as exc:  # gone, or not ours to change: serve anyway
@@ -143,26 +144,6 @@ def _engine_core_pids(engine: Any) -> list[int]:
     resources = getattr(getattr(engine, "engine_core", None), "resources", None)
     processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or []
     return [p.pid for p in processes if p.pid is not None]
-
-
-def _threads(pid: int) -> list[int]:
-    try:
-        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return [pid]
-
-
-def _children(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return children
 
 
 def _cuda_available() -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd import procfs
 from inferd.control.launchers.base import ReplicaSpec
 from inferd.control.launchers.inventory import LocalGpu
 from inferd.control.launchers.local import LocalLauncher
@@ -38,14 +39,7 @@ def spec(rid: str, gpu_type: str = "cpu", count: int = 1) -> ReplicaSpec:
     return ReplicaSpec(rid, "ep-1", "tiny-chat", gpu_type, count, secret=f"secret-{rid}")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
+alive = procfs.alive  # a zombie is dead for our purposes
 
 
 def wait_for(predicate: object, timeout: float) -> None:

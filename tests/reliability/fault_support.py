@@ -23,6 +23,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from inferd import procfs
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import EXCEPTION_HANDLERS
 from inferd.gateway.app import Gateway, gateway_routes
@@ -103,21 +104,12 @@ def replica_url(serve: ServeHandle, replica_id: str) -> str:
 def replica_pid(serve: ServeHandle, replica_id: str) -> int | None:
     """PID of the live (not zombie) replica process with this id, if any."""
     for pid in serve.replica_pids():
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if replica_id.encode() in argv:
+        if replica_id.encode() in (procfs.command_line(pid) or []):
             return pid
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+pid_alive = procfs.alive
 
 
 def _read(path: Path) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from inferd import procfs
 from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
 from inferd.control.launchers.inventory import LocalGpu
 
@@ -46,22 +47,9 @@ class _Process:
     log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
-def _process_state(pid: int) -> str | None:
-    """The one-letter state in /proc/PID/stat ("Z" for a zombie), or None
-    when there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _is_replica_process(pid: int, replica_id: str) -> bool:
-    """True when `pid` is alive and runs the replica `replica_id` (guards
+def _runs_replica(cmdline: list[bytes], replica_id: str) -> bool:
+    """True when a command line is the replica `replica_id`'s (guards
     against PID reuse after a restart)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
     return b"inferd.replica" in cmdline and replica_id.encode() in cmdline
 
 
@@ -79,19 +67,13 @@ def launched_processes(registry_url: str, groups: Iterable[int] = ()) -> list[in
     mark = f"{LAUNCHED_BY_ENV}={registry_url}".encode()
     live: dict[int, int] = {}  # pid -> process group
     marked = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in procfs.all_pids():
+        stat = procfs.process_stat(pid)
+        if stat is None or stat.zombie:
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
-                continue
-            pid = int(entry.name)
-            live[pid] = int(fields[2])
-            if mark in (entry / "environ").read_bytes().split(b"\0"):
-                marked.add(pid)
-        except OSError:
-            continue
+        live[pid] = stat.pgrp
+        if mark in (procfs.environment(pid) or ()):
+            marked.add(pid)
     wanted = set(groups) | {live[pid] for pid in marked}
     return sorted(pid for pid, group in live.items() if pid in marked or group in wanted)
 
@@ -214,7 +196,7 @@ class LocalLauncher:
         return LaunchedReplica(spec.replica_id, popen.pid, gpu_ids, log_path=str(log_path))
 
     def adopt(self, replica_id: str, pid: int, gpu_ids: tuple[int, ...]) -> bool:
-        if not _is_replica_process(pid, replica_id):
+        if not _runs_replica(procfs.command_line(pid) or [], replica_id):
             return False
         gpu_type = self._gpu_type_of.get(gpu_ids[0], CPU) if gpu_ids else CPU
         self._processes[replica_id] = _Process(replica_id, pid, gpu_type, gpu_ids, None, None)
@@ -266,12 +248,10 @@ class LocalLauncher:
         if process.popen is not None:
             code = process.popen.poll()
             return False if code is None else code
-        state = _process_state(process.pid)
-        if state is None or state == "Z":
+        if not procfs.alive(process.pid):
             return None
-        try:
-            cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes()
-        except OSError:
+        cmdline = procfs.command_line(process.pid)
+        if cmdline is None:
             return None  # gone between the two reads
         if not cmdline:
             # Exiting: the kernel drops a process's memory (and with it the
@@ -279,7 +259,7 @@ class LocalLauncher:
             # Not gone until it is a zombie, or its GPUs could be handed on
             # while still held.
             return False
-        return False if _is_replica_process(process.pid, process.replica_id) else None
+        return False if _runs_replica(cmdline, process.replica_id) else None
 
     def shutdown(self, grace_s: float) -> None:
         for replica_id in list(self._processes):
