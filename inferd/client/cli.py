@@ -239,6 +239,12 @@ def _cell(record: Mapping[str, Any], key: str) -> str:
     return "" if value is None else str(value)
 
 
+def _replica_cell(replica: Mapping[str, Any], gpu_type: str) -> str:
+    gpus = replica["gpus"]
+    hardware = "cpu" if gpu_type == "cpu" else f"{gpus} GPU{'' if gpus == 1 else 's'}"
+    return f"{replica['status']} ({hardware})"
+
+
 def format_table(records: Sequence[Mapping[str, Any]]) -> str:
     if not records:
         return "No endpoints."
@@ -260,5 +266,5 @@ def _print_detail(record: Mapping[str, Any]) -> None:
             continue
         print(f"{key:<34} {value}")
     replicas = record.get("replicas") or []
-    summary = ", ".join(f"{r['status']} ({r['gpus']} GPU)" for r in replicas) or "none"
+    summary = ", ".join(_replica_cell(r, record["gpuType"]) for r in replicas) or "none"
     print(f"{'replicas':<34} {summary}")

@@ -124,5 +124,15 @@ def test_defaults_from_environment() -> None:
     client.close()
 
 
+def test_detail_names_the_replicas_hardware(capsys: pytest.CaptureFixture[str]) -> None:
+    record = {key: None for key in client_cli.DETAIL_FIELDS}
+    for gpu_type, gpus, shown in (("cpu", 1, "ready (cpu)"), ("H100-80GB", 1, "ready (1 GPU)"),
+                                  ("H100-80GB", 2, "ready (2 GPUs)")):  # fmt: skip
+        record |= {"gpuType": gpu_type, "replicas": [{"gpus": gpus, "status": "ready"}]}
+        client_cli._print_detail(record)
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("replicas ")]
+        assert line.split(None, 1)[1] == shown
+
+
 def test_table_formatting() -> None:
     assert client_cli.format_table([]) == "No endpoints."
