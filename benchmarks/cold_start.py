@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 from common import chat_body, load_average, one_chat, print_table, write_report
 
+from inferd import procfs
 from inferd.testing import ServeHandle
 
 GOAL = 1.1
@@ -56,13 +57,13 @@ POLL_S = 0.02
 def process_start_wall(pid: int) -> float | None:
     """When `pid` started, in wall-clock seconds (10 ms resolution): its start
     in clock ticks since boot, against the uptime read at the same moment."""
+    stat = procfs.process_stat(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError):
         return None
     now = time.time()
-    return now - (uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    return None if stat is None else now - (uptime - stat.started_s)
 
 
 def ready_wall(log: Path) -> float | None:

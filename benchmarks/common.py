@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from inferd import procfs
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -281,13 +283,9 @@ def cpu_seconds(pids: Sequence[int] = ()) -> float:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process so far (Linux /proc); 0 once
-    it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of one process so far; 0 once it is gone."""
+    stat = procfs.process_stat(pid)
+    return 0.0 if stat is None else stat.cpu_s
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """The few facts about local processes inferd reads from Linux /proc, parsed
-one way: state, parent, group, command line, threads.
+one way: state, parent, group, CPU time, start time, command line, threads.
 
 /proc/PID/stat's second field is the command name in parentheses, and a
 process may name itself anything (vLLM's workers rename themselves with
@@ -9,11 +9,13 @@ the last ")", never by splitting the whole line.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")  # the unit of stat's times
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class ProcessStat:
     state: str  # one letter: "R" running, "S" sleeping, ... "Z" zombie
     ppid: int
     pgrp: int
+    cpu_s: float  # user + system time so far, all threads
+    started_s: float  # when it started, in seconds after boot
 
     @property
     def zombie(self) -> bool:
@@ -28,11 +32,17 @@ class ProcessStat:
 
 
 def process_stat(pid: int) -> ProcessStat | None:
-    """The process's state, parent and group; None when there is no such
+    """The process's state, parent, group, CPU and start time; None when there is no such
     process (or it went while being read)."""
     try:
         fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        return ProcessStat(fields[0], int(fields[1]), int(fields[2]))
+        return ProcessStat(
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgrp=int(fields[2]),
+            cpu_s=(int(fields[11]) + int(fields[12])) / _TICKS_PER_S,
+            started_s=int(fields[19]) / _TICKS_PER_S,
+        )
     except (OSError, IndexError, ValueError):
         return None
 

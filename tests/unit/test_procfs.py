@@ -16,10 +16,12 @@ import pytest
 
 from inferd import procfs
 
-# The child renames itself, then says so and sleeps until killed.
+# The child renames itself, burns some CPU, then says so and sleeps until killed.
 CHILD = (
-    "import sys, time\n"
+    "import time\n"
     "open('/proc/self/comm', 'w').write('odd) name (x')\n"
+    "end = time.process_time() + 0.1\n"
+    "while time.process_time() < end: pass\n"
     "print('renamed', flush=True)\n"
     "time.sleep(60)\n"
 )
@@ -56,6 +58,9 @@ def test_a_live_child_with_an_odd_name(child: subprocess.Popen[bytes]) -> None:
     assert stat.state in {"R", "S"}
     assert stat.ppid == os.getpid()
     assert stat.pgrp == os.getpgrp()
+    me = procfs.process_stat(os.getpid())
+    assert me is not None and me.started_s <= stat.started_s  # the child started later
+    assert 0.09 <= stat.cpu_s < 30  # the 0.1 s it burnt, in 10 ms ticks
     assert procfs.alive(child.pid)
     assert child.pid in procfs.children(os.getpid())
     assert child.pid in set(procfs.all_pids())
