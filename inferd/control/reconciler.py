@@ -33,6 +33,7 @@ from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings
 from inferd.control.launchers.base import Launcher, ReplicaSpec
 from inferd.control.records import ReplicaStatus
 from inferd.control.registry import Registry, Replica, secret_digest
+from inferd.control.scale_events import ScaleCause, ScaleJournal
 from inferd.control.store import EndpointRow, ReplicaRow, utc_now_text
 from inferd.gateway.traffic import TrafficSnapshot
 
@@ -98,6 +99,7 @@ class Reconciler:
         settings: ReconcilerSettings,
         clock: Callable[[], float] = time.monotonic,
         to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
+        journal: ScaleJournal | None = None,
     ) -> None:
         self.registry = registry
         self.launcher = launcher
@@ -107,6 +109,8 @@ class Reconciler:
         self.settings = settings
         self.clock = clock
         self._to_thread = to_thread
+        # Every change of desired replicas, with its cause (the console's timeline).
+        self.journal = journal or ScaleJournal()
         self._plans: dict[str, _Plan] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -265,6 +269,15 @@ class Reconciler:
         plan.failures += 1
         backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
         plan.next_launch_at = self.clock() + backoff
+        wanted = plan.scaler.desired
+        self.journal.record(
+            replica.endpoint_id,
+            wanted,
+            wanted,
+            f"replica {replica.replica_id} failed ({replica.reason or 'no reason given'}); "
+            f"replacing it in {backoff:.0f}s",
+            ScaleCause.FAILURE,
+        )
         logger.warning(
             "replica %s of endpoint %s failed (%s); next attempt in %.0fs",
             replica.replica_id,
@@ -297,6 +310,8 @@ class Reconciler:
             last_request_at=last,
         )
         decision = decide(self._scaling(row), observations, plan.scaler, now)
+        if decision.desired != plan.scaler.desired:
+            self.journal.record(row.id, plan.scaler.desired, decision.desired, decision.reason)
         plan.scaler = decision.state
         desired = decision.desired
 
@@ -409,6 +424,7 @@ class Reconciler:
 
     def _forget(self, endpoint_id: str) -> None:
         self._plans.pop(endpoint_id, None)
+        self.journal.forget(endpoint_id)
         self.traffic.forget_endpoint(endpoint_id)
 
     # -- deletion -------------------------------------------------------------------

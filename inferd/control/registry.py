@@ -52,6 +52,9 @@ class ReplicaLoad:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+    # Running totals since the replica started (for tokens/s and images/s).
+    generated_tokens: int = 0
+    images: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,8 @@ class Registry:
                 running=int(load.get("running") or 0),
                 waiting=int(load.get("waiting") or 0),
                 kv_cache_usage=load.get("kvCacheUsage"),
+                generated_tokens=int(load.get("generatedTokens") or 0),
+                images=int(load.get("images") or 0),
             ),
             last_report_at=now,
             unreachable=False,

@@ -93,6 +93,9 @@ class GatewayMetrics:
         # Labelled children by (endpoint, route, status): `labels()` takes a
         # lock and builds a key on every call; this is one dict lookup.
         self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        # Called with (endpoint, status, seconds) for every answered request of
+        # an authenticated endpoint: the control plane's per-minute series.
+        self.observers: list[Callable[[str, int, float], None]] = []
 
     def answered(self, endpoint: str, route: str, status: int, seconds: float) -> None:
         key = (endpoint, route, status)
@@ -105,6 +108,9 @@ class GatewayMetrics:
             self._answered[key] = children
         children[0].inc()
         children[1].observe(seconds)
+        if endpoint != UNAUTHENTICATED:
+            for observer in self.observers:
+                observer(endpoint, status, seconds)
 
     def forget(self, endpoint: str) -> None:
         """Drop the series of a deleted endpoint."""

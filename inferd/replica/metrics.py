@@ -53,5 +53,21 @@ class ReplicaMetrics:
         ready = Gauge("inferd_replica_ready", "1 when the replica takes requests.", registry=r)
         ready.set_function(lambda: 1.0 if state.status.value == "ready" else 0.0)
 
+    def output_totals(self) -> dict[str, int]:
+        """Tokens generated and images made since the replica started."""
+        return {
+            "generatedTokens": int(_total(self.generated_tokens)),
+            "images": int(_total(self.images)),
+        }
+
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+def _total(counter: Counter) -> float:
+    # prometheus_client has no public getter for a counter's value.
+    for metric in counter.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                return float(sample.value)
+    return 0.0

@@ -129,6 +129,7 @@ class ReplicaProcess:
         self._drain_requested = asyncio.Event()
         self._model_name = config.served_names[0] if config.served_names else config.model
         self._reporter: StatusReporter | None = None
+        self._metrics: ReplicaMetrics | None = None
 
     def _snapshot(self) -> dict[str, Any]:
         load = self._engine.load() if hasattr(self, "_engine") else None
@@ -146,6 +147,9 @@ class ReplicaProcess:
                 "running": load.running if load else 0,
                 "waiting": load.waiting if load else 0,
                 "kvCacheUsage": load.kv_cache_usage if load else None,
+                # Running totals: the control plane's per-minute series take
+                # differences (tokens/s and images/s of an endpoint).
+                **(self._metrics.output_totals() if self._metrics else {}),
             },
         }
 
@@ -183,7 +187,7 @@ class ReplicaProcess:
         self._model_name = config.served_names[0] if config.served_names else name
         options = replace(config.engine, extra={**defaults, **config.engine.extra})
         self._engine = create_engine(self._model_name, kind, path, options)
-        metrics = ReplicaMetrics(self._engine, self.state)
+        metrics = self._metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
         app = build_app(self._engine, self.state, metrics, served, config.max_body_bytes)
         sock = bind_socket(config.host, config.port)

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from inferd.control.store import StoreError
     from inferd.server.app import ControlPlane, create_app
     from inferd.server.auth import AdminKeyError
+    from inferd.server.console import console_mount
     from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
 
     overrides = {key: getattr(args, key, None) for key in setting_keys()}
@@ -126,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
         print(_banner(settings, plane.generated_admin_key), flush=True)
         runtime = attach_runtime(plane)
         app = create_app(
-            plane, extra_routes=runtime_routes(runtime), openapi_parts=[runtime_openapi()]
+            plane,
+            extra_routes=[*runtime_routes(runtime), console_mount(plane, runtime)],
+            openapi_parts=[runtime_openapi()],
         )
         config = uvicorn.Config(
             app,

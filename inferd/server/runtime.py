@@ -9,8 +9,10 @@ report route and `/metrics`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ from inferd.control.launchers.local import LocalLauncher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry, ReportRejected
+from inferd.control.timeseries import EndpointSeries, ReplicaTotals
 from inferd.errors import error_body
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
@@ -42,12 +45,33 @@ REGISTRY_PATH = "/internal/registry"
 _MAX_REPORT_BYTES = 64 * 1024
 
 
+# How often the per-minute series sample held requests, replicas and the
+# replicas' running totals.
+SAMPLE_PERIOD_S = 2.0
+
+
 @dataclass
 class Runtime:
     registry: Registry
     launcher: LocalLauncher
     gateway: Gateway
     reconciler: Reconciler
+    series: EndpointSeries
+
+    def sample(self, endpoint_ids: Sequence[str], now: float) -> None:
+        """One sample of every endpoint for the per-minute series."""
+        for endpoint_id in endpoint_ids:
+            replicas = [r for r in self.registry.of_endpoint(endpoint_id) if r.live]
+            self.series.sample(
+                endpoint_id,
+                held=self.gateway.traffic(endpoint_id).held,
+                replicas=len(replicas),
+                totals=[
+                    ReplicaTotals(r.replica_id, r.load.generated_tokens, r.load.images)
+                    for r in replicas
+                ],
+                now=now,
+            )
 
     def endpoint_runtime(self, endpoint_id: str) -> EndpointRuntime:
         views = tuple(
@@ -167,7 +191,26 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         ),
     )
     holder["r"] = reconciler
-    runtime = Runtime(registry, launcher, gateway, reconciler)
+    series = EndpointSeries()
+    gateway.metrics.observers.append(
+        lambda endpoint_id, status, seconds: series.observe_request(
+            endpoint_id, seconds, status, time.time()
+        )
+    )
+    runtime = Runtime(registry, launcher, gateway, reconciler, series)
+    sampler: list[asyncio.Task[None]] = []
+
+    async def sample_forever() -> None:
+        while True:
+            try:
+                known = [row.id for row in plane.service.rows()]
+                runtime.sample(known, time.time())
+                for endpoint_id in set(series.endpoint_ids()) - set(known):
+                    series.forget(endpoint_id)
+            except Exception:  # one bad sample must not end the series
+                logger.exception("sampling the endpoint series failed")
+            await asyncio.sleep(SAMPLE_PERIOD_S)
+
     plane.service.runtime_of = runtime.endpoint_runtime
     plane.service.drain = reconciler.drain_endpoint
 
@@ -181,8 +224,13 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
         reconciler.start()
+        sampler.append(asyncio.ensure_future(sample_forever()))
 
     async def stop() -> None:
+        for task in sampler:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await reconciler.stop()
         await gateway.shutdown()
         # Embedded mode owns its replicas: a clean stop leaves none running.

@@ -1,0 +1,1 @@
+"""The web console at /console: server-rendered pages over the service layer."""

@@ -1,0 +1,512 @@
+"""The console's routes, mounted at `/console` by `inferd serve`.
+
+Route functions do HTTP only: read the form, call the service layer (the
+same `EndpointService` the REST API calls), render a template. Pages that
+change something check the principal's role on the server, whatever the
+page showed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, Router
+from starlette.staticfiles import StaticFiles
+
+from inferd import COMPAT_FAMILY
+from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
+from inferd.console.charts import endpoint_charts
+from inferd.console.costs import Envelope, SettingsChange
+from inferd.console.security import (
+    SecurityHeaders,
+    Session,
+    SessionStore,
+    content_security_policy,
+)
+from inferd.console.sources import ConsoleSources
+from inferd.console.views import LiveRows, RowView, ids_signature, matches, row_view
+from inferd.console.web import ConsoleError, Web
+from inferd.control.store import EndpointRow
+from inferd.errors import InferdError
+
+STATIC = Path(__file__).parent / "static"
+LOG_TAIL_LINES = 200
+LOG_TAIL_BYTES = 64 * 1024
+LOG_DOWNLOAD_BYTES = 8 * 1024 * 1024
+RANGES = {"hour": (3600, 60), "day": (86400, 900)}
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return default
+
+
+def _tail(path: Path, max_bytes: int) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return text if size <= max_bytes else text.split("\n", 1)[-1]
+
+
+class Console:
+    def __init__(self, sources: ConsoleSources, sessions: SessionStore | None = None) -> None:
+        self.sources = sources
+        self.web = Web(sources, sessions or SessionStore())
+        self.live = LiveRows()
+
+    # --- composition -----------------------------------------------------------------
+
+    def routes(self) -> list[BaseRoute]:
+        page = self.web.page
+        pages = [
+            Route("/", page(self.home), methods=["GET"]),
+            Route("/signin", page(self.signin_form, signed_in=False), methods=["GET"]),
+            Route("/signin", page(self.signin, signed_in=False), methods=["POST"]),
+            Route("/signout", page(self.signout, signed_in=False), methods=["POST"]),
+            Route("/endpoints", page(self.endpoints), methods=["GET"]),
+            Route("/endpoints", page(self.create), methods=["POST"]),
+            Route("/endpoints/rows", page(self.rows), methods=["GET"]),
+            Route("/endpoints/changes", page(self.changes), methods=["GET"]),
+            Route("/endpoints/new", page(self.new), methods=["GET"]),
+            Route("/endpoints/new/options", page(self.options), methods=["GET"]),
+            Route("/endpoints/new/envelope", page(self.envelope), methods=["GET"]),
+            Route("/endpoints/{id}", page(self.endpoint), methods=["GET"]),
+            Route("/endpoints/{id}/row", page(self.row), methods=["GET"]),
+            Route("/endpoints/{id}/live", page(self.endpoint_live), methods=["GET"]),
+            Route("/endpoints/{id}/charts", page(self.charts), methods=["GET"]),
+            Route("/endpoints/{id}/logs", page(self.logs), methods=["GET"]),
+            Route("/endpoints/{id}/logs.txt", page(self.logs_download), methods=["GET"]),
+            Route("/endpoints/{id}/token", page(self.token_confirm), methods=["GET"]),
+            Route("/endpoints/{id}/token", page(self.token_reissue), methods=["POST"]),
+            Route("/endpoints/{id}/settings", page(self.settings_preview), methods=["GET"]),
+            Route("/endpoints/{id}/settings", page(self.settings_save), methods=["POST"]),
+            Route("/endpoints/{id}/delete", page(self.delete), methods=["POST"]),
+            Route("/endpoints/{id}/playground", page(self.playground), methods=["GET"]),
+            Route("/usage", page(self.usage), methods=["GET"]),
+        ]
+        return [
+            *pages,
+            Mount("/static", app=StaticFiles(directory=STATIC), name="console-static"),
+        ]
+
+    def mount(self) -> Mount:
+        """`/console`, with the security headers on every answer below it."""
+        origin = urlsplit(self.sources.public_url)
+        endpoints_origin = f"{origin.scheme}://{origin.netloc}"
+        csp = content_security_policy((endpoints_origin,))
+        return Mount(
+            "/console",
+            app=Router(self.routes(), redirect_slashes=False),
+            middleware=[Middleware(SecurityHeaders, csp=csp)],
+        )
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _views(self, rows: Sequence[EndpointRow]) -> list[RowView]:
+        service, series = self.sources.service, self.sources.series
+        return [row_view(service.record(r.id), series.replica_seconds(r.id)) for r in rows]
+
+    def _listed(self, session: Session, query: str) -> list[RowView]:
+        assert session.principal is not None
+        views = self._views(self.sources.visible_rows(session.principal))
+        return [v for v in views if matches(v, query)]
+
+    def _record(self, row: EndpointRow) -> dict[str, Any]:
+        return self.sources.service.record(row.id)
+
+    def _can_change(self, session: Session, row: EndpointRow) -> bool:
+        assert session.principal is not None
+        return session.principal.can_change(self.sources.project_of(row))
+
+    # --- sign-in ---------------------------------------------------------------------
+
+    async def home(self, request: Request, session: Session) -> Response:
+        return RedirectResponse("/console/endpoints", status_code=303)
+
+    async def signin_form(self, request: Request, session: Session) -> Response:
+        return self.web.render(request, session, "signin.html", error=None)
+
+    async def signin(self, request: Request, session: Session) -> Response:
+        form = await self.web.form(request)
+        key = str(form.get("key") or "").strip()
+        principal = self.sources.authenticate(key) if key else None
+        if principal is None:
+            return self.web.render(
+                request, session, "signin.html", status=401, error="That key is not valid."
+            )
+        signed = self.web.sessions.sign_in(session, principal)
+        self.web.switch_session(request, signed)
+        return RedirectResponse("/console/endpoints", status_code=303)
+
+    async def signout(self, request: Request, session: Session) -> Response:
+        self.web.sessions.drop(session.id)
+        self.web.switch_session(request, self.web.sessions.new())
+        return RedirectResponse("/console/signin", status_code=303)
+
+    # --- the list --------------------------------------------------------------------
+
+    async def endpoints(self, request: Request, session: Session) -> Response:
+        query = request.query_params.get("q", "")
+        views = self._listed(session, query)
+        self.live.update(views)
+        return self.web.render(
+            request,
+            session,
+            "endpoints.html",
+            views=views,
+            query=query,
+            version=self.live.version,
+            signature=ids_signature(v.id for v in views),
+            can_create=self.web.can_create(session),
+        )
+
+    async def rows(self, request: Request, session: Session) -> Response:
+        """The table body for a search (htmx swaps it in as one types)."""
+        query = request.query_params.get("q", "")
+        views = self._listed(session, query)
+        self.live.update(views)
+        return self.web.render(
+            request,
+            session,
+            "_rows.html",
+            views=views,
+            query=query,
+            version=self.live.version,
+            signature=ids_signature(v.id for v in views),
+            can_create=self.web.can_create(session),
+        )
+
+    async def changes(self, request: Request, session: Session) -> Response:
+        """The poll of a list: only the rows changed since the version the
+        browser has (swapped in out of band), or the whole body when the set
+        of rows changed (an endpoint created or deleted)."""
+        params = request.query_params
+        query = params.get("q", "")
+        views = self._listed(session, query)
+        signature = ids_signature(v.id for v in views)
+        context: dict[str, Any] = {"query": query, "signature": signature}
+        if signature != params.get("signature"):
+            self.live.update(views)
+            return self.web.render(
+                request,
+                session,
+                "_rows.html",
+                views=views,
+                version=self.live.version,
+                oob=True,
+                can_create=self.web.can_create(session),
+                **context,
+            )
+        changed = self.live.changed_since(views, _int(params.get("since"), 0))
+        return self.web.render(
+            request, session, "_changes.html", changed=changed, version=self.live.version, **context
+        )
+
+    async def row(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        (view,) = self._views([row])
+        return self.web.render(request, session, "_row.html", view=view, oob=False)
+
+    # --- create ----------------------------------------------------------------------
+
+    def _create_context(self, model: str, location: str, form: dict[str, Any]) -> dict[str, Any]:
+        catalog = self.sources.catalog
+        models = catalog.models.all()
+        if model not in catalog.models:
+            model = models[0].name if models else ""
+        if location not in catalog.gpus.locations:
+            location = self.sources.service.default_location
+        rec = self.sources.recommendation(model, location) if model else None
+        best = rec.best() if rec else None
+        chosen = str(form.get("option") or (f"{best.gpu_type}:{best.gpu_count}" if best else ""))
+        return {
+            "models": models,
+            "locations": list(catalog.gpus.locations.values()),
+            "model": model,
+            "model_kind": catalog.models.get(model).kind if model else "chat",
+            "location": location,
+            "rec": rec,
+            "chosen": chosen,
+            "form": form,
+            "envelope": self._envelope_for(rec, chosen, form),
+        }
+
+    def _envelope_for(self, rec: Any, chosen: str, form: dict[str, Any]) -> Envelope | None:
+        if rec is None:
+            return None
+        gpu_type, _, count = chosen.partition(":")
+        for opt in rec.options:
+            if opt.gpu_type == gpu_type and str(opt.gpu_count) == count:
+                min_r = _int(form.get("minReplicas"), 0)
+                max_r = _int(form.get("maxReplicas"), 1)
+                return Envelope(opt.hourly_price, min_r, max(max_r, min_r))
+        return None
+
+    async def new(self, request: Request, session: Session) -> Response:
+        if not self.web.can_create(session):
+            raise ConsoleError(403, "Your role can only read endpoints.")
+        params = request.query_params
+        form = {"minReplicas": "0", "maxReplicas": "1", "retention": "900", **params}
+        context = self._create_context(params.get("model", ""), params.get("location", ""), form)
+        return self.web.render(request, session, "create.html", error=None, **context)
+
+    async def options(self, request: Request, session: Session) -> Response:
+        """The recommendation table for the model and location picked."""
+        params = request.query_params
+        form = {k: params.get(k) for k in ("minReplicas", "maxReplicas", "retention")}
+        context = self._create_context(params.get("model", ""), params.get("location", ""), form)
+        return self.web.render(request, session, "_options.html", **context)
+
+    async def envelope(self, request: Request, session: Session) -> Response:
+        params = request.query_params
+        context = self._create_context(
+            params.get("model", ""), params.get("location", ""), dict(params)
+        )
+        return self.web.render(request, session, "_envelope.html", **context)
+
+    async def create(self, request: Request, session: Session) -> Response:
+        if not self.web.can_create(session):
+            raise ConsoleError(403, "Your role can only read endpoints.")
+        form = dict((await self.web.form(request)).items())
+        gpu_type, _, count = str(form.get("option") or "").partition(":")
+        body = {
+            "name": str(form.get("name") or "").strip(),
+            "modelName": form.get("model"),
+            "locationName": form.get("location") or None,
+            "gpuType": gpu_type or None,
+            "gpuCount": _int(count, 0) or None,
+            "minReplicas": _int(form.get("minReplicas"), 0),
+            "maxReplicas": _int(form.get("maxReplicas"), 1),
+            "scaleToZeroRetentionPeriodSeconds": _int(form.get("retention"), 900),
+        }
+        try:
+            req = CreateEndpointRequest.model_validate(body)
+            record, token = await self.sources.service.create(req)
+        except ValidationError as exc:
+            error = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            return self._create_failed(request, session, form, error)
+        except InferdError as exc:
+            return self._create_failed(request, session, form, exc.message)
+        session.reveal[record["id"]] = token
+        return RedirectResponse(f"/console/endpoints/{record['id']}", status_code=303)
+
+    def _create_failed(
+        self, request: Request, session: Session, form: dict[str, Any], error: str
+    ) -> Response:
+        context = self._create_context(
+            str(form.get("model") or ""), str(form.get("location") or ""), form
+        )
+        return self.web.render(request, session, "create.html", status=400, error=error, **context)
+
+    # --- one endpoint ----------------------------------------------------------------
+
+    def _endpoint_context(self, session: Session, row: EndpointRow) -> dict[str, Any]:
+        record = self._record(row)
+        option = self.sources.option(row)
+        envelope = Envelope(row.hourly_price, row.min_replicas, row.max_replicas)
+        gpu_choices = []
+        if row.model_name in self.sources.catalog.models:
+            rec = self.sources.recommendation(row.model_name, row.location_name)
+            gpu_choices = list(rec.options)
+        return {
+            "row": row,
+            "record": record,
+            "view": self._views([row])[0],
+            "option": option,
+            "envelope": envelope,
+            "gpu_choices": gpu_choices,
+            "can_change": self._can_change(session, row),
+            "replicas": self.sources.replicas(row.id),
+            "events": list(reversed(self.sources.scale_events(row.id)))[:50],
+            "compat": COMPAT_FAMILY,
+        }
+
+    async def endpoint(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        token = session.take_reveal(row.id)
+        return self.web.render(
+            request,
+            session,
+            "endpoint.html",
+            token=token,
+            charts=self._charts(row, "hour"),
+            range="hour",
+            **self._endpoint_context(session, row),
+        )
+
+    async def endpoint_live(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        return self.web.render(
+            request, session, "_endpoint_live.html", **self._endpoint_context(session, row)
+        )
+
+    def _charts(self, row: EndpointRow, range_name: str) -> list[Any]:
+        span, bucket = RANGES.get(range_name, RANGES["hour"])
+        points = self.sources.series.points(row.id, span, bucket, time.time())
+        return endpoint_charts(points, row.model_kind)
+
+    async def charts(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        range_name = request.query_params.get("range", "hour")
+        if range_name not in RANGES:
+            range_name = "hour"
+        return self.web.render(
+            request,
+            session,
+            "_charts.html",
+            row=row,
+            charts=self._charts(row, range_name),
+            range=range_name,
+        )
+
+    def _log_tails(self, row: EndpointRow, max_bytes: int) -> list[tuple[str, str]]:
+        tails = []
+        for replica in self.sources.replicas(row.id):
+            path = self.sources.log_path(replica.replica_id)
+            if path is not None and path.exists():
+                tails.append((replica.replica_id, _tail(path, max_bytes)))
+        return tails
+
+    async def logs(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        tails = [
+            (rid, "\n".join(text.splitlines()[-LOG_TAIL_LINES:]))
+            for rid, text in self._log_tails(row, LOG_TAIL_BYTES)
+        ]
+        return self.web.render(request, session, "_logs.html", row=row, tails=tails)
+
+    async def logs_download(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        parts = [
+            f"==> replica {rid} <==\n{text}"
+            for rid, text in self._log_tails(row, LOG_DOWNLOAD_BYTES)
+        ]
+        return PlainTextResponse(
+            "\n".join(parts) or "No replica has written a log yet.\n",
+            headers={"content-disposition": f'attachment; filename="{row.name}-logs.txt"'},
+        )
+
+    async def token_confirm(self, request: Request, session: Session) -> Response:
+        row = self.web.changeable(session, request.path_params["id"])
+        return self.web.render(request, session, "token_confirm.html", row=row)
+
+    async def token_reissue(self, request: Request, session: Session) -> Response:
+        row = self.web.changeable(session, request.path_params["id"])
+        try:
+            token = await self.sources.service.reissue_token(row.id)
+        except InferdError as exc:
+            raise ConsoleError(exc.status, exc.message) from None
+        session.reveal[row.id] = token
+        return RedirectResponse(f"/console/endpoints/{row.id}", status_code=303)
+
+    def _settings_from(self, row: EndpointRow, form: Any) -> tuple[dict[str, Any], str, int]:
+        gpu_type, _, count = str(form.get("option") or "").partition(":")
+        body = {
+            "minReplicas": _int(form.get("minReplicas"), row.min_replicas),
+            "maxReplicas": _int(form.get("maxReplicas"), row.max_replicas),
+            "scaleToZeroRetentionPeriodSeconds": _int(form.get("retention"), row.retention_seconds),
+        }
+        return body, gpu_type or row.gpu_type, _int(count, row.gpu_count)
+
+    async def settings_preview(self, request: Request, session: Session) -> Response:
+        """The cost change of the settings in the form, before saving."""
+        row = self.web.endpoint(session, request.path_params["id"])
+        body, gpu_type, gpu_count = self._settings_from(row, request.query_params)
+        price = row.hourly_price
+        if (gpu_type, gpu_count) != (row.gpu_type, row.gpu_count):
+            rec = self.sources.recommendation(row.model_name, row.location_name)
+            for opt in rec.options:
+                if (opt.gpu_type, opt.gpu_count) == (gpu_type, gpu_count):
+                    price = opt.hourly_price
+        change = SettingsChange(
+            Envelope(row.hourly_price, row.min_replicas, row.max_replicas),
+            Envelope(price, body["minReplicas"], max(body["minReplicas"], body["maxReplicas"])),
+        )
+        return self.web.render(
+            request, session, "_settings_change.html", change=change, currency=row.currency
+        )
+
+    async def settings_save(self, request: Request, session: Session) -> Response:
+        row = self.web.changeable(session, request.path_params["id"])
+        form = await self.web.form(request)
+        body, gpu_type, gpu_count = self._settings_from(row, form)
+        if (gpu_type, gpu_count) != (row.gpu_type, row.gpu_count):
+            body.update(gpuType=gpu_type, gpuCount=gpu_count)
+        try:
+            req = UpdateEndpointRequest.model_validate(body)
+            await self.sources.service.update(row.id, req)
+        except ValidationError as exc:
+            raise ConsoleError(400, "; ".join(str(e["msg"]) for e in exc.errors())) from None
+        except InferdError as exc:
+            raise ConsoleError(exc.status, exc.message) from None
+        return RedirectResponse(f"/console/endpoints/{row.id}#settings", status_code=303)
+
+    async def delete(self, request: Request, session: Session) -> Response:
+        row = self.web.changeable(session, request.path_params["id"])
+        form = await self.web.form(request)
+        if str(form.get("confirm_name") or "") != row.name:
+            raise ConsoleError(
+                400, f"Type the endpoint's name ({row.name}) to confirm; nothing was deleted."
+            )
+        try:
+            await self.sources.service.delete(row.id)
+        except InferdError as exc:
+            raise ConsoleError(exc.status, exc.message) from None
+        return RedirectResponse("/console/endpoints", status_code=303)
+
+    async def playground(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        context = self._endpoint_context(session, row)
+        model = (
+            self.sources.catalog.models.get(row.model_name)
+            if row.model_name in self.sources.catalog.models
+            else None
+        )
+        return self.web.render(request, session, "playground.html", model=model, **context)
+
+    # --- usage -----------------------------------------------------------------------
+
+    async def usage(self, request: Request, session: Session) -> Response:
+        assert session.principal is not None
+        projects = []
+        series = self.sources.series
+        for project in session.principal.projects(self.sources.projects()):
+            rows = [r for r in self.sources.service.rows() if self.sources.project_of(r) == project]
+            views = self._views(rows)
+            lines = []
+            for row, view in zip(rows, views, strict=True):
+                lines.append(
+                    {
+                        "view": view,
+                        "replica_hours": series.replica_seconds(row.id) / 3600,
+                        "totals": series.totals(row.id),
+                    }
+                )
+            projects.append(
+                {
+                    "name": project,
+                    "lines": lines,
+                    "cost": sum(v.cost_so_far for v in views),
+                    "price_now": sum(v.price_now for v in views),
+                    "currency": views[0].currency if views else "USD",
+                }
+            )
+        return self.web.render(request, session, "usage.html", projects=projects)

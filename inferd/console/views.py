@@ -1,0 +1,106 @@
+"""What the console's pages show, as frozen values built from the records
+the service layer returns (the same dicts the REST API sends).
+
+`LiveRows` keeps a version per endpoint row, bumped whenever what the row
+shows changes, so that a list's poll answers only the rows that changed
+since the version the browser has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.console.costs import cost_so_far
+
+
+@dataclass(frozen=True)
+class RowView:
+    id: str
+    name: str
+    model: str
+    gpu_type: str
+    gpu_count: int
+    location: str
+    status: str
+    reason: str | None
+    replicas_now: int
+    replicas_min: int
+    replicas_max: int
+    hourly_price: float
+    price_now: float  # $/h of the replicas up now
+    cost_so_far: float
+    currency: str
+
+    @property
+    def gpu(self) -> str:
+        return "CPU" if self.gpu_type == "cpu" else f"{self.gpu_type} x {self.gpu_count}"
+
+
+def row_view(record: Mapping[str, Any], replica_seconds: float) -> RowView:
+    price = float(record["hourlyPrice"])
+    now = int(record["currentReplicas"])
+    return RowView(
+        id=record["id"],
+        name=record["name"],
+        model=record["modelName"],
+        gpu_type=record["gpuType"],
+        gpu_count=int(record["gpuCount"]),
+        location=record["locationName"],
+        status=record["status"],
+        reason=record.get("statusReason"),
+        replicas_now=now,
+        replicas_min=int(record["minReplicas"]),
+        replicas_max=int(record["maxReplicas"]),
+        hourly_price=price,
+        price_now=now * price,
+        # Rounded to the cent shown, so the row changes when the figure does.
+        cost_so_far=round(cost_so_far(replica_seconds, price), 2),
+        currency=record["currency"],
+    )
+
+
+def matches(view: RowView, query: str) -> bool:
+    """Case-insensitive search over what a person would type: name, model,
+    GPU type, location, status."""
+    if not query:
+        return True
+    q = query.lower()
+    return any(
+        q in field.lower()
+        for field in (view.name, view.model, view.gpu_type, view.location, view.status, view.id)
+    )
+
+
+def ids_signature(ids: Iterable[str]) -> str:
+    """A short digest of which rows a list shows, in order."""
+    digest = hashlib.blake2b(digest_size=8)
+    for endpoint_id in ids:
+        digest.update(endpoint_id.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+class LiveRows:
+    """The version of every row's view; shared by every browser."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, tuple[RowView, int]] = {}
+        self.version = 0
+
+    def update(self, views: Sequence[RowView]) -> None:
+        for view in views:
+            known = self._views.get(view.id)
+            if known is None or known[0] != view:
+                self.version += 1
+                self._views[view.id] = (view, self.version)
+
+    def changed_since(self, views: Sequence[RowView], since: int) -> list[RowView]:
+        self.update(views)
+        return [v for v in views if self._views[v.id][1] > since]
+
+    def forget_missing(self, ids: set[str]) -> None:
+        for endpoint_id in [k for k in self._views if k not in ids]:
+            del self._views[endpoint_id]

@@ -1,0 +1,380 @@
+"""The console in-process (Starlette's TestClient): sign-in and the session
+cookie, CSRF on every form, the security headers, project scoping and roles,
+names rendered as text, and each page over the real service layer. The
+real-browser flows are in tests/browser."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from inferd.console.app import Console
+from inferd.console.principal import ConsolePrincipal, operator
+from inferd.console.sources import ConsoleSources
+from inferd.control.store import EndpointRow
+from inferd.server.app import ControlPlane, create_app
+from inferd.server.console import console_mount, console_sources
+from inferd.settings import load_settings
+
+ADMIN = "test-admin-key-0123456789"
+VIEWER_KEY = "viewer-key-0123456789abcdef"
+OTHER_KEY = "other-project-key-0123456789"
+BASE = "http://testserver"
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    settings = load_settings(
+        env={},
+        overrides={
+            "state_dir": tmp_path / "state",
+            "admin_key": ADMIN,
+            "public_url": BASE,
+        },
+    )
+    p = ControlPlane.open(settings)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def client(plane: ControlPlane) -> Iterator[TestClient]:
+    with TestClient(create_app(plane, extra_routes=[console_mount(plane)]), base_url=BASE) as c:
+        yield c
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match, html
+    return match.group(1)
+
+
+def sign_in(client: TestClient, key: str = ADMIN) -> str:
+    """Signs in; returns the session's CSRF token."""
+    form = client.get("/console/signin")
+    answer = client.post(
+        "/console/signin", data={"key": key, "csrf": csrf_of(form.text)}, follow_redirects=False
+    )
+    assert answer.status_code == 303, answer.text
+    return csrf_of(client.get("/console/endpoints").text)
+
+
+def create(client: TestClient, csrf: str, name: str = "chat", **extra: str) -> str:
+    """Creates through the console's form; returns the endpoint id."""
+    answer = client.post(
+        "/console/endpoints",
+        data={
+            "csrf": csrf,
+            "name": name,
+            "model": "tiny-chat",
+            "location": "local",
+            "option": "cpu:1",
+            "minReplicas": "0",
+            "maxReplicas": "2",
+            "retention": "60",
+            **extra,
+        },
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303, answer.text
+    return answer.headers["location"].rsplit("/", 1)[-1]
+
+
+def test_signin_sets_a_strict_httponly_cookie_and_rotates_the_session(client: TestClient) -> None:
+    first = client.get("/console/signin")
+    before = first.cookies["inferd_console"]
+    cookie = first.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/console" in cookie
+    answer = client.post(
+        "/console/signin", data={"key": ADMIN, "csrf": csrf_of(first.text)}, follow_redirects=False
+    )
+    assert answer.status_code == 303
+    after = answer.cookies["inferd_console"]
+    assert after != before  # no session fixation
+    assert "HttpOnly" in answer.headers["set-cookie"]
+    page = client.get("/console/endpoints")
+    assert page.status_code == 200 and "operator" in page.text
+
+
+def test_wrong_key_is_refused_and_pages_need_a_session(client: TestClient) -> None:
+    page = client.get("/console/endpoints", follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"] == "/console/signin"
+    form = client.get("/console/signin")
+    answer = client.post("/console/signin", data={"key": "nope", "csrf": csrf_of(form.text)})
+    assert answer.status_code == 401 and "not valid" in answer.text
+    # htmx requests are told where to go with a header, not a redirect body.
+    poll = client.get("/console/endpoints/changes", headers={"HX-Request": "true"})
+    assert poll.headers.get("HX-Redirect") == "/console/signin"
+
+
+def test_every_answer_carries_the_strict_csp(client: TestClient) -> None:
+    for path in ("/console/signin", "/console/static/console.css", "/console/endpoints"):
+        headers = client.get(path).headers
+        csp = headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_pages_have_no_inline_script_or_style_and_nothing_from_elsewhere(
+    client: TestClient,
+) -> None:
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf)
+    for path in (
+        "/console/endpoints",
+        "/console/endpoints/new",
+        f"/console/endpoints/{endpoint_id}",
+        f"/console/endpoints/{endpoint_id}/playground",
+        f"/console/endpoints/{endpoint_id}/token",
+        "/console/usage",
+    ):
+        html = client.get(path).text
+        assert not re.search(r"<script(?![^>]*\bsrc=)", html), path
+        assert " style=" not in html and "<style" not in html, path
+        assert not re.search(r"\bon[a-z]+=", html), path  # no inline handlers
+        for url in re.findall(r'(?:src|href)="([^"]+)"', html):
+            assert url.startswith(("/console/", "#")), (path, url)
+
+
+def test_a_form_without_the_csrf_token_is_refused(client: TestClient, plane: ControlPlane) -> None:
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf)
+    for path, data in (
+        ("/console/endpoints", {"name": "x", "model": "tiny-chat"}),
+        (f"/console/endpoints/{endpoint_id}/delete", {"confirm_name": "chat"}),
+        (f"/console/endpoints/{endpoint_id}/token", {}),
+        (f"/console/endpoints/{endpoint_id}/settings", {"minReplicas": "1"}),
+        ("/console/signout", {}),
+    ):
+        for token in (None, "forged"):
+            body = dict(data) if token is None else {**data, "csrf": token}
+            answer = client.post(path, data=body)
+            assert answer.status_code == 403, (path, token)
+    assert plane.service.find(endpoint_id) is not None  # nothing changed
+    # From another origin even with the right token.
+    answer = client.post(
+        f"/console/endpoints/{endpoint_id}/token",
+        data={"csrf": csrf},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert answer.status_code == 403
+
+
+def test_create_shows_the_token_once_then_never(client: TestClient, plane: ControlPlane) -> None:
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf)
+    page = client.get(f"/console/endpoints/{endpoint_id}")
+    token = re.search(r'data-testid="token">([^<]+)<', page.text)
+    assert token is not None and token.group(1).startswith("infd_ep_")
+    assert plane.verifier.verify(endpoint_id, token.group(1))
+    again = client.get(f"/console/endpoints/{endpoint_id}")
+    assert 'data-testid="token"' not in again.text
+    assert token.group(1) not in again.text
+
+
+def test_request_access_token_replaces_the_old_one(client: TestClient, plane: ControlPlane) -> None:
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf)
+    old = re.search(
+        r'data-testid="token">([^<]+)<', client.get(f"/console/endpoints/{endpoint_id}").text
+    )
+    assert old
+    confirm = client.get(f"/console/endpoints/{endpoint_id}/token")
+    assert "stops working" in confirm.text
+    answer = client.post(f"/console/endpoints/{endpoint_id}/token", data={"csrf": csrf})
+    new = re.search(r'data-testid="token">([^<]+)<', answer.text)
+    assert new and new.group(1) != old.group(1)
+    assert plane.verifier.verify(endpoint_id, new.group(1))
+    assert not plane.verifier.verify(endpoint_id, old.group(1))
+
+
+def test_list_search_live_changes_and_empty_state(client: TestClient) -> None:
+    csrf = sign_in(client)
+    empty = client.get("/console/endpoints")
+    assert 'data-testid="empty-state"' in empty.text and "/console/endpoints/new" in empty.text
+    create(client, csrf, "alpha")
+    beta = create(client, csrf, "beta")
+    listed = client.get("/console/endpoints")
+    assert 'data-testid="row-alpha"' in listed.text and 'data-testid="row-beta"' in listed.text
+    found = client.get("/console/endpoints/rows", params={"q": "alp"})
+    assert "row-alpha" in found.text and "row-beta" not in found.text
+    version = int(re.search(r'"since": (\d+)', listed.text).group(1))  # type: ignore[union-attr]
+    signature = re.search(r'"signature": "([0-9a-f]+)"', listed.text).group(1)  # type: ignore[union-attr]
+    quiet = client.get(
+        "/console/endpoints/changes", params={"since": version, "signature": signature, "q": ""}
+    )
+    assert "row-" not in quiet.text  # nothing changed: no row sent
+    client.post(
+        f"/console/endpoints/{beta}/settings",
+        data={"csrf": csrf, "minReplicas": "0", "maxReplicas": "3", "retention": "60"},
+    )
+    changed = client.get(
+        "/console/endpoints/changes", params={"since": version, "signature": signature, "q": ""}
+    )
+    assert "row-beta" in changed.text and "row-alpha" not in changed.text
+    assert 'hx-swap-oob="true"' in changed.text and "0 / 0 / 3" in changed.text
+
+
+def test_create_form_recommends_and_explains(client: TestClient) -> None:
+    sign_in(client)
+    page = client.get(
+        "/console/endpoints/new", params={"model": "tiny-chat", "location": "us-east"}
+    )
+    assert 'data-testid="best"' in page.text
+    best = re.search(r'value="([^"]+)" checked', page.text)
+    assert best and best.group(1) == "cpu:1"
+    assert 'class="rejected"' in page.text  # options that do not fit, with their reasons
+    envelope = client.get(
+        "/console/endpoints/new/envelope",
+        params={
+            "model": "tiny-chat",
+            "location": "us-east",
+            "option": "L4:1",
+            "minReplicas": "1",
+            "maxReplicas": "3",
+        },
+    )
+    # 1 x 0.79/h x 730.5 h; 3 x 0.79/h.
+    assert "577.10 USD per month" in envelope.text and "2.37 USD per hour" in envelope.text
+
+
+def test_settings_preview_shows_the_cost_change(client: TestClient) -> None:
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf, location="us-east", option="L4:1")
+    preview = client.get(
+        f"/console/endpoints/{endpoint_id}/settings",
+        params={"minReplicas": "1", "maxReplicas": "2", "option": "L4:1"},
+    )
+    assert "+577.10 USD" in preview.text  # idle floor: 0 -> 1 replica a month
+    assert "0.00 USD" in preview.text
+
+
+def test_names_and_typed_values_render_as_text(client: TestClient) -> None:
+    csrf = sign_in(client)
+    evil = '<img src=x id="pwned">'
+    answer = client.post(
+        "/console/endpoints",
+        data={
+            "csrf": csrf,
+            "name": evil,
+            "model": "tiny-chat",
+            "location": "local",
+            "option": "cpu:1",
+        },
+    )
+    assert answer.status_code == 400
+    assert evil not in answer.text and "&lt;img src=x" in answer.text
+    search = client.get("/console/endpoints", params={"q": evil})
+    assert evil not in search.text and "&lt;img" in search.text
+
+
+def test_delete_needs_the_name_typed(client: TestClient, plane: ControlPlane) -> None:
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf)
+    wrong = client.post(
+        f"/console/endpoints/{endpoint_id}/delete", data={"csrf": csrf, "confirm_name": "chta"}
+    )
+    assert wrong.status_code == 400 and plane.service.find(endpoint_id) is not None
+    right = client.post(
+        f"/console/endpoints/{endpoint_id}/delete",
+        data={"csrf": csrf, "confirm_name": "chat"},
+        follow_redirects=False,
+    )
+    assert right.status_code == 303 and plane.service.find(endpoint_id) is None
+
+
+# --- projects and roles ------------------------------------------------------------------
+
+
+def scoped_app(plane: ControlPlane, project_names: dict[str, str]) -> Starlette:
+    """The console over the plane, with two projects: endpoints named
+    'a-*' belong to project 'alpha', the rest to `project_names['other']`;
+    a viewer of alpha and a developer of the other project sign in with
+    their own keys."""
+    base = console_sources(plane)
+    other = project_names["other"]
+    principals = {
+        ADMIN: operator(),
+        VIEWER_KEY: ConsolePrincipal("vera", roles=MappingProxyType({"alpha": "viewer"})),
+        OTHER_KEY: ConsolePrincipal("olga", roles=MappingProxyType({other: "developer"})),
+    }
+
+    def project_of(row: EndpointRow) -> str:
+        return "alpha" if row.name.startswith("a-") else other
+
+    sources = ConsoleSources(
+        service=base.service,
+        catalog=base.catalog,
+        authenticate=principals.get,
+        public_url=BASE,
+        project_of=project_of,
+        projects=lambda: ["alpha", other],
+    )
+    return create_app(plane, extra_routes=[Console(sources).mount()])
+
+
+def test_viewer_sees_no_button_that_changes_and_the_server_refuses(plane: ControlPlane) -> None:
+    app = scoped_app(plane, {"other": "beta"})
+    with TestClient(app, base_url=BASE) as admin:
+        csrf = sign_in(admin)
+        endpoint_id = create(admin, csrf, "a-chat")
+    with TestClient(app, base_url=BASE) as viewer:
+        csrf = sign_in(viewer, VIEWER_KEY)
+        listed = viewer.get("/console/endpoints").text
+        assert "row-a-chat" in listed and "Create endpoint" not in listed
+        page = viewer.get(f"/console/endpoints/{endpoint_id}").text
+        for marker in (
+            "request-token",
+            "settings-save",
+            "delete-submit",
+            'method="post" action="/console/endpoints/',
+        ):
+            assert marker not in page, marker
+        refused = [
+            viewer.post(f"/console/endpoints/{endpoint_id}/token", data={"csrf": csrf}),
+            viewer.post(
+                f"/console/endpoints/{endpoint_id}/settings",
+                data={"csrf": csrf, "minReplicas": "1", "maxReplicas": "1"},
+            ),
+            viewer.post(
+                f"/console/endpoints/{endpoint_id}/delete",
+                data={"csrf": csrf, "confirm_name": "a-chat"},
+            ),
+            viewer.post(
+                "/console/endpoints",
+                data={"csrf": csrf, "name": "a-new", "model": "tiny-chat", "option": "cpu:1"},
+            ),
+            viewer.get("/console/endpoints/new"),
+        ]
+        assert [r.status_code for r in refused] == [403] * 5
+        row = plane.service.find(endpoint_id)
+        assert row is not None and row.min_replicas == 0
+
+
+def test_another_projects_endpoint_is_a_404(plane: ControlPlane) -> None:
+    app = scoped_app(plane, {"other": '<b id="x">beta</b>'})
+    with TestClient(app, base_url=BASE) as admin:
+        csrf = sign_in(admin)
+        alpha_id = create(admin, csrf, "a-chat")
+        other_id = create(admin, csrf, "b-chat")
+    with TestClient(app, base_url=BASE) as olga:
+        csrf = sign_in(olga, OTHER_KEY)
+        assert "row-a-chat" not in olga.get("/console/endpoints").text
+        for path in ("", "/playground", "/logs", "/logs.txt", "/charts", "/live", "/token", "/row"):
+            assert olga.get(f"/console/endpoints/{alpha_id}{path}").status_code == 404, path
+        assert (
+            olga.post(f"/console/endpoints/{alpha_id}/token", data={"csrf": csrf}).status_code
+            == 404
+        )
+        assert olga.get(f"/console/endpoints/{other_id}").status_code == 200
+        usage = olga.get("/console/usage").text
+        # A project name with HTML in it is shown as text.
+        assert '<b id="x">' not in usage and "&lt;b id=&#34;x&#34;&gt;beta&lt;/b&gt;" in usage
