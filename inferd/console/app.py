@@ -32,7 +32,7 @@ from inferd.console.security import (
     content_security_policy,
 )
 from inferd.console.sources import ConsoleSources
-from inferd.console.views import LiveRows, RowView, ids_signature, matches, row_view
+from inferd.console.views import LiveRows, RowView, ids_signature, matches, row_view_of
 from inferd.console.web import ConsoleError, Web
 from inferd.control.store import EndpointRow
 from inferd.errors import InferdError
@@ -120,7 +120,9 @@ class Console:
 
     def _views(self, rows: Sequence[EndpointRow]) -> list[RowView]:
         service, series = self.sources.service, self.sources.series
-        return [row_view(service.record(r.id), series.replica_seconds(r.id)) for r in rows]
+        return [
+            row_view_of(r, service.runtime_of(r.id), series.replica_seconds(r.id)) for r in rows
+        ]
 
     def _listed(self, session: Session, query: str) -> list[RowView]:
         assert session.principal is not None
@@ -228,10 +230,14 @@ class Console:
     def _create_context(self, model: str, location: str, form: dict[str, Any]) -> dict[str, Any]:
         catalog = self.sources.catalog
         models = catalog.models.all()
-        if model not in catalog.models:
-            model = models[0].name if models else ""
         if location not in catalog.gpus.locations:
             location = self.sources.service.default_location
+        if model not in catalog.models:
+            # The first model that fits somewhere here, not one that cannot run.
+            fitting = [
+                m.name for m in models if self.sources.recommendation(m.name, location).options
+            ]
+            model = (fitting or [m.name for m in models] or [""])[0]
         rec = self.sources.recommendation(model, location) if model else None
         best = rec.best() if rec else None
         chosen = str(form.get("option") or (f"{best.gpu_type}:{best.gpu_count}" if best else ""))

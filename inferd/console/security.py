@@ -160,7 +160,9 @@ class SecurityHeaders:
             "content-security-policy": csp,
             "x-frame-options": "DENY",
             "x-content-type-options": "nosniff",
-            "referrer-policy": "no-referrer",
+            # Not no-referrer: with it Chromium sends `Origin: null` on form posts,
+            # and the origin check needs the real one.
+            "referrer-policy": "same-origin",
             "cross-origin-opener-policy": "same-origin",
             "cross-origin-resource-policy": "same-origin",
         }

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd.console.costs import cost_so_far
+from inferd.control.records import EndpointRuntime, ReplicaStatus, derive_status
+from inferd.control.store import EndpointRow
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,30 @@ class RowView:
     @property
     def gpu(self) -> str:
         return "CPU" if self.gpu_type == "cpu" else f"{self.gpu_type} x {self.gpu_count}"
+
+
+def row_view_of(row: EndpointRow, runtime: EndpointRuntime, replica_seconds: float) -> RowView:
+    """The same view as `row_view(record)`, from the row and its replicas
+    directly: the list's poll builds one per endpoint and must stay cheap."""
+    derived = derive_status(row, runtime.replicas, runtime.waiting_for)
+    now = sum(1 for r in runtime.replicas if r.status not in ReplicaStatus.gone())
+    return RowView(
+        id=row.id,
+        name=row.name,
+        model=row.model_name,
+        gpu_type=row.gpu_type,
+        gpu_count=row.gpu_count,
+        location=row.location_name,
+        status=derived.status.value,
+        reason=derived.reason,
+        replicas_now=now,
+        replicas_min=row.min_replicas,
+        replicas_max=row.max_replicas,
+        hourly_price=row.hourly_price,
+        price_now=now * row.hourly_price,
+        cost_so_far=round(cost_so_far(replica_seconds, row.hourly_price), 2),
+        currency=row.currency,
+    )
 
 
 def row_view(record: Mapping[str, Any], replica_seconds: float) -> RowView:

@@ -8,23 +8,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from inferd.console.app import Console
-from inferd.console.principal import ConsolePrincipal, operator
-from inferd.console.sources import ConsoleSources
-from inferd.control.store import EndpointRow
 from inferd.server.app import ControlPlane, create_app
-from inferd.server.console import console_mount, console_sources
+from inferd.server.console import console_mount
 from inferd.settings import load_settings
+from tests.console_support import ADMIN, OTHER_KEY, VIEWER_KEY, scoped_app
 
-ADMIN = "test-admin-key-0123456789"
-VIEWER_KEY = "viewer-key-0123456789abcdef"
-OTHER_KEY = "other-project-key-0123456789"
 BASE = "http://testserver"
 
 
@@ -294,35 +286,8 @@ def test_delete_needs_the_name_typed(client: TestClient, plane: ControlPlane) ->
 # --- projects and roles ------------------------------------------------------------------
 
 
-def scoped_app(plane: ControlPlane, project_names: dict[str, str]) -> Starlette:
-    """The console over the plane, with two projects: endpoints named
-    'a-*' belong to project 'alpha', the rest to `project_names['other']`;
-    a viewer of alpha and a developer of the other project sign in with
-    their own keys."""
-    base = console_sources(plane)
-    other = project_names["other"]
-    principals = {
-        ADMIN: operator(),
-        VIEWER_KEY: ConsolePrincipal("vera", roles=MappingProxyType({"alpha": "viewer"})),
-        OTHER_KEY: ConsolePrincipal("olga", roles=MappingProxyType({other: "developer"})),
-    }
-
-    def project_of(row: EndpointRow) -> str:
-        return "alpha" if row.name.startswith("a-") else other
-
-    sources = ConsoleSources(
-        service=base.service,
-        catalog=base.catalog,
-        authenticate=principals.get,
-        public_url=BASE,
-        project_of=project_of,
-        projects=lambda: ["alpha", other],
-    )
-    return create_app(plane, extra_routes=[Console(sources).mount()])
-
-
 def test_viewer_sees_no_button_that_changes_and_the_server_refuses(plane: ControlPlane) -> None:
-    app = scoped_app(plane, {"other": "beta"})
+    app = scoped_app(plane, "beta", BASE)
     with TestClient(app, base_url=BASE) as admin:
         csrf = sign_in(admin)
         endpoint_id = create(admin, csrf, "a-chat")
@@ -360,7 +325,7 @@ def test_viewer_sees_no_button_that_changes_and_the_server_refuses(plane: Contro
 
 
 def test_another_projects_endpoint_is_a_404(plane: ControlPlane) -> None:
-    app = scoped_app(plane, {"other": '<b id="x">beta</b>'})
+    app = scoped_app(plane, '<b id="x">beta</b>', BASE)
     with TestClient(app, base_url=BASE) as admin:
         csrf = sign_in(admin)
         alpha_id = create(admin, csrf, "a-chat")

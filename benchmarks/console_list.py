@@ -1,0 +1,176 @@
+"""The console's endpoints list with many endpoints: server time per answer.
+
+With N endpoints (1,000 by default) in a real control plane (SQLite store,
+the same service layer as the REST API), each answer is timed inside the
+server process, from the ASGI call to the last body byte (no network, no
+browser), through the whole app: routing, session, security headers,
+rendering. Side by side in the same run:
+
+- console list: `GET /console/endpoints`, the full page with N rows;
+- reference: `GET /inference/endpoints`, the JSON list of the same N records;
+- live update, one row changed: the list's poll (`/console/endpoints/changes`)
+  when one endpoint's replicas changed since the browser's version: it
+  compares every row and sends that one;
+- live update, nothing changed: the same poll, answering no row;
+- one row: `GET /console/endpoints/{id}/row`.
+
+Goals: the list page <= 150 ms; a live update of one row <= 5 ms.
+
+    .venv/bin/python benchmarks/console_list.py [--endpoints 1000] [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from common import ms, percentile, print_table, write_report
+
+from inferd.api.management import CreateEndpointRequest
+from inferd.console.app import Console
+from inferd.control.records import EndpointRuntime, ReplicaStatus, ReplicaView
+from inferd.server.app import ControlPlane, create_app
+from inferd.server.console import console_sources
+from inferd.settings import load_settings
+
+ADMIN_KEY = "bench-admin-key-0123456789"
+BASE = "http://127.0.0.1:8080"
+LIST_GOAL_MS = 150.0
+ROW_GOAL_MS = 5.0
+
+
+class Timed:
+    """ASGI wrapper: the server time of each answer, call to last byte."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.last_s = 0.0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        await self.app(scope, receive, send)
+        self.last_s = time.perf_counter() - started
+
+
+async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
+    settings = load_settings(
+        env={}, overrides={"state_dir": state_dir, "admin_key": ADMIN_KEY, "public_url": BASE}
+    )
+    plane = ControlPlane.open(settings)
+    runtimes: dict[str, EndpointRuntime] = {}
+    plane.service.runtime_of = lambda endpoint_id: runtimes.get(endpoint_id, EndpointRuntime())
+    try:
+        for i in range(endpoints):
+            await plane.service.create(
+                CreateEndpointRequest(
+                    name=f"ep-{i:05d}", modelName="tiny-chat", locationName="local", maxReplicas=2
+                )
+            )
+        ids = [row.id for row in plane.service.rows()]
+        for endpoint_id in ids:  # every endpoint running one replica
+            runtimes[endpoint_id] = EndpointRuntime((ReplicaView(1, ReplicaStatus.READY),))
+        timed = Timed(create_app(plane, extra_routes=[Console(console_sources(plane)).mount()]))
+        transport = httpx.ASGITransport(app=timed)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            form = await client.get("/console/signin")
+            csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)  # type: ignore[union-attr]
+            await client.post("/console/signin", data={"key": ADMIN_KEY, "csrf": csrf})
+            api = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+            async def timed_get(url: str, **kwargs: Any) -> tuple[float, httpx.Response]:
+                response = await client.get(url, **kwargs)
+                assert response.status_code == 200, (url, response.status_code)
+                return timed.last_s, response
+
+            samples: dict[str, list[float]] = {
+                k: [] for k in ("list", "reference", "one_changed", "none_changed", "row")
+            }
+            sizes: dict[str, int] = {}
+            page = (await timed_get("/console/endpoints"))[1]
+            version = int(re.search(r'"since": (\d+)', page.text).group(1))  # type: ignore[union-attr]
+            signature = re.search(r'"signature": "([0-9a-f]+)"', page.text).group(1)  # type: ignore[union-attr]
+            # Round 0 warms up (templates compile on first use) and is not counted.
+            for round_no in range(rounds + 1):
+                seconds, response = await timed_get("/console/endpoints")
+                samples["list"].append(seconds)
+                sizes["list"] = len(response.content)
+                assert response.text.count('data-testid="row-') == endpoints
+                seconds, response = await timed_get("/inference/endpoints", headers=api)
+                samples["reference"].append(seconds)
+                sizes["reference"] = len(response.content)
+                # One endpoint's replica changes status: the poll sends its row only.
+                changed = ids[round_no % len(ids)]
+                was = runtimes[changed].replicas[0].status
+                status = ReplicaStatus.LOADING if was is ReplicaStatus.READY else ReplicaStatus.READY
+                runtimes[changed] = EndpointRuntime((ReplicaView(1, status),))
+                params = {"since": version, "signature": signature, "q": ""}
+                seconds, response = await timed_get("/console/endpoints/changes", params=params)
+                samples["one_changed"].append(seconds)
+                sizes["one_changed"] = len(response.content)
+                assert response.text.count('hx-swap-oob="true"') == 1, (params, response.text[:300])
+                version = int(re.search(r'"since": (\d+)', response.text).group(1))  # type: ignore[union-attr]
+                params["since"] = version
+                seconds, response = await timed_get("/console/endpoints/changes", params=params)
+                samples["none_changed"].append(seconds)
+                assert "hx-swap-oob" not in response.text
+                seconds, response = await timed_get(f"/console/endpoints/{changed}/row")
+                samples["row"].append(seconds)
+                sizes["row"] = len(response.content)
+    finally:
+        plane.close()
+
+    for values in samples.values():
+        del values[0]
+    labels = {
+        "list": f"console list page ({endpoints} rows)",
+        "reference": f"reference: JSON list ({endpoints} records)",
+        "one_changed": "live update: poll, one row changed",
+        "none_changed": "live update: poll, nothing changed",
+        "row": "one row fragment",
+    }
+    goals = {"list": LIST_GOAL_MS, "one_changed": ROW_GOAL_MS}
+    rows = []
+    for key, values in samples.items():
+        p50 = ms(percentile(values, 50))
+        p95 = ms(percentile(values, 95))
+        goal = goals.get(key)
+        rows.append(
+            {
+                "answer": labels[key],
+                "p50 ms": p50,
+                "p95 ms": p95,
+                "bytes": sizes.get(key),
+                "goal ms": goal,
+                "met (p95)": None if goal is None else bool(p95 is not None and p95 <= goal),
+            }
+        )
+    return {"endpoints": endpoints, "rounds": rounds, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoints", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="inferd-console-bench-") as state:
+        report = asyncio.run(run(args.endpoints, args.rounds, Path(state)))
+    print_table(
+        f"Console list, server time per answer ({args.endpoints} endpoints, {args.rounds} rounds)",
+        report["rows"],
+        ["answer", "p50 ms", "p95 ms", "bytes", "goal ms", "met (p95)"],
+    )
+    write_report("console_list", report, args.out)
+
+
+if __name__ == "__main__":
+    main()
