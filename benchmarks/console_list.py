@@ -110,7 +110,9 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
                 # One endpoint's replica changes status: the poll sends its row only.
                 changed = ids[round_no % len(ids)]
                 was = runtimes[changed].replicas[0].status
-                status = ReplicaStatus.LOADING if was is ReplicaStatus.READY else ReplicaStatus.READY
+                status = (
+                    ReplicaStatus.LOADING if was is ReplicaStatus.READY else ReplicaStatus.READY
+                )
                 runtimes[changed] = EndpointRuntime((ReplicaView(1, status),))
                 params = {"since": version, "signature": signature, "q": ""}
                 seconds, response = await timed_get("/console/endpoints/changes", params=params)
