@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from inferd.testing import ServeHandle  # noqa: E402
-from tests.browser.conftest import CHROMIUM_ARGS, chromium_path  # noqa: E402
+from tests.browser.conftest import CHROMIUM_ARGS, EXPECT_TIMEOUT_MS, chromium_path  # noqa: E402
 
 SETTINGS = {
     "health_period_seconds": "0.5",
@@ -39,6 +39,7 @@ def main() -> int:
         return 1
     from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="inferd-shots-") as tmp:
         serve = ServeHandle(Path(tmp), settings=SETTINGS).start()

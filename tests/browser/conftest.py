@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = os.environ.get("INFERD_CHROMIUM", "/usr/bin/chromium")
+EXPECT_TIMEOUT_MS = 30_000
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",  # as root in containers the sandbox cannot start
@@ -45,6 +46,11 @@ def browser() -> Iterator[object]:
         if os.environ.get("CI"):
             pytest.fail("playwright is not installed (pip install -e '.[test]')")
         pytest.skip("playwright is not installed")
+    from playwright.sync_api import expect
+
+    # The suite shares a 2-core machine with real engines loading: a page
+    # that needs a store commit can take seconds under that load.
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
         try:
