@@ -12,6 +12,8 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inferd.control.accounts.sqlite import ACCOUNT_TABLES_SQLITE
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -113,7 +115,17 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "projects: endpoints' project, accounts, keys, audit log, usage",
+    (
+        # Every endpoint belongs to a project; existing ones to the default.
+        "ALTER TABLE endpoints ADD COLUMN project_id TEXT NOT NULL DEFAULT 'default'",
+        *ACCOUNT_TABLES_SQLITE,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 
 
 def latest_version() -> int:

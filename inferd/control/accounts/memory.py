@@ -174,5 +174,9 @@ class MemoryAccountStore:
         ]
         return sorted(rows, key=lambda r: (r.hour, r.endpoint_id, r.gpu_type, r.gpu_count))
 
-    async def close(self) -> None:
-        return None
+    async def costs_since(self, since: datetime) -> dict[str, float]:
+        costs: dict[str, float] = {}
+        for r in self._usage.values():
+            if r.hour >= since:
+                costs[r.endpoint_id] = costs.get(r.endpoint_id, 0.0) + r.cost
+        return costs

@@ -46,7 +46,7 @@ def _slug(value: str, what: str) -> str:
     return value
 
 
-def _project_missing(project_id: str) -> NotFound:
+def project_missing(project_id: str) -> NotFound:
     return NotFound(f"No project '{project_id}'.", param="id", code="project_not_found")
 
 
@@ -94,8 +94,8 @@ class AccountService:
     async def project(self, principal: Principal, project_id: str) -> Project:
         project = await self.store.get_project(project_id)
         if project is None:
-            raise _project_missing(project_id)
-        authorize(principal, project_id, Action.READ, hidden=_project_missing(project_id))
+            raise project_missing(project_id)
+        authorize(principal, project_id, Action.READ, hidden=project_missing(project_id))
         return project
 
     async def projects(self, principal: Principal) -> list[Project]:
@@ -141,7 +141,7 @@ class AccountService:
         """Add (or change the role of) a member. A user name not seen before
         creates the user and a first key for them, returned once."""
         await self.project(principal, project_id)
-        authorize(principal, project_id, Action.MANAGE, hidden=_project_missing(project_id))
+        authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
         _slug(user_id, "userId")
         created: CreatedKey | None = None
         if await self.store.get_user(user_id) is None:
@@ -168,7 +168,7 @@ class AccountService:
 
     async def remove_member(self, principal: Principal, project_id: str, user_id: str) -> None:
         await self.project(principal, project_id)
-        authorize(principal, project_id, Action.MANAGE, hidden=_project_missing(project_id))
+        authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
         if not await self.store.remove_membership(project_id, user_id):
             raise NotFound(
                 f"User '{user_id}' is not a member of '{project_id}'.",
@@ -198,7 +198,7 @@ class AccountService:
         await self.audit_event(principal, AuditAction.USER_CREATE, None, f"user:{user_id}")
         return user, await self._new_key(principal, user_id, "first key", None)
 
-    async def _key_owner(self, principal: Principal, user_id: str) -> str | None:
+    async def user_scope(self, principal: Principal, user_id: str) -> str | None:
         """The project the caller manages `user_id`'s keys through (None: self
         or operator); 404 when the caller may not see the user at all."""
         if principal.operator or principal.id == user_id:
@@ -211,11 +211,11 @@ class AccountService:
         raise _user_missing(user_id)
 
     async def keys(self, principal: Principal, user_id: str) -> list[UserKey]:
-        await self._key_owner(principal, user_id)
+        await self.user_scope(principal, user_id)
         return await self.store.keys_of(user_id)
 
     async def create_key(self, principal: Principal, user_id: str, name: str) -> CreatedKey:
-        project_id = await self._key_owner(principal, user_id)
+        project_id = await self.user_scope(principal, user_id)
         active = [k for k in await self.store.keys_of(user_id) if k.revoked_at is None]
         if len(active) >= MAX_KEYS_PER_USER:
             raise Conflict(
@@ -244,7 +244,7 @@ class AccountService:
         return CreatedKey(key, plaintext)
 
     async def revoke_key(self, principal: Principal, user_id: str, key_id: str) -> None:
-        project_id = await self._key_owner(principal, user_id)
+        project_id = await self.user_scope(principal, user_id)
         if not any(k.id == key_id for k in await self.store.keys_of(user_id)):
             raise NotFound(f"No key '{key_id}'.", param="keyId", code="key_not_found")
         await self.store.revoke_key(key_id, self._clock())
@@ -267,7 +267,7 @@ class AccountService:
         limit: int,
     ) -> list[AuditEntry]:
         await self.project(principal, project_id)
-        authorize(principal, project_id, Action.MANAGE, hidden=_project_missing(project_id))
+        authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
         return await self.store.audit(
             project_id, since=since, until=until, actions=actions, limit=limit
         )
