@@ -124,9 +124,11 @@ class Store(SqliteAccounts):
             # FULL: the WAL is fsynced at every commit, so a commit that
             # returned survives power loss, not only a process crash.
             conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=5000")
+            # Foreign keys on only after migrating: a migration that rebuilds
+            # a table must not cascade its DROP to the rows that refer to it.
             migrate(conn, now)
+            conn.execute("PRAGMA foreign_keys=ON")
         except BaseException:
             conn.close()
             raise
@@ -183,7 +185,7 @@ class Store(SqliteAccounts):
                     (row.id, token_hash, row.created_at),
                 )
         except sqlite3.IntegrityError as exc:
-            if "endpoints.name" in str(exc) or "endpoints.project_id" in str(exc):
+            if "endpoints.project_id, endpoints.name" in str(exc):
                 raise DuplicateName(row.name) from None
             raise
 

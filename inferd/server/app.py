@@ -180,4 +180,5 @@ def create_app(
     )
     app.router.redirect_slashes = False
     app.state.plane = plane
+    app.state.operations = operations
     return app
