@@ -1,4 +1,5 @@
 """Quota policy: settings checks and the autoscaling cap, as tables."""
+# ruff: noqa: E501  (case tables read best one case per line)
 
 from __future__ import annotations
 
