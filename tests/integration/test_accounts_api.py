@@ -75,8 +75,8 @@ def test_names_are_unique_within_a_project(world: World) -> None:
 
 def test_project_is_chosen_for_a_single_project_member(world: World) -> None:
     key = world.keys["developer-user"]
-    body = world.ok("POST", "/endpoints", key,
-                    json={"name": unique("ep"), "modelName": "tiny-chat", "minReplicas": 0})  # fmt: skip
+    fields = {"name": unique("ep"), "modelName": "tiny-chat", "minReplicas": 0}
+    body = world.ok("POST", "/endpoints", key, json=fields)
     assert body["projectId"] == OWN and body["costSoFar"] == 0
     listed = world.ok("GET", "/endpoints", key)["data"]
     assert {e["projectId"] for e in listed} == {OWN}
@@ -180,11 +180,11 @@ def test_audit_entries_per_action_with_actor(world: World) -> None:
     assert create["target"] == f"endpoint:{endpoint['id']}" and create["projectId"] == OWN
     assert datetime.fromisoformat(create["at"].replace("Z", "+00:00")) >= start
     # Filter by action, and by time.
-    only = world.ok("GET", f"/projects/{OWN}/audit", admin,
-                    params=[("action", "key.create"), ("action", "key.revoke")])["data"]  # fmt: skip
+    pairs = [("action", "key.create"), ("action", "key.revoke")]
+    only = world.ok("GET", f"/projects/{OWN}/audit", admin, params=pairs)["data"]
     assert {e["action"] for e in only} == {"key.create", "key.revoke"}
-    later = world.ok("GET", f"/projects/{OWN}/audit", admin,
-                     params={"from": (datetime.now(UTC) + timedelta(hours=1)).isoformat()})  # fmt: skip
+    soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    later = world.ok("GET", f"/projects/{OWN}/audit", admin, params={"from": soon})
     assert later["data"] == []
     # Another project's log shows none of these.
     other = world.ok("GET", f"/projects/{OTHER}/audit", world.keys["outsider"])["data"]
