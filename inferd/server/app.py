@@ -29,6 +29,7 @@ from inferd.control.tokens import TokenVerifier
 from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, build_routes
 from inferd.server.account_routes import AccountRoutes
+from inferd.server.accounts_openapi import accounts_openapi
 from inferd.server.auth import AdminAuth, provision_admin_key
 from inferd.server.management import ManagementRoutes
 from inferd.server.openapi import build_openapi
@@ -113,7 +114,7 @@ def openapi_document(
         gpu_counts=sorted({c for t in gpus.gpu_types for c in gpus.allowed_counts_for(t)}),
         locations=list(gpus.locations),
         server_url=settings.public_url,
-        parts=parts,
+        parts=[accounts_openapi(), *parts],
     )
 
 

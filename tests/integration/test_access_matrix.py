@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import pytest
 from starlette.routing import Mount, Route
 
@@ -79,6 +80,24 @@ def expected(op: Operation, role: Role | None, own: bool) -> str:
     return "ok" if op.action in ROLE_ACTIONS[role] else "403"
 
 
+_DOCS: dict[int, Any] = {}
+
+
+def documented(w: World, op: Operation, resp: Any) -> None:
+    """The answer is one the served OpenAPI document describes, schema included."""
+    doc = _DOCS.get(id(w))
+    if doc is None:
+        doc = _DOCS[id(w)] = w.client.get("/openapi.json").json()
+    spec = doc["paths"]["/inference" + op.path][op.method.lower()]["responses"]
+    assert str(resp.status_code) in spec, (op.method, op.path, resp.status_code)
+    content = spec[str(resp.status_code)].get("content")
+    if content is None:
+        assert resp.content == b""
+        return
+    schema = {**content["application/json"]["schema"], "components": doc["components"]}
+    jsonschema.Draft202012Validator(schema).validate(resp.json())
+
+
 def call(w: World, op: Operation, key: str | None, project: str) -> Any:
     actor = "" if key is None else next(u for u, k in w.keys.items() if k == key)
     path = concrete_path(w, op, actor, project)
@@ -86,7 +105,9 @@ def call(w: World, op: Operation, key: str | None, project: str) -> Any:
     kwargs: dict[str, Any] = {"json": body(w, project)} if body else {}
     if (op.method, op.path) in QUERIES:
         kwargs["params"] = QUERIES[(op.method, op.path)]
-    return w.op(op.method, path, key, **kwargs)
+    resp = w.op(op.method, path, key, **kwargs)
+    documented(w, op, resp)
+    return resp
 
 
 def check(resp: Any, want: str, label: str) -> None:
