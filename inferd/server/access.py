@@ -23,6 +23,7 @@ from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
 from inferd.control.accounts.service import AccountService, project_missing
+from inferd.errors import BadRequest
 
 Handler = Callable[[Request, Principal], Awaitable[Response]]
 
@@ -43,6 +44,9 @@ class Operation:
     target: Target
     action: Action
     handler: Handler
+    # Query parameters it reads; any other is a 400 (a misspelt filter must
+    # not silently widen an answer).
+    query: tuple[str, ...] = ()
 
 
 class AccessCheck:
@@ -87,6 +91,13 @@ def build_routes(operations: Sequence[Operation], access: AccessCheck) -> list[B
         async def dispatch(request: Request) -> Response:
             op = methods[request.method]
             principal = principal_of(request)
+            for name in request.query_params:
+                if name not in op.query:
+                    raise BadRequest(
+                        f"Unknown query parameter '{name}'.",
+                        param=name,
+                        code="unknown_parameter",
+                    )
             await access.check(op, principal, request)
             return await op.handler(request, principal)
 

@@ -139,6 +139,7 @@ class AccountRoutes:
 
     def operations(self) -> list[Operation]:
         R, W, M = Action.READ, Action.WRITE, Action.MANAGE
+        span = ("from", "to")
         return [
             Operation("GET", "/whoami", Target.ANY, R, self.whoami),
             Operation("GET", "/projects", Target.ANY, R, self.list_projects),
@@ -150,14 +151,20 @@ class AccountRoutes:
             Operation(
                 "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
             ),
-            Operation("GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit),
-            Operation("GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage),
+            Operation(
+                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit, (*span, "action")
+            ),
+            Operation(
+                "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage, span
+            ),
             Operation("GET", "/users", Target.OPERATOR, M, self.list_users),
             Operation("POST", "/users", Target.OPERATOR, M, self.create_user),
             Operation("GET", "/users/{userId}/keys", Target.USER, R, self.list_keys),
             Operation("POST", "/users/{userId}/keys", Target.USER, W, self.create_key),
             Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, self.revoke_key),
-            Operation("GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, self.endpoint_usage),
+            Operation(
+                "GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, self.endpoint_usage, span
+            ),
         ]  # fmt: skip
 
     async def whoami(self, request: Request, principal: Principal) -> Response:

@@ -40,7 +40,7 @@ class ManagementRoutes:
     def operations(self) -> list[Operation]:
         R, W = Action.READ, Action.WRITE
         return [
-            Operation("GET", "/endpoints", Target.ANY, R, self.list_endpoints),
+            Operation("GET", "/endpoints", Target.ANY, R, self.list_endpoints, ("projectId",)),
             Operation("POST", "/endpoints", Target.NEW_ENDPOINT, W, self.create_endpoint),
             Operation("GET", "/endpoints/{id}", Target.ENDPOINT, R, self.get_endpoint),
             Operation("PATCH", "/endpoints/{id}", Target.ENDPOINT, W, self.update_endpoint),
@@ -51,7 +51,10 @@ class ManagementRoutes:
             Operation("GET", "/models", Target.ANY, R, self.list_models),
             Operation("GET", "/gpu-types", Target.ANY, R, self.list_gpu_types),
             Operation("GET", "/locations", Target.ANY, R, self.list_locations),
-            Operation("GET", "/recommendations", Target.ANY, R, self.recommendations),
+            Operation(
+                "GET", "/recommendations", Target.ANY, R, self.recommendations,
+                ("modelName", "locationName"),
+            ),
         ]  # fmt: skip
 
     # --- endpoints -------------------------------------------------------------------
