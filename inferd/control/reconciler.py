@@ -64,6 +64,11 @@ class ReplicaRecords(Protocol):
     def delete_replica(self, replica_id: str) -> None: ...
 
 
+# (endpoint, replicas the autoscaler wants) -> (replicas allowed, why fewer):
+# the project's quota, applied after the autoscaler's decision.
+ReplicaCap = Callable[[EndpointRow, int], tuple[int, str | None]]
+
+
 @dataclass(frozen=True)
 class ReconcilerSettings:
     period_s: float = 1.0
@@ -98,6 +103,7 @@ class Reconciler:
         settings: ReconcilerSettings,
         clock: Callable[[], float] = time.monotonic,
         to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
+        replica_cap: ReplicaCap | None = None,
     ) -> None:
         self.registry = registry
         self.launcher = launcher
@@ -107,6 +113,7 @@ class Reconciler:
         self.settings = settings
         self.clock = clock
         self._to_thread = to_thread
+        self.replica_cap = replica_cap
         self._plans: dict[str, _Plan] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -299,6 +306,9 @@ class Reconciler:
         decision = decide(self._scaling(row), observations, plan.scaler, now)
         plan.scaler = decision.state
         desired = decision.desired
+        quota_reason = None
+        if self.replica_cap is not None:
+            desired, quota_reason = self.replica_cap(row, desired)
 
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]
@@ -306,7 +316,7 @@ class Reconciler:
         if missing > 0:
             await self._launch(row, plan, missing, now)
         else:
-            plan.capacity_reason = None
+            plan.capacity_reason = quota_reason
         if missing < 0:
             for victim in _victims(current, -missing, traffic):
                 self._drain(victim, "scaled down")

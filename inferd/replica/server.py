@@ -131,6 +131,7 @@ class ReplicaProcess:
         self._drain_requested = asyncio.Event()
         self._model_name = config.served_names[0] if config.served_names else config.model
         self._reporter: StatusReporter | None = None
+        self._metrics: ReplicaMetrics | None = None
 
     def _snapshot(self) -> dict[str, Any]:
         load = self._engine.load() if hasattr(self, "_engine") else None
@@ -149,6 +150,8 @@ class ReplicaProcess:
                 "waiting": load.waiting if load else 0,
                 "kvCacheUsage": load.kv_cache_usage if load else None,
             },
+            # Cumulative since start: a lost report loses nothing.
+            "usage": self._metrics.usage() if self._metrics is not None else None,
         }
 
     def request_drain(self) -> None:
@@ -186,6 +189,7 @@ class ReplicaProcess:
         options = replace(config.engine, serving=defaults)
         self._engine = create_engine(self._model_name, kind, path, options)
         metrics = ReplicaMetrics(self._engine, self.state)
+        self._metrics = metrics
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
         app = build_app(self._engine, self.state, metrics, served, config.max_body_bytes)
         sock = bind_socket(config.host, config.port)

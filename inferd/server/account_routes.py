@@ -268,7 +268,7 @@ class AccountRoutes:
         return JSONResponse({"data": [audit_info(e) for e in entries]})
 
     async def project_usage(self, request: Request, principal: Principal) -> Response:
-        rows = await self.accounts.project_usage(
+        rows = await self.endpoints.project_usage(
             principal,
             request.path_params["id"],
             parse_time(request, "from"),

@@ -310,6 +310,12 @@ def build_openapi(
     doc["paths"]["/inference/endpoints"]["post"]["responses"]["201"]["links"] = _CREATED_LINKS
     for part in parts:
         merge_part(doc, part)
+    # A management route refuses a query parameter it does not read: every
+    # one of them can answer 400.
+    for path, ops in doc["paths"].items():
+        if path.startswith("/inference/"):
+            for op in ops.values():
+                op["responses"].setdefault("400", _json("ErrorBody", _ERRORS[400]))
     if server_url:
         doc["servers"] = [{"url": server_url}]
     return doc

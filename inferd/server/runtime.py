@@ -22,11 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from inferd.control.accounts.meter_feed import MeterFeed
+from inferd.control.accounts.metering import EndpointPricing
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry, ReportRejected
+from inferd.control.store import EndpointRow
 from inferd.errors import error_body
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
@@ -48,6 +51,7 @@ class Runtime:
     launcher: LocalLauncher
     gateway: Gateway
     reconciler: Reconciler
+    meter_feed: MeterFeed
 
     def endpoint_runtime(self, endpoint_id: str) -> EndpointRuntime:
         views = tuple(
@@ -152,6 +156,20 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         ),
     )
     launcher = launcher or build_launcher(plane)
+
+    def live_replicas(endpoint_id: str) -> int:
+        return sum(1 for r in registry.of_endpoint(endpoint_id) if r.live)
+
+    def replica_cap(row: EndpointRow, desired: int) -> tuple[int, str | None]:
+        return plane.accounts.replica_cap(row, desired, live_replicas)
+
+    def pricing() -> dict[str, EndpointPricing]:
+        return {
+            row.id: EndpointPricing(row.project_id, row.hourly_price)
+            for row in plane.service.rows()
+        }
+
+    meter_feed = MeterFeed(plane.accounts.meter, registry, pricing)
     reconciler = Reconciler(
         registry=registry,
         launcher=launcher,
@@ -165,9 +183,10 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             upscale_delay_s=settings.autoscale_upscale_delay_seconds,
             downscale_delay_s=settings.autoscale_downscale_delay_seconds,
         ),
+        replica_cap=replica_cap,
     )
     holder["r"] = reconciler
-    runtime = Runtime(registry, launcher, gateway, reconciler)
+    runtime = Runtime(registry, launcher, gateway, reconciler, meter_feed)
     plane.service.runtime_of = runtime.endpoint_runtime
     plane.service.drain = reconciler.drain_endpoint
 
@@ -181,8 +200,10 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
         reconciler.start()
+        meter_feed.start()
 
     async def stop() -> None:
+        await meter_feed.stop()
         await reconciler.stop()
         await gateway.shutdown()
         # Embedded mode owns its replicas: a clean stop leaves none running.
@@ -223,13 +244,15 @@ def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
         auth = request.headers.get("authorization", "")
         secret = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
         payload = parse_json_object(await read_body(request, _MAX_REPORT_BYTES))
+        replica_id = request.path_params["replica_id"]
         try:
-            registry.report(request.path_params["replica_id"], secret, payload)
+            registry.report(replica_id, secret, payload)
         except ReportRejected as exc:
             return JSONResponse(
                 error_body(str(exc), "invalid_request_error", None, "report_rejected"),
                 status_code=exc.status,
             )
+        runtime.meter_feed.reported(replica_id, payload)
         return Response(status_code=204)
 
     metrics_registry = CollectorRegistry(auto_describe=True)

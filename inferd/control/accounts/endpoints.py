@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
-from inferd.control.accounts.metering import UsageMeter
+from inferd.control.accounts.metering import UsageMeter, merge_usage
 from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction, UsageRow, hour_of
 from inferd.control.accounts.quota import EndpointShape, check_settings
 from inferd.control.accounts.roles import Action, Principal, authorize
@@ -231,9 +231,16 @@ class ProjectEndpoints:
     async def usage(
         self, principal: Principal, endpoint_id: str, since: datetime | None, until: datetime | None
     ) -> list[UsageRow]:
+        """Hourly usage of an endpoint; `since` counts from the start of its hour."""
         self.endpoint(principal, endpoint_id, Action.READ)
-        return await self.accounts.store.usage(
-            endpoint_id=endpoint_id,
-            since=hour_of(since) if since else None,
-            until=until,
-        )
+        since = hour_of(since) if since else None
+        stored = await self.accounts.store.usage(endpoint_id=endpoint_id, since=since, until=until)
+        return merge_usage(stored, self.meter.pending(endpoint_id=endpoint_id), since, until)
+
+    async def project_usage(
+        self, principal: Principal, project_id: str, since: datetime | None, until: datetime | None
+    ) -> list[UsageRow]:
+        await self.accounts.project(principal, project_id)
+        since = hour_of(since) if since else None
+        stored = await self.accounts.store.usage(project_id=project_id, since=since, until=until)
+        return merge_usage(stored, self.meter.pending(project_id=project_id), since, until)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from inferd.control.accounts.memory import add_to
-from inferd.control.accounts.model import UsageDelta, hour_of
+from inferd.control.accounts.model import UsageDelta, UsageRow, hour_of
 
 HOUR = timedelta(hours=1)
 
@@ -137,6 +137,18 @@ class UsageMeter:
         self._counters.pop(replica_id, None)
         self._accounted_until.pop(replica_id, None)
 
+    def pending(
+        self, *, endpoint_id: str | None = None, project_id: str | None = None
+    ) -> list[UsageDelta]:
+        """Figures not handed to the store yet (a read adds them, so that it
+        is current to the last sample, not to the last write)."""
+        return [
+            d
+            for d in self._pending.values()
+            if (endpoint_id is None or d.endpoint_id == endpoint_id)
+            and (project_id is None or d.project_id == project_id)
+        ]
+
     def drain(self) -> list[UsageDelta]:
         """Pending figures, handed over once (to be added to the store)."""
         pending, self._pending = list(self._pending.values()), {}
@@ -173,3 +185,19 @@ class UsageMeter:
 
 def month_of(at: datetime) -> datetime:
     return hour_of(at).replace(day=1, hour=0)
+
+
+def merge_usage(
+    stored: Iterable[UsageRow],
+    pending: Iterable[UsageDelta],
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[UsageRow]:
+    """Stored hourly rows plus pending figures in the same range, by key."""
+    rows: dict[tuple[str, datetime, str, int], UsageRow] = {r.key(): r for r in stored}
+    for d in pending:
+        if (since is not None and d.hour < since) or (until is not None and d.hour >= until):
+            continue
+        row = rows.get(d.key())
+        rows[d.key()] = d if row is None else add_to(row, d)
+    return sorted(rows.values(), key=lambda r: (r.hour, r.endpoint_id, r.gpu_type, r.gpu_count))

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from inferd.control.accounts.endpoints import Endpoints, ProjectEndpoints
+from inferd.control.accounts.endpoints import EndpointLike, Endpoints, ProjectEndpoints
 from inferd.control.accounts.metering import UsageMeter, month_of
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.accounts.principals import PrincipalResolver
+from inferd.control.accounts.quota import EndpointShape, cap_replicas, capped_reason
 from inferd.control.accounts.service import AccountService
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Accounts:
 
     async def start(self) -> None:
         await self.service.ensure_default_project()
+        await self.service.load_quotas()
         await self._load_month()
         self._task = asyncio.create_task(self._run(), name="accounts-flush")
 
@@ -82,6 +84,24 @@ class Accounts:
             self.meter.restore(pending)
             raise
         await self._load_month()
+        await self.service.load_quotas()
+
+    def replica_cap(
+        self, endpoint: EndpointLike, desired: int, live: Callable[[str], int]
+    ) -> tuple[int, str | None]:
+        """How many of `desired` replicas the endpoint's project quota allows,
+        `live(endpoint id)` giving each endpoint's replicas now; and why fewer."""
+        quota = self.service.quotas.get(endpoint.project_id)
+        if quota is None or (quota.replicas is None and endpoint.gpu_type not in quota.gpus):
+            return desired, None
+        others = [
+            EndpointShape(e.id, e.gpu_type, e.gpu_count, live(e.id))
+            for e in self.endpoints.service.rows()
+            if e.project_id == endpoint.project_id and e.id != endpoint.id
+        ]
+        me = EndpointShape(endpoint.id, endpoint.gpu_type, endpoint.gpu_count, live(endpoint.id))
+        cap = cap_replicas(quota, others, me, desired)
+        return cap.allowed, capped_reason(endpoint.project_id, cap)
 
     async def _run(self) -> None:
         while True:

@@ -20,7 +20,6 @@ from inferd.control.accounts.model import (
     AuditEntry,
     Membership,
     Project,
-    UsageRow,
     User,
     UserKey,
     rfc3339,
@@ -70,6 +69,12 @@ class AccountService:
         self.store = store
         self.resolver = resolver
         self._clock = clock
+        # Every project's quota, for the autoscaler's synchronous cap: set
+        # here after each change, re-read periodically for other instances'.
+        self.quotas: dict[str, Quota] = {}
+
+    async def load_quotas(self) -> None:
+        self.quotas = {p.id: p.quota for p in await self.store.list_projects()}
 
     async def ensure_default_project(self) -> None:
         if await self.store.get_project(DEFAULT_PROJECT) is None:
@@ -123,6 +128,7 @@ class AccountService:
         await self.project(principal, project_id)
         require_operator(principal, "change a project's quota")
         await self.store.set_quota(project_id, quota)
+        self.quotas[project_id] = quota
         await self.audit_event(
             principal, AuditAction.QUOTA_CHANGE, project_id, f"project:{project_id}",
             quota=quota.to_dict(),
@@ -271,12 +277,6 @@ class AccountService:
         return await self.store.audit(
             project_id, since=since, until=until, actions=actions, limit=limit
         )
-
-    async def project_usage(
-        self, principal: Principal, project_id: str, since: datetime | None, until: datetime | None
-    ) -> list[UsageRow]:
-        await self.project(principal, project_id)
-        return await self.store.usage(project_id=project_id, since=since, until=until)
 
 
 def key_info(key: UserKey, pending_last_used: datetime | None = None) -> dict[str, Any]:
