@@ -19,6 +19,7 @@ _SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inferd.server.cli",  # serve
     "inferd.replica.cli",  # replica
     "inferd.client.cli",  # endpoints ...
+    "inferd.client.accounts_cli",  # projects, members, keys, usage ...
     "inferd.catalog.cli",  # recommend, models
 )
 

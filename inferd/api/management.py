@@ -89,6 +89,12 @@ class CreateEndpointRequest(_Request):
         le=MAX_RETENTION_SECONDS,
         description="Idle seconds before an endpoint with minReplicas 0 scales to zero.",
     )
+    projectId: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="Project the endpoint belongs to. Omitted: the caller's only project "
+        "where it may create endpoints (the operator: 'default').",
+    )
 
 
 class UpdateEndpointRequest(_Request):
@@ -149,6 +155,11 @@ class EndpointRecord(_Response):
     )
     createdAt: str = Field(description="RFC 3339 UTC.")
     updatedAt: str = Field(description="RFC 3339 UTC.")
+    projectId: str = Field(description="The project the endpoint belongs to.")
+    costSoFar: float = Field(
+        description="Cost of the endpoint's replica-hours this calendar month (UTC), in "
+        "`currency`, from the price table."
+    )
 
 
 class CreatedEndpoint(EndpointRecord):

@@ -93,8 +93,9 @@ class ManagementClient:
         result: dict[str, Any] = self._call("POST", "/endpoints", json=body)
         return result
 
-    def list_endpoints(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call("GET", "/endpoints")["data"]
+    def list_endpoints(self, project_id: str | None = None) -> list[dict[str, Any]]:
+        params = {"projectId": project_id} if project_id else None
+        result: list[dict[str, Any]] = self._call("GET", "/endpoints", params=params)["data"]
         return result
 
     def get_endpoint(self, endpoint_id: str) -> dict[str, Any]:
@@ -112,11 +113,26 @@ class ManagementClient:
         result: dict[str, Any] = self._call("POST", f"/endpoints/{endpoint_id}/access-token")
         return str(result["accessToken"])
 
-    def resolve(self, id_or_name: str) -> str:
-        """An endpoint id from an id or a name."""
+    def resolve(self, id_or_name: str, project_id: str | None = None) -> str:
+        """An endpoint id from an id or a name (names are unique per project:
+        a name in several of the caller's projects needs `project_id`)."""
         if _UUID_RE.match(id_or_name):
             return id_or_name.lower()
-        for record in self.list_endpoints():
-            if record["name"] == id_or_name:
-                return str(record["id"])
+        found = [r for r in self.list_endpoints(project_id) if r["name"] == id_or_name]
+        if len(found) == 1:
+            return str(found[0]["id"])
+        if found:
+            projects = ", ".join(sorted(str(r.get("projectId")) for r in found))
+            raise ApiError(
+                f"endpoint name '{id_or_name}' is in several projects ({projects}); "
+                "name the project (--project)",
+                status=409,
+                code="ambiguous_name",
+            )
         raise ApiError(f"no endpoint named '{id_or_name}'", status=404, code="not_found")
+
+    # --- accounts ----------------------------------------------------------------------
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Any management call below /inference; the answer's JSON (None for 204)."""
+        return self._call(method, path, **kwargs)

@@ -40,6 +40,8 @@ DETAIL_FIELDS: tuple[str, ...] = (
     "hourlyPrice",
     "status",
     "statusReason",
+    "projectId",
+    "costSoFar",
     "url",
     "createdAt",
     "updatedAt",
@@ -56,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     common.add_argument(
         "--api-url", help=f"management API base URL (default: $INFERD_API_URL or {DEFAULT_API_URL})"
     )
-    common.add_argument("--admin-key", help="admin key (default: $INFERD_ADMIN_KEY)")
+    add_key_args(common)
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     common.add_argument("--timeout", type=float, default=30.0, help="seconds per API call")
 
@@ -66,19 +68,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     create.add_argument("--gpu-type", help="GPU type (default: the recommended one)")
     create.add_argument("--gpu-count", type=int, help="GPUs per replica (default: recommended)")
     create.add_argument("--location", help="location (default: the server's default)")
+    create.add_argument(
+        "--project", help="project (default: your only project; the operator's: default)"
+    )
     _scaling_args(create)
     create.set_defaults(func=_command(_create))
 
-    sub.add_parser("list", parents=[common], help="list endpoints").set_defaults(
-        func=_command(_list)
-    )
+    listing = sub.add_parser("list", parents=[common], help="list endpoints")
+    listing.add_argument("--project", help="only this project's endpoints")
+    listing.set_defaults(func=_command(_list))
 
     get = sub.add_parser("get", parents=[common], help="show one endpoint")
     get.add_argument("endpoint", metavar="ID_OR_NAME")
+    get.add_argument("--project", help="the project of a name in several of yours")
     get.set_defaults(func=_command(_get))
 
     update = sub.add_parser("update", parents=[common], help="change scaling or GPU settings")
     update.add_argument("endpoint", metavar="ID_OR_NAME")
+    update.add_argument("--project", help="the project of a name in several of yours")
     _scaling_args(update)
     update.add_argument("--gpu-type", help="new GPU type (replicas are replaced)")
     update.add_argument("--gpu-count", type=int, help="new GPUs per replica")
@@ -86,12 +93,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     delete = sub.add_parser("delete", parents=[common], help="delete an endpoint")
     delete.add_argument("endpoint", metavar="ID_OR_NAME")
+    delete.add_argument("--project", help="the project of a name in several of yours")
     delete.set_defaults(func=_command(_delete))
 
     token = sub.add_parser(
         "token", parents=[common], help="issue a new access token (the old one stops working)"
     )
     token.add_argument("endpoint", metavar="ID_OR_NAME")
+    token.add_argument("--project", help="the project of a name in several of yours")
     token.set_defaults(func=_command(_token))
 
 
@@ -118,13 +127,27 @@ def _scaling_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+def add_key_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--key",
+        "--admin-key",
+        dest="admin_key",
+        help="your management key, or the operator key "
+        "(default: $INFERD_API_KEY, else $INFERD_ADMIN_KEY)",
+    )
+
+
+def key_from(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    key: str | None = args.admin_key or env.get("INFERD_API_KEY") or env.get("INFERD_ADMIN_KEY")
+    return key
+
+
 def client_from_args(
     args: argparse.Namespace, env: Mapping[str, str] | None = None
 ) -> ManagementClient:
     env = os.environ if env is None else env
     api_url = args.api_url or env.get("INFERD_API_URL") or DEFAULT_API_URL
-    admin_key = args.admin_key or env.get("INFERD_ADMIN_KEY")
-    return ManagementClient(api_url, admin_key, timeout=args.timeout)
+    return ManagementClient(api_url, key_from(args, env), timeout=args.timeout)
 
 
 # --- actions (each returns the exit status) -----------------------------------------
@@ -134,6 +157,8 @@ def _create(client: ManagementClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "modelName": args.model, **_scaling_body(args)}
     if args.location:
         body["locationName"] = args.location
+    if args.project:
+        body["projectId"] = args.project
     record = client.create_endpoint(body)
     if args.json:
         _print_json(record)
@@ -149,7 +174,7 @@ def _create(client: ManagementClient, args: argparse.Namespace) -> int:
 
 
 def _list(client: ManagementClient, args: argparse.Namespace) -> int:
-    records = client.list_endpoints()
+    records = client.list_endpoints(args.project)
     if args.json:
         _print_json({"data": records})
     else:
@@ -158,7 +183,7 @@ def _list(client: ManagementClient, args: argparse.Namespace) -> int:
 
 
 def _get(client: ManagementClient, args: argparse.Namespace) -> int:
-    record = client.get_endpoint(client.resolve(args.endpoint))
+    record = client.get_endpoint(client.resolve(args.endpoint, args.project))
     if args.json:
         _print_json(record)
     else:
@@ -168,7 +193,8 @@ def _get(client: ManagementClient, args: argparse.Namespace) -> int:
 
 
 def _update(client: ManagementClient, args: argparse.Namespace) -> int:
-    record = client.update_endpoint(client.resolve(args.endpoint), _scaling_body(args))
+    endpoint_id = client.resolve(args.endpoint, args.project)
+    record = client.update_endpoint(endpoint_id, _scaling_body(args))
     if args.json:
         _print_json(record)
     else:
@@ -177,7 +203,7 @@ def _update(client: ManagementClient, args: argparse.Namespace) -> int:
 
 
 def _delete(client: ManagementClient, args: argparse.Namespace) -> int:
-    endpoint_id = client.resolve(args.endpoint)
+    endpoint_id = client.resolve(args.endpoint, args.project)
     client.delete_endpoint(endpoint_id)
     if args.json:
         _print_json({"id": endpoint_id, "deleted": True})
@@ -187,7 +213,7 @@ def _delete(client: ManagementClient, args: argparse.Namespace) -> int:
 
 
 def _token(client: ManagementClient, args: argparse.Namespace) -> int:
-    endpoint_id = client.resolve(args.endpoint)
+    endpoint_id = client.resolve(args.endpoint, args.project)
     token = client.new_access_token(endpoint_id)
     if args.json:
         _print_json({"id": endpoint_id, "accessToken": token})
@@ -209,10 +235,10 @@ def _command(action: Action) -> Callable[[argparse.Namespace], int]:
                 return action(client, args)
         except ApiError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            if exc.status == 401 and not (args.admin_key or os.environ.get("INFERD_ADMIN_KEY")):
+            if exc.status == 401 and not key_from(args, os.environ):
                 print(
-                    "hint: pass --admin-key or set INFERD_ADMIN_KEY (printed by the first "
-                    "`inferd serve`)",
+                    "hint: pass --key or set INFERD_API_KEY (your management key) or "
+                    "INFERD_ADMIN_KEY (the operator key printed by the first `inferd serve`)",
                     file=sys.stderr,
                 )
             return 1

@@ -9,9 +9,10 @@ page showed.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -34,10 +35,12 @@ from inferd.console.security import (
 from inferd.console.sources import ConsoleSources
 from inferd.console.views import LiveRows, RowView, ids_signature, matches, row_view_of
 from inferd.console.web import ConsoleError, Web
+from inferd.control.accounts.roles import Action
 from inferd.control.store import EndpointRow
-from inferd.errors import InferdError
+from inferd.errors import Forbidden, InferdError, NotFound
 
 STATIC = Path(__file__).parent / "static"
+T = TypeVar("T")
 LOG_TAIL_LINES = 200
 LOG_TAIL_BYTES = 64 * 1024
 LOG_DOWNLOAD_BYTES = 8 * 1024 * 1024
@@ -119,10 +122,8 @@ class Console:
     # --- helpers ---------------------------------------------------------------------
 
     def _views(self, rows: Sequence[EndpointRow]) -> list[RowView]:
-        service, series = self.sources.service, self.sources.series
-        return [
-            row_view_of(r, service.runtime_of(r.id), series.replica_seconds(r.id)) for r in rows
-        ]
+        runtime_of, cost = self.sources.service.runtime_of, self.sources.cost_so_far
+        return [row_view_of(r, runtime_of(r.id), cost(r.id)) for r in rows]
 
     def _listed(self, session: Session, query: str) -> list[RowView]:
         assert session.principal is not None
@@ -134,7 +135,14 @@ class Console:
 
     def _can_change(self, session: Session, row: EndpointRow) -> bool:
         assert session.principal is not None
-        return session.principal.can_change(self.sources.project_of(row))
+        return session.principal.may(Action.WRITE, row.project_id)
+
+    async def _write(self, call: Awaitable[T]) -> T:
+        """A write through the accounts layer; its refusals become pages."""
+        try:
+            return await call
+        except InferdError as exc:
+            raise ConsoleError(exc.status, exc.message) from None
 
     # --- sign-in ---------------------------------------------------------------------
 
@@ -147,12 +155,15 @@ class Console:
     async def signin(self, request: Request, session: Session) -> Response:
         form = await self.web.form(request)
         key = str(form.get("key") or "").strip()
-        principal = self.sources.authenticate(key) if key else None
+        try:
+            principal = await self.sources.resolve(f"Bearer {key}") if key else None
+        except InferdError:
+            principal = None
         if principal is None:
             return self.web.render(
                 request, session, "signin.html", status=401, error="That key is not valid."
             )
-        signed = self.web.sessions.sign_in(session, principal)
+        signed = self.web.sessions.sign_in(session, key, principal)
         self.web.switch_session(request, signed)
         return RedirectResponse("/console/endpoints", status_code=303)
 
@@ -175,7 +186,7 @@ class Console:
             query=query,
             version=self.live.version,
             signature=ids_signature(v.id for v in views),
-            can_create=self.web.can_create(session),
+            can_create=await self.web.can_create(session),
         )
 
     async def rows(self, request: Request, session: Session) -> Response:
@@ -191,7 +202,7 @@ class Console:
             query=query,
             version=self.live.version,
             signature=ids_signature(v.id for v in views),
-            can_create=self.web.can_create(session),
+            can_create=await self.web.can_create(session),
         )
 
     async def changes(self, request: Request, session: Session) -> Response:
@@ -212,7 +223,7 @@ class Console:
                 views=views,
                 version=self.live.version,
                 oob=True,
-                can_create=self.web.can_create(session),
+                can_create=await self.web.can_create(session),
                 **context,
             )
         changed = self.live.changed_since(views, _int(params.get("since"), 0))
@@ -227,7 +238,11 @@ class Console:
 
     # --- create ----------------------------------------------------------------------
 
-    def _create_context(self, model: str, location: str, form: dict[str, Any]) -> dict[str, Any]:
+    async def _create_context(
+        self, session: Session, model: str, location: str, form: dict[str, Any]
+    ) -> dict[str, Any]:
+        assert session.principal is not None
+        projects = await self.sources.writable_projects(session.principal)
         catalog = self.sources.catalog
         models = catalog.models.all()
         if location not in catalog.gpus.locations:
@@ -242,6 +257,8 @@ class Console:
         best = rec.best() if rec else None
         chosen = str(form.get("option") or (f"{best.gpu_type}:{best.gpu_count}" if best else ""))
         return {
+            "projects": projects,
+            "project": str(form.get("project") or (projects[0] if projects else "")),
             "models": models,
             "locations": list(catalog.gpus.locations.values()),
             "model": model,
@@ -265,30 +282,33 @@ class Console:
         return None
 
     async def new(self, request: Request, session: Session) -> Response:
-        if not self.web.can_create(session):
+        if not await self.web.can_create(session):
             raise ConsoleError(403, "Your role can only read endpoints.")
         params = request.query_params
         form = {"minReplicas": "0", "maxReplicas": "1", "retention": "900", **params}
-        context = self._create_context(params.get("model", ""), params.get("location", ""), form)
+        context = await self._create_context(
+            session, params.get("model", ""), params.get("location", ""), form
+        )
         return self.web.render(request, session, "create.html", error=None, **context)
 
     async def options(self, request: Request, session: Session) -> Response:
         """The recommendation table for the model and location picked."""
         params = request.query_params
         form = {k: params.get(k) for k in ("minReplicas", "maxReplicas", "retention")}
-        context = self._create_context(params.get("model", ""), params.get("location", ""), form)
+        context = await self._create_context(
+            session, params.get("model", ""), params.get("location", ""), form
+        )
         return self.web.render(request, session, "_options.html", **context)
 
     async def envelope(self, request: Request, session: Session) -> Response:
         params = request.query_params
-        context = self._create_context(
-            params.get("model", ""), params.get("location", ""), dict(params)
+        context = await self._create_context(
+            session, params.get("model", ""), params.get("location", ""), dict(params)
         )
         return self.web.render(request, session, "_envelope.html", **context)
 
     async def create(self, request: Request, session: Session) -> Response:
-        if not self.web.can_create(session):
-            raise ConsoleError(403, "Your role can only read endpoints.")
+        assert session.principal is not None
         form = dict((await self.web.form(request)).items())
         gpu_type, _, count = str(form.get("option") or "").partition(":")
         body = {
@@ -303,22 +323,25 @@ class Console:
         }
         try:
             req = CreateEndpointRequest.model_validate(body)
-            record, token = await self.sources.service.create(req)
+            project = str(form.get("project") or "") or None
+            record, token = await self.sources.endpoints.create(session.principal, req, project)
         except ValidationError as exc:
             error = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
             )
-            return self._create_failed(request, session, form, error)
+            return await self._create_failed(request, session, form, error)
+        except (NotFound, Forbidden) as exc:
+            raise ConsoleError(exc.status, exc.message) from None
         except InferdError as exc:
-            return self._create_failed(request, session, form, exc.message)
+            return await self._create_failed(request, session, form, exc.message)
         session.reveal[record["id"]] = token
         return RedirectResponse(f"/console/endpoints/{record['id']}", status_code=303)
 
-    def _create_failed(
+    async def _create_failed(
         self, request: Request, session: Session, form: dict[str, Any], error: str
     ) -> Response:
-        context = self._create_context(
-            str(form.get("model") or ""), str(form.get("location") or ""), form
+        context = await self._create_context(
+            session, str(form.get("model") or ""), str(form.get("location") or ""), form
         )
         return self.web.render(request, session, "create.html", status=400, error=error, **context)
 
@@ -416,10 +439,8 @@ class Console:
 
     async def token_reissue(self, request: Request, session: Session) -> Response:
         row = self.web.changeable(session, request.path_params["id"])
-        try:
-            token = await self.sources.service.reissue_token(row.id)
-        except InferdError as exc:
-            raise ConsoleError(exc.status, exc.message) from None
+        assert session.principal is not None
+        token = await self._write(self.sources.endpoints.reissue_token(session.principal, row.id))
         session.reveal[row.id] = token
         return RedirectResponse(f"/console/endpoints/{row.id}", status_code=303)
 
@@ -458,11 +479,10 @@ class Console:
             body.update(gpuType=gpu_type, gpuCount=gpu_count)
         try:
             req = UpdateEndpointRequest.model_validate(body)
-            await self.sources.service.update(row.id, req)
         except ValidationError as exc:
             raise ConsoleError(400, "; ".join(str(e["msg"]) for e in exc.errors())) from None
-        except InferdError as exc:
-            raise ConsoleError(exc.status, exc.message) from None
+        assert session.principal is not None
+        await self._write(self.sources.endpoints.update(session.principal, row.id, req))
         return RedirectResponse(f"/console/endpoints/{row.id}#settings", status_code=303)
 
     async def delete(self, request: Request, session: Session) -> Response:
@@ -472,10 +492,8 @@ class Console:
             raise ConsoleError(
                 400, f"Type the endpoint's name ({row.name}) to confirm; nothing was deleted."
             )
-        try:
-            await self.sources.service.delete(row.id)
-        except InferdError as exc:
-            raise ConsoleError(exc.status, exc.message) from None
+        assert session.principal is not None
+        await self._write(self.sources.endpoints.delete(session.principal, row.id))
         return RedirectResponse("/console/endpoints", status_code=303)
 
     async def playground(self, request: Request, session: Session) -> Response:
@@ -491,28 +509,39 @@ class Console:
     # --- usage -----------------------------------------------------------------------
 
     async def usage(self, request: Request, session: Session) -> Response:
-        assert session.principal is not None
+        """This month's usage and cost per project, from the accounts meter
+        (stored hourly figures plus what is not yet written)."""
+        principal = session.principal
+        assert principal is not None
+        month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         projects = []
-        series = self.sources.series
-        for project in session.principal.projects(self.sources.projects()):
-            rows = [r for r in self.sources.service.rows() if self.sources.project_of(r) == project]
-            views = self._views(rows)
-            lines = []
-            for row, view in zip(rows, views, strict=True):
-                lines.append(
-                    {
-                        "view": view,
-                        "replica_hours": series.replica_seconds(row.id) / 3600,
-                        "totals": series.totals(row.id),
-                    }
-                )
+        for project in await self.sources.projects(principal):
+            rows = await self.sources.endpoints.project_usage(principal, project, month, None)
+            names = {r.id: r.name for r in self.sources.service.rows()}
+            lines: dict[str, dict[str, Any]] = {}
+            for u in rows:
+                line = lines.setdefault(
+                    u.endpoint_id,
+                    {"id": u.endpoint_id, "name": names.get(u.endpoint_id), "replica_hours": 0.0,
+                     "requests": 0, "tokens": 0, "images": 0, "cost": 0.0},
+                )  # fmt: skip
+                line["replica_hours"] += u.replica_seconds / 3600
+                line["requests"] += u.requests
+                line["tokens"] += u.completion_tokens
+                line["images"] += u.images
+                line["cost"] += u.cost
             projects.append(
                 {
                     "name": project,
-                    "lines": lines,
-                    "cost": sum(v.cost_so_far for v in views),
-                    "price_now": sum(v.price_now for v in views),
-                    "currency": views[0].currency if views else "USD",
+                    "lines": sorted(lines.values(), key=lambda x: -x["cost"]),
+                    "cost": sum(x["cost"] for x in lines.values()),
                 }
             )
-        return self.web.render(request, session, "usage.html", projects=projects)
+        return self.web.render(
+            request,
+            session,
+            "usage.html",
+            projects=projects,
+            month=month,
+            currency=self.sources.catalog.gpus.currency,
+        )

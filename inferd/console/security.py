@@ -24,7 +24,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferd.console.principal import ConsolePrincipal
+from inferd.control.accounts.roles import Principal
 
 COOKIE = "inferd_console"
 COOKIE_PATH = "/console"
@@ -40,7 +40,10 @@ class Session:
     csrf: str
     created: float
     seen: float
-    principal: ConsolePrincipal | None = None
+    # The key signed in with, kept on the server only: every request
+    # resolves it again, so a revoked key or a changed role counts at once.
+    key: str | None = field(default=None, repr=False)
+    principal: Principal | None = None
     # Access tokens to show once on an endpoint's page (by endpoint id):
     # taken out when shown, so a reload no longer has them.
     reveal: dict[str, str] = field(default_factory=dict)
@@ -86,21 +89,16 @@ class SessionStore:
         self._sessions.move_to_end(session_id)
         return session
 
-    def sign_in(self, old: Session, principal: ConsolePrincipal) -> Session:
+    def sign_in(self, old: Session, key: str, principal: Principal) -> Session:
         """A fresh id and CSRF token for the signed-in session."""
         self.drop(old.id)
         session = self.new()
+        session.key = key
         session.principal = principal
         return session
 
     def drop(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
-
-    def drop_principal(self, name: str) -> None:
-        """End every session of a principal (its key was revoked)."""
-        ended = [k for k, s in self._sessions.items() if s.principal and s.principal.name == name]
-        for session_id in ended:
-            del self._sessions[session_id]
 
 
 def csrf_ok(session: Session, supplied: str | None) -> bool:

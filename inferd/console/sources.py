@@ -1,20 +1,24 @@
 """What the console reads and calls: the same service layer as the REST API.
 
 `ConsoleSources` is filled in by the composition of `inferd serve` (see
-`inferd.server.app`); the console never calls its own JSON API over HTTP.
-The parts of the runtime (scale journal, series, replicas, logs) are
-optional, so the console also runs over a bare control plane in tests.
+`inferd.server.console`); the console never calls its own JSON API over
+HTTP. Endpoint reads and writes go through the accounts layer
+(`ProjectEndpoints`: project and role checks, quotas, audit), exactly as the
+management routes do. The runtime's parts (scale journal, series, replicas,
+logs) are optional, so the console also runs over a bare control plane.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.catalog import Catalog, recommend
 from inferd.catalog.recommend import GpuOption, Recommendation
-from inferd.console.principal import DEFAULT_PROJECT, ConsolePrincipal
+from inferd.control.accounts.endpoints import ProjectEndpoints
+from inferd.control.accounts.roles import Action, Principal
+from inferd.control.accounts.service import AccountService
 from inferd.control.scale_events import ScaleEvent
 from inferd.control.service import EndpointService
 from inferd.control.store import EndpointRow
@@ -39,24 +43,21 @@ def _no_events(endpoint_id: str) -> Sequence[ScaleEvent]:
     return ()
 
 
-def _held(endpoint_id: str) -> int:
-    return 0
-
-
 @dataclass
 class ConsoleSources:
     service: EndpointService
+    endpoints: ProjectEndpoints
+    accounts: AccountService
     catalog: Catalog
-    # A key typed at sign-in -> who it is, or None.
-    authenticate: Callable[[str], ConsolePrincipal | None]
+    # "Bearer <key>" -> who it is (raises Unauthorized): the API's resolver.
+    resolve: Callable[[str], Awaitable[Principal]]
     public_url: str
+    # Cost of an endpoint so far (this month), as the API's `costSoFar`.
+    cost_so_far: Callable[[str], float]
     series: EndpointSeries = field(default_factory=EndpointSeries)
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
-    held: Callable[[str], int] = _held
     log_dir: Path | None = None
-    project_of: Callable[[EndpointRow], str] = lambda row: DEFAULT_PROJECT
-    projects: Callable[[], list[str]] = lambda: [DEFAULT_PROJECT]
     _recommendations: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
 
     def recommendation(self, model_name: str, location: str) -> Recommendation:
@@ -78,8 +79,14 @@ class ConsoleSources:
                 return opt
         return None
 
-    def visible_rows(self, principal: ConsolePrincipal) -> list[EndpointRow]:
-        return [row for row in self.service.rows() if principal.sees(self.project_of(row))]
+    def visible_rows(self, principal: Principal) -> list[EndpointRow]:
+        return list(self.endpoints.visible(principal))  # type: ignore[arg-type]
+
+    async def projects(self, principal: Principal) -> list[str]:
+        return [p.id for p in await self.accounts.projects(principal)]
+
+    async def writable_projects(self, principal: Principal) -> list[str]:
+        return [p for p in await self.projects(principal) if principal.may(Action.WRITE, p)]
 
     def log_path(self, replica_id: str) -> Path | None:
         if self.log_dir is None:

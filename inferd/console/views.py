@@ -9,11 +9,9 @@ since the version the browser has.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from inferd.console.costs import cost_so_far
 from inferd.control.records import EndpointRuntime, ReplicaStatus, derive_status
 from inferd.control.store import EndpointRow
 
@@ -22,6 +20,7 @@ from inferd.control.store import EndpointRow
 class RowView:
     id: str
     name: str
+    project: str
     model: str
     gpu_type: str
     gpu_count: int
@@ -41,14 +40,15 @@ class RowView:
         return "CPU" if self.gpu_type == "cpu" else f"{self.gpu_type} x {self.gpu_count}"
 
 
-def row_view_of(row: EndpointRow, runtime: EndpointRuntime, replica_seconds: float) -> RowView:
-    """The same view as `row_view(record)`, from the row and its replicas
-    directly: the list's poll builds one per endpoint and must stay cheap."""
+def row_view_of(row: EndpointRow, runtime: EndpointRuntime, cost: float) -> RowView:
+    """A row of the list, from the stored row and its replicas directly (not
+    the full record): the list's poll builds one per endpoint."""
     derived = derive_status(row, runtime.replicas, runtime.waiting_for)
     now = sum(1 for r in runtime.replicas if r.status not in ReplicaStatus.gone())
     return RowView(
         id=row.id,
         name=row.name,
+        project=row.project_id,
         model=row.model_name,
         gpu_type=row.gpu_type,
         gpu_count=row.gpu_count,
@@ -60,31 +60,9 @@ def row_view_of(row: EndpointRow, runtime: EndpointRuntime, replica_seconds: flo
         replicas_max=row.max_replicas,
         hourly_price=row.hourly_price,
         price_now=now * row.hourly_price,
-        cost_so_far=round(cost_so_far(replica_seconds, row.hourly_price), 2),
-        currency=row.currency,
-    )
-
-
-def row_view(record: Mapping[str, Any], replica_seconds: float) -> RowView:
-    price = float(record["hourlyPrice"])
-    now = int(record["currentReplicas"])
-    return RowView(
-        id=record["id"],
-        name=record["name"],
-        model=record["modelName"],
-        gpu_type=record["gpuType"],
-        gpu_count=int(record["gpuCount"]),
-        location=record["locationName"],
-        status=record["status"],
-        reason=record.get("statusReason"),
-        replicas_now=now,
-        replicas_min=int(record["minReplicas"]),
-        replicas_max=int(record["maxReplicas"]),
-        hourly_price=price,
-        price_now=now * price,
         # Rounded to the cent shown, so the row changes when the figure does.
-        cost_so_far=round(cost_so_far(replica_seconds, price), 2),
-        currency=record["currency"],
+        cost_so_far=round(cost, 2),
+        currency=row.currency,
     )
 
 
@@ -96,7 +74,15 @@ def matches(view: RowView, query: str) -> bool:
     q = query.lower()
     return any(
         q in field.lower()
-        for field in (view.name, view.model, view.gpu_type, view.location, view.status, view.id)
+        for field in (
+            view.name,
+            view.project,
+            view.model,
+            view.gpu_type,
+            view.location,
+            view.status,
+            view.id,
+        )
     )
 
 

@@ -26,7 +26,8 @@ from inferd.console.security import (
     same_origin,
 )
 from inferd.console.sources import ConsoleSources
-from inferd.control.store import EndpointRow
+from inferd.control.accounts.roles import Action
+from inferd.errors import InferdError, NotFound
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_FORM_BYTES = 64 * 1024
@@ -72,6 +73,7 @@ class Web:
             fresh = session is None
             if session is None:
                 session = self.sessions.new()
+            await self._refresh_principal(session)
             try:
                 if request.method not in ("GET", "HEAD"):
                     await self._check_unsafe(request, session)
@@ -92,6 +94,18 @@ class Web:
             return response
 
         return endpoint
+
+    async def _refresh_principal(self, session: Session) -> None:
+        """Who the session's key is now: a revoked key signs the session out,
+        a changed role applies to this very request."""
+        if session.key is None:
+            session.principal = None
+            return
+        try:
+            session.principal = await self.sources.resolve(f"Bearer {session.key}")
+        except InferdError:
+            session.key = None
+            session.principal = None
 
     async def _check_unsafe(self, request: Request, session: Session) -> None:
         if not same_origin(request):
@@ -141,24 +155,23 @@ class Web:
 
     # --- access ----------------------------------------------------------------------
 
-    def endpoint(self, session: Session, endpoint_id: str) -> EndpointRow:
-        """The endpoint if this principal may see it; otherwise the same 404
-        as an id that does not exist (another project's ids stay unknown)."""
-        row = self.sources.service.find(endpoint_id)
+    def endpoint(self, session: Session, endpoint_id: str, action: Action = Action.READ) -> Any:
+        """The endpoint if this principal may do `action` on it: another
+        project's endpoint is the same 404 as an id that does not exist, a
+        role that may not act is a 403."""
         principal = session.principal
-        if row is None or principal is None or not principal.sees(self.sources.project_of(row)):
+        if principal is None:
             raise ConsoleError(404, "No such endpoint.")
-        return row
+        try:
+            return self.sources.endpoints.endpoint(principal, endpoint_id, action)
+        except NotFound:
+            raise ConsoleError(404, "No such endpoint.") from None
+        except InferdError as exc:
+            raise ConsoleError(exc.status, exc.message) from None
 
-    def changeable(self, session: Session, endpoint_id: str) -> EndpointRow:
-        row = self.endpoint(session, endpoint_id)
-        assert session.principal is not None
-        if not session.principal.can_change(self.sources.project_of(row)):
-            raise ConsoleError(403, "Your role in this project can only read.")
-        return row
+    def changeable(self, session: Session, endpoint_id: str) -> Any:
+        return self.endpoint(session, endpoint_id, Action.WRITE)
 
-    def can_create(self, session: Session) -> bool:
+    async def can_create(self, session: Session) -> bool:
         principal = session.principal
-        return principal is not None and any(
-            principal.can_change(p) for p in self.sources.projects()
-        )
+        return principal is not None and bool(await self.sources.writable_projects(principal))

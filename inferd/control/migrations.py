@@ -12,6 +12,8 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inferd.control.accounts.sqlite import ACCOUNT_TABLES_SQLITE
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -113,7 +115,47 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "projects: endpoints' project, accounts, keys, audit log, usage",
+    (
+        # Every endpoint belongs to a project (existing ones to the default),
+        # and names are unique within a project: SQLite cannot drop a column's
+        # UNIQUE, so the table is rebuilt (foreign keys are off while
+        # migrating, so the rebuild cascades nothing).
+        *ACCOUNT_TABLES_SQLITE,
+        """
+        CREATE TABLE endpoints_v3 (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
+                                                      AND max_replicas >= min_replicas),
+            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
+            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TEXT NOT NULL,
+            updated_at        TEXT NOT NULL,
+            deleting_at       TEXT,
+            generation        INTEGER NOT NULL DEFAULT 1,
+            project_id        TEXT NOT NULL DEFAULT 'default' REFERENCES projects(id),
+            UNIQUE (project_id, name)
+        ) STRICT
+        """,
+        """
+        INSERT INTO endpoints_v3 SELECT *, 'default' FROM endpoints
+        """,
+        "DROP TABLE endpoints",
+        "ALTER TABLE endpoints_v3 RENAME TO endpoints",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 
 
 def latest_version() -> int:

@@ -65,6 +65,11 @@ class ReplicaRecords(Protocol):
     def delete_replica(self, replica_id: str) -> None: ...
 
 
+# (endpoint, replicas the autoscaler wants) -> (replicas allowed, why fewer):
+# the project's quota, applied after the autoscaler's decision.
+ReplicaCap = Callable[[EndpointRow, int], tuple[int, str | None]]
+
+
 @dataclass(frozen=True)
 class ReconcilerSettings:
     period_s: float = 1.0
@@ -100,6 +105,7 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
         journal: ScaleJournal | None = None,
+        replica_cap: ReplicaCap | None = None,
     ) -> None:
         self.registry = registry
         self.launcher = launcher
@@ -111,6 +117,7 @@ class Reconciler:
         self._to_thread = to_thread
         # Every change of desired replicas, with its cause (the console's timeline).
         self.journal = journal or ScaleJournal()
+        self.replica_cap = replica_cap
         self._plans: dict[str, _Plan] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -314,6 +321,9 @@ class Reconciler:
             self.journal.record(row.id, plan.scaler.desired, decision.desired, decision.reason)
         plan.scaler = decision.state
         desired = decision.desired
+        quota_reason = None
+        if self.replica_cap is not None:
+            desired, quota_reason = self.replica_cap(row, desired)
 
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]
@@ -321,7 +331,7 @@ class Reconciler:
         if missing > 0:
             await self._launch(row, plan, missing, now)
         else:
-            plan.capacity_reason = None
+            plan.capacity_reason = quota_reason
         if missing < 0:
             for victim in _victims(current, -missing, traffic):
                 self._drain(victim, "scaled down")

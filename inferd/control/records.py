@@ -67,7 +67,11 @@ def derive_status(
     ready = [r for r in live if r.status is ReplicaStatus.READY]
     if ready:
         stale = any(r.generation != row.generation for r in live)
-        return DerivedStatus(EndpointStatus.UPDATING if stale else EndpointStatus.RUNNING)
+        # Serving, but more replicas are wanted than can be had (capacity,
+        # a project quota): the reason says why it stops there.
+        return DerivedStatus(
+            EndpointStatus.UPDATING if stale else EndpointStatus.RUNNING, waiting_for
+        )
     if any(r.status in ReplicaStatus.coming_up() for r in live):
         return DerivedStatus(EndpointStatus.INITIALIZING)
     if live:

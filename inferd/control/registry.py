@@ -182,6 +182,8 @@ class Registry:
         except ValueError:
             raise ReportRejected(400, "unknown status") from None
         load = payload.get("load") or {}
+        # Cumulative counts since the replica started (see ReplicaMetrics.usage).
+        usage = payload.get("usage") or {}
         now = self._clock()
         status: ReplicaStatus = replica.status
         reason = replica.reason
@@ -201,8 +203,8 @@ class Registry:
                 running=int(load.get("running") or 0),
                 waiting=int(load.get("waiting") or 0),
                 kv_cache_usage=load.get("kvCacheUsage"),
-                generated_tokens=int(load.get("generatedTokens") or 0),
-                images=int(load.get("images") or 0),
+                generated_tokens=int(usage.get("completionTokens") or 0),
+                images=int(usage.get("images") or 0),
             ),
             last_report_at=now,
             unreachable=False,

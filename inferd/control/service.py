@@ -23,6 +23,7 @@ from anyio import to_thread
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
+from inferd.control.accounts.model import DEFAULT_PROJECT
 from inferd.control.placement import Placement, resolve_placement
 from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
 from inferd.control.store import DuplicateName, EndpointRow, Store, utc_now_text
@@ -74,7 +75,10 @@ class EndpointService:
         self._clock = clock
         self._new_id = new_id
         self._rows: dict[str, EndpointRow] = {r.id: r for r in store.list_endpoints()}
-        self._names: dict[str, str] = {r.name: r.id for r in self._rows.values()}
+        # Names are unique within a project: (project, name) -> id.
+        self._names: dict[tuple[str, str], str] = {
+            (r.project_id, r.name): r.id for r in self._rows.values()
+        }
         # Rendered JSON of each record, keyed by everything the record is
         # computed from: the row object (frozen, replaced on every change, so
         # identity is its version) and the replicas' views (frozen, compared by
@@ -144,8 +148,8 @@ class EndpointService:
         """`{"data": [every record, oldest first]}` as JSON bytes."""
         return b'{"data":[' + b",".join(map(self._rendered_json, self._rows.values())) + b"]}"
 
-    def find_by_name(self, name: str) -> EndpointRow | None:
-        endpoint_id = self._names.get(name)
+    def find_by_name(self, name: str, project_id: str = DEFAULT_PROJECT) -> EndpointRow | None:
+        endpoint_id = self._names.get((project_id, name))
         return None if endpoint_id is None else self._rows.get(endpoint_id)
 
     # --- validation ------------------------------------------------------------------
@@ -185,16 +189,38 @@ class EndpointService:
 
     # --- writes ----------------------------------------------------------------------
 
-    async def create(self, req: CreateEndpointRequest) -> tuple[dict[str, Any], str]:
+    def resolve_gpus(
+        self, row: EndpointRow | None, req: CreateEndpointRequest | UpdateEndpointRequest
+    ) -> tuple[str, int]:
+        """The GPU type and count a create (`row` None) or an update of `row`
+        would give the endpoint (400 if the catalog does not allow them)."""
+        if row is None:
+            assert isinstance(req, CreateEndpointRequest)
+            location = req.locationName or self.default_location
+            placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
+            return placement.gpu_type, placement.gpu_count
+        if req.gpuType is None and req.gpuCount is None:
+            return row.gpu_type, row.gpu_count
+        gpu_count = req.gpuCount
+        if gpu_count is None and req.gpuType in (None, row.gpu_type):
+            gpu_count = row.gpu_count
+        placement = self._place(
+            row.model_name, row.location_name, req.gpuType or row.gpu_type, gpu_count
+        )
+        return placement.gpu_type, placement.gpu_count
+
+    async def create(
+        self, req: CreateEndpointRequest, project_id: str = DEFAULT_PROJECT
+    ) -> tuple[dict[str, Any], str]:
         """Returns the record and the plaintext token (which is never stored)."""
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         self._check_scaling(req.minReplicas, max_replicas)
         location = req.locationName or self.default_location
         placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
         async with self._write_lock:
-            if req.name in self._names:
+            if (project_id, req.name) in self._names:
                 raise Conflict(
-                    f"An endpoint named '{req.name}' already exists.",
+                    f"An endpoint named '{req.name}' already exists in project '{project_id}'.",
                     param="name",
                     code="name_taken",
                 )
@@ -219,6 +245,7 @@ class EndpointService:
                 currency=placement.currency,
                 created_at=now,
                 updated_at=now,
+                project_id=project_id,
             )
             token = new_endpoint_token()
             digest = hash_token(token)
@@ -226,12 +253,12 @@ class EndpointService:
                 await to_thread.run_sync(self._store.insert_endpoint, row, digest)
             except DuplicateName:
                 raise Conflict(
-                    f"An endpoint named '{req.name}' already exists.",
+                    f"An endpoint named '{req.name}' already exists in project '{project_id}'.",
                     param="name",
                     code="name_taken",
                 ) from None
             self._rows[row.id] = row
-            self._names[row.name] = row.id
+            self._names[(row.project_id, row.name)] = row.id
             self.verifier.set_active(row.id, digest)
         logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
         return self._build(row), token
@@ -300,8 +327,8 @@ class EndpointService:
             await to_thread.run_sync(self._store.delete_endpoint, row.id)
             self._rows.pop(row.id, None)
             self._rendered.pop(row.id, None)
-            if self._names.get(row.name) == row.id:
-                del self._names[row.name]
+            if self._names.get((row.project_id, row.name)) == row.id:
+                del self._names[(row.project_id, row.name)]
         logger.info("deleted endpoint %s (%s)", row.id, row.name)
 
     async def finish_pending_deletions(self) -> None:

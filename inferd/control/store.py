@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from inferd.control.accounts.sqlite import SqliteAccounts
 from inferd.control.migrations import migrate
 
 
@@ -47,6 +48,7 @@ class EndpointRow:
     updated_at: str
     deleting_at: str | None = None
     generation: int = 1
+    project_id: str = "default"
 
 
 _ENDPOINT_COLUMNS = tuple(f.name for f in fields(EndpointRow))
@@ -100,7 +102,7 @@ class StoreError(RuntimeError):
     """The database could not be opened or is not in WAL mode."""
 
 
-class Store:
+class Store(SqliteAccounts):
     def __init__(self, conn: sqlite3.Connection, path: Path | None) -> None:
         self._conn = conn
         self._lock = threading.RLock()
@@ -122,9 +124,11 @@ class Store:
             # FULL: the WAL is fsynced at every commit, so a commit that
             # returned survives power loss, not only a process crash.
             conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=5000")
+            # Foreign keys on only after migrating: a migration that rebuilds
+            # a table must not cascade its DROP to the rows that refer to it.
             migrate(conn, now)
+            conn.execute("PRAGMA foreign_keys=ON")
         except BaseException:
             conn.close()
             raise
@@ -181,7 +185,7 @@ class Store:
                     (row.id, token_hash, row.created_at),
                 )
         except sqlite3.IntegrityError as exc:
-            if "endpoints.name" in str(exc):
+            if "endpoints.project_id, endpoints.name" in str(exc):
                 raise DuplicateName(row.name) from None
             raise
 

@@ -53,21 +53,32 @@ class ReplicaMetrics:
         ready = Gauge("inferd_replica_ready", "1 when the replica takes requests.", registry=r)
         ready.set_function(lambda: 1.0 if state.status.value == "ready" else 0.0)
 
-    def output_totals(self) -> dict[str, int]:
-        """Tokens generated and images made since the replica started."""
+    def usage(self) -> dict[str, int]:
+        """Cumulative counts since the replica started, for its reports (the
+        control plane meters usage from their differences). Requests: the
+        answered ones with a 2xx status."""
+        requests = 0
+        for family in self.requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("status", "").startswith(
+                    "2"
+                ):
+                    requests += int(sample.value)
         return {
-            "generatedTokens": int(_total(self.generated_tokens)),
-            "images": int(_total(self.images)),
+            "requests": requests,
+            "promptTokens": _total(self.prompt_tokens),
+            "completionTokens": _total(self.generated_tokens),
+            "images": _total(self.images),
         }
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
 
-def _total(counter: Counter) -> float:
-    # prometheus_client has no public getter for a counter's value.
-    for metric in counter.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_total"):
-                return float(sample.value)
-    return 0.0
+def _total(counter: Counter) -> int:
+    return sum(
+        int(sample.value)
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )

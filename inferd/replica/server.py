@@ -126,10 +126,9 @@ class ReplicaProcess:
                 "running": load.running if load else 0,
                 "waiting": load.waiting if load else 0,
                 "kvCacheUsage": load.kv_cache_usage if load else None,
-                # Running totals: the control plane's per-minute series take
-                # differences (tokens/s and images/s of an endpoint).
-                **(self._metrics.output_totals() if self._metrics else {}),
             },
+            # Cumulative since start: a lost report loses nothing.
+            "usage": self._metrics.usage() if self._metrics is not None else None,
         }
 
     def request_drain(self) -> None:

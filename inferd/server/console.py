@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from starlette.routing import Mount
 
 from inferd.console.app import Console
-from inferd.console.principal import ConsolePrincipal, operator
 from inferd.console.sources import ConsoleSources, ReplicaLine
 
 if TYPE_CHECKING:
@@ -17,15 +16,16 @@ if TYPE_CHECKING:
 
 
 def console_sources(plane: ControlPlane, runtime: Runtime | None = None) -> ConsoleSources:
-    def authenticate(key: str) -> ConsolePrincipal | None:
-        # The operator's admin key is the superuser.
-        return operator() if plane.admin.is_valid(key) else None
-
+    accounts = plane.accounts
     sources = ConsoleSources(
         service=plane.service,
+        endpoints=accounts.endpoints,
+        accounts=accounts.service,
         catalog=plane.catalog,
-        authenticate=authenticate,
+        # The same resolver as the management API: operator key or user key.
+        resolve=accounts.resolver.resolve,
         public_url=plane.settings.public_url,
+        cost_so_far=accounts.meter.cost_so_far,
     )
     if runtime is not None:
         registry = runtime.registry
@@ -37,7 +37,6 @@ def console_sources(plane: ControlPlane, runtime: Runtime | None = None) -> Cons
             )
             for r in registry.of_endpoint(endpoint_id)
         ]
-        sources.held = lambda endpoint_id: runtime.gateway.traffic(endpoint_id).held
         sources.log_dir = plane.settings.state_dir / "logs"  # where build_launcher puts them
     return sources
 

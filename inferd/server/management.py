@@ -1,4 +1,4 @@
-"""Routes of the management API, mounted at `/inference` behind the admin key.
+"""Routes of the management API's endpoints and catalogs, mounted at `/inference`.
 
 HTTP only: parse and validate (via `inferd.http`, so every failure is a 400
 in the one error shape), call the service, map the result to a response.
@@ -6,11 +6,8 @@ in the one error shape), call the service, map the result to a response.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
 
 from inferd.api.management import (
     CreateEndpointRequest,
@@ -21,91 +18,86 @@ from inferd.api.management import (
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.control.accounts.endpoints import ProjectEndpoints
+from inferd.control.accounts.roles import Action, Principal
 from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _resource(path: str, **handlers: Handler) -> Route:
-    """One route per path, dispatching on the method, so that a 405 answers
-    with an `Allow` header listing every method of the path (separate routes
-    per method would each report only their own)."""
-    by_method = dict(handlers)
-    if "GET" in by_method:
-        by_method.setdefault("HEAD", by_method["GET"])
-
-    async def dispatch(request: Request) -> Response:
-        return await by_method[request.method](request)
-
-    return Route(path, dispatch, methods=list(handlers), name=path)
+from inferd.server.access import Operation, Target
 
 
 class ManagementRoutes:
-    def __init__(self, service: EndpointService, max_body_bytes: int) -> None:
+    def __init__(
+        self, service: EndpointService, endpoints: ProjectEndpoints, max_body_bytes: int
+    ) -> None:
         self.service = service
+        self.endpoints = endpoints
         self.max_body_bytes = max_body_bytes
         self._models_json, self._gpu_types_json, self._locations_json = _catalog_documents(
             service.catalog
         )
 
-    def routes(self) -> list[BaseRoute]:
+    def operations(self) -> list[Operation]:
+        R, W = Action.READ, Action.WRITE
         return [
-            _resource("/endpoints", GET=self.list_endpoints, POST=self.create_endpoint),
-            _resource(
-                "/endpoints/{id}",
-                GET=self.get_endpoint,
-                PATCH=self.update_endpoint,
-                DELETE=self.delete_endpoint,
+            Operation("GET", "/endpoints", Target.ANY, R, self.list_endpoints, ("projectId",)),
+            Operation("POST", "/endpoints", Target.NEW_ENDPOINT, W, self.create_endpoint),
+            Operation("GET", "/endpoints/{id}", Target.ENDPOINT, R, self.get_endpoint),
+            Operation("PATCH", "/endpoints/{id}", Target.ENDPOINT, W, self.update_endpoint),
+            Operation("DELETE", "/endpoints/{id}", Target.ENDPOINT, W, self.delete_endpoint),
+            Operation(
+                "POST", "/endpoints/{id}/access-token", Target.ENDPOINT, W, self.reissue_token
             ),
-            _resource("/endpoints/{id}/access-token", POST=self.reissue_token),
-            _resource("/models", GET=self.list_models),
-            _resource("/gpu-types", GET=self.list_gpu_types),
-            _resource("/locations", GET=self.list_locations),
-            _resource("/recommendations", GET=self.recommendations),
-        ]
+            Operation("GET", "/models", Target.ANY, R, self.list_models),
+            Operation("GET", "/gpu-types", Target.ANY, R, self.list_gpu_types),
+            Operation("GET", "/locations", Target.ANY, R, self.list_locations),
+            Operation(
+                "GET", "/recommendations", Target.ANY, R, self.recommendations,
+                ("modelName", "locationName"),
+            ),
+        ]  # fmt: skip
 
     # --- endpoints -------------------------------------------------------------------
 
-    async def list_endpoints(self, request: Request) -> Response:
-        return Response(self.service.records_json(), media_type="application/json")
-
-    async def create_endpoint(self, request: Request) -> Response:
-        req = await read_model(request, CreateEndpointRequest, self.max_body_bytes)
-        record, token = await self.service.create(req)
-        return JSONResponse({**record, "accessToken": token}, status_code=201)
-
-    async def get_endpoint(self, request: Request) -> Response:
-        data = self.service.record_json(request.path_params["id"])
+    async def list_endpoints(self, request: Request, principal: Principal) -> Response:
+        project_id = request.query_params.get("projectId")
+        data = self.endpoints.list_json(principal, project_id)
         return Response(data, media_type="application/json")
 
-    async def update_endpoint(self, request: Request) -> Response:
-        endpoint_id = request.path_params["id"]
-        self.service.row(endpoint_id)  # 404 before a 400 about the body
-        req = await read_model(request, UpdateEndpointRequest, self.max_body_bytes)
-        return JSONResponse(await self.service.update(endpoint_id, req))
+    async def create_endpoint(self, request: Request, principal: Principal) -> Response:
+        req = await read_model(request, CreateEndpointRequest, self.max_body_bytes)
+        record, token = await self.endpoints.create(principal, req, req.projectId)
+        return JSONResponse({**record, "accessToken": token}, status_code=201)
 
-    async def delete_endpoint(self, request: Request) -> Response:
-        await self.service.delete(request.path_params["id"])
+    async def get_endpoint(self, request: Request, principal: Principal) -> Response:
+        data = self.endpoints.get_json(principal, request.path_params["id"])
+        return Response(data, media_type="application/json")
+
+    async def update_endpoint(self, request: Request, principal: Principal) -> Response:
+        endpoint_id = request.path_params["id"]
+        req = await read_model(request, UpdateEndpointRequest, self.max_body_bytes)
+        return JSONResponse(await self.endpoints.update(principal, endpoint_id, req))
+
+    async def delete_endpoint(self, request: Request, principal: Principal) -> Response:
+        await self.endpoints.delete(principal, request.path_params["id"])
         return Response(status_code=204)
 
-    async def reissue_token(self, request: Request) -> Response:
-        token = await self.service.reissue_token(request.path_params["id"])
+    async def reissue_token(self, request: Request, principal: Principal) -> Response:
+        token = await self.endpoints.reissue_token(principal, request.path_params["id"])
         return JSONResponse({"accessToken": token})
 
     # --- catalog -----------------------------------------------------------------------
 
-    async def list_models(self, request: Request) -> Response:
+    async def list_models(self, request: Request, principal: Principal) -> Response:
         return Response(self._models_json, media_type="application/json")
 
-    async def list_gpu_types(self, request: Request) -> Response:
+    async def list_gpu_types(self, request: Request, principal: Principal) -> Response:
         return Response(self._gpu_types_json, media_type="application/json")
 
-    async def list_locations(self, request: Request) -> Response:
+    async def list_locations(self, request: Request, principal: Principal) -> Response:
         return Response(self._locations_json, media_type="application/json")
 
-    async def recommendations(self, request: Request) -> Response:
+    async def recommendations(self, request: Request, principal: Principal) -> Response:
         params = request.query_params
         model_name = params.get("modelName")
         if not model_name:

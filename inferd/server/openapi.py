@@ -25,8 +25,9 @@ _REF = "#/components/schemas/{model}"
 _ERRORS = {
     400: "Invalid request: malformed JSON, a wrong or missing field, or a value the "
     "catalog does not allow; `error.param` names the field.",
-    401: "Missing or invalid admin key (endpoint access tokens are refused here).",
-    404: "No endpoint with this id.",
+    401: "Missing, invalid or revoked management key (endpoint access tokens are refused here).",
+    403: "The caller's role in the project may not do this (or only the operator may).",
+    404: "Not found: no such thing, or one of a project the caller is not a member of.",
     409: "Conflict: the name is taken, the endpoint is being deleted, or a limit is reached.",
     413: "Request body over the server's limit.",
 }
@@ -188,13 +189,25 @@ def build_openapi(
         },
         "/inference/endpoints": {
             "get": _op(
-                "listEndpoints", "List endpoints", (200, "EndpointList", "All endpoints."), ()
+                "listEndpoints",
+                "List the endpoints of the caller's projects",
+                (200, "EndpointList", "Endpoints, oldest first."),
+                (),
+                params=[
+                    {
+                        "name": "projectId",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only this project's endpoints.",
+                        "schema": {"type": "string"},
+                    }
+                ],
             ),
             "post": _op(
                 "createEndpoint",
                 "Create an endpoint",
                 (201, "CreatedEndpoint", "The new endpoint and its access token (shown once)."),
-                (400, 409, 413),
+                (400, 403, 404, 409, 413),
                 body="CreateEndpointRequest",
             ),
         },
@@ -210,7 +223,7 @@ def build_openapi(
                 "updateEndpoint",
                 "Change scaling settings (or the GPU type and count)",
                 (200, "EndpointRecord", "The updated record."),
-                (400, 404, 409, 413),
+                (400, 403, 404, 409, 413),
                 body="UpdateEndpointRequest",
                 params=[_ID_PARAM],
             ),
@@ -218,7 +231,7 @@ def build_openapi(
                 "deleteEndpoint",
                 "Delete an endpoint (its replicas drain first)",
                 (204, None, "Deleted."),
-                (404,),
+                (403, 404),
                 params=[_ID_PARAM],
             ),
         },
@@ -227,7 +240,7 @@ def build_openapi(
                 "requestAccessToken",
                 "Request a new access token; the previous one stops working at once",
                 (200, "AccessToken", "The new token (shown once)."),
-                (404, 409),
+                (403, 404, 409),
                 params=[_ID_PARAM],
             ),
         },
@@ -287,8 +300,8 @@ def build_openapi(
                 "adminKey": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "The admin key printed by `inferd serve` on first start "
-                    "(or the one the operator configured).",
+                    "description": "A user's management key (`infd_key_...`), or the operator "
+                    "key printed by `inferd serve` on first start (or configured).",
                 }
             },
         },
@@ -297,6 +310,12 @@ def build_openapi(
     doc["paths"]["/inference/endpoints"]["post"]["responses"]["201"]["links"] = _CREATED_LINKS
     for part in parts:
         merge_part(doc, part)
+    # A management route refuses a query parameter it does not read: every
+    # one of them can answer 400.
+    for path, ops in doc["paths"].items():
+        if path.startswith("/inference/"):
+            for op in ops.values():
+                op["responses"].setdefault("400", _json("ErrorBody", _ERRORS[400]))
     if server_url:
         doc["servers"] = [{"url": server_url}]
     return doc

@@ -24,11 +24,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from inferd.control.accounts.meter_feed import MeterFeed
+from inferd.control.accounts.metering import EndpointPricing
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry, ReportRejected
+from inferd.control.store import EndpointRow
 from inferd.control.timeseries import EndpointSeries, ReplicaTotals
 from inferd.errors import error_body
 from inferd.gateway.app import Gateway, gateway_routes
@@ -56,6 +59,7 @@ class Runtime:
     launcher: LocalLauncher
     gateway: Gateway
     reconciler: Reconciler
+    meter_feed: MeterFeed
     series: EndpointSeries
 
     def sample(self, endpoint_ids: Sequence[str], now: float) -> None:
@@ -176,6 +180,20 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         ),
     )
     launcher = launcher or build_launcher(plane)
+
+    def live_replicas(endpoint_id: str) -> int:
+        return sum(1 for r in registry.of_endpoint(endpoint_id) if r.live)
+
+    def replica_cap(row: EndpointRow, desired: int) -> tuple[int, str | None]:
+        return plane.accounts.replica_cap(row, desired, live_replicas)
+
+    def pricing() -> dict[str, EndpointPricing]:
+        return {
+            row.id: EndpointPricing(row.project_id, row.hourly_price)
+            for row in plane.service.rows()
+        }
+
+    meter_feed = MeterFeed(plane.accounts.meter, registry, pricing)
     reconciler = Reconciler(
         registry=registry,
         launcher=launcher,
@@ -189,6 +207,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             upscale_delay_s=settings.autoscale_upscale_delay_seconds,
             downscale_delay_s=settings.autoscale_downscale_delay_seconds,
         ),
+        replica_cap=replica_cap,
     )
     holder["r"] = reconciler
     series = EndpointSeries()
@@ -197,7 +216,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             endpoint_id, seconds, status, time.time()
         )
     )
-    runtime = Runtime(registry, launcher, gateway, reconciler, series)
+    runtime = Runtime(registry, launcher, gateway, reconciler, meter_feed, series)
     sampler: list[asyncio.Task[None]] = []
 
     async def sample_forever() -> None:
@@ -224,6 +243,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
         reconciler.start()
+        meter_feed.start()
         sampler.append(asyncio.ensure_future(sample_forever()))
 
     async def stop() -> None:
@@ -231,6 +251,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await meter_feed.stop()
         await reconciler.stop()
         await gateway.shutdown()
         # Embedded mode owns its replicas: a clean stop leaves none running.
@@ -271,13 +292,15 @@ def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
         auth = request.headers.get("authorization", "")
         secret = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
         payload = parse_json_object(await read_body(request, _MAX_REPORT_BYTES))
+        replica_id = request.path_params["replica_id"]
         try:
-            registry.report(request.path_params["replica_id"], secret, payload)
+            registry.report(replica_id, secret, payload)
         except ReportRejected as exc:
             return JSONResponse(
                 error_body(str(exc), "invalid_request_error", None, "report_rejected"),
                 status_code=exc.status,
             )
+        runtime.meter_feed.reported(replica_id, payload)
         return Response(status_code=204)
 
     metrics_registry = CollectorRegistry(auto_describe=True)

@@ -1,8 +1,8 @@
 """Roles and projects in a real Chromium: a viewer sees no button that
 changes anything and the server refuses the change anyway; another
-project's endpoint is a 404; a project name with HTML renders as text.
-The console runs in-process (uvicorn on a thread) over a control plane
-with two projects (see tests/console_support.py); no replica is needed."""
+project's endpoint is a 404. The console runs in-process (uvicorn on a
+thread) over a control plane with two projects and their members, made
+through the management API (tests/console_support.py); no replica is needed."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
-from inferd.server.app import ControlPlane
+from inferd.server.app import ControlPlane, create_app
+from inferd.server.console import console_mount
 from inferd.settings import load_settings
 from inferd.testing import free_port
-from tests.console_support import ADMIN, OTHER_KEY, VIEWER_KEY, scoped_app
+from tests.console_support import ADMIN, seed_projects
 
 pytestmark = [pytest.mark.browser]
 
-OTHER_PROJECT = '<img src=x id="pwned">beta'
-
 
 @pytest.fixture(scope="module")
-def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     state: Path = tmp_path_factory.mktemp("console-access")
@@ -37,7 +37,10 @@ def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     plane = ControlPlane.open(settings)
     server = uvicorn.Server(
         uvicorn.Config(
-            scoped_app(plane, OTHER_PROJECT, url), host="127.0.0.1", port=port, log_level="warning"
+            create_app(plane, extra_routes=[console_mount(plane)]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
@@ -45,7 +48,9 @@ def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     while not server.started:
         time.sleep(0.01)
     try:
-        yield url
+        with httpx.Client(base_url=url) as client:
+            keys = seed_projects(client)
+        yield url, keys
     finally:
         server.should_exit = True
         thread.join(10)
@@ -63,10 +68,11 @@ def signed_in_page(browser: Any, url: str, key: str) -> Any:
     return page
 
 
-def create(page: Any, url: str, name: str) -> str:
+def create(page: Any, url: str, project: str, name: str) -> str:
     from playwright.sync_api import expect
 
     page.goto(f"{url}/console/endpoints/new")
+    page.get_by_test_id("project").select_option(project)
     page.get_by_test_id("name").fill(name)
     page.get_by_test_id("model").select_option("tiny-chat")
     page.get_by_test_id("create-submit").click()
@@ -74,14 +80,16 @@ def create(page: Any, url: str, name: str) -> str:
     return str(page.url.rsplit("/", 1)[-1])
 
 
-def test_viewer_and_other_project(browser: Any, console_url: str) -> None:
+def test_viewer_and_other_project(browser: Any, console: tuple[str, dict[str, str]]) -> None:
     from playwright.sync_api import expect
 
-    admin = signed_in_page(browser, console_url, ADMIN)
-    alpha_id = create(admin, console_url, "a-chat")
-    other_id = create(admin, console_url, "b-chat")
+    console_url, keys = console
 
-    viewer = signed_in_page(browser, console_url, VIEWER_KEY)
+    admin = signed_in_page(browser, console_url, ADMIN)
+    alpha_id = create(admin, console_url, "alpha", "a-chat")
+    other_id = create(admin, console_url, "beta", "b-chat")
+
+    viewer = signed_in_page(browser, console_url, keys["vera"])
     expect(viewer.get_by_test_id("row-a-chat")).to_be_visible()
     expect(viewer.get_by_test_id("row-b-chat")).to_have_count(0)
     expect(viewer.get_by_role("link", name="Create endpoint")).to_have_count(0)
@@ -102,8 +110,7 @@ def test_viewer_and_other_project(browser: Any, console_url: str) -> None:
     # Another project's endpoint does not exist for this principal.
     assert viewer.goto(f"{console_url}/console/endpoints/{other_id}").status == 404
 
-    other = signed_in_page(browser, console_url, OTHER_KEY)
+    other = signed_in_page(browser, console_url, keys["olga"])
     assert other.goto(f"{console_url}/console/endpoints/{alpha_id}").status == 404
     other.goto(f"{console_url}/console/usage")
-    expect(other.get_by_test_id("project-name")).to_have_text(OTHER_PROJECT)
-    assert other.locator("#pwned").count() == 0
+    expect(other.get_by_test_id("project-name")).to_have_text("beta")

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from inferd.server.app import ControlPlane, create_app
 from inferd.server.console import console_mount
 from inferd.settings import load_settings
-from tests.console_support import ADMIN, OTHER_KEY, VIEWER_KEY, scoped_app
+from tests.console_support import ADMIN, seed_projects
 
 BASE = "http://testserver"
 
@@ -286,60 +286,94 @@ def test_delete_needs_the_name_typed(client: TestClient, plane: ControlPlane) ->
 # --- projects and roles ------------------------------------------------------------------
 
 
-def test_viewer_sees_no_button_that_changes_and_the_server_refuses(plane: ControlPlane) -> None:
-    app = scoped_app(plane, "beta", BASE)
-    with TestClient(app, base_url=BASE) as admin:
-        csrf = sign_in(admin)
-        endpoint_id = create(admin, csrf, "a-chat")
-    with TestClient(app, base_url=BASE) as viewer:
-        csrf = sign_in(viewer, VIEWER_KEY)
-        listed = viewer.get("/console/endpoints").text
-        assert "row-a-chat" in listed and "Create endpoint" not in listed
-        page = viewer.get(f"/console/endpoints/{endpoint_id}").text
-        for marker in (
-            "request-token",
-            "settings-save",
-            "delete-submit",
-            'method="post" action="/console/endpoints/',
-        ):
-            assert marker not in page, marker
-        refused = [
-            viewer.post(f"/console/endpoints/{endpoint_id}/token", data={"csrf": csrf}),
-            viewer.post(
-                f"/console/endpoints/{endpoint_id}/settings",
-                data={"csrf": csrf, "minReplicas": "1", "maxReplicas": "1"},
-            ),
-            viewer.post(
-                f"/console/endpoints/{endpoint_id}/delete",
-                data={"csrf": csrf, "confirm_name": "a-chat"},
-            ),
-            viewer.post(
-                "/console/endpoints",
-                data={"csrf": csrf, "name": "a-new", "model": "tiny-chat", "option": "cpu:1"},
-            ),
-            viewer.get("/console/endpoints/new"),
-        ]
-        assert [r.status_code for r in refused] == [403] * 5
-        row = plane.service.find(endpoint_id)
-        assert row is not None and row.min_replicas == 0
+def create_in(client: TestClient, csrf: str, project: str, name: str) -> str:
+    return create(client, csrf, name, project=project)
 
 
-def test_another_projects_endpoint_is_a_404(plane: ControlPlane) -> None:
-    app = scoped_app(plane, '<b id="x">beta</b>', BASE)
-    with TestClient(app, base_url=BASE) as admin:
-        csrf = sign_in(admin)
-        alpha_id = create(admin, csrf, "a-chat")
-        other_id = create(admin, csrf, "b-chat")
-    with TestClient(app, base_url=BASE) as olga:
-        csrf = sign_in(olga, OTHER_KEY)
-        assert "row-a-chat" not in olga.get("/console/endpoints").text
-        for path in ("", "/playground", "/logs", "/logs.txt", "/charts", "/live", "/token", "/row"):
-            assert olga.get(f"/console/endpoints/{alpha_id}{path}").status_code == 404, path
-        assert (
-            olga.post(f"/console/endpoints/{alpha_id}/token", data={"csrf": csrf}).status_code
-            == 404
-        )
-        assert olga.get(f"/console/endpoints/{other_id}").status_code == 200
-        usage = olga.get("/console/usage").text
-        # A project name with HTML in it is shown as text.
-        assert '<b id="x">' not in usage and "&lt;b id=&#34;x&#34;&gt;beta&lt;/b&gt;" in usage
+def test_viewer_sees_no_button_that_changes_and_the_server_refuses(
+    client: TestClient, plane: ControlPlane
+) -> None:
+    keys = seed_projects(client)
+    csrf = sign_in(client)
+    endpoint_id = create_in(client, csrf, "alpha", "a-chat")
+    client.cookies.clear()
+    csrf = sign_in(client, keys["vera"])
+    listed = client.get("/console/endpoints").text
+    assert "row-a-chat" in listed and "Create endpoint" not in listed
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    for marker in (
+        "request-token",
+        "settings-save",
+        "delete-submit",
+        'method="post" action="/console/endpoints/',
+    ):
+        assert marker not in page, marker
+    refused = [
+        client.post(f"/console/endpoints/{endpoint_id}/token", data={"csrf": csrf}),
+        client.post(
+            f"/console/endpoints/{endpoint_id}/settings",
+            data={"csrf": csrf, "minReplicas": "1", "maxReplicas": "1"},
+        ),
+        client.post(
+            f"/console/endpoints/{endpoint_id}/delete",
+            data={"csrf": csrf, "confirm_name": "a-chat"},
+        ),
+        client.post(
+            "/console/endpoints",
+            data={
+                "csrf": csrf,
+                "name": "a-new",
+                "model": "tiny-chat",
+                "option": "cpu:1",
+                "project": "alpha",
+            },
+        ),
+        client.get("/console/endpoints/new"),
+        client.get(f"/console/endpoints/{endpoint_id}/token"),
+    ]
+    assert [r.status_code for r in refused] == [403] * 6
+    row = plane.service.find(endpoint_id)
+    assert row is not None and row.min_replicas == 0
+    assert plane.service.find_by_name("a-new", "alpha") is None
+
+
+def test_another_projects_endpoint_is_a_404(client: TestClient) -> None:
+    keys = seed_projects(client)
+    csrf = sign_in(client)
+    alpha_id = create_in(client, csrf, "alpha", "a-chat")
+    beta_id = create_in(client, csrf, "beta", "b-chat")
+    client.cookies.clear()
+    csrf = sign_in(client, keys["olga"])
+    assert "row-a-chat" not in client.get("/console/endpoints").text
+    for path in ("", "/playground", "/logs", "/logs.txt", "/charts", "/live", "/token", "/row"):
+        assert client.get(f"/console/endpoints/{alpha_id}{path}").status_code == 404, path
+    for path, data in (("/token", {}), ("/delete", {"confirm_name": "a-chat"})):
+        answer = client.post(f"/console/endpoints/{alpha_id}{path}", data={"csrf": csrf, **data})
+        assert answer.status_code == 404, path
+    # Creating in a project one is not a member of: as if it did not exist.
+    answer = client.post(
+        "/console/endpoints",
+        data={
+            "csrf": csrf,
+            "name": "x",
+            "model": "tiny-chat",
+            "option": "cpu:1",
+            "project": "alpha",
+        },
+    )
+    assert answer.status_code == 404
+    assert client.get(f"/console/endpoints/{beta_id}").status_code == 200
+    usage = client.get("/console/usage").text
+    assert "project-beta" in usage and "project-alpha" not in usage
+
+
+def test_a_revoked_key_ends_the_session_at_once(client: TestClient) -> None:
+    keys = seed_projects(client)
+    sign_in(client, keys["olga"])
+    assert client.get("/console/endpoints").status_code == 200
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    (key,) = client.get("/inference/users/olga/keys", headers=auth).json()["data"]
+    answer = client.delete(f"/inference/users/olga/keys/{key['id']}", headers=auth)
+    assert answer.status_code == 204, answer.text
+    page = client.get("/console/endpoints", follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"] == "/console/signin"

@@ -5,7 +5,9 @@ positive and negative data, 100 examples per operation.
 
 The gateway's operations are aimed at two real endpoints (a chat and an
 image one, fake-engine replica processes behind them) with their tokens, so
-bodies reach a replica; management operations carry the admin key.
+bodies reach a replica; management operations carry a user's management key
+(an admin of the project the targets are in), so every call also passes
+through the principal, project and role checks.
 schemathesis' own checks still send requests without the credentials and
 expect them refused. Every answer must be documented, status and schema,
 and none a server error.
@@ -74,10 +76,11 @@ schema.config.checks.update(excluded_check_names=["positive_data_acceptance"])
 
 
 class Targets:
-    def __init__(self, serve: ServeHandle, chat: Endpoint, image: Endpoint) -> None:
+    def __init__(self, serve: ServeHandle, chat: Endpoint, image: Endpoint, user_key: str) -> None:
         self.serve = serve
         self.chat = chat
         self.image = image
+        self.user_key = user_key
         self.statuses: dict[str, dict[int, int]] = {}
 
     def count(self, label: str, status: int) -> None:
@@ -93,7 +96,13 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Targets]:
         image = Endpoint.create(serve, name="fuzz-image", modelName="tiny-sdxl", minReplicas=1)
         for endpoint in (chat, image):
             serve.wait_record(endpoint.id, lambda r: r["status"] == "running", timeout=60)
-        found = Targets(serve, chat, image)
+        added = httpx.put(
+            f"{serve.url}/inference/projects/default/members/fuzzer",
+            json={"role": "admin"},
+            headers={"Authorization": f"Bearer {serve.admin_key}"},
+        )
+        assert added.status_code == 201, added.text
+        found = Targets(serve, chat, image, added.json()["createdKey"]["key"])
         yield found
         print("\nfuzzed calls per operation {status: count}:")
         for label, by_status in sorted(found.statuses.items()):
@@ -123,14 +132,14 @@ def test_one_document_describes_every_public_route(targets: Targets) -> None:
 @schema.parametrize()
 def test_every_operation_answers_as_documented(case: schemathesis.Case, targets: Targets) -> None:
     """One generated case (positive or negative data) with the endpoint's token
-    or the admin key: no server error, status and schema as documented, bad
+    or a user's management key: no server error, status and schema as documented, bad
     input refused (413 allowed), unauthenticated calls refused."""
     if case.path.startswith("/endpoints/"):
         endpoint = targets.image if "images" in case.path else targets.chat
         case.path_parameters = {**(case.path_parameters or {}), "endpoint_id": endpoint.id}
         headers = endpoint.headers
     else:
-        headers = {"Authorization": f"Bearer {targets.serve.admin_key}"}
+        headers = {"Authorization": f"Bearer {targets.user_key}"}
     response = case.call_and_validate(base_url=targets.serve.url, headers=headers, timeout=30)
     targets.count(f"{case.method} {case.path}", response.status_code)
 

@@ -3,12 +3,9 @@ per-minute series, row versions, roles."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import pytest
 
 from inferd.console.costs import Envelope, SettingsChange, cost_so_far
-from inferd.console.principal import ConsolePrincipal
 from inferd.console.views import LiveRows, RowView, ids_signature, matches
 from inferd.control.scale_events import ScaleCause, ScaleJournal, classify
 from inferd.control.timeseries import EndpointSeries, ReplicaTotals, percentile
@@ -104,8 +101,8 @@ def test_percentile_nearest_rank() -> None:
 
 
 def _view(endpoint_id: str, status: str = "running", now: int = 1) -> RowView:
-    return RowView(endpoint_id, f"n-{endpoint_id}", "tiny-chat", "cpu", 1, "local", status, None,
-                   now, 0, 2, 0.5, now * 0.5, 0.0, "USD")  # fmt: skip
+    return RowView(endpoint_id, f"n-{endpoint_id}", "default", "tiny-chat", "cpu", 1, "local",
+                   status, None, now, 0, 2, 0.5, now * 0.5, 0.0, "USD")  # fmt: skip
 
 
 def test_live_rows_answer_only_what_changed() -> None:
@@ -117,11 +114,3 @@ def test_live_rows_answer_only_what_changed() -> None:
     assert [v.id for v in changed] == ["b"]
     assert ids_signature(["a", "b"]) != ids_signature(["b", "a"])
     assert matches(_view("a"), "TINY") and not matches(_view("a"), "sdxl")
-
-
-def test_roles() -> None:
-    viewer = ConsolePrincipal("v", roles=MappingProxyType({"p": "viewer"}))
-    dev = ConsolePrincipal("d", roles=MappingProxyType({"p": "developer"}))
-    assert viewer.sees("p") and not viewer.can_change("p") and not viewer.sees("q")
-    assert dev.can_change("p") and not dev.can_change("q")
-    assert ConsolePrincipal("root", superuser=True).can_change("anything")

@@ -1,0 +1,246 @@
+"""Endpoints as a principal sees them: the project and role checks, quotas,
+the audit trail, usage and `costSoFar`, around `EndpointService`.
+
+Another project's endpoint is answered exactly like an endpoint that does
+not exist (404, same message), on every operation; a role that may not act
+gets 403. The console and the HTTP routes both call this layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, Protocol
+
+from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
+from inferd.control.accounts.metering import UsageMeter, merge_usage
+from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction, UsageRow, hour_of
+from inferd.control.accounts.quota import EndpointShape, check_settings
+from inferd.control.accounts.roles import Action, Principal, authorize
+from inferd.control.accounts.service import AccountService
+from inferd.errors import BadRequest, NotFound
+
+
+class EndpointLike(Protocol):
+    """What this layer reads of a stored endpoint."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def project_id(self) -> str: ...
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def gpu_count(self) -> int: ...
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def deleting_at(self) -> object: ...
+
+
+class Endpoints(Protocol):
+    """What of `EndpointService` this layer uses."""
+
+    def find(self, endpoint_id: str) -> Any: ...
+    def rows(self) -> Any: ...
+    def record_json(self, endpoint_id: str) -> bytes: ...
+    async def create(
+        self, req: CreateEndpointRequest, project_id: str = ...
+    ) -> tuple[dict[str, Any], str]: ...
+    async def update(self, endpoint_id: str, req: UpdateEndpointRequest) -> dict[str, Any]: ...
+    async def delete(self, endpoint_id: str) -> None: ...
+    async def reissue_token(self, endpoint_id: str) -> str: ...
+    def resolve_gpus(
+        self, row: Any, req: CreateEndpointRequest | UpdateEndpointRequest
+    ) -> tuple[str, int]: ...
+
+
+def not_found(endpoint_id: str) -> NotFound:
+    # The same answer as for an id that exists nowhere.
+    return NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
+
+
+def _shape(e: EndpointLike) -> EndpointShape:
+    return EndpointShape(e.id, e.gpu_type, e.gpu_count, e.min_replicas)
+
+
+class ProjectEndpoints:
+    def __init__(
+        self,
+        service: Endpoints,
+        accounts: AccountService,
+        meter: UsageMeter,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.service = service
+        self.accounts = accounts
+        self.meter = meter
+        self._clock = clock
+        # Quota checks and the writes they allow happen without interleaving.
+        self._lock = asyncio.Lock()
+
+    # --- access ---------------------------------------------------------------------
+
+    def endpoint(self, principal: Principal, endpoint_id: str, action: Action) -> EndpointLike:
+        row = self.service.find(endpoint_id)
+        if row is None:
+            raise not_found(endpoint_id)
+        authorize(principal, row.project_id, action, hidden=not_found(endpoint_id))
+        return row
+
+    def visible(self, principal: Principal, project_id: str | None = None) -> list[EndpointLike]:
+        return [
+            r
+            for r in self.service.rows()
+            if principal.sees(r.project_id) and (project_id is None or r.project_id == project_id)
+        ]
+
+    def _decorate(self, row: EndpointLike, data: bytes) -> bytes:
+        extra = b',"projectId":"%s","costSoFar":%s}' % (
+            row.project_id.encode(),
+            repr(round(self.meter.cost_so_far(row.id), 6)).encode(),
+        )
+        return data[:-1] + extra
+
+    def _decorate_dict(self, row: EndpointLike, record: dict[str, Any]) -> dict[str, Any]:
+        record["projectId"] = row.project_id
+        record["costSoFar"] = round(self.meter.cost_so_far(row.id), 6)
+        return record
+
+    # --- reads ------------------------------------------------------------------------
+
+    def get_json(self, principal: Principal, endpoint_id: str) -> bytes:
+        row = self.endpoint(principal, endpoint_id, Action.READ)
+        return self._decorate(row, self.service.record_json(endpoint_id))
+
+    def list_json(self, principal: Principal, project_id: str | None = None) -> bytes:
+        parts = [
+            self._decorate(r, self.service.record_json(r.id))
+            for r in self.visible(principal, project_id)
+        ]
+        return b'{"data":[' + b",".join(parts) + b"]}"
+
+    # --- writes ------------------------------------------------------------------------
+
+    async def create(
+        self, principal: Principal, req: CreateEndpointRequest, project_id: str | None
+    ) -> tuple[dict[str, Any], str]:
+        project_id = self._target_project(principal, project_id)
+        project = await self.accounts.project(principal, project_id)
+        authorize(
+            principal,
+            project_id,
+            Action.WRITE,
+            hidden=NotFound(
+                f"No project '{project_id}'.", param="projectId", code="project_not_found"
+            ),
+        )
+        async with self._lock:
+            gpu_type, gpu_count = self.service.resolve_gpus(None, req)
+            max_replicas = (
+                req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
+            )
+            exceeded = check_settings(
+                project.quota,
+                map(_shape, self._project_rows(project_id)),
+                EndpointShape("", gpu_type, gpu_count, req.minReplicas),
+                max_replicas,
+                new_endpoint=True,
+            )
+            if exceeded is not None:
+                raise exceeded.error(project_id)
+            record, token = await self.service.create(req, project_id=project_id)
+        row = self.service.find(record["id"])
+        await self.accounts.audit_event(
+            principal, AuditAction.ENDPOINT_CREATE, project_id, f"endpoint:{record['id']}",
+            name=req.name, modelName=record["modelName"], gpuType=record["gpuType"],
+            minReplicas=record["minReplicas"], maxReplicas=record["maxReplicas"],
+        )  # fmt: skip
+        return (self._decorate_dict(row, record) if row else record), token
+
+    def _target_project(self, principal: Principal, project_id: str | None) -> str:
+        if project_id is not None:
+            return project_id
+        if principal.operator:
+            return DEFAULT_PROJECT
+        writable = [p for p in principal.roles if principal.may(Action.WRITE, p)]
+        if len(writable) == 1:
+            return writable[0]
+        raise BadRequest(
+            "Name the project to create the endpoint in ('projectId'): "
+            f"you may create endpoints in {len(writable)} projects.",
+            param="projectId",
+            code="project_required",
+        )
+
+    def _project_rows(self, project_id: str) -> Iterable[EndpointLike]:
+        return (
+            r for r in self.service.rows() if r.project_id == project_id and r.deleting_at is None
+        )
+
+    async def update(
+        self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
+    ) -> dict[str, Any]:
+        row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        project = await self.accounts.project(principal, row.project_id)
+        async with self._lock:
+            gpu_type, gpu_count = self.service.resolve_gpus(row, req)
+            min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
+            max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
+            exceeded = check_settings(
+                project.quota,
+                map(_shape, self._project_rows(row.project_id)),
+                EndpointShape(row.id, gpu_type, gpu_count, min_replicas),
+                max_replicas,
+                new_endpoint=False,
+            )
+            if exceeded is not None:
+                raise exceeded.error(row.project_id)
+            record = await self.service.update(endpoint_id, req)
+        changed = req.model_dump(exclude_none=True)
+        await self.accounts.audit_event(
+            principal, AuditAction.ENDPOINT_UPDATE, row.project_id, f"endpoint:{row.id}", **changed
+        )
+        new_row = self.service.find(endpoint_id) or row
+        return self._decorate_dict(new_row, record)
+
+    async def delete(self, principal: Principal, endpoint_id: str) -> None:
+        row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        await self.accounts.audit_event(
+            principal,
+            AuditAction.ENDPOINT_DELETE,
+            row.project_id,
+            f"endpoint:{row.id}",
+            name=row.name,
+        )
+        await self.service.delete(endpoint_id)
+
+    async def reissue_token(self, principal: Principal, endpoint_id: str) -> str:
+        row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        token = await self.service.reissue_token(endpoint_id)
+        await self.accounts.audit_event(
+            principal, AuditAction.TOKEN_REISSUE, row.project_id, f"endpoint:{row.id}"
+        )
+        return token
+
+    async def usage(
+        self, principal: Principal, endpoint_id: str, since: datetime | None, until: datetime | None
+    ) -> list[UsageRow]:
+        """Hourly usage of an endpoint; `since` counts from the start of its hour."""
+        self.endpoint(principal, endpoint_id, Action.READ)
+        since = hour_of(since) if since else None
+        stored = await self.accounts.store.usage(endpoint_id=endpoint_id, since=since, until=until)
+        return merge_usage(stored, self.meter.pending(endpoint_id=endpoint_id), since, until)
+
+    async def project_usage(
+        self, principal: Principal, project_id: str, since: datetime | None, until: datetime | None
+    ) -> list[UsageRow]:
+        await self.accounts.project(principal, project_id)
+        since = hour_of(since) if since else None
+        stored = await self.accounts.store.usage(project_id=project_id, since=since, until=until)
+        return merge_usage(stored, self.meter.pending(project_id=project_id), since, until)

@@ -1,0 +1,90 @@
+"""Feeds the usage meter from the registry: the replicas holding their GPUs
+(sampled every second) and the usage counters each replica reports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from inferd.control.accounts.metering import (
+    EndpointPricing,
+    LiveReplica,
+    ReplicaCounters,
+    UsageMeter,
+)
+from inferd.control.accounts.model import utc_now
+from inferd.control.registry import Registry, Replica
+
+SAMPLE_PERIOD_S = 1.0
+
+
+def _live(replica: Replica) -> LiveReplica:
+    return LiveReplica(
+        replica.replica_id,
+        replica.endpoint_id,
+        replica.gpu_type,
+        replica.gpu_count,
+        replica.created_at,
+    )
+
+
+def counters_of(usage: Any) -> ReplicaCounters | None:
+    """The `usage` object of a replica report, or None when absent or malformed."""
+    if not isinstance(usage, Mapping):
+        return None
+    values = [usage.get(k) for k in ("requests", "promptTokens", "completionTokens", "images")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    return ReplicaCounters(*values)  # type: ignore[arg-type]
+
+
+class MeterFeed:
+    def __init__(
+        self,
+        meter: UsageMeter,
+        registry: Registry,
+        pricing: Callable[[], Mapping[str, EndpointPricing]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utc_now,
+        period_s: float = SAMPLE_PERIOD_S,
+    ) -> None:
+        self.meter = meter
+        self.registry = registry
+        self.pricing = pricing
+        self.clock = clock
+        self.wall = wall
+        self.period_s = period_s
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> None:
+        live = [_live(r) for r in self.registry.all() if r.live]
+        self.meter.sample(live, self.pricing(), self.clock(), self.wall())
+
+    def reported(self, replica_id: str, payload: Mapping[str, Any]) -> None:
+        counters = counters_of(payload.get("usage"))
+        replica = self.registry.get(replica_id)
+        if counters is None or replica is None:
+            return
+        price = self.pricing().get(replica.endpoint_id)
+        if price is not None:
+            self.meter.count(_live(replica), price.project_id, counters, self.wall())
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="usage-meter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.sample()  # the seconds up to now
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            self.sample()

@@ -1,0 +1,126 @@
+"""Stored types of accounts: projects, users, memberships, management keys,
+audit entries and hourly usage. Frozen, database-neutral; times are aware UTC
+`datetime`s truncated to milliseconds (what every store keeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+
+from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.roles import Role
+
+# Endpoints made before projects existed, and the operator's endpoints when
+# it names no project, live here.
+DEFAULT_PROJECT = "default"
+
+
+def utc_now() -> datetime:
+    """Now in UTC, truncated to the milliseconds every store keeps."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def hour_of(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class Project:
+    id: str  # its name: lowercase slug, unique, used in URLs
+    created_at: datetime
+    quota: Quota = field(default_factory=Quota)
+
+
+@dataclass(frozen=True)
+class User:
+    id: str  # its name: lowercase slug, unique
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Membership:
+    project_id: str
+    user_id: str
+    role: Role
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class UserKey:
+    """A user's management key as stored: never the key, only its digest."""
+
+    id: str
+    user_id: str
+    name: str
+    key_hash: bytes
+    # The key's recognisable prefix and its last 4 characters, for listings.
+    hint: str
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class AuditAction(str, Enum):
+    PROJECT_CREATE = "project.create"
+    PROJECT_DELETE = "project.delete"
+    ENDPOINT_CREATE = "endpoint.create"
+    ENDPOINT_UPDATE = "endpoint.update"
+    ENDPOINT_DELETE = "endpoint.delete"
+    TOKEN_REISSUE = "endpoint.token.reissue"
+    KEY_CREATE = "key.create"
+    KEY_REVOKE = "key.revoke"
+    USER_CREATE = "user.create"
+    MEMBER_ADD = "member.add"
+    MEMBER_CHANGE = "member.change"
+    MEMBER_REMOVE = "member.remove"
+    QUOTA_CHANGE = "quota.change"
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One thing that was done: who, what, when, to what. Never changed."""
+
+    at: datetime
+    project_id: str | None  # None: not about one project (a user's key)
+    actor: str  # Principal.label
+    action: AuditAction
+    target: str  # "endpoint:<id>", "key:<id>", "member:<user>", "project:<id>"
+    detail: Mapping[str, object] = field(default_factory=dict)
+    id: int = 0  # assigned by the store, increasing
+
+
+@dataclass(frozen=True)
+class UsageDelta:
+    """Usage of one endpoint within one hour, to be added to the stored sum."""
+
+    endpoint_id: str
+    project_id: str
+    hour: datetime  # start of the hour, UTC
+    gpu_type: str
+    gpu_count: int
+    replica_seconds: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    images: int = 0
+    cost: float = 0.0  # replica-seconds priced at the endpoint's hourly price
+
+    def key(self) -> tuple[str, datetime, str, int]:
+        return (self.endpoint_id, self.hour, self.gpu_type, self.gpu_count)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.replica_seconds or self.requests or self.prompt_tokens
+            or self.completion_tokens or self.images or self.cost
+        )  # fmt: skip
+
+
+# A stored hourly row has the same fields: the sum of every delta of its key.
+UsageRow = UsageDelta

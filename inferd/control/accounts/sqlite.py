@@ -1,0 +1,472 @@
+"""Accounts in the SQLite store: schema (one migration of the store's list)
+and `SqliteAccounts`, the accounts half of the SQLite adapter.
+
+`SqliteAccounts` is a mixin over the store's own connection and transaction
+helpers, so account writes share its file, lock, WAL and durability (every
+write is committed and fsynced when it returns). The audit log refuses
+UPDATE and DELETE with triggers: append-only is the database's rule, not
+only the code's. Usage rows are added to with UPSERT, never overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from inferd.control.accounts.model import (
+    AuditAction,
+    AuditEntry,
+    Membership,
+    Project,
+    UsageDelta,
+    UsageRow,
+    User,
+    UserKey,
+    rfc3339,
+)
+from inferd.control.accounts.ports import AlreadyExists
+from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.roles import Role
+
+T = TypeVar("T")
+
+ACCOUNT_TABLES_SQLITE: tuple[str, ...] = (
+    """
+    CREATE TABLE projects (
+        id         TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        -- {"endpoints": int|null, "replicas": int|null, "gpus": {type: int}}
+        quota      TEXT NOT NULL DEFAULT '{}'
+    ) STRICT
+    """,
+    """
+    INSERT INTO projects (id, created_at)
+    VALUES ('default', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    """,
+    """
+    CREATE TABLE users (
+        id         TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL
+    ) STRICT
+    """,
+    """
+    CREATE TABLE memberships (
+        project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+        user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        role       TEXT NOT NULL CHECK (role IN ('admin', 'developer', 'viewer')),
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (project_id, user_id)
+    ) STRICT
+    """,
+    "CREATE INDEX memberships_by_user ON memberships (user_id)",
+    """
+    CREATE TABLE user_keys (
+        id           TEXT PRIMARY KEY,
+        user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        name         TEXT NOT NULL,
+        key_hash     BLOB NOT NULL UNIQUE,
+        hint         TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        last_used_at TEXT,
+        revoked_at   TEXT
+    ) STRICT
+    """,
+    "CREATE INDEX user_keys_by_user ON user_keys (user_id)",
+    """
+    CREATE TABLE audit_log (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         TEXT NOT NULL,
+        project_id TEXT,
+        actor      TEXT NOT NULL,
+        action     TEXT NOT NULL,
+        target     TEXT NOT NULL,
+        detail     TEXT NOT NULL
+    ) STRICT
+    """,
+    "CREATE INDEX audit_log_by_project ON audit_log (project_id, at)",
+    """
+    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
+    """,
+    """
+    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
+    """,
+    # No reference to endpoints: usage and its cost outlive a deleted endpoint.
+    """
+    CREATE TABLE usage_hourly (
+        endpoint_id       TEXT NOT NULL,
+        project_id        TEXT NOT NULL,
+        hour              TEXT NOT NULL,
+        gpu_type          TEXT NOT NULL,
+        gpu_count         INTEGER NOT NULL,
+        replica_seconds   REAL NOT NULL DEFAULT 0,
+        requests          INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        images            INTEGER NOT NULL DEFAULT 0,
+        cost              REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count)
+    ) STRICT
+    """,
+    "CREATE INDEX usage_hourly_by_project ON usage_hourly (project_id, hour)",
+)
+
+
+def _at(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _at_required(value: str) -> datetime:
+    at = _at(value)
+    assert at is not None
+    return at
+
+
+def quota_to_json(quota: Quota) -> str:
+    return json.dumps(quota.to_dict(), sort_keys=True)
+
+
+def quota_from_json(text: str) -> Quota:
+    data = json.loads(text or "{}")
+    return Quota(
+        endpoints=data.get("endpoints"),
+        replicas=data.get("replicas"),
+        gpus={str(k): int(v) for k, v in (data.get("gpus") or {}).items()},
+    )
+
+
+_KEY_COLUMNS = "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
+_USAGE_COLUMNS = (
+    "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
+    " prompt_tokens, completion_tokens, images, cost"
+)
+
+
+def _key(row: Sequence[Any]) -> UserKey:
+    return UserKey(
+        id=row[0],
+        user_id=row[1],
+        name=row[2],
+        key_hash=bytes(row[3]),
+        hint=row[4],
+        created_at=_at_required(row[5]),
+        last_used_at=_at(row[6]),
+        revoked_at=_at(row[7]),
+    )
+
+
+def _usage(row: Sequence[Any]) -> UsageRow:
+    return UsageRow(
+        endpoint_id=row[0],
+        project_id=row[1],
+        hour=_at_required(row[2]),
+        gpu_type=row[3],
+        gpu_count=int(row[4]),
+        replica_seconds=float(row[5]),
+        requests=int(row[6]),
+        prompt_tokens=int(row[7]),
+        completion_tokens=int(row[8]),
+        images=int(row[9]),
+        cost=float(row[10]),
+    )
+
+
+def _audit(row: Sequence[Any]) -> AuditEntry:
+    return AuditEntry(
+        id=int(row[0]),
+        at=_at_required(row[1]),
+        project_id=row[2],
+        actor=row[3],
+        action=AuditAction(row[4]),
+        target=row[5],
+        detail=json.loads(row[6]),
+    )
+
+
+class SqliteAccounts:
+    """Needs the host store's `_tx()` (an IMMEDIATE transaction) and `_query`."""
+
+    _tx: Callable[[], AbstractContextManager[sqlite3.Connection]]
+    _query: Callable[..., list[tuple[Any, ...]]]
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+        with self._tx() as conn:
+            return conn.execute(sql, params).rowcount
+
+    # --- projects ------------------------------------------------------------------------
+
+    async def create_project(self, project: Project) -> None:
+        try:
+            await self._in_thread(
+                self._write,
+                "INSERT INTO projects (id, created_at, quota) VALUES (?, ?, ?)",
+                (project.id, rfc3339(project.created_at), quota_to_json(project.quota)),
+            )
+        except sqlite3.IntegrityError:
+            raise AlreadyExists(project.id) from None
+
+    async def get_project(self, project_id: str) -> Project | None:
+        rows = await self._in_thread(
+            self._query, "SELECT id, created_at, quota FROM projects WHERE id = ?", (project_id,)
+        )
+        return (
+            Project(rows[0][0], _at_required(rows[0][1]), quota_from_json(rows[0][2]))
+            if rows
+            else None
+        )
+
+    async def list_projects(self) -> list[Project]:
+        rows = await self._in_thread(
+            self._query, "SELECT id, created_at, quota FROM projects ORDER BY id"
+        )
+        return [Project(r[0], _at_required(r[1]), quota_from_json(r[2])) for r in rows]
+
+    async def set_quota(self, project_id: str, quota: Quota) -> bool:
+        count = await self._in_thread(
+            self._write,
+            "UPDATE projects SET quota = ? WHERE id = ?",
+            (quota_to_json(quota), project_id),
+        )
+        return count > 0
+
+    # --- users and memberships ---------------------------------------------------------------
+
+    async def create_user(self, user: User) -> None:
+        try:
+            await self._in_thread(
+                self._write,
+                "INSERT INTO users (id, created_at) VALUES (?, ?)",
+                (user.id, rfc3339(user.created_at)),
+            )
+        except sqlite3.IntegrityError:
+            raise AlreadyExists(user.id) from None
+
+    async def get_user(self, user_id: str) -> User | None:
+        rows = await self._in_thread(
+            self._query, "SELECT id, created_at FROM users WHERE id = ?", (user_id,)
+        )
+        return User(rows[0][0], _at_required(rows[0][1])) if rows else None
+
+    async def list_users(self) -> list[User]:
+        rows = await self._in_thread(self._query, "SELECT id, created_at FROM users ORDER BY id")
+        return [User(r[0], _at_required(r[1])) for r in rows]
+
+    async def put_membership(self, membership: Membership) -> None:
+        try:
+            await self._in_thread(
+                self._write,
+                "INSERT INTO memberships (project_id, user_id, role, created_at)"
+                " VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (project_id, user_id) DO UPDATE SET role = excluded.role",
+                (
+                    membership.project_id,
+                    membership.user_id,
+                    membership.role.value,
+                    rfc3339(membership.created_at),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise KeyError((membership.project_id, membership.user_id)) from None
+
+    async def remove_membership(self, project_id: str, user_id: str) -> bool:
+        count = await self._in_thread(
+            self._write,
+            "DELETE FROM memberships WHERE project_id = ? AND user_id = ?",
+            (project_id, user_id),
+        )
+        return count > 0
+
+    def _memberships(self, where: str, value: str, order: str) -> list[Membership]:
+        rows = self._query(
+            f"SELECT project_id, user_id, role, created_at FROM memberships WHERE {where} = ?"
+            f" ORDER BY {order}",
+            (value,),
+        )
+        return [Membership(r[0], r[1], Role(r[2]), _at_required(r[3])) for r in rows]
+
+    async def members_of(self, project_id: str) -> list[Membership]:
+        return await self._in_thread(self._memberships, "project_id", project_id, "user_id")
+
+    async def memberships_of(self, user_id: str) -> list[Membership]:
+        return await self._in_thread(self._memberships, "user_id", user_id, "project_id")
+
+    # --- keys ------------------------------------------------------------------------------
+
+    async def add_key(self, key: UserKey) -> None:
+        def insert() -> None:
+            with self._tx() as conn:
+                if (
+                    conn.execute("SELECT 1 FROM users WHERE id = ?", (key.user_id,)).fetchone()
+                    is None
+                ):
+                    raise KeyError(key.user_id)
+                conn.execute(
+                    f"INSERT INTO user_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        key.id, key.user_id, key.name, key.key_hash, key.hint,
+                        rfc3339(key.created_at),
+                        rfc3339(key.last_used_at) if key.last_used_at else None,
+                        rfc3339(key.revoked_at) if key.revoked_at else None,
+                    ),
+                )  # fmt: skip
+
+        try:
+            await self._in_thread(insert)
+        except sqlite3.IntegrityError:
+            raise AlreadyExists(key.id) from None
+
+    async def keys_of(self, user_id: str) -> list[UserKey]:
+        rows = await self._in_thread(
+            self._query,
+            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ? ORDER BY created_at, id",
+            (user_id,),
+        )
+        return [_key(r) for r in rows]
+
+    async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
+        rows = await self._in_thread(
+            self._query, f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE key_hash = ?", (key_hash,)
+        )
+        return _key(rows[0]) if rows else None
+
+    async def revoke_key(self, key_id: str, at: datetime) -> bool:
+        count = await self._in_thread(
+            self._write,
+            "UPDATE user_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+            (rfc3339(at), key_id),
+        )
+        return count > 0
+
+    async def touch_keys(self, last_used: Mapping[str, datetime]) -> None:
+        def touch() -> None:
+            with self._tx() as conn:
+                conn.executemany(
+                    "UPDATE user_keys SET last_used_at = ?"
+                    " WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)",
+                    [(rfc3339(at), key_id, rfc3339(at)) for key_id, at in last_used.items()],
+                )
+
+        await self._in_thread(touch)
+
+    # --- audit log --------------------------------------------------------------------------
+
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        def insert() -> int:
+            with self._tx() as conn:
+                cur = conn.execute(
+                    "INSERT INTO audit_log (at, project_id, actor, action, target, detail)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        rfc3339(entry.at), entry.project_id, entry.actor, entry.action.value,
+                        entry.target, json.dumps(dict(entry.detail), sort_keys=True),
+                    ),
+                )  # fmt: skip
+                return int(cur.lastrowid or 0)
+
+        entry_id = await self._in_thread(insert)
+        return AuditEntry(
+            entry.at,
+            entry.project_id,
+            entry.actor,
+            entry.action,
+            entry.target,
+            entry.detail,
+            entry_id,
+        )
+
+    async def audit(
+        self,
+        project_id: str | None,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        actions: Sequence[AuditAction] = (),
+        limit: int = 1000,
+    ) -> list[AuditEntry]:
+        sql = "SELECT id, at, project_id, actor, action, target, detail FROM audit_log WHERE 1 = 1"
+        params: list[Any] = []
+        if project_id is not None:
+            sql += " AND project_id = ?"
+            params.append(project_id)
+        if since is not None:
+            sql += " AND at >= ?"
+            params.append(rfc3339(since))
+        if until is not None:
+            sql += " AND at < ?"
+            params.append(rfc3339(until))
+        if actions:
+            sql += f" AND action IN ({', '.join('?' for _ in actions)})"
+            params.extend(a.value for a in actions)
+        sql += " ORDER BY id LIMIT ?"
+        params.append(limit)
+        rows = await self._in_thread(self._query, sql, tuple(params))
+        return [_audit(r) for r in rows]
+
+    # --- usage --------------------------------------------------------------------------------
+
+    async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        def add() -> None:
+            with self._tx() as conn:
+                conn.executemany(
+                    f"INSERT INTO usage_hourly ({_USAGE_COLUMNS})"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (endpoint_id, hour, gpu_type, gpu_count) DO UPDATE SET"
+                    " replica_seconds = replica_seconds + excluded.replica_seconds,"
+                    " requests = requests + excluded.requests,"
+                    " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+                    " completion_tokens = completion_tokens + excluded.completion_tokens,"
+                    " images = images + excluded.images,"
+                    " cost = cost + excluded.cost",
+                    [
+                        (
+                            d.endpoint_id, d.project_id, rfc3339(d.hour), d.gpu_type, d.gpu_count,
+                            d.replica_seconds, d.requests, d.prompt_tokens, d.completion_tokens,
+                            d.images, d.cost,
+                        )
+                        for d in deltas
+                    ],
+                )  # fmt: skip
+
+        if deltas:
+            await self._in_thread(add)
+
+    async def usage(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[UsageRow]:
+        sql = f"SELECT {_USAGE_COLUMNS} FROM usage_hourly WHERE 1 = 1"
+        params: list[Any] = []
+        for column, value in (("endpoint_id", endpoint_id), ("project_id", project_id)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                params.append(value)
+        if since is not None:
+            sql += " AND hour >= ?"
+            params.append(rfc3339(since))
+        if until is not None:
+            sql += " AND hour < ?"
+            params.append(rfc3339(until))
+        sql += " ORDER BY hour, endpoint_id, gpu_type, gpu_count"
+        rows = await self._in_thread(self._query, sql, tuple(params))
+        return [_usage(r) for r in rows]
+
+    async def costs_since(self, since: datetime) -> dict[str, float]:
+        rows = await self._in_thread(
+            self._query,
+            "SELECT endpoint_id, SUM(cost) FROM usage_hourly WHERE hour >= ? GROUP BY endpoint_id",
+            (rfc3339(since),),
+        )
+        return {r[0]: float(r[1]) for r in rows}

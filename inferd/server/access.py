@@ -1,0 +1,126 @@
+"""The management API's route table: every operation names what it acts on
+and the action it needs, and the dispatcher checks that before the handler
+runs. A route exists only as an `Operation`, so none can skip the check, and
+the authorization tests are generated from this same table.
+
+`ResolvePrincipal` (ASGI middleware) turns the bearer key into a `Principal`
+before routing and body parsing: an unauthenticated caller learns nothing
+about ids or validation rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferd.control.accounts.endpoints import ProjectEndpoints
+from inferd.control.accounts.principals import PrincipalResolver
+from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
+from inferd.control.accounts.service import AccountService, project_missing
+from inferd.errors import BadRequest
+
+Handler = Callable[[Request, Principal], Awaitable[Response]]
+
+
+class Target(str, Enum):
+    ENDPOINT = "endpoint"  # path {id}: an endpoint; its project and the action are checked
+    PROJECT = "project"  # path {id}: a project
+    USER = "user"  # path {userId}: the caller, or a user of a project the caller administers
+    NEW_ENDPOINT = "new-endpoint"  # the project is in the body; the service checks it
+    ANY = "any"  # any principal; answers are filtered to what it may see
+    OPERATOR = "operator"  # the operator key only
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str  # below /inference
+    target: Target
+    action: Action
+    handler: Handler
+    # Query parameters it reads; any other is a 400 (a misspelt filter must
+    # not silently widen an answer).
+    query: tuple[str, ...] = ()
+
+
+class AccessCheck:
+    def __init__(self, endpoints: ProjectEndpoints, accounts: AccountService) -> None:
+        self.endpoints = endpoints
+        self.accounts = accounts
+
+    async def check(self, op: Operation, principal: Principal, request: Request) -> None:
+        params = request.path_params
+        if op.target is Target.ENDPOINT:
+            self.endpoints.endpoint(principal, params["id"], op.action)
+        elif op.target is Target.PROJECT:
+            project_id = params["id"]
+            await self.accounts.project(principal, project_id)
+            authorize(principal, project_id, op.action, hidden=project_missing(project_id))
+        elif op.target is Target.USER:
+            await self.accounts.user_scope(principal, params["userId"])
+        elif op.target is Target.OPERATOR:
+            require_operator(principal, f"{op.method} /inference{op.path}")
+
+
+def principal_of(request: Request) -> Principal:
+    principal = request.scope.get("state", {}).get("principal")
+    if not isinstance(principal, Principal):
+        raise RuntimeError("management route reached without ResolvePrincipal")
+    return principal
+
+
+def build_routes(operations: Sequence[Operation], access: AccessCheck) -> list[BaseRoute]:
+    """One Starlette route per path, dispatching on the method, so that a 405
+    answers with an `Allow` header listing every method of the path."""
+    by_path: dict[str, dict[str, Operation]] = {}
+    for op in operations:
+        methods = by_path.setdefault(op.path, {})
+        if op.method in methods:
+            raise ValueError(f"{op.method} {op.path} is declared twice")
+        methods[op.method] = op
+        if op.method == "GET":
+            methods.setdefault("HEAD", op)
+
+    def route(path: str, methods: dict[str, Operation]) -> Route:
+        async def dispatch(request: Request) -> Response:
+            op = methods[request.method]
+            principal = principal_of(request)
+            for name in request.query_params:
+                if name not in op.query:
+                    raise BadRequest(
+                        f"Unknown query parameter '{name}'.",
+                        param=name,
+                        code="unknown_parameter",
+                    )
+            await access.check(op, principal, request)
+            return await op.handler(request, principal)
+
+        return Route(path, dispatch, methods=list(methods), name=path)
+
+    return [route(path, methods) for path, methods in by_path.items()]
+
+
+class ResolvePrincipal:
+    """ASGI middleware: every HTTP request below it needs a management key
+    (a user's key or the operator key)."""
+
+    def __init__(self, app: ASGIApp, resolver: PrincipalResolver) -> None:
+        self.app = app
+        self.resolver = resolver
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            value = None
+            for name, raw in scope["headers"]:
+                if name == b"authorization":
+                    value = raw.decode("latin-1")
+                    break
+            principal = await self.resolver.resolve(value)
+            scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)

@@ -1,0 +1,286 @@
+"""Routes of the accounts API below `/inference`: projects, members, users
+and their keys, quotas, the audit log and usage. HTTP only: parse, call the
+account service with the caller's principal, map the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from inferd.api.accounts import (
+    CreateKeyRequest,
+    CreateProjectRequest,
+    CreateUserRequest,
+    PutMemberRequest,
+    QuotaBody,
+)
+from inferd.control.accounts.endpoints import ProjectEndpoints
+from inferd.control.accounts.model import (
+    AuditAction,
+    AuditEntry,
+    Membership,
+    Project,
+    UsageRow,
+    User,
+    rfc3339,
+)
+from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.roles import Action, Principal, Role
+from inferd.control.accounts.service import AccountService, CreatedKey, key_info
+from inferd.errors import BadRequest
+from inferd.http import read_model
+from inferd.server.access import Operation, Target
+
+MAX_AUDIT_ENTRIES = 1000
+
+
+def parse_time(request: Request, name: str) -> datetime | None:
+    text = request.query_params.get(name)
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise BadRequest(
+            f"Query parameter '{name}' must be an RFC 3339 time with a zone "
+            "(for example 2026-01-01T00:00:00Z).",
+            param=name,
+            code="invalid_time",
+        )
+    return at
+
+
+def _quota(body: QuotaBody | None) -> Quota:
+    if body is None:
+        return Quota()
+    return Quota(endpoints=body.endpoints, replicas=body.replicas, gpus=dict(body.gpus))
+
+
+def project_info(project: Project, principal: Principal) -> dict[str, Any]:
+    role = principal.role_in(project.id)
+    return {
+        "id": project.id,
+        "createdAt": rfc3339(project.created_at),
+        "quota": project.quota.to_dict(),
+        "role": None if role is None else role.value,
+    }
+
+
+def member_info(m: Membership) -> dict[str, Any]:
+    return {"userId": m.user_id, "role": m.role.value, "createdAt": rfc3339(m.created_at)}
+
+
+def user_info(u: User) -> dict[str, Any]:
+    return {"id": u.id, "createdAt": rfc3339(u.created_at)}
+
+
+def created_key_info(created: CreatedKey) -> dict[str, Any]:
+    return {**key_info(created.key), "key": created.plaintext}
+
+
+def audit_info(e: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "at": rfc3339(e.at),
+        "projectId": e.project_id,
+        "actor": e.actor,
+        "action": e.action.value,
+        "target": e.target,
+        "detail": dict(e.detail),
+    }
+
+
+def usage_document(rows: list[UsageRow], currency: str) -> dict[str, Any]:
+    data = [
+        {
+            "endpointId": r.endpoint_id,
+            "projectId": r.project_id,
+            "hour": rfc3339(r.hour),
+            "gpuType": r.gpu_type,
+            "gpuCount": r.gpu_count,
+            "replicaSeconds": round(r.replica_seconds, 3),
+            "requests": r.requests,
+            "promptTokens": r.prompt_tokens,
+            "completionTokens": r.completion_tokens,
+            "images": r.images,
+            "cost": round(r.cost, 6),
+        }
+        for r in rows
+    ]
+    totals = {
+        "replicaSeconds": round(sum(r.replica_seconds for r in rows), 3),
+        "requests": sum(r.requests for r in rows),
+        "promptTokens": sum(r.prompt_tokens for r in rows),
+        "completionTokens": sum(r.completion_tokens for r in rows),
+        "images": sum(r.images for r in rows),
+        "cost": round(sum(r.cost for r in rows), 6),
+    }
+    return {"currency": currency, "totals": totals, "data": data}
+
+
+class AccountRoutes:
+    def __init__(
+        self,
+        accounts: AccountService,
+        endpoints: ProjectEndpoints,
+        currency: Callable[[], str],
+        max_body_bytes: int,
+    ) -> None:
+        self.accounts = accounts
+        self.endpoints = endpoints
+        self.currency = currency
+        self.max_body_bytes = max_body_bytes
+
+    def operations(self) -> list[Operation]:
+        R, W, M = Action.READ, Action.WRITE, Action.MANAGE
+        span = ("from", "to")
+        return [
+            Operation("GET", "/whoami", Target.ANY, R, self.whoami),
+            Operation("GET", "/projects", Target.ANY, R, self.list_projects),
+            Operation("POST", "/projects", Target.OPERATOR, M, self.create_project),
+            Operation("GET", "/projects/{id}", Target.PROJECT, R, self.get_project),
+            Operation("PUT", "/projects/{id}/quota", Target.OPERATOR, M, self.set_quota),
+            Operation("GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members),
+            Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.put_member),
+            Operation(
+                "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
+            ),
+            Operation(
+                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit, (*span, "action")
+            ),
+            Operation(
+                "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage, span
+            ),
+            Operation("GET", "/users", Target.OPERATOR, M, self.list_users),
+            Operation("POST", "/users", Target.OPERATOR, M, self.create_user),
+            Operation("GET", "/users/{userId}/keys", Target.USER, R, self.list_keys),
+            Operation("POST", "/users/{userId}/keys", Target.USER, W, self.create_key),
+            Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, self.revoke_key),
+            Operation(
+                "GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, self.endpoint_usage, span
+            ),
+        ]  # fmt: skip
+
+    async def whoami(self, request: Request, principal: Principal) -> Response:
+        roles = {p: r.value for p, r in principal.roles.items()}
+        return JSONResponse({"id": principal.id, "operator": principal.operator, "roles": roles})
+
+    # --- projects ------------------------------------------------------------------------
+
+    async def list_projects(self, request: Request, principal: Principal) -> Response:
+        projects = await self.accounts.projects(principal)
+        return JSONResponse({"data": [project_info(p, principal) for p in projects]})
+
+    async def create_project(self, request: Request, principal: Principal) -> Response:
+        req = await read_model(request, CreateProjectRequest, self.max_body_bytes)
+        project = await self.accounts.create_project(principal, req.id, _quota(req.quota))
+        return JSONResponse(project_info(project, principal), status_code=201)
+
+    async def get_project(self, request: Request, principal: Principal) -> Response:
+        project = await self.accounts.project(principal, request.path_params["id"])
+        return JSONResponse(project_info(project, principal))
+
+    async def set_quota(self, request: Request, principal: Principal) -> Response:
+        project_id = request.path_params["id"]
+        await self.accounts.project(principal, project_id)  # 404 before a 400 about the body
+        req = await read_model(request, QuotaBody, self.max_body_bytes)
+        project = await self.accounts.set_quota(principal, project_id, _quota(req))
+        return JSONResponse(project_info(project, principal))
+
+    # --- members -------------------------------------------------------------------------
+
+    async def list_members(self, request: Request, principal: Principal) -> Response:
+        members = await self.accounts.members(principal, request.path_params["id"])
+        return JSONResponse({"data": [member_info(m) for m in members]})
+
+    async def put_member(self, request: Request, principal: Principal) -> Response:
+        req = await read_model(request, PutMemberRequest, self.max_body_bytes)
+        member, created = await self.accounts.put_member(
+            principal, request.path_params["id"], request.path_params["userId"], Role(req.role)
+        )
+        body = {
+            "member": member_info(member),
+            "createdKey": created_key_info(created) if created else None,
+        }
+        return JSONResponse(body, status_code=201 if created else 200)
+
+    async def remove_member(self, request: Request, principal: Principal) -> Response:
+        await self.accounts.remove_member(
+            principal, request.path_params["id"], request.path_params["userId"]
+        )
+        return Response(status_code=204)
+
+    # --- users and keys ------------------------------------------------------------------------
+
+    async def list_users(self, request: Request, principal: Principal) -> Response:
+        users = await self.accounts.users(principal)
+        return JSONResponse({"data": [user_info(u) for u in users]})
+
+    async def create_user(self, request: Request, principal: Principal) -> Response:
+        req = await read_model(request, CreateUserRequest, self.max_body_bytes)
+        user, created = await self.accounts.create_user(principal, req.id)
+        body = {"user": user_info(user), "createdKey": created_key_info(created)}
+        return JSONResponse(body, status_code=201)
+
+    async def list_keys(self, request: Request, principal: Principal) -> Response:
+        keys = await self.accounts.keys(principal, request.path_params["userId"])
+        pending = self.accounts.resolver.pending_last_used
+        return JSONResponse({"data": [key_info(k, pending(k.id)) for k in keys]})
+
+    async def create_key(self, request: Request, principal: Principal) -> Response:
+        req = await read_model(request, CreateKeyRequest, self.max_body_bytes)
+        created = await self.accounts.create_key(principal, request.path_params["userId"], req.name)
+        return JSONResponse(created_key_info(created), status_code=201)
+
+    async def revoke_key(self, request: Request, principal: Principal) -> Response:
+        params = request.path_params
+        await self.accounts.revoke_key(principal, params["userId"], params["keyId"])
+        return Response(status_code=204)
+
+    # --- audit and usage ---------------------------------------------------------------------
+
+    async def audit(self, request: Request, principal: Principal) -> Response:
+        actions = []
+        for name in request.query_params.getlist("action"):
+            try:
+                actions.append(AuditAction(name))
+            except ValueError:
+                known = ", ".join(a.value for a in AuditAction)
+                raise BadRequest(
+                    f"Unknown action '{name}'; one of: {known}.",
+                    param="action",
+                    code="invalid_action",
+                ) from None
+        entries = await self.accounts.audit(
+            principal,
+            request.path_params["id"],
+            since=parse_time(request, "from"),
+            until=parse_time(request, "to"),
+            actions=actions,
+            limit=MAX_AUDIT_ENTRIES,
+        )
+        return JSONResponse({"data": [audit_info(e) for e in entries]})
+
+    async def project_usage(self, request: Request, principal: Principal) -> Response:
+        rows = await self.endpoints.project_usage(
+            principal,
+            request.path_params["id"],
+            parse_time(request, "from"),
+            parse_time(request, "to"),
+        )
+        return JSONResponse(usage_document(rows, self.currency()))
+
+    async def endpoint_usage(self, request: Request, principal: Principal) -> Response:
+        rows = await self.endpoints.usage(
+            principal,
+            request.path_params["id"],
+            parse_time(request, "from"),
+            parse_time(request, "to"),
+        )
+        return JSONResponse(usage_document(rows, self.currency()))
