@@ -377,3 +377,30 @@ def test_a_revoked_key_ends_the_session_at_once(client: TestClient) -> None:
     assert answer.status_code == 204, answer.text
     page = client.get("/console/endpoints", follow_redirects=False)
     assert page.status_code == 303 and page.headers["location"] == "/console/signin"
+
+
+def test_list_rows_agree_with_the_api_records(client: TestClient, plane: ControlPlane) -> None:
+    """The list builds its rows from the stored row and replicas directly
+    (cheaper than the record); both must say the same."""
+    from inferd.console.views import row_view_of
+    from inferd.control.records import EndpointRuntime, ReplicaStatus, ReplicaView
+
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf, location="us-east", option="L4:1")
+    row = plane.service.find(endpoint_id)
+    assert row is not None
+    for replicas in (
+        (),
+        (ReplicaView(1, ReplicaStatus.LOADING),),
+        (ReplicaView(1, ReplicaStatus.READY), ReplicaView(1, ReplicaStatus.FAILED, reason="x")),
+    ):
+        runtime = EndpointRuntime(replicas)
+        plane.service.runtime_of = lambda _id, runtime=runtime: runtime  # type: ignore[misc]
+        record = plane.service.record(endpoint_id)
+        view = row_view_of(row, runtime, 0.0)
+        assert (view.status, view.reason, view.replicas_now) == (
+            record["status"],
+            record["statusReason"],
+            record["currentReplicas"],
+        )
+        assert view.price_now == record["currentReplicas"] * record["hourlyPrice"]
