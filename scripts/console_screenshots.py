@@ -68,7 +68,8 @@ def main() -> int:
                 page.get_by_test_id("max").fill("3")
                 expect(page.get_by_test_id("ceiling")).to_contain_text("1.35")
                 shot("create")
-                page.get_by_test_id("create-submit").click()
+                # Enter in the name field submits the form, as a person would.
+                page.get_by_test_id("name").press("Enter")
                 expect(page.get_by_test_id("token")).to_be_visible()
                 endpoint_url = page.url
                 shot("endpoint-token-once")
