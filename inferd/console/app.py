@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from markupsafe import Markup
 from pydantic import ValidationError
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -33,7 +34,7 @@ from inferd.console.security import (
     content_security_policy,
 )
 from inferd.console.sources import ConsoleSources
-from inferd.console.views import LiveRows, RowView, ids_signature, matches, row_view_of
+from inferd.console.views import LiveRows, RowView, ViewCache, ids_signature, matches
 from inferd.console.web import ConsoleError, Web
 from inferd.control.accounts.roles import Action
 from inferd.control.store import EndpointRow
@@ -72,6 +73,8 @@ class Console:
         self.sources = sources
         self.web = Web(sources, sessions or SessionStore())
         self.live = LiveRows()
+        row_template = self.web.env.get_template("_row.html")
+        self.cache = ViewCache(lambda view: row_template.render(view=view))
 
     # --- composition -----------------------------------------------------------------
 
@@ -122,8 +125,16 @@ class Console:
     # --- helpers ---------------------------------------------------------------------
 
     def _views(self, rows: Sequence[EndpointRow]) -> list[RowView]:
-        runtime_of, cost = self.sources.service.runtime_of, self.sources.cost_so_far
-        return [row_view_of(r, runtime_of(r.id), cost(r.id)) for r in rows]
+        runtime_of, cost, view = (
+            self.sources.service.runtime_of,
+            self.sources.cost_so_far,
+            self.cache.view,
+        )
+        return [view(r, runtime_of(r.id), cost(r.id)) for r in rows]
+
+    def _rows_html(self, views: Sequence[RowView]) -> list[Markup]:
+        # Each row was rendered (escaped) by the row template; joined as is.
+        return [Markup(self.cache.html(v)) for v in views]
 
     def _listed(self, session: Session, query: str) -> list[RowView]:
         assert session.principal is not None
@@ -183,6 +194,7 @@ class Console:
             session,
             "endpoints.html",
             views=views,
+            rows_html=self._rows_html(views),
             query=query,
             version=self.live.version,
             signature=ids_signature(v.id for v in views),
@@ -199,6 +211,7 @@ class Console:
             session,
             "_rows.html",
             views=views,
+            rows_html=self._rows_html(views),
             query=query,
             version=self.live.version,
             signature=ids_signature(v.id for v in views),
@@ -221,6 +234,7 @@ class Console:
                 session,
                 "_rows.html",
                 views=views,
+                rows_html=self._rows_html(views),
                 version=self.live.version,
                 oob=True,
                 can_create=await self.web.can_create(session),

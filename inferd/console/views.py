@@ -9,7 +9,7 @@ since the version the browser has.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from inferd.control.records import EndpointRuntime, ReplicaStatus, derive_status
@@ -105,13 +105,47 @@ class LiveRows:
     def update(self, views: Sequence[RowView]) -> None:
         for view in views:
             known = self._views.get(view.id)
-            if known is None or known[0] != view:
+            if known is None or (known[0] is not view and known[0] != view):
                 self.version += 1
                 self._views[view.id] = (view, self.version)
 
     def changed_since(self, views: Sequence[RowView], since: int) -> list[RowView]:
         self.update(views)
         return [v for v in views if self._views[v.id][1] > since]
+
+    def forget_missing(self, ids: set[str]) -> None:
+        for endpoint_id in [k for k in self._views if k not in ids]:
+            del self._views[endpoint_id]
+
+
+class ViewCache:
+    """Each row's view and its rendered HTML, rebuilt only when what it is
+    made of changed: the stored row (frozen, replaced on every change, so
+    identity is its version), the replicas (frozen, compared by value) and
+    the cost in cents. A list of a thousand endpoints then costs a thousand
+    comparisons and a join, not a thousand renders."""
+
+    def __init__(self, render_row: Callable[[RowView], str]) -> None:
+        self._render_row = render_row
+        self._views: dict[str, tuple[EndpointRow, EndpointRuntime, float, RowView]] = {}
+        self._html: dict[RowView, str] = {}
+
+    def view(self, row: EndpointRow, runtime: EndpointRuntime, cost: float) -> RowView:
+        cents = round(cost, 2)
+        known = self._views.get(row.id)
+        if known is not None and known[0] is row and known[2] == cents and known[1] == runtime:
+            return known[3]
+        view = row_view_of(row, runtime, cents)
+        self._views[row.id] = (row, runtime, cents, view)
+        return view
+
+    def html(self, view: RowView) -> str:
+        html = self._html.get(view)
+        if html is None:
+            if len(self._html) > 4 * max(len(self._views), 256):
+                self._html.clear()  # views of rows long changed
+            html = self._html[view] = self._render_row(view)
+        return html
 
     def forget_missing(self, ids: set[str]) -> None:
         for endpoint_id in [k for k in self._views if k not in ids]:
