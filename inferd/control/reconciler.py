@@ -315,6 +315,7 @@ class Reconciler:
         missing = desired - len(current)
         if missing > 0:
             await self._launch(row, plan, missing, now)
+            plan.capacity_reason = plan.capacity_reason or quota_reason
         else:
             plan.capacity_reason = quota_reason
         if missing < 0:
