@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from inferd import COMPAT_FAMILY
-from inferd.control.store import EndpointRow
+from inferd.control.model import Endpoint, rfc3339
 
 
 class EndpointStatus(str, Enum):
@@ -76,7 +76,7 @@ class DerivedStatus:
 
 
 def derive_status(
-    row: EndpointRow, replicas: Sequence[ReplicaView] = (), waiting_for: str | None = None
+    row: Endpoint, replicas: Sequence[ReplicaView] = (), waiting_for: str | None = None
 ) -> DerivedStatus:
     """Endpoint status from its settings and its replicas' states.
 
@@ -157,7 +157,7 @@ def example_command(
 
 
 def build_record(
-    row: EndpointRow,
+    row: Endpoint,
     public_url: str,
     replicas: Sequence[ReplicaView] = (),
     *,
@@ -198,6 +198,6 @@ def build_record(
         "exampleCommand": example_command(url, row.model_kind, row.model_name, image_size),
         "currency": row.currency,
         "statusReason": derived.reason,
-        "createdAt": row.created_at,
-        "updatedAt": row.updated_at,
+        "createdAt": rfc3339(row.created_at),
+        "updatedAt": rfc3339(row.updated_at),
     }

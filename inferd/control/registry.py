@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inferd.control.model import utc_now_text
 from inferd.control.records import ReplicaStatus
-from inferd.control.store import utc_now_text
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 
 _FORWARD = {
