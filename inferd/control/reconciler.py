@@ -32,9 +32,9 @@ from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings
 from inferd.control.launchers.base import Launcher, ReplicaSpec
 from inferd.control.model import Endpoint, ReplicaRecord, rfc3339, utc_now, utc_now_text
 from inferd.control.ports import ReplicaStore
-from inferd.control.records import ReplicaStatus
 from inferd.control.registry import Registry, Replica, secret_digest
 from inferd.gateway.traffic import TrafficSnapshot
+from inferd.vocab import ReplicaStatus
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferd.control.model import utc_now_text
-from inferd.control.records import ReplicaStatus
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
+from inferd.vocab import ReplicaStatus
 
 _FORWARD = {
     ReplicaStatus.STARTING: 0,

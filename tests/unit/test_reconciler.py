@@ -14,9 +14,9 @@ import pytest
 from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
 from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
-from inferd.control.records import ReplicaStatus as S
 from inferd.control.registry import Registry
 from inferd.gateway.traffic import TrafficSnapshot
+from inferd.vocab import ReplicaStatus as S
 
 
 class Clock:

@@ -11,13 +11,12 @@ import pytest
 from inferd.control.model import Endpoint, parse_rfc3339
 from inferd.control.records import (
     DerivedStatus,
-    EndpointStatus,
-    ReplicaStatus,
     ReplicaView,
     build_record,
     derive_status,
     example_command,
 )
+from inferd.vocab import EndpointStatus, ReplicaStatus
 
 ROW = Endpoint(
     id="0f8fad5b-d9cb-469f-a165-70867728950e",
