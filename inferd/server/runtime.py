@@ -26,10 +26,10 @@ from inferd.control.accounts.meter_feed import MeterFeed
 from inferd.control.accounts.metering import EndpointPricing
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
+from inferd.control.model import Endpoint
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry, ReportRejected
-from inferd.control.store import EndpointRow
 from inferd.errors import error_body
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
@@ -160,7 +160,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     def live_replicas(endpoint_id: str) -> int:
         return sum(1 for r in registry.of_endpoint(endpoint_id) if r.live)
 
-    def replica_cap(row: EndpointRow, desired: int) -> tuple[int, str | None]:
+    def replica_cap(row: Endpoint, desired: int) -> tuple[int, str | None]:
         return plane.accounts.replica_cap(row, desired, live_replicas)
 
     def pricing() -> dict[str, EndpointPricing]:
@@ -191,11 +191,11 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     plane.service.drain = reconciler.drain_endpoint
 
     async def start() -> None:
-        rows = await asyncio.to_thread(plane.store.list_replicas)
+        rows = await plane.store.list_replicas()
         adopted = set(reconciler.adopt(rows, plane.service.rows()))
         for row in rows:
             if row.id not in adopted:
-                await asyncio.to_thread(plane.store.delete_replica, row.id)
+                await plane.store.delete_replica(row.id)
         if rows:
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
@@ -210,7 +210,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         await asyncio.to_thread(launcher.shutdown, settings.replica_drain_timeout_seconds)
         for replica in registry.all():
             registry.remove(replica.replica_id)
-            await asyncio.to_thread(plane.store.delete_replica, replica.replica_id)
+            await plane.store.delete_replica(replica.replica_id)
 
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)
