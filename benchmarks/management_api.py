@@ -5,6 +5,9 @@ and `GET /inference/endpoints` are served by:
 
 - inferd: the real app (`inferd.server.app.create_app`) on its SQLite file,
   admin-key auth included;
+- inferd (user key): the SQLite server again, called with a project
+  member's management key instead of the operator key, so that the principal
+  resolution and the project and role checks are on the path;
 - inferd-pg: the same app on PostgreSQL (a throwaway server started here,
   see `inferd.testing_postgres`), holding the very same endpoints;
 - bare: a Starlette app with no auth that returns the very same JSON
@@ -15,7 +18,8 @@ access log) on loopback; one closed-loop async httpx client drives them in
 turn, each pass bounded by a request count and a duration, rounds
 interleaved. Goals: inferd's rate at least 0.5 of the bare handler's, and
 on PostgreSQL at least 0.8 of its rate on SQLite (reads come from the
-memory the change feed keeps fresh, not from the database).
+memory the change feed keeps fresh, not from the database), and with a user
+key at least 0.9 of the operator key's on get-by-id.
 
     .venv/bin/python benchmarks/management_api.py [--endpoints 1000] [--duration 5]
 """
@@ -105,12 +109,20 @@ def inferd_settings(state_dir: str, database_url: str | None = None) -> Any:
 # --- setup ---------------------------------------------------------------------------
 
 
-async def _populate(state_dir: str, count: int) -> list[dict[str, Any]]:
+async def _populate(state_dir: str, count: int) -> tuple[list[dict[str, Any]], str]:
+    """The stored endpoints' records, and a management key of a developer of
+    their project."""
     from inferd.api.management import CreateEndpointRequest
+    from inferd.control.accounts.model import DEFAULT_PROJECT
+    from inferd.control.accounts.roles import OPERATOR, Role
     from inferd.server.app import ControlPlane
 
     plane = await ControlPlane.open(inferd_settings(state_dir))
     try:
+        _, created = await plane.accounts.service.put_member(
+            OPERATOR, DEFAULT_PROJECT, "bench-user", Role.DEVELOPER
+        )
+        assert created is not None
         models = [m.name for m in plane.catalog.models.all() if m.name.startswith("tiny-")]
         for i in range(count):
             req = CreateEndpointRequest(
@@ -121,7 +133,8 @@ async def _populate(state_dir: str, count: int) -> list[dict[str, Any]]:
                 maxReplicas=2,
             )
             await plane.service.create(req)
-        return plane.service.records()
+        records = json.loads(plane.accounts.endpoints.list_json(OPERATOR))["data"]
+        return records, created.plaintext
     finally:
         await plane.close()
 
@@ -237,29 +250,32 @@ def _in_process(
     records: list[dict[str, Any]],
     routes: dict[str, list[str]],
     headers: dict[str, str],
+    user_headers: dict[str, str],
     count: int,
 ) -> list[dict[str, Any]]:
     from inferd.server.app import ControlPlane, create_app
 
     plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir)))
     pg_plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir, database_url)))
+    inferd_app = create_app(plane)
     apps = {
-        "inferd": create_app(plane),
-        "inferd-pg": create_app(pg_plane),
-        "bare": bare_app(records),
+        "inferd": (inferd_app, headers),
+        "inferd (user key)": (inferd_app, user_headers),
+        "inferd-pg": (create_app(pg_plane), headers),
+        "bare": (bare_app(records), headers),
     }
     rows: list[dict[str, Any]] = []
     try:
         for route, paths in routes.items():
             n = count if len(paths) > 1 else max(50, count // 20)  # the list is ~1 MB
             timings: dict[str, list[float]] = {server: [] for server in apps}
-            for app in apps.values():
-                asyncio.run(asgi_cost(app, paths, headers, 20))  # warm-up
+            for app, caller in apps.values():
+                asyncio.run(asgi_cost(app, paths, caller, 20))  # warm-up
             # Interleaved chunks, so a burst of load from elsewhere on the
             # machine hits both servers alike.
             for _ in range(10):
-                for server, app in apps.items():
-                    timings[server] += asyncio.run(asgi_cost(app, paths, headers, n // 10))
+                for server, (app, caller) in apps.items():
+                    timings[server] += asyncio.run(asgi_cost(app, paths, caller, n // 10))
             means = {server: sum(t) / len(t) for server, t in timings.items()}
             for server, t in timings.items():
                 rows.append({
@@ -270,6 +286,7 @@ def _in_process(
                     # Rate ratio: the inverse of the cost ratio.
                     "vs_bare": round(means["bare"] / means[server], 3),
                     "vs_sqlite": round(means["inferd"] / means[server], 3),
+                    "vs_operator": round(means["inferd"] / means[server], 3),
                 })  # fmt: skip
     finally:
         asyncio.run(plane.close())
@@ -303,7 +320,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="inferd-bench-") as tmp:
         state_dir = os.path.join(tmp, "state")
         t0 = time.perf_counter()
-        records = asyncio.run(_populate(state_dir, args.endpoints))
+        records, user_key = asyncio.run(_populate(state_dir, args.endpoints))
         database_url = postgres.create_database("bench")
         asyncio.run(_copy(state_dir, database_url))
         print(f"stored {len(records)} endpoints in {time.perf_counter() - t0:.1f}s")
@@ -332,16 +349,23 @@ def main() -> int:
                 "GET /inference/endpoints": ["/inference/endpoints"],
             }
             headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-            # Same document from both servers (what the bare handler returns is
-            # exactly what inferd returns).
+            user_headers = {"Authorization": f"Bearer {user_key}"}
+            callers = {
+                "inferd": (procs["inferd"][1], headers),
+                "inferd (user key)": (procs["inferd"][1], user_headers),
+                "inferd-pg": (procs["inferd-pg"][1], headers),
+                "bare": (procs["bare"][1], headers),
+            }
+            # Same document from every server and key (what the bare handler
+            # returns is exactly what inferd returns).
             for path in (routes["GET /inference/endpoints/{id}"][0], "/inference/endpoints"):
-                got = [httpx.get(u + path, headers=headers).json() for _, u in procs.values()]
-                assert got[0] == got[1] == got[2], f"responses differ on {path}"
+                got = [httpx.get(u + path, headers=h).json() for u, h in callers.values()]
+                assert all(g == got[0] for g in got), f"responses differ on {path}"
 
             results: dict[tuple[str, str], list[LoadResult]] = {}
             for _ in range(args.rounds):
                 for route, paths in routes.items():
-                    for server, (_, url) in procs.items():
+                    for server, (url, caller) in callers.items():
                         res = asyncio.run(
                             closed_loop_get(
                                 f"{server} {route}",
@@ -350,7 +374,7 @@ def main() -> int:
                                 concurrency=args.concurrency,
                                 max_requests=args.max_requests,
                                 duration_s=args.duration,
-                                headers=headers,
+                                headers=caller,
                             )
                         )
                         results.setdefault((route, server), []).append(res)
@@ -362,7 +386,13 @@ def main() -> int:
 
         try:
             in_process = _in_process(
-                state_dir, database_url, records, routes, headers, args.asgi_requests
+                state_dir,
+                database_url,
+                records,
+                routes,
+                headers,
+                user_headers,
+                args.asgi_requests,
             )
         finally:
             postgres.destroy()
@@ -382,14 +412,18 @@ def main() -> int:
         row["vs_bare"] = round(row["rps"] / bare["rps"], 3) if bare["rps"] else None
         sqlite = by_key[(row["route"], "inferd")]
         row["vs_sqlite"] = round(row["rps"] / sqlite["rps"], 3) if sqlite["rps"] else None
-    rows.sort(key=lambda r: (r["route"], ["inferd", "inferd-pg", "bare"].index(r["server"])))
+        # The same ratio, named for what it measures on the user-key row.
+        row["vs_operator"] = row["vs_sqlite"]
+    order = ["inferd", "inferd (user key)", "inferd-pg", "bare"]
+    rows.sort(key=lambda r: (r["route"], order.index(r["server"])))
     columns = [
         "route", "server", "requests", "errors", "rps", "p50_ms", "p99_ms", "vs_bare", "vs_sqlite",
+        "vs_operator",
     ]  # fmt: skip
     print_table(
         f"management API, {args.endpoints} endpoints, concurrency {args.concurrency}, "
         f"{args.rounds} x {args.duration:g}s passes (goals: inferd rps >= 0.5 x bare; "
-        "inferd-pg rps >= 0.8 x inferd on SQLite)",
+        "inferd-pg rps >= 0.8 x inferd on SQLite; user key >= 0.9 x operator key on get-by-id)",
         rows,
         columns,
     )
@@ -401,13 +435,27 @@ def main() -> int:
         for r in rows
         if r["server"] == "inferd-pg"
     )
+    by_id = "GET /inference/endpoints/{id}"
+    user_ratio = by_key[(by_id, "inferd (user key)")]["vs_operator"]
+    user_goal_met = user_ratio is not None and user_ratio >= 0.9
+    in_process_user = next(
+        r["vs_operator"] for r in in_process
+        if r["route"] == by_id and r["server"] == "inferd (user key)"
+    )  # fmt: skip
     print_table(
         f"server-side cost per request, in-process ASGI calls (no sockets, no client), "
         f"{args.asgi_requests} requests per route",
         in_process,
-        ["route", "server", "mean_us", "p50_us", "p99_us", "vs_bare", "vs_sqlite"],
+        ["route", "server", "mean_us", "p50_us", "p99_us", "vs_bare", "vs_sqlite", "vs_operator"],
     )
-    print(f"\ngoal met: {goal_met}; PostgreSQL goal met: {postgres_goal_met}")
+    print(
+        f"\nuser key vs operator key, get-by-id: {user_ratio}x over HTTP, "
+        f"{in_process_user}x in-process (goal >= 0.9)"
+    )
+    print(
+        f"goal met: {goal_met}; PostgreSQL goal met: {postgres_goal_met}; "
+        f"user-key goal met: {user_goal_met}"
+    )
     write_report(
         "management_api",
         {
@@ -424,10 +472,14 @@ def main() -> int:
             "goal_met": goal_met,
             "postgres_goal": "inferd on PostgreSQL requests/s >= 0.8 x on SQLite, per route",
             "postgres_goal_met": postgres_goal_met,
+            "user_key_goal": "get-by-id with a user key requests/s >= 0.9 x with the operator key",
+            "user_key_vs_operator": user_ratio,
+            "user_key_vs_operator_in_process": in_process_user,
+            "user_key_goal_met": user_goal_met,
         },
         args.out,
     )
-    return 0 if goal_met and postgres_goal_met else 1
+    return 0 if goal_met and postgres_goal_met and user_goal_met else 1
 
 
 if __name__ == "__main__":
