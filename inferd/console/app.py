@@ -37,7 +37,7 @@ from inferd.console.sources import ConsoleSources
 from inferd.console.views import LiveRows, RowView, ViewCache, ids_signature, matches
 from inferd.console.web import ConsoleError, Web
 from inferd.control.accounts.roles import Action
-from inferd.control.store import EndpointRow
+from inferd.control.model import Endpoint as EndpointRow
 from inferd.errors import Forbidden, InferdError, NotFound
 
 STATIC = Path(__file__).parent / "static"

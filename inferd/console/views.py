@@ -12,8 +12,8 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from inferd.control.model import Endpoint as EndpointRow
 from inferd.control.records import EndpointRuntime, ReplicaStatus, derive_status
-from inferd.control.store import EndpointRow
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,8 @@ class ChangeKind(str, Enum):
     TOKEN = "token"  # id: the endpoint whose active token changed
     ADMIN_KEY = "admin_key"  # id: "" (the set of admin keys changed)
     REPLICA = "replica"  # id: the replica's id
+    # id: "key:<id>", "user:<id>" (memberships) or "project:<id>" (its quota)
+    ACCOUNT = "account"
     # Changes may have been missed (the feed fell too far behind): reload all.
     RESYNC = "resync"
 

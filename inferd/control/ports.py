@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
+from inferd.control.accounts.ports import AccountStore
 from inferd.control.model import Change, Endpoint, EndpointChanges, ReplicaRecord
 from inferd.replica.config import ReplicaSpec
 
@@ -96,7 +97,9 @@ class ChangeFeed(Protocol):
 
 
 @runtime_checkable
-class Store(EndpointStore, TokenStore, AdminKeyStore, ReplicaStore, ChangeFeed, Protocol):
+class Store(
+    EndpointStore, TokenStore, AdminKeyStore, ReplicaStore, AccountStore, ChangeFeed, Protocol
+):
     """Everything the control plane keeps, in one database."""
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from inferd.control.store import utc_now_text
+from inferd.control.model import utc_now_text
 
 EVENTS_PER_ENDPOINT = 200
 

@@ -66,8 +66,8 @@ class ReplicaMetrics:
                     requests += int(sample.value)
         return {
             "requests": requests,
-            "promptTokens": _total(self.prompt_tokens),
-            "completionTokens": _total(self.generated_tokens),
+            "prompt_tokens": _total(self.prompt_tokens),
+            "completion_tokens": _total(self.generated_tokens),
             "images": _total(self.images),
         }
 

@@ -6,6 +6,7 @@ through the management API (tests/console_support.py); no replica is needed."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -34,7 +35,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     settings = load_settings(
         env={}, overrides={"state_dir": state, "admin_key": ADMIN, "public_url": url}
     )
-    plane = ControlPlane.open(settings)
+    plane = asyncio.run(ControlPlane.open(settings))
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(plane, extra_routes=[console_mount(plane)]),
@@ -54,7 +55,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     finally:
         server.should_exit = True
         thread.join(10)
-        plane.close()
+        asyncio.run(plane.close())
 
 
 def signed_in_page(browser: Any, url: str, key: str) -> Any:

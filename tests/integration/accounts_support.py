@@ -3,6 +3,7 @@ accounts tests (in-process, real SQLite store)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ def world(tmp_path: Path) -> Iterator[World]:
             "public_url": "http://inferd.test:8080",
         },
     )
-    plane = ControlPlane.open(settings)
+    plane = asyncio.run(ControlPlane.open(settings))
     try:
         with TestClient(create_app(plane)) as client:
             w = World(client, plane)
@@ -86,4 +87,4 @@ def world(tmp_path: Path) -> Iterator[World]:
             w.add_member(OTHER, "outsider", "admin")
             yield w
     finally:
-        plane.close()
+        asyncio.run(plane.close())

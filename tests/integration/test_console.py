@@ -5,6 +5,7 @@ real-browser flows are in tests/browser."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +31,9 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
             "public_url": BASE,
         },
     )
-    p = ControlPlane.open(settings)
+    p = asyncio.run(ControlPlane.open(settings))
     yield p
-    p.close()
+    asyncio.run(p.close())
 
 
 @pytest.fixture

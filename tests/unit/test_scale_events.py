@@ -3,8 +3,12 @@ over a fake launcher and an injected clock (no sleeps)."""
 
 from __future__ import annotations
 
+import pytest
+
 from inferd.control.scale_events import ScaleCause
 from tests.unit.test_reconciler import World, endpoint
+
+pytestmark = pytest.mark.anyio
 
 
 def causes(w: World) -> list[tuple[ScaleCause, int, int]]:
@@ -13,24 +17,25 @@ def causes(w: World) -> list[tuple[ScaleCause, int, int]]:
     ]
 
 
-def test_load_idle_manual_and_failure_each_leave_an_event() -> None:
-    w = World(endpoint(min_replicas=0, retention_seconds=30))
-    w.tick()
+async def test_load_idle_manual_and_failure_each_leave_an_event() -> None:
+    w = await World(endpoint(min_replicas=0, retention_seconds=30)).open()
+    await w.tick()
     assert causes(w) == []  # nothing wanted, nothing recorded
     w.traffic.set("e1", held=1, last_request_at=0.0)
-    w.tick()
+    await w.tick()
     w.report_all("ready")
     w.traffic.set("e1", held=0, last_request_at=1.0)
-    w.tick(1)
-    w.tick(31)  # idle past the retention period
+    await w.tick(1)
+    await w.tick(29)
+    await w.tick(2)  # idle past the retention period
     (victim,) = w.launcher.stopping
     w.launcher.exit(victim, 0)
-    w.tick(1)
+    await w.tick(1)
     w.rows = [endpoint(min_replicas=1, retention_seconds=30)]  # a settings change
-    w.tick(1)
+    await w.tick(1)
     (replica,) = w.live()
     w.launcher.exit(replica, 1, "RuntimeError: CUDA out of memory")
-    w.tick()
+    await w.tick()
     assert causes(w) == [
         (ScaleCause.LOAD, 0, 1),
         (ScaleCause.IDLE, 1, 0),
@@ -40,5 +45,5 @@ def test_load_idle_manual_and_failure_each_leave_an_event() -> None:
     failure = w.reconciler.journal.of_endpoint("e1")[-1]
     assert "CUDA out of memory" in failure.reason
     w.rows = []  # deleted: its story goes with it
-    w.tick()
+    await w.tick()
     assert causes(w) == []

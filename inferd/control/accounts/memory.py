@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from inferd.control.accounts.model import (
+    DEFAULT_PROJECT,
     AuditAction,
     AuditEntry,
     Membership,
@@ -16,6 +17,7 @@ from inferd.control.accounts.model import (
     UsageRow,
     User,
     UserKey,
+    utc_now,
 )
 from inferd.control.accounts.ports import AlreadyExists
 from inferd.control.accounts.quota import Quota
@@ -34,8 +36,15 @@ def add_to(row: UsageRow, delta: UsageDelta) -> UsageRow:
 
 
 class MemoryAccountStore:
+    """Also the accounts half of `inferd.control.stores.memory.MemoryStore`,
+    which publishes `_account_changed` on its change feed."""
+
+    def _account_changed(self, key: str) -> None:
+        return None
+
     def __init__(self) -> None:
-        self._projects: dict[str, Project] = {}
+        # As the databases' migrations do: the default project exists.
+        self._projects: dict[str, Project] = {DEFAULT_PROJECT: Project(DEFAULT_PROJECT, utc_now())}
         self._users: dict[str, User] = {}
         self._members: dict[tuple[str, str], Membership] = {}
         self._keys: dict[str, UserKey] = {}
@@ -58,6 +67,7 @@ class MemoryAccountStore:
         if project is None:
             return False
         self._projects[project_id] = dataclasses.replace(project, quota=quota)
+        self._account_changed(f"project:{project_id}")
         return True
 
     async def create_user(self, user: User) -> None:
@@ -79,9 +89,13 @@ class MemoryAccountStore:
         if old is not None:
             membership = dataclasses.replace(membership, created_at=old.created_at)
         self._members[key] = membership
+        self._account_changed(f"user:{membership.user_id}")
 
     async def remove_membership(self, project_id: str, user_id: str) -> bool:
-        return self._members.pop((project_id, user_id), None) is not None
+        removed = self._members.pop((project_id, user_id), None) is not None
+        if removed:
+            self._account_changed(f"user:{user_id}")
+        return removed
 
     async def members_of(self, project_id: str) -> list[Membership]:
         return sorted(
@@ -119,6 +133,7 @@ class MemoryAccountStore:
         if key is None or key.revoked_at is not None:
             return False
         self._keys[key_id] = dataclasses.replace(key, revoked_at=at)
+        self._account_changed(f"key:{key_id}")
         return True
 
     async def touch_keys(self, last_used: Mapping[str, datetime]) -> None:

@@ -8,8 +8,8 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
 
+from inferd.api.replica import ReplicaReport, ReplicaUsageReport
 from inferd.control.accounts.metering import (
     EndpointPricing,
     LiveReplica,
@@ -32,14 +32,10 @@ def _live(replica: Replica) -> LiveReplica:
     )
 
 
-def counters_of(usage: Any) -> ReplicaCounters | None:
-    """The `usage` object of a replica report, or None when absent or malformed."""
-    if not isinstance(usage, Mapping):
-        return None
-    values = [usage.get(k) for k in ("requests", "promptTokens", "completionTokens", "images")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        return None
-    return ReplicaCounters(*values)  # type: ignore[arg-type]
+def counters_of(usage: ReplicaUsageReport) -> ReplicaCounters:
+    return ReplicaCounters(
+        usage.requests, usage.prompt_tokens, usage.completion_tokens, usage.images
+    )
 
 
 class MeterFeed:
@@ -65,13 +61,14 @@ class MeterFeed:
         live = [_live(r) for r in self.registry.all() if r.live]
         self.meter.sample(live, self.pricing(), self.clock(), self.wall())
 
-    def reported(self, replica_id: str, payload: Mapping[str, Any]) -> None:
-        counters = counters_of(payload.get("usage"))
+    def reported(self, replica_id: str, report: ReplicaReport) -> None:
+        """A report the registry accepted: add the usage it shows."""
         replica = self.registry.get(replica_id)
-        if counters is None or replica is None:
+        if report.usage is None or replica is None:
             return
         price = self.pricing().get(replica.endpoint_id)
         if price is not None:
+            counters = counters_of(report.usage)
             self.meter.count(_live(replica), price.project_id, counters, self.wall())
 
     def start(self) -> None:

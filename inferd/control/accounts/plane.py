@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -18,6 +18,8 @@ from inferd.control.accounts.ports import AccountStore
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.quota import EndpointShape, cap_replicas, capped_reason
 from inferd.control.accounts.service import AccountService
+from inferd.control.follow import follow
+from inferd.control.model import Change, ChangeKind
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,26 @@ class Accounts:
                 await self._task
             self._task = None
         await self.flush()
+
+    async def follow(self, feed: AsyncIterator[Change]) -> None:
+        """Drop cached principals and re-read quotas on account changes made
+        by any instance (this one drops its own before answering already)."""
+        await follow(feed, self._apply, self.reload, what="accounts")
+
+    async def _apply(self, change: Change) -> None:
+        if change.kind is not ChangeKind.ACCOUNT:
+            return
+        kind, _, key = change.id.partition(":")
+        if kind == "key":
+            self.resolver.forget_key(key)
+        elif kind == "user":
+            self.resolver.forget_user(key)
+        elif kind == "project":
+            await self.service.load_quotas()
+
+    async def reload(self) -> None:
+        self.resolver.forget_all()
+        await self.service.load_quotas()
 
     async def _load_month(self) -> None:
         month = month_of(self.clock())

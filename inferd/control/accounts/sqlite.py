@@ -10,10 +10,9 @@ only the code's. Usage rows are added to with UPSERT, never overwritten.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -32,6 +31,7 @@ from inferd.control.accounts.model import (
 from inferd.control.accounts.ports import AlreadyExists
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Role
+from inferd.control.model import ChangeKind
 
 T = TypeVar("T")
 
@@ -190,17 +190,26 @@ def _audit(row: Sequence[Any]) -> AuditEntry:
 
 
 class SqliteAccounts:
-    """Needs the host store's `_tx()` (an IMMEDIATE transaction) and `_query`."""
+    """Needs the host store's `_tx()` (an IMMEDIATE transaction), `_query`,
+    `_run` (its database thread) and `_log` (its change log)."""
 
     _tx: Callable[[], AbstractContextManager[sqlite3.Connection]]
     _query: Callable[..., list[tuple[Any, ...]]]
+    _run: Callable[..., Awaitable[Any]]
+    _log: Callable[[sqlite3.Connection, ChangeKind, str], None]
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
+        result: T = await self._run(fn, *args)
+        return result
 
-    def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+    def _write(self, sql: str, params: tuple[Any, ...], change: str | None = None) -> int:
+        """One statement in a transaction; `change`: the account change other
+        instances must hear of (their principal and quota caches)."""
         with self._tx() as conn:
-            return conn.execute(sql, params).rowcount
+            count = conn.execute(sql, params).rowcount
+            if change is not None and count:
+                self._log(conn, ChangeKind.ACCOUNT, change)
+            return count
 
     # --- projects ------------------------------------------------------------------------
 
@@ -235,6 +244,7 @@ class SqliteAccounts:
             self._write,
             "UPDATE projects SET quota = ? WHERE id = ?",
             (quota_to_json(quota), project_id),
+            f"project:{project_id}",
         )
         return count > 0
 
@@ -273,6 +283,7 @@ class SqliteAccounts:
                     membership.role.value,
                     rfc3339(membership.created_at),
                 ),
+                f"user:{membership.user_id}",
             )
         except sqlite3.IntegrityError:
             raise KeyError((membership.project_id, membership.user_id)) from None
@@ -282,6 +293,7 @@ class SqliteAccounts:
             self._write,
             "DELETE FROM memberships WHERE project_id = ? AND user_id = ?",
             (project_id, user_id),
+            f"user:{user_id}",
         )
         return count > 0
 
@@ -343,6 +355,7 @@ class SqliteAccounts:
             self._write,
             "UPDATE user_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
             (rfc3339(at), key_id),
+            f"key:{key_id}",
         )
         return count > 0
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from inferd.control.accounts.memory import MemoryAccountStore
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -32,8 +33,9 @@ class _Token:
     revoked: bool = False
 
 
-class MemoryStore:
+class MemoryStore(MemoryAccountStore):
     def __init__(self) -> None:
+        MemoryAccountStore.__init__(self)
         self._endpoints: dict[str, Endpoint] = {}
         self._tokens: list[_Token] = []
         self._admin_keys: list[tuple[bytes, bool]] = []
@@ -59,6 +61,9 @@ class MemoryStore:
         if self.unavailable:
             raise StoreUnavailable("memory store marked unavailable")
 
+    def _account_changed(self, key: str) -> None:
+        self._changed(ChangeKind.ACCOUNT, key)
+
     def _changed(self, kind: ChangeKind, key: str = "") -> None:
         self._hub.publish(Change(kind, key))
 
@@ -66,7 +71,10 @@ class MemoryStore:
 
     async def insert_endpoint(self, endpoint: Endpoint, token_hash: bytes) -> None:
         self._check()
-        if any(e.name == endpoint.name for e in self._endpoints.values()):
+        if any(
+            (e.project_id, e.name) == (endpoint.project_id, endpoint.name)
+            for e in self._endpoints.values()
+        ):
             raise DuplicateName(endpoint.name)
         if endpoint.id in self._endpoints:
             raise ValueError(f"endpoint {endpoint.id} exists")

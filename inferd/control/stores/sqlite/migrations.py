@@ -13,6 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferd.control.accounts.sqlite import ACCOUNT_TABLES_SQLITE
+from inferd.control.model import SchemaTooNew
+
+__all__ = ["MIGRATIONS", "Migration", "SchemaTooNew", "latest_version", "migrate"]
 
 
 @dataclass(frozen=True)
@@ -20,10 +23,6 @@ class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
-
-
-class SchemaTooNew(RuntimeError):
-    """The database was written by a newer inferd; refuse rather than guess."""
 
 
 _V1 = Migration(
@@ -117,15 +116,43 @@ _V2 = Migration(
 
 _V3 = Migration(
     3,
-    "projects: endpoints' project, accounts, keys, audit log, usage",
+    "projects, replica placement as data, change log",
     (
-        # Every endpoint belongs to a project (existing ones to the default),
-        # and names are unique within a project: SQLite cannot drop a column's
-        # UNIQUE, so the table is rebuilt (foreign keys are off while
-        # migrating, so the rebuild cascades nothing).
-        *ACCOUNT_TABLES_SQLITE,
+        # Every endpoint belongs to a project; existing ones to the default.
+        "ALTER TABLE endpoints ADD COLUMN project_id TEXT NOT NULL DEFAULT 'default'",
+        # Where a replica runs is the launcher's business: a node name and
+        # an opaque placement (JSON object of strings). The local launcher
+        # keeps its process id and GPU indices there.
+        "ALTER TABLE replicas ADD COLUMN node TEXT NOT NULL DEFAULT 'local'",
+        "ALTER TABLE replicas ADD COLUMN placement TEXT NOT NULL DEFAULT '{}'",
         """
-        CREATE TABLE endpoints_v3 (
+        UPDATE replicas SET placement = json_object(
+            'pid', CAST(pid AS TEXT), 'gpu_ids', gpu_ids)
+        """,
+        "ALTER TABLE replicas DROP COLUMN pid",
+        "ALTER TABLE replicas DROP COLUMN gpu_ids",
+        # Which record changed, in commit order (writers are serialised), so
+        # that every process on this file can follow the others' writes.
+        """
+        CREATE TABLE changes (
+            seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL,
+            key  TEXT NOT NULL
+        ) STRICT
+        """,
+    ),
+)
+
+_V4 = Migration(
+    4,
+    "accounts: projects, users, members, keys, audit log, usage; names unique per project",
+    (
+        *ACCOUNT_TABLES_SQLITE,
+        # Endpoint names are unique within a project. SQLite cannot drop a
+        # column's UNIQUE, so the table is rebuilt; `migrate` runs with
+        # foreign keys off, so dropping the old table cascades nothing.
+        """
+        CREATE TABLE endpoints_v4 (
             id                TEXT PRIMARY KEY,
             name              TEXT NOT NULL,
             model_name        TEXT NOT NULL,
@@ -143,19 +170,17 @@ _V3 = Migration(
             updated_at        TEXT NOT NULL,
             deleting_at       TEXT,
             generation        INTEGER NOT NULL DEFAULT 1,
-            project_id        TEXT NOT NULL DEFAULT 'default' REFERENCES projects(id),
+            project_id        TEXT NOT NULL DEFAULT 'default',
             UNIQUE (project_id, name)
         ) STRICT
         """,
-        """
-        INSERT INTO endpoints_v3 SELECT *, 'default' FROM endpoints
-        """,
+        "INSERT INTO endpoints_v4 SELECT * FROM endpoints",
         "DROP TABLE endpoints",
-        "ALTER TABLE endpoints_v3 RENAME TO endpoints",
+        "ALTER TABLE endpoints_v4 RENAME TO endpoints",
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 
 
 def latest_version() -> int:

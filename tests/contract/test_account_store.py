@@ -1,0 +1,209 @@
+"""The accounts half of the store contract, against every adapter (memory,
+SQLite, a real PostgreSQL): projects and quotas, users and memberships,
+management keys, the append-only audit log, hourly usage that adds up across
+writers, per-project endpoint names, account changes on the change feed."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from inferd.control.accounts.model import (
+    AuditAction,
+    AuditEntry,
+    Membership,
+    Project,
+    UsageDelta,
+    User,
+    UserKey,
+)
+from inferd.control.accounts.ports import AlreadyExists
+from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.roles import Role
+from inferd.control.model import ChangeKind, DuplicateName
+from inferd.control.ports import Store
+from tests.contract.test_store import (
+    SHARED,
+    T0,
+    Opener,
+    collect,
+    digest,
+    endpoint,
+    kind,
+    opener,
+    run,
+)
+
+__all__ = ["kind", "opener"]
+H0 = datetime(2025, 1, 1, 12, tzinfo=UTC)
+
+
+def key(n: int, user: str = "ada", at: datetime = T0) -> UserKey:
+    return UserKey(f"key_{n:04d}", user, f"key {n}", bytes([n]) * 32, f"infd_key_...{n:04d}", at)
+
+
+def test_projects_and_quotas(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        assert [p.id for p in await store.list_projects()] == ["default"]
+        team = Project("team", T0, Quota(endpoints=3, gpus={"A100": 8}))
+        await store.create_project(team)
+        with pytest.raises(AlreadyExists):
+            await store.create_project(Project("team", T0))
+        assert await store.get_project("team") == team
+        assert await store.get_project("nope") is None
+        quota = Quota(replicas=4, gpus={"L4": 2})
+        assert await store.set_quota("team", quota)
+        assert not await store.set_quota("nope", quota)
+        assert (await store.get_project("team")) == replace(team, quota=quota)
+
+    run(body, opener())
+
+
+def test_users_memberships_and_keys(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        await store.create_project(Project("team", T0))
+        await store.create_user(User("ada", T0))
+        with pytest.raises(AlreadyExists):
+            await store.create_user(User("ada", T0))
+        await store.put_membership(Membership("team", "ada", Role.VIEWER, T0))
+        # Changing the role keeps the membership's creation time.
+        await store.put_membership(Membership("team", "ada", Role.ADMIN, T0 + timedelta(hours=1)))
+        assert await store.members_of("team") == [Membership("team", "ada", Role.ADMIN, T0)]
+        assert [m.project_id for m in await store.memberships_of("ada")] == ["team"]
+        with pytest.raises(KeyError):
+            await store.put_membership(Membership("team", "nobody", Role.VIEWER, T0))
+
+        k1, k2 = key(1), key(2, at=T0 + timedelta(seconds=1))
+        await store.add_key(k1)
+        await store.add_key(k2)
+        with pytest.raises(AlreadyExists):
+            await store.add_key(replace(k1, id="key_other"))  # same digest
+        assert await store.keys_of("ada") == [k1, k2]
+        assert await store.key_by_hash(k2.key_hash) == k2
+        assert await store.key_by_hash(bytes(32)) is None
+        later = T0 + timedelta(minutes=1)
+        assert await store.revoke_key(k1.id, later)
+        assert not await store.revoke_key(k1.id, later)  # once
+        await store.touch_keys({k2.id: later})
+        await store.touch_keys({k2.id: T0})  # an older time never wins
+        assert await store.keys_of("ada") == [
+            replace(k1, revoked_at=later),
+            replace(k2, last_used_at=later),
+        ]
+        assert await store.remove_membership("team", "ada")
+        assert not await store.remove_membership("team", "ada")
+        assert await store.memberships_of("ada") == []
+
+    run(body, opener())
+
+
+def test_audit_log(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        entries = [
+            AuditEntry(
+                T0 + timedelta(seconds=i),
+                "team" if i % 2 else "other",
+                "operator",
+                action,
+                f"endpoint:{i}",
+                {"n": i},
+            )
+            for i, action in enumerate(
+                [
+                    AuditAction.ENDPOINT_CREATE,
+                    AuditAction.KEY_CREATE,
+                    AuditAction.ENDPOINT_DELETE,
+                    AuditAction.KEY_REVOKE,
+                ]
+            )
+        ]
+        stored = [await store.append_audit(e) for e in entries]
+        assert [e.id for e in stored] == sorted({e.id for e in stored})  # increasing
+        team = await store.audit("team")
+        assert [e.target for e in team] == ["endpoint:1", "endpoint:3"]
+        assert team[0] == replace(entries[1], id=stored[1].id)
+        since = await store.audit(None, since=T0 + timedelta(seconds=2))
+        assert [e.target for e in since] == ["endpoint:2", "endpoint:3"]
+        until = await store.audit(None, until=T0 + timedelta(seconds=1))
+        assert [e.target for e in until] == ["endpoint:0"]
+        by_action = await store.audit(None, actions=[AuditAction.KEY_REVOKE])
+        assert [e.target for e in by_action] == ["endpoint:3"]
+        assert len(await store.audit(None, limit=2)) == 2
+
+    run(body, opener())
+
+
+def usage(hour: datetime, **figures: float) -> UsageDelta:
+    return UsageDelta("e1", "team", hour, "A100", 2, **figures)  # type: ignore[arg-type]
+
+
+def test_usage_adds_up(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        h1 = H0 + timedelta(hours=1)
+        await store.add_usage([usage(H0, replica_seconds=10.5, requests=2, cost=0.5)])
+        await store.add_usage([usage(H0, replica_seconds=1.5, prompt_tokens=7, images=1),
+                               usage(h1, completion_tokens=3, cost=0.25)])  # fmt: skip
+        await store.add_usage([])
+        rows = await store.usage(endpoint_id="e1")
+        assert rows == [
+            usage(H0, replica_seconds=12.0, requests=2, prompt_tokens=7, images=1, cost=0.5),
+            usage(h1, completion_tokens=3, cost=0.25),
+        ]
+        assert await store.usage(project_id="team", since=h1) == [rows[1]]
+        assert await store.usage(project_id="team", until=h1) == [rows[0]]
+        assert await store.usage(project_id="other") == []
+        assert await store.costs_since(H0) == {"e1": 0.75}
+        assert await store.costs_since(h1 + timedelta(hours=1)) == {}
+
+    run(body, opener())
+
+
+@pytest.mark.parametrize("kind", SHARED, indirect=True)
+def test_usage_of_two_writers_adds_up(opener: Opener) -> None:
+    """Two instances sharing one database: their figures add, none is lost."""
+
+    async def body(a: Store, b: Store) -> None:
+        await asyncio.gather(
+            *(
+                s.add_usage([usage(H0, replica_seconds=1.0, requests=1, cost=0.01)])
+                for _ in range(10)
+                for s in (a, b)
+            )
+        )
+        (row,) = await a.usage(endpoint_id="e1")
+        assert (row.replica_seconds, row.requests) == (20.0, 20)
+        assert row.cost == pytest.approx(0.2)
+
+    run(body, opener(), opener())
+
+
+def test_endpoint_names_are_unique_per_project(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        await store.insert_endpoint(replace(endpoint(1, "same"), project_id="a"), digest(1))
+        await store.insert_endpoint(replace(endpoint(2, "same"), project_id="b"), digest(2))
+        with pytest.raises(DuplicateName):
+            await store.insert_endpoint(replace(endpoint(3, "same"), project_id="a"), digest(3))
+
+    run(body, opener())
+
+
+def test_account_changes_are_on_the_feed(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        feed = store.changes()
+        await store.create_project(Project("team", T0))
+        await store.create_user(User("ada", T0))
+        await store.put_membership(Membership("team", "ada", Role.VIEWER, T0))
+        await store.add_key(key(1))
+        await store.revoke_key("key_0001", T0)
+        await store.set_quota("team", Quota(replicas=1))
+        wanted = {"user:ada", "key:key_0001", "project:team"}
+        seen = await collect(
+            feed,
+            lambda s: wanted <= {c.id for c in s if c.kind is ChangeKind.ACCOUNT},
+        )
+        assert all(c.kind is ChangeKind.ACCOUNT for c in seen if c.id in wanted)
+
+    run(body, opener())
