@@ -33,6 +33,9 @@ SETTINGS = {
     "autoscale_downscale_delay_seconds": "2",
     "replica_drain_timeout_seconds": "20",
     "replica_args": "--cpu-kv-cache-gib 1",
+    # vLLM's start on a busy 2-core machine can pass the default 180 s; a
+    # held request must outlast it here.
+    "gateway_hold_timeout_seconds": "600",
 }
 
 
