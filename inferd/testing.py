@@ -17,13 +17,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
 from inferd import procfs
+from inferd.control.stores.memory import MemoryStore
+from inferd.control.tokens import TokenVerifier, hash_token
 
 T = TypeVar("T")
 
@@ -263,3 +265,12 @@ class ServeHandle:
         for pid in self.launched_pids():  # children that left their group
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def verifier_for(tokens: Mapping[str, str]) -> TokenVerifier:
+    """A token verifier that knows exactly these endpoint tokens (endpoint id ->
+    token), for gateways built without a control plane (tests, benchmarks)."""
+    verifier = TokenVerifier(MemoryStore())
+    for endpoint_id, token in tokens.items():
+        verifier.set_active(endpoint_id, hash_token(token))
+    return verifier
