@@ -27,6 +27,8 @@ import httpx
 
 from inferd import procfs
 from inferd.api.replica import ReplicaReport
+from inferd.control.stores.memory import MemoryStore
+from inferd.control.tokens import TokenVerifier, hash_token
 
 T = TypeVar("T")
 
@@ -266,6 +268,15 @@ class ServeHandle:
         for pid in self.launched_pids():  # children that left their group
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def verifier_for(tokens: Mapping[str, str]) -> TokenVerifier:
+    """A token verifier that knows exactly these endpoint tokens (endpoint id ->
+    token), for gateways built without a control plane (tests, benchmarks)."""
+    verifier = TokenVerifier(MemoryStore())
+    for endpoint_id, token in tokens.items():
+        verifier.set_active(endpoint_id, hash_token(token))
+    return verifier
 
 
 _report_seq = itertools.count(1)
