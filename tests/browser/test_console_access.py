@@ -35,27 +35,37 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     settings = load_settings(
         env={}, overrides={"state_dir": state, "admin_key": ADMIN, "public_url": url}
     )
-    plane = asyncio.run(ControlPlane.open(settings))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(plane, extra_routes=[console_mount(plane)]),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
+    server: list[uvicorn.Server] = []
+
+    async def serve() -> None:
+        # The plane lives in the server's own loop (the sync Playwright API
+        # runs a loop in the test's thread, so no asyncio.run there).
+        plane = await ControlPlane.open(settings)
+        try:
+            config = uvicorn.Config(
+                create_app(plane, extra_routes=[console_mount(plane)]),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+            )
+            server.append(uvicorn.Server(config))
+            await server[0].serve()
+        finally:
+            await plane.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
     thread.start()
-    while not server.started:
+    deadline = time.monotonic() + 60
+    while not (server and server[0].started):
+        assert thread.is_alive() and time.monotonic() < deadline, "the console did not start"
         time.sleep(0.01)
     try:
         with httpx.Client(base_url=url) as client:
             keys = seed_projects(client)
         yield url, keys
     finally:
-        server.should_exit = True
+        server[0].should_exit = True
         thread.join(10)
-        asyncio.run(plane.close())
 
 
 def signed_in_page(browser: Any, url: str, key: str) -> Any:
