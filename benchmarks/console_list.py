@@ -65,7 +65,7 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
     settings = load_settings(
         env={}, overrides={"state_dir": state_dir, "admin_key": ADMIN_KEY, "public_url": BASE}
     )
-    plane = ControlPlane.open(settings)
+    plane = await ControlPlane.open(settings)
     runtimes: dict[str, EndpointRuntime] = {}
     plane.service.runtime_of = lambda endpoint_id: runtimes.get(endpoint_id, EndpointRuntime())
     try:
@@ -128,7 +128,7 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
                 samples["row"].append(seconds)
                 sizes["row"] = len(response.content)
     finally:
-        plane.close()
+        await plane.close()
 
     for values in samples.values():
         del values[0]
