@@ -45,7 +45,7 @@ class Accounts:
         is_operator_key: Callable[[str], bool],
         clock: Callable[[], datetime] = utc_now,
     ) -> Accounts:
-        resolver = PrincipalResolver(store, is_operator_key, clock)
+        resolver = PrincipalResolver(store, is_operator_key)
         service = AccountService(store, resolver, clock)
         meter = UsageMeter()
         return cls(
