@@ -13,7 +13,7 @@ from collections.abc import Mapping
 # Anything shaped like one of our secrets, for log redaction. Deliberately
 # looser than a valid token (any length ≥ 8, no checksum check) so that a
 # truncated or mistyped token is redacted too.
-TOKEN_PATTERN = re.compile(r"infd_(?:ep|admin)_[0-9A-Za-z]{8,}")
+TOKEN_PATTERN = re.compile(r"infd_(?:ep|admin|key)_[0-9A-Za-z]{8,}")
 # Whatever follows "Bearer " is a secret even when it is not one of ours
 # (an operator-chosen admin key).
 _BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
