@@ -250,12 +250,14 @@ class Reconciler:
                 continue
             if replica.status is not ReplicaStatus.FAILED:
                 last_line = _last_line(exited.log_tail)
-                self.registry.set_status(
-                    replica.replica_id,
-                    ReplicaStatus.FAILED,
-                    f"process exited with code {exited.returncode}"
-                    + (f": {last_line}" if last_line else ""),
-                )
+                if exited.returncode is None and last_line:
+                    # Not our child: the launcher says how it ended (a lost node).
+                    reason = last_line
+                else:
+                    reason = f"process exited with code {exited.returncode}" + (
+                        f": {last_line}" if last_line else ""
+                    )
+                self.registry.set_status(replica.replica_id, ReplicaStatus.FAILED, reason)
             failed = self.registry.get(replica.replica_id)
             assert failed is not None
             self._note_failure(failed)
@@ -331,7 +333,7 @@ class Reconciler:
         if now < plan.next_launch_at:
             return
         for _ in range(count):
-            reason = self.launcher.cannot_place(row.gpu_type, row.gpu_count)
+            reason = self.launcher.cannot_place(row.gpu_type, row.gpu_count, row.location_name)
             plan.capacity_reason = reason
             if reason is not None:
                 return
@@ -345,6 +347,7 @@ class Reconciler:
                 gpu_count=row.gpu_count,
                 secret=secret,
                 served_names=(row.model_name,),
+                location=row.location_name,
             )
             try:
                 launched = self.launcher.launch(spec)

@@ -23,6 +23,7 @@ from anyio import to_thread
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
+from inferd.control.launchers.base import LiveCapacity
 from inferd.control.placement import Placement, resolve_placement
 from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
 from inferd.control.store import DuplicateName, EndpointRow, Store, utc_now_text
@@ -84,6 +85,9 @@ class EndpointService:
         self._write_lock = asyncio.Lock()
         self.runtime_of: RuntimeOf = _no_runtime
         self.drain: Drain = _no_drain
+        # The launcher's live capacity by location and GPU type (called
+        # from a worker thread: a cluster launcher asks the cluster).
+        self.capacity_of: Callable[[], LiveCapacity] = dict
 
     # --- reads (memory only) -------------------------------------------------------
 

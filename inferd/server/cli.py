@@ -100,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
     from inferd.control.store import StoreError
     from inferd.server.app import ControlPlane, create_app
     from inferd.server.auth import AdminKeyError
-    from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
+    from inferd.server.runtime import (
+        LauncherUnavailable,
+        attach_runtime,
+        runtime_openapi,
+        runtime_routes,
+    )
 
     overrides = {key: getattr(args, key, None) for key in setting_keys()}
     try:
@@ -124,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(_banner(settings, plane.generated_admin_key), flush=True)
-        runtime = attach_runtime(plane)
+        try:
+            runtime = attach_runtime(plane)
+        except LauncherUnavailable as exc:
+            print(f"inferd serve: {exc}", file=sys.stderr)
+            return 2
         app = create_app(
             plane, extra_routes=runtime_routes(runtime), openapi_parts=[runtime_openapi()]
         )

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from inferd.control.launchers.base import Launcher
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
@@ -45,7 +46,7 @@ _MAX_REPORT_BYTES = 64 * 1024
 @dataclass
 class Runtime:
     registry: Registry
-    launcher: LocalLauncher
+    launcher: Launcher
     gateway: Gateway
     reconciler: Reconciler
 
@@ -72,20 +73,68 @@ def registry_url(settings: Settings) -> str:
     return f"http://{dial}:{settings.port}{REGISTRY_PATH}"
 
 
-def build_launcher(plane: ControlPlane) -> LocalLauncher:
+def _replica_args(settings: Settings, *, models_dir: bool = True) -> list[str]:
+    args = [
+        "--report-interval", str(settings.health_period_seconds),
+        "--orphan-timeout", str(settings.replica_orphan_timeout_seconds),
+        "--drain-timeout", str(settings.replica_drain_timeout_seconds),
+        "--log-level", settings.log_level,
+    ]  # fmt: skip
+    if models_dir:
+        args += ["--models-dir", str(settings.models_dir)]
+    return args + shlex.split(settings.replica_args)
+
+
+def build_launcher(plane: ControlPlane) -> Launcher:
+    if plane.settings.launcher == "ray":
+        return build_ray_launcher(plane)
+    return build_local_launcher(plane)
+
+
+def build_ray_launcher(plane: ControlPlane) -> Launcher:
+    """Imports Ray: only when it was chosen."""
+    settings = plane.settings
+    try:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise LauncherUnavailable(
+            f"--launcher ray needs Ray (pip install 'inferd[ray]'): {exc}"
+        ) from None
+    if not settings.ray_address:
+        raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
+    models = plane.catalog.models
+
+    def model_source(name: str) -> str:
+        # The control plane resolves catalog names: a node has the weights
+        # (a directory there, or its Hugging Face cache), not this catalog.
+        return models.get(name).source if name in models else name
+
+    try:
+        return RayLauncher(
+            address=settings.ray_address,
+            namespace=settings.ray_namespace,
+            registry_url=registry_url(settings),
+            replica_args=_replica_args(settings, models_dir=False),
+            model_source=model_source,
+            node_ip_address=settings.ray_node_ip_address,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        raise LauncherUnavailable(
+            f"cannot reach the Ray cluster at {settings.ray_address}: {exc}"
+        ) from None
+
+
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting)."""
+
+
+def build_local_launcher(plane: ControlPlane) -> LocalLauncher:
     settings = plane.settings
     gpu_types = plane.catalog.gpus.gpu_types
     gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
     for gpu, gpu_type in gpus:
         logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
-    args = [
-        "--report-interval", str(settings.health_period_seconds),
-        "--orphan-timeout", str(settings.replica_orphan_timeout_seconds),
-        "--drain-timeout", str(settings.replica_drain_timeout_seconds),
-        "--models-dir", str(settings.models_dir),
-        "--log-level", settings.log_level,
-        *shlex.split(settings.replica_args),
-    ]  # fmt: skip
+    args = _replica_args(settings)
     return LocalLauncher(
         registry_url=registry_url(settings),
         log_dir=settings.state_dir / "logs",
@@ -115,7 +164,7 @@ class _ReplicaCollector(Collector):
         return []
 
 
-def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -> Runtime:
+def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Runtime:
     settings = plane.settings
     # The reconciler is woken by the registry; it exists after the registry,
     # so the callbacks look it up late.
@@ -170,10 +219,14 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     runtime = Runtime(registry, launcher, gateway, reconciler)
     plane.service.runtime_of = runtime.endpoint_runtime
     plane.service.drain = reconciler.drain_endpoint
+    plane.service.capacity_of = launcher.locations
 
     async def start() -> None:
         rows = await asyncio.to_thread(plane.store.list_replicas)
         adopted = set(reconciler.adopt(rows, plane.service.rows()))
+        sweep = getattr(launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await asyncio.to_thread(sweep, adopted)
         for row in rows:
             if row.id not in adopted:
                 await asyncio.to_thread(plane.store.delete_replica, row.id)

@@ -39,7 +39,7 @@ class FakeLauncher:
     def capacity(self) -> Capacity:
         return Capacity({"cpu": self.slots - len(self.alive)}, {"cpu": self.slots})
 
-    def cannot_place(self, gpu_type: str, gpu_count: int) -> str | None:
+    def cannot_place(self, gpu_type: str, gpu_count: int, location: str = "local") -> str | None:
         return None if len(self.alive) < self.slots else "no free slot"
 
     def launch(self, spec: ReplicaSpec) -> LaunchedReplica:

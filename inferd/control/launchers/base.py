@@ -8,6 +8,7 @@ not know replica *status* (the registry does, from the replicas' reports).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +24,9 @@ class ReplicaSpec:
     # authenticates to the replica with it; it travels by environment only.
     secret: str
     served_names: tuple[str, ...] = ()
+    # Where the endpoint runs; a cluster launcher places the replica only on
+    # a node of this location (the local launcher is its one machine).
+    location: str = "local"
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,31 @@ class Capacity:
     total: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Slots:
+    """GPUs of one type in one location (for `cpu`: CPU replica slots)."""
+
+    total: int = 0
+    free: int = 0
+    nodes: int = 0
+    # The most a single node has free: a replica cannot span nodes.
+    largest_free: int = 0
+
+
+# location -> GPU type -> slots, as a launcher sees them now.
+LiveCapacity = Mapping[str, Mapping[str, Slots]]
+
+
 class Launcher(Protocol):
     def capacity(self) -> Capacity: ...
 
-    def cannot_place(self, gpu_type: str, gpu_count: int) -> str | None:
-        """None when a replica of this shape can start now, else why not."""
+    def locations(self) -> LiveCapacity:
+        """Capacity by location and GPU type, live."""
+        ...
+
+    def cannot_place(self, gpu_type: str, gpu_count: int, location: str = "local") -> str | None:
+        """None when a replica of this shape can start now in `location`,
+        else why not."""
         ...
 
     def launch(self, spec: ReplicaSpec) -> LaunchedReplica: ...

@@ -27,12 +27,20 @@ from pathlib import Path
 from typing import IO
 
 from inferd import procfs
-from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
+from inferd.control.launchers.base import (
+    Capacity,
+    ExitedReplica,
+    LaunchedReplica,
+    LiveCapacity,
+    ReplicaSpec,
+    Slots,
+)
 from inferd.control.launchers.inventory import LocalGpu
 
 logger = logging.getLogger(__name__)
 
 CPU = "cpu"
+LOCAL = "local"
 
 
 @dataclass
@@ -121,7 +129,19 @@ class LocalLauncher:
         free[CPU] = self._cpu_slots - cpu_used
         return Capacity(free=free, total=total)
 
-    def cannot_place(self, gpu_type: str, gpu_count: int) -> str | None:
+    def locations(self) -> LiveCapacity:
+        """This machine is the `local` location."""
+        capacity = self.capacity()
+        return {
+            LOCAL: {
+                t: Slots(total=n, free=capacity.free.get(t, 0), nodes=1,
+                         largest_free=capacity.free.get(t, 0))
+                for t, n in capacity.total.items()
+            }
+        }  # fmt: skip
+
+    def cannot_place(self, gpu_type: str, gpu_count: int, location: str = "local") -> str | None:
+        # One machine: whatever location an endpoint names, this is where it runs.
         capacity = self.capacity()
         if gpu_type == CPU:
             if capacity.free[CPU] >= 1:
