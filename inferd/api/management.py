@@ -219,8 +219,6 @@ class GpuCapacity(_CatalogResponse):
 
     total: int = Field(description="GPUs (for cpu: CPU replica slots) the nodes declare.")
     free: int = Field(description="Of those, not held by a replica.")
-    nodes: int = Field(description="Nodes that have this type there.")
-    largestFree: int = Field(description="Most free on one node (a replica cannot span nodes).")
 
 
 class GpuTypeInfo(_CatalogResponse):

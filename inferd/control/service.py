@@ -23,8 +23,8 @@ from anyio import to_thread
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
-from inferd.control.launchers.base import LiveCapacity
 from inferd.control.placement import Placement, resolve_placement
+from inferd.control.ports import Capacity
 from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
 from inferd.control.store import DuplicateName, EndpointRow, Store, utc_now_text
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
@@ -40,6 +40,10 @@ Drain = Callable[[EndpointRow], Awaitable[None]]
 
 def _no_runtime(endpoint_id: str) -> EndpointRuntime:
     return EndpointRuntime()
+
+
+async def _no_capacity() -> Capacity:
+    return Capacity()
 
 
 async def _no_drain(row: EndpointRow) -> None:
@@ -85,9 +89,8 @@ class EndpointService:
         self._write_lock = asyncio.Lock()
         self.runtime_of: RuntimeOf = _no_runtime
         self.drain: Drain = _no_drain
-        # The launcher's live capacity by location and GPU type (called
-        # from a worker thread: a cluster launcher asks the cluster).
-        self.capacity_of: Callable[[], LiveCapacity] = dict
+        # The launcher's live capacity by location and GPU type.
+        self.capacity_of: Callable[[], Awaitable[Capacity]] = _no_capacity
 
     # --- reads (memory only) -------------------------------------------------------
 

@@ -6,7 +6,6 @@ in the one error shape), call the service, map the result to a response.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from inferd.api.management import (
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
-from inferd.control.launchers.base import Slots
+from inferd.control.ports import Capacity
 from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
@@ -101,20 +100,17 @@ class ManagementRoutes:
         return Response(self._models_json, media_type="application/json")
 
     async def list_gpu_types(self, request: Request) -> Response:
-        live = await asyncio.to_thread(self.service.capacity_of)
+        live = _by_location(await self.service.capacity_of())
         data = [
-            {**g, "capacity": {loc: _capacity(t[g["name"]]) for loc, t in live.items()
-                               if g["name"] in t}}
+            {**g, "capacity": {loc: types[g["name"]] for loc, types in live.items()
+                               if g["name"] in types}}
             for g in self._gpu_types
         ]  # fmt: skip
         return Response(render_json({"data": data}), media_type="application/json")
 
     async def list_locations(self, request: Request) -> Response:
-        live = await asyncio.to_thread(self.service.capacity_of)
-        data = [
-            {**loc, "capacity": {t: _capacity(s) for t, s in live.get(loc["name"], {}).items()}}
-            for loc in self._locations
-        ]
+        live = _by_location(await self.service.capacity_of())
+        data = [{**loc, "capacity": live.get(loc["name"], {})} for loc in self._locations]
         body = {"currency": self.service.catalog.gpus.currency, "data": data}
         return Response(render_json(body), media_type="application/json")
 
@@ -142,13 +138,15 @@ class ManagementRoutes:
         return JSONResponse(body)
 
 
-def _capacity(slots: Slots) -> dict[str, int]:
-    return {
-        "total": slots.total,
-        "free": slots.free,
-        "nodes": slots.nodes,
-        "largestFree": slots.largest_free,
-    }
+def _by_location(capacity: Capacity) -> dict[str, dict[str, dict[str, int]]]:
+    """location -> GPU type -> {total, free}, as the wire shows it."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for key, total in capacity.total.items():
+        out.setdefault(key.location, {})[key.gpu_type] = {
+            "total": total,
+            "free": capacity.free.get(key, 0),
+        }
+    return out
 
 
 def _catalog_documents(

@@ -10,37 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from inferd.control.launchers.base import Launcher
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
+from inferd.control.load import MergedLoad
+from inferd.control.model import ReplicaRecord, parse_rfc3339, rfc3339
+from inferd.control.ports import Launcher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
-from inferd.control.registry import Registry, ReportRejected
-from inferd.errors import error_body
+from inferd.control.registry import Registry
+from inferd.control.registry_api import REGISTRY_PATH, ReplicaCollector, report_route
+from inferd.control.store import ReplicaRow, Store
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
 from inferd.gateway.openapi import gateway_openapi
 from inferd.gateway.settings import GatewaySettings
-from inferd.http import parse_json_object, read_body
+from inferd.replica.config import ReplicaSettings, model_source
 from inferd.server.app import ControlPlane
 from inferd.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-REGISTRY_PATH = "/internal/registry"
-_MAX_REPORT_BYTES = 64 * 1024
 
 
 @dataclass
@@ -73,22 +70,26 @@ def registry_url(settings: Settings) -> str:
     return f"http://{dial}:{settings.port}{REGISTRY_PATH}"
 
 
-def _replica_args(settings: Settings, *, models_dir: bool = True) -> list[str]:
-    args = [
-        "--report-interval", str(settings.health_period_seconds),
-        "--orphan-timeout", str(settings.replica_orphan_timeout_seconds),
-        "--drain-timeout", str(settings.replica_drain_timeout_seconds),
-        "--log-level", settings.log_level,
-    ]  # fmt: skip
-    if models_dir:
-        args += ["--models-dir", str(settings.models_dir)]
-    return args + shlex.split(settings.replica_args)
+def replica_settings(settings: Settings) -> ReplicaSettings:
+    return ReplicaSettings(
+        registry_url=registry_url(settings),
+        report_interval_s=settings.health_period_seconds,
+        orphan_timeout_s=settings.replica_orphan_timeout_seconds,
+        drain_timeout_s=settings.replica_drain_timeout_seconds,
+        log_level=settings.log_level,
+        replica_args=settings.replica_args,
+    )
 
 
 def build_launcher(plane: ControlPlane) -> Launcher:
     if plane.settings.launcher == "ray":
         return build_ray_launcher(plane)
     return build_local_launcher(plane)
+
+
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting,
+    an unreachable cluster)."""
 
 
 def build_ray_launcher(plane: ControlPlane) -> Launcher:
@@ -102,20 +103,11 @@ def build_ray_launcher(plane: ControlPlane) -> Launcher:
         ) from None
     if not settings.ray_address:
         raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
-    models = plane.catalog.models
-
-    def model_source(name: str) -> str:
-        # The control plane resolves catalog names: a node has the weights
-        # (a directory there, or its Hugging Face cache), not this catalog.
-        return models.get(name).source if name in models else name
-
     try:
         return RayLauncher(
             address=settings.ray_address,
             namespace=settings.ray_namespace,
-            registry_url=registry_url(settings),
-            replica_args=_replica_args(settings, models_dir=False),
-            model_source=model_source,
+            settings=replica_settings(settings),
             node_ip_address=settings.ray_node_ip_address,
         )
     except (ConnectionError, RuntimeError) as exc:
@@ -124,44 +116,77 @@ def build_ray_launcher(plane: ControlPlane) -> Launcher:
         ) from None
 
 
-class LauncherUnavailable(RuntimeError):
-    """The chosen launcher cannot start (a missing extra, a missing setting)."""
-
-
 def build_local_launcher(plane: ControlPlane) -> LocalLauncher:
     settings = plane.settings
     gpu_types = plane.catalog.gpus.gpu_types
     gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
     for gpu, gpu_type in gpus:
         logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
-    args = _replica_args(settings)
     return LocalLauncher(
-        registry_url=registry_url(settings),
+        settings=replica_settings(settings),
         log_dir=settings.state_dir / "logs",
         gpus=gpus,
         cpu_slots=settings.cpu_replica_slots,
-        replica_args=args,
+        location=settings.default_location,
     )
 
 
-class _ReplicaCollector(Collector):
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
+class _AsyncReplicaRecords:
+    """The synchronous SQLite store as a `ReplicaStore` (worker threads)."""
 
-    def collect(self) -> list[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "inferd_replicas", "Replicas by endpoint and status.", labels=["endpoint", "status"]
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def insert_replica(self, record: ReplicaRecord) -> None:
+        row = ReplicaRow(
+            id=record.id,
+            endpoint_id=record.endpoint_id,
+            generation=record.generation,
+            gpu_type=record.gpu_type,
+            gpu_count=record.gpu_count,
+            gpu_ids=record.placement.get("gpus", ""),
+            pid=int(record.placement.get("pid", "0")),
+            secret_hash=record.secret_hash,
+            status=record.status,
+            reason=record.reason,
+            url=record.url,
+            created_at=rfc3339(record.created_at),
+            updated_at=rfc3339(record.updated_at),
         )
-        counts: dict[tuple[str, str], int] = {}
-        for replica in self._registry.all():
-            key = (replica.endpoint_id, replica.status.value)
-            counts[key] = counts.get(key, 0) + 1
-        for (endpoint, status), count in sorted(counts.items()):
-            family.add_metric([endpoint, status], count)
-        return [family]
+        await asyncio.to_thread(self._store.insert_replica, row)
 
-    def describe(self) -> list[GaugeMetricFamily]:
-        return []
+    async def update_replica(
+        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: Any
+    ) -> None:
+        await asyncio.to_thread(
+            lambda: self._store.update_replica(
+                replica_id, status=status, reason=reason, url=url, at=rfc3339(at)
+            )
+        )
+
+    async def delete_replica(self, replica_id: str) -> None:
+        await asyncio.to_thread(self._store.delete_replica, replica_id)
+
+    async def list_replicas(self) -> list[ReplicaRecord]:
+        rows = await asyncio.to_thread(self._store.list_replicas)
+        return [
+            ReplicaRecord(
+                id=row.id,
+                endpoint_id=row.endpoint_id,
+                generation=row.generation,
+                gpu_type=row.gpu_type,
+                gpu_count=row.gpu_count,
+                secret_hash=row.secret_hash,
+                status=row.status,
+                created_at=parse_rfc3339(row.created_at),
+                updated_at=parse_rfc3339(row.updated_at),
+                node="local",
+                placement={"pid": str(row.pid), "gpus": row.gpu_ids},
+                reason=row.reason,
+                url=row.url,
+            )
+            for row in rows
+        ]
 
 
 def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Runtime:
@@ -201,12 +226,19 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
         ),
     )
     launcher = launcher or build_launcher(plane)
+    records = _AsyncReplicaRecords(plane.store)
+
+    def model_of(name: str) -> Any:
+        return model_source(plane.catalog.models.get(name))
+
     reconciler = Reconciler(
         registry=registry,
         launcher=launcher,
-        traffic=gateway,
-        records=plane.store,
+        load=MergedLoad(gateway, registry, clock=gateway.clock),
+        aborter=gateway,
+        records=records,
         endpoints=plane.service.rows,
+        models=model_of,
         settings=ReconcilerSettings(
             period_s=settings.reconcile_period_seconds,
             drain_timeout_s=settings.replica_drain_timeout_seconds,
@@ -218,18 +250,18 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
     holder["r"] = reconciler
     runtime = Runtime(registry, launcher, gateway, reconciler)
     plane.service.runtime_of = runtime.endpoint_runtime
-    plane.service.drain = reconciler.drain_endpoint
-    plane.service.capacity_of = launcher.locations
+    plane.service.drain = lambda row: reconciler.drain_endpoint(row.id)
+    plane.service.capacity_of = launcher.capacity
 
     async def start() -> None:
-        rows = await asyncio.to_thread(plane.store.list_replicas)
-        adopted = set(reconciler.adopt(rows, plane.service.rows()))
+        rows = await records.list_replicas()
+        adopted = set(await reconciler.adopt(rows, plane.service.rows()))
         sweep = getattr(launcher, "sweep_orphans", None)
         if sweep is not None:  # a cluster may hold replicas the store never recorded
-            await asyncio.to_thread(sweep, adopted)
+            await sweep(adopted)
         for row in rows:
             if row.id not in adopted:
-                await asyncio.to_thread(plane.store.delete_replica, row.id)
+                await records.delete_replica(row.id)
         if rows:
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
@@ -239,10 +271,10 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
         await reconciler.stop()
         await gateway.shutdown()
         # Embedded mode owns its replicas: a clean stop leaves none running.
-        await asyncio.to_thread(launcher.shutdown, settings.replica_drain_timeout_seconds)
+        await launcher.shutdown(settings.replica_drain_timeout_seconds)
         for replica in registry.all():
             registry.remove(replica.replica_id)
-            await asyncio.to_thread(plane.store.delete_replica, replica.replica_id)
+            await records.delete_replica(replica.replica_id)
 
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)
@@ -272,21 +304,8 @@ def runtime_openapi() -> dict[str, Any]:
 def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
     registry = runtime.registry
 
-    async def report(request: Request) -> Response:
-        auth = request.headers.get("authorization", "")
-        secret = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
-        payload = parse_json_object(await read_body(request, _MAX_REPORT_BYTES))
-        try:
-            registry.report(request.path_params["replica_id"], secret, payload)
-        except ReportRejected as exc:
-            return JSONResponse(
-                error_body(str(exc), "invalid_request_error", None, "report_rejected"),
-                status_code=exc.status,
-            )
-        return Response(status_code=204)
-
     metrics_registry = CollectorRegistry(auto_describe=True)
-    metrics_registry.register(_ReplicaCollector(registry))
+    metrics_registry.register(ReplicaCollector(registry))
 
     async def metrics(request: Request) -> Response:
         body = runtime.gateway.metrics.render() + bytes(generate_latest(metrics_registry))
@@ -294,6 +313,6 @@ def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
 
     return [
         *gateway_routes(runtime.gateway),
-        Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"]),
+        report_route(registry),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.control.launchers.base import Slots
 from inferd.control.launchers.ray_resources import (
     NodeCapacity,
+    Slots,
     by_location,
     cannot_place,
     node_capacity,

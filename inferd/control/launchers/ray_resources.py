@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from inferd.control.launchers.base import Slots
-
 LOCATION_PREFIX = "location:"
 GPU_TYPE_PREFIX = "gpu_type:"
 CPU = "cpu"
@@ -70,6 +68,17 @@ def replica_demand(location: str, gpu_type: str, gpu_count: int) -> ReplicaDeman
             gpu_type_resource(gpu_type): float(gpu_count),
         },
     )
+
+
+@dataclass(frozen=True)
+class Slots:
+    """GPUs of one type in one location (for `cpu`: CPU replica slots)."""
+
+    total: int = 0
+    free: int = 0
+    nodes: int = 0
+    # The most a single node has free: a replica cannot span nodes.
+    largest_free: int = 0
 
 
 @dataclass(frozen=True)
