@@ -287,8 +287,9 @@ def test_a_lost_node_is_noticed_and_its_replica_replaced_on_another(
     finally:
         delete(serve, endpoint["id"])
         if removed is not None:
-            from inferd.testing_cluster import FakeNode
             from tests.cluster.conftest import NODES
+
+            from inferd.testing_cluster import FakeNode
 
             ray_cluster.add(removed, FakeNode(*NODES[removed]))
 
