@@ -53,6 +53,10 @@ FAST = {
     "reconcile_period_seconds": "0.2",
     "replica_drain_timeout_seconds": "10",
     "autoscale_upscale_delay_seconds": "0.5",
+    # A vLLM replica loads for minutes on a busy 2-core machine: the request
+    # sent at create time must be held that long, not answered 503.
+    "gateway_hold_timeout_seconds": "900",
+    "replica_start_timeout_seconds": "900",
 }
 
 

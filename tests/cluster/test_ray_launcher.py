@@ -335,7 +335,13 @@ def test_a_restarted_control_plane_adopts_its_replicas(
 ) -> None:
     """`inferd serve` killed outright and started again on the same store
     and cluster takes the running replicas back by actor name: the same
-    replicas, no new actor, the same processes, still answering."""
+    replicas, no new actor, the same processes, still answering. A replica
+    actor the store never recorded (placed just before a crash) is removed,
+    with its process."""
+    import ray
+
+    from inferd.control.launchers.ray_host import ReplicaHost
+
     handle = start_serve(ray_cluster, tmp_path, ADOPT_NS)
     try:
         east = create(handle, locationName="us-east", gpuType="cpu")
@@ -343,11 +349,24 @@ def test_a_restarted_control_plane_adopts_its_replicas(
         before = {e["id"]: ready_ids(wait_ready(handle, e["id"])) for e in (east, west)}
         pids = {rid: info(rid, ADOPT_NS)["pid"] for ids in before.values() for rid in ids}
         handle.stop(signal.SIGKILL)
+        stray = (
+            ray.remote(ReplicaHost)
+            .options(
+                name="inferd-replica-r-stray",
+                namespace=ADOPT_NS,
+                lifetime="detached",
+                num_cpus=0,
+                resources={"location:us-east": 0.001},
+            )
+            .remote("r-stray", ["sleep", "300"], {}, "builtin:tiny-chat")
+        )
+        stray_pid = ray.get(stray.start.remote(), timeout=60)["pid"]
         handle.start(timeout=90)
         for endpoint in (east, west):
             record = wait_ready(handle, endpoint["id"])
             assert ready_ids(record) == before[endpoint["id"]]
-        assert set(_actors(ADOPT_NS)) == set(pids)
+        assert set(_actors(ADOPT_NS)) == set(pids)  # the stray one is gone
+        wait_until(lambda: not alive(stray_pid), timeout=10)
         assert {rid: info(rid, ADOPT_NS)["pid"] for rid in pids} == pids
         assert chat(handle, west).status_code == 200
         assert "adopted 2 of 2 replicas" in handle.log()

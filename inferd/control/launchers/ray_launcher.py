@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,7 @@ class RayLauncher:
         linger_s: float = 60.0,
     ) -> None:
         if not ray.is_initialized():
+            _check_reachable(address)
             ray.init(
                 address=address,
                 namespace=namespace,
@@ -322,6 +324,18 @@ class RayLauncher:
         if watchers:
             await asyncio.wait(watchers, timeout=grace_s + ACTOR_CALL_TIMEOUT_S + 5)
         await self._exits.put(None)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a wrong address: `ray.init` retries an unreachable GCS
+    for minutes before it gives up."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and the like: Ray resolves those itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address}: {exc}") from None
 
 
 def _first_line(exc: BaseException) -> str:
