@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 
 from inferd.api.replica import ReplicaReport
 from inferd.control.load import ReplicaCount
+from inferd.control.model import utc_now_text
 from inferd.control.ports import ReplicaHandle
-from inferd.control.store import utc_now_text
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.vocab import ReplicaStatus
 

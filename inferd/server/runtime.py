@@ -8,7 +8,6 @@ report route and `/metrics`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,13 +21,11 @@ from starlette.routing import BaseRoute, Route
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.load import MergedLoad
-from inferd.control.model import ReplicaRecord, parse_rfc3339, rfc3339
 from inferd.control.ports import Launcher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry
 from inferd.control.registry_api import REGISTRY_PATH, ReplicaCollector, report_route
-from inferd.control.store import ReplicaRow, Store
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
 from inferd.gateway.openapi import gateway_openapi
@@ -131,64 +128,6 @@ def build_local_launcher(plane: ControlPlane) -> LocalLauncher:
     )
 
 
-class _AsyncReplicaRecords:
-    """The synchronous SQLite store as a `ReplicaStore` (worker threads)."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    async def insert_replica(self, record: ReplicaRecord) -> None:
-        row = ReplicaRow(
-            id=record.id,
-            endpoint_id=record.endpoint_id,
-            generation=record.generation,
-            gpu_type=record.gpu_type,
-            gpu_count=record.gpu_count,
-            gpu_ids=record.placement.get("gpus", ""),
-            pid=int(record.placement.get("pid", "0")),
-            secret_hash=record.secret_hash,
-            status=record.status,
-            reason=record.reason,
-            url=record.url,
-            created_at=rfc3339(record.created_at),
-            updated_at=rfc3339(record.updated_at),
-        )
-        await asyncio.to_thread(self._store.insert_replica, row)
-
-    async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: Any
-    ) -> None:
-        await asyncio.to_thread(
-            lambda: self._store.update_replica(
-                replica_id, status=status, reason=reason, url=url, at=rfc3339(at)
-            )
-        )
-
-    async def delete_replica(self, replica_id: str) -> None:
-        await asyncio.to_thread(self._store.delete_replica, replica_id)
-
-    async def list_replicas(self) -> list[ReplicaRecord]:
-        rows = await asyncio.to_thread(self._store.list_replicas)
-        return [
-            ReplicaRecord(
-                id=row.id,
-                endpoint_id=row.endpoint_id,
-                generation=row.generation,
-                gpu_type=row.gpu_type,
-                gpu_count=row.gpu_count,
-                secret_hash=row.secret_hash,
-                status=row.status,
-                created_at=parse_rfc3339(row.created_at),
-                updated_at=parse_rfc3339(row.updated_at),
-                node="local",
-                placement={"pid": str(row.pid), "gpus": row.gpu_ids},
-                reason=row.reason,
-                url=row.url,
-            )
-            for row in rows
-        ]
-
-
 def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Runtime:
     settings = plane.settings
     # The reconciler is woken by the registry; it exists after the registry,
@@ -226,7 +165,6 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
         ),
     )
     launcher = launcher or build_launcher(plane)
-    records = _AsyncReplicaRecords(plane.store)
 
     def model_of(name: str) -> Any:
         return model_source(plane.catalog.models.get(name))
@@ -236,7 +174,7 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
         launcher=launcher,
         load=MergedLoad(gateway, registry, clock=gateway.clock),
         aborter=gateway,
-        records=records,
+        records=plane.store,
         endpoints=plane.service.rows,
         models=model_of,
         settings=ReconcilerSettings(
@@ -254,14 +192,14 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
     plane.service.capacity_of = launcher.capacity
 
     async def start() -> None:
-        rows = await records.list_replicas()
+        rows = await plane.store.list_replicas()
         adopted = set(await reconciler.adopt(rows, plane.service.rows()))
         sweep = getattr(launcher, "sweep_orphans", None)
         if sweep is not None:  # a cluster may hold replicas the store never recorded
             await sweep(adopted)
         for row in rows:
             if row.id not in adopted:
-                await records.delete_replica(row.id)
+                await plane.store.delete_replica(row.id)
         if rows:
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
@@ -274,7 +212,7 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
         await launcher.shutdown(settings.replica_drain_timeout_seconds)
         for replica in registry.all():
             registry.remove(replica.replica_id)
-            await records.delete_replica(replica.replica_id)
+            await plane.store.delete_replica(replica.replica_id)
 
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)

@@ -128,7 +128,7 @@ async def test_adopt_after_restart_and_refuse_a_stranger(
         assert await second.adopt(handle) is True
         stranger = ReplicaHandle("r-other", handle.node, handle.placement)
         assert await second.adopt(stranger) is False  # that PID is not this replica
-        gone = ReplicaHandle("r-gone", "local", {"pid": str(2**22 - 1), "gpus": ""})
+        gone = ReplicaHandle("r-gone", "local", {"pid": str(2**22 - 1), "gpu_ids": ""})
         assert await second.adopt(gone) is False
         assert second.running() == ["r-c"]
         await second.stop(handle, grace_s=10)

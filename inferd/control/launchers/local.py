@@ -90,7 +90,7 @@ class _Process:
 
 
 def _placement(pid: int, gpu_ids: tuple[int, ...]) -> dict[str, str]:
-    return {"pid": str(pid), "gpus": ",".join(str(i) for i in gpu_ids)}
+    return {"pid": str(pid), "gpu_ids": ",".join(str(i) for i in gpu_ids)}
 
 
 def _runs_replica(cmdline: list[bytes], replica_id: str) -> bool:
@@ -259,7 +259,7 @@ class LocalLauncher:
             return False
         try:
             pid = int(handle.placement["pid"])
-            gpus = handle.placement.get("gpus", "")
+            gpus = handle.placement.get("gpu_ids", "")
             gpu_ids = tuple(int(i) for i in gpus.split(",") if i)
         except (KeyError, ValueError):
             return False
