@@ -66,7 +66,6 @@ class AdminAuth:
         return ok
 
 
-
 async def provision_admin_key(
     store: AdminKeyStore, operator_key: str | None, *, rotate: bool = False
 ) -> AdminProvisioning:
