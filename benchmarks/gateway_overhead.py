@@ -79,7 +79,9 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
     )
     settings = GatewaySettings(max_in_flight_per_replica=256)
     client = HttpxUpstream() if upstream == "httpx" else None
-    gateway = Gateway(directory, TokenVerifier(OneToken()), settings, upstream=client)
+    gateway = Gateway(
+        directory, TokenVerifier.fixed(OneToken().active_token_hashes()), settings, upstream=client
+    )
 
     async def health(request: Request) -> Response:
         return Response(b"ok")

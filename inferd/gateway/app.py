@@ -182,7 +182,13 @@ class Gateway:
             ep = self._endpoint(endpoint_id)
             ep.last_request_at = self.clock()
             ep.requests_total += 1
-            status = await self._serve(ep, route, headers, body, receive, send)
+            try:
+                status = await self._serve(ep, route, headers, body, receive, send)
+            finally:
+                # Idle counts from the end of the last request: one that was
+                # held while a replica loaded, or that streamed for minutes,
+                # must not leave its replica past retention the moment it ends.
+                ep.last_request_at = self.clock()
         except InferdError as exc:
             status = exc.status
             await self._send_error(exc, scope, receive, send)

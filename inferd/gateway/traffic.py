@@ -27,8 +27,9 @@ class TrafficSnapshot:
     in_flight_by_replica: Mapping[str, int]
     # Requests waiting in the gateway for a replica (scale from zero or busy).
     held: int
-    # Clock value of the last authenticated request's arrival; None if none
-    # arrived since the gateway started.
+    # Clock value of the last authenticated request's arrival, or of its end
+    # once answered (whichever is later); None if none arrived since the
+    # gateway started.
     last_request_at: float | None
     # Recent times from forwarding to the last byte, oldest first (seconds).
     service_times: tuple[float, ...]

@@ -104,7 +104,10 @@ class GatewayServer:
     ) -> None:
         self.directory = directory
         self.gateway = Gateway(
-            directory, TokenVerifier(Tokens(TOKENS)), settings, upstream=upstream
+            directory,
+            TokenVerifier.fixed(Tokens(TOKENS).active_token_hashes()),
+            settings,
+            upstream=upstream,
         )
 
         @contextlib.asynccontextmanager

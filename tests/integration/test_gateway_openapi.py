@@ -79,7 +79,9 @@ def base_url() -> Iterator[str]:
         directory.add_endpoint(
             EndpointRoute(IMAGE_EP, "image", "tiny-sdxl"), [RoutableReplica("i", image.url)]
         )
-        gateway = Gateway(directory, TokenVerifier(Tokens()), GatewaySettings())
+        gateway = Gateway(
+            directory, TokenVerifier.fixed(Tokens().active_token_hashes()), GatewaySettings()
+        )
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -299,7 +299,9 @@ class GatewayInFront:
             EndpointRoute(GATEWAY_ENDPOINT, kind, model),
             [RoutableReplica(f"r-{i}", r.url) for i, r in enumerate(replicas)],
         )
-        self.gateway = Gateway(self.directory, TokenVerifier(Tokens()), settings)
+        self.gateway = Gateway(
+            self.directory, TokenVerifier.fixed(Tokens().active_token_hashes()), settings
+        )
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
