@@ -104,7 +104,7 @@ class GatewayServer:
     ) -> None:
         self.directory = directory
         self.gateway = Gateway(
-            directory, TokenVerifier(Tokens(TOKENS)), settings, upstream=upstream
+            directory, TokenVerifier(Tokens(TOKENS)), settings, upstream=upstream, signals=directory
         )
 
         @contextlib.asynccontextmanager
