@@ -27,6 +27,8 @@ import httpx
 
 from inferd import procfs
 from inferd.api.replica import ReplicaReport
+from inferd.control.stores.memory import MemoryStore
+from inferd.control.tokens import TokenVerifier, hash_token
 
 T = TypeVar("T")
 
@@ -277,3 +279,12 @@ def replica_report(replica_id: str, fields: Mapping[str, Any]) -> ReplicaReport:
     every earlier one (a registry drops reports older than one it applied)."""
     body = {"replicaId": replica_id, "seq": next(_report_seq), **fields}
     return ReplicaReport.model_validate_json(json.dumps(body))
+
+
+def verifier_for(tokens: Mapping[str, str]) -> TokenVerifier:
+    """A token verifier that knows exactly these endpoint tokens (endpoint id ->
+    token), for gateways built without a control plane (tests, benchmarks)."""
+    verifier = TokenVerifier(MemoryStore())
+    for endpoint_id, token in tokens.items():
+        verifier.set_active(endpoint_id, hash_token(token))
+    return verifier
