@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import secrets
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 from inferd.control.follow import follow
 from inferd.control.model import Change, ChangeKind
@@ -97,14 +97,6 @@ class TokenVerifier:
         # one must not overwrite it (that read may predate the commit).
         self._local: dict[str, int] = {}
 
-    @classmethod
-    def fixed(cls, digests: Mapping[str, bytes]) -> TokenVerifier:
-        """A verifier over a set of digests known up front, with no store
-        behind it (tests and benchmarks of the gateway)."""
-        verifier = cls(_FixedTokens(dict(digests)))
-        verifier._active = dict(digests)
-        return verifier
-
     async def load(self) -> None:
         local = dict(self._local)
         loaded = await self._source.active_token_hashes()
@@ -154,17 +146,3 @@ class TokenVerifier:
 
     def __len__(self) -> int:
         return len(self._active)
-
-
-class _FixedTokens:
-    def __init__(self, digests: dict[str, bytes]) -> None:
-        self._digests = digests
-
-    async def replace_token(self, endpoint_id: str, token_hash: bytes, at: object) -> None:
-        self._digests[endpoint_id] = token_hash
-
-    async def active_token_hashes(self) -> dict[str, bytes]:
-        return dict(self._digests)
-
-    async def active_token_hash(self, endpoint_id: str) -> bytes | None:
-        return self._digests.get(endpoint_id)
