@@ -107,7 +107,7 @@ def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
 
 
 def _redacted(url: str) -> str:
-    from inferd.control.stores import redact_url
+    from inferd.redact import redact_url
 
     return redact_url(url)
 
@@ -181,7 +181,9 @@ class PostgresStore:
                 return fn(conn, *args)
         except PoolTimeout as exc:
             raise StoreUnavailable("no database connection") from exc
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # Connection lost mid-call (server restart, network): the
+            # transaction did not commit.
             raise StoreUnavailable(_first_line(exc)) from exc
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
