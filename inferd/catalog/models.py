@@ -296,6 +296,16 @@ class ModelCatalog:
     def all(self) -> list[ModelSpec]:
         return list(self._specs.values())
 
+    def add(self, spec: ModelSpec) -> None:
+        """A model registered at run time joins the catalog (placement and
+        the recommender then find it like any other)."""
+        if spec.name in self._specs:
+            raise CatalogError(f"duplicate model name {spec.name!r} in the catalog")
+        self._specs[spec.name] = spec
+
+    def remove(self, name: str) -> None:
+        self._specs.pop(name, None)
+
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 

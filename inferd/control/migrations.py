@@ -113,7 +113,34 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "registered models, measured profiles",
+    (
+        # One JSON document per model (the documented fields of
+        # GET /inference/models), so adding a derived fact needs no migration.
+        """
+        CREATE TABLE registered_models (
+            name       TEXT PRIMARY KEY,
+            project_id TEXT,
+            document   TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE model_profiles (
+            model_name TEXT NOT NULL,
+            gpu_type   TEXT NOT NULL,
+            gpu_count  INTEGER NOT NULL CHECK (gpu_count >= 1),
+            document   TEXT NOT NULL,
+            measured_at TEXT NOT NULL,
+            PRIMARY KEY (model_name, gpu_type, gpu_count)
+        ) STRICT
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 
 
 def latest_version() -> int:

@@ -98,7 +98,11 @@ class Reconciler:
         settings: ReconcilerSettings,
         clock: Callable[[], float] = time.monotonic,
         to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
+        model_reference: Callable[[str], str] = str,
     ) -> None:
+        # What a replica is told to load for a model name: a registered
+        # model's source (the replica never reads the store).
+        self.model_reference = model_reference
         self.registry = registry
         self.launcher = launcher
         self.traffic = traffic
@@ -340,7 +344,7 @@ class Reconciler:
             spec = ReplicaSpec(
                 replica_id=replica_id,
                 endpoint_id=row.id,
-                model_name=row.model_name,
+                model_name=self.model_reference(row.model_name),
                 gpu_type=row.gpu_type,
                 gpu_count=row.gpu_count,
                 secret=secret,

@@ -158,6 +158,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         traffic=gateway,
         records=plane.store,
         endpoints=plane.service.rows,
+        model_reference=plane.models.load_reference,
         settings=ReconcilerSettings(
             period_s=settings.reconcile_period_seconds,
             drain_timeout_s=settings.replica_drain_timeout_seconds,
