@@ -56,8 +56,11 @@ class ModelService:
         self.catalog = catalog
         self._endpoints = endpoints
         self._support = support or EngineSupport()
-        self._hf_cache_dir = hf_cache_dir
-        self._offline = offline
+        # Where Hugging Face sources are looked up (None: huggingface_hub's
+        # default cache), and whether the Hub may be asked (None: unless
+        # HF_HUB_OFFLINE is set).
+        self.hf_cache_dir = hf_cache_dir
+        self.offline = offline
         self._clock = clock
         self._registered: dict[str, RegisteredModel] = {}
         self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
@@ -125,7 +128,7 @@ class ModelService:
 
     def _inspect(self, req: RegisterModelRequest, project_id: str | None) -> RegisteredModel:
         source = parse_source(req.source, req.revision)
-        files = read_model_files(source, hf_cache_dir=self._hf_cache_dir, offline=self._offline)
+        files = read_model_files(source, hf_cache_dir=self.hf_cache_dir, offline=self.offline)
         name = req.name or default_name(source)
         return describe(
             files,
