@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
 
 def _model(name: str, project: str | None = None) -> RegisteredModel:
     spec = load_catalog().models.get("qwen2.5-0.5b-instruct")
-    from dataclasses import replace
-
     return RegisteredModel(
         spec=replace(spec, name=name, source="/models/" + name),
         project_id=project,
@@ -66,12 +65,12 @@ def test_models_round_trip(store: MemoryModelStore) -> None:
 
 def test_profiles_replace_per_model_gpu_and_count(store: MemoryModelStore) -> None:
     async def run() -> None:
-        first = MeasuredProfile("m", "H100-80GB", 1, "chat", 512, 128,
-                                (ProfilePoint(1, 8, 90.0, 0.05, 0.011),), "2026-11-23T10:00:00Z")  # fmt: skip
-        second = MeasuredProfile("m", "H100-80GB", 1, "chat", 512, 128,
-                                 (ProfilePoint(4, 8, 300.0, 0.08, 0.013),), "2026-11-23T11:00:00Z")  # fmt: skip
-        other = MeasuredProfile("m", "L4", 1, "chat", 512, 128,
-                                (ProfilePoint(1, 8, 20.0, 0.2, 0.05),), "2026-11-23T11:00:00Z")  # fmt: skip
+        def profile(gpu: str, point: ProfilePoint, at: str) -> MeasuredProfile:
+            return MeasuredProfile("m", gpu, 1, "chat", 512, 128, (point,), at)
+
+        first = profile("H100-80GB", ProfilePoint(1, 8, 90.0, 0.05, 0.011), "2026-11-23T10:00Z")
+        second = profile("H100-80GB", ProfilePoint(4, 8, 300.0, 0.08, 0.013), "2026-11-23T11:00Z")
+        other = profile("L4", ProfilePoint(1, 8, 20.0, 0.2, 0.05), "2026-11-23T11:00Z")
         for p in (first, second, other):
             await store.put_profile(p)
         assert sorted(await store.list_profiles(), key=lambda p: p.gpu_type) == [second, other]
