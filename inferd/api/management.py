@@ -320,3 +320,58 @@ class RecommendationInfo(_CatalogResponse):
     options: list[GpuOptionInfo] = Field(description="Fitting options, best first.")
     rejected: list[GpuOptionInfo]
     assumptions: dict[str, Any]
+
+
+class WorkloadOptionInfo(_CatalogResponse):
+    location: str
+    gpuType: str
+    gpuCount: int
+    fits: bool
+    reasons: list[str] = Field(description="How it serves the load, or why it was rejected.")
+    basis: str = Field(description="'estimated', or 'measured on N x TYPE, DATE'.")
+    hourlyPrice: float = Field(description="One replica-hour.")
+    memoryAvailableGb: float
+    memoryNeededGb: float | None
+    batch: int | None = Field(description="Largest batch meeting the targets and fitting.")
+    outputTokensPerS: float | None = Field(
+        description="Per replica at that batch, prefill counted."
+    )
+    requestsPerS: float | None = Field(description="Requests (or images) per second per replica.")
+    ttftP95Ms: float | None
+    tpotP95Ms: float | None
+    imagesPerMinute: float | None
+    secondsPerImageP95: float | None
+    replicas: int = Field(description="Replicas the stated load needs.")
+    totalHourlyPrice: float = Field(description="All those replicas, per hour.")
+    costPerMillionTokens: float | None
+    costPerImage: float | None
+    minReplicas: int = Field(description="Suggested minReplicas.")
+    maxReplicas: int = Field(description="Suggested maxReplicas.")
+
+
+class WorkloadRecommendationInfo(_CatalogResponse):
+    model: str
+    location: str | None
+    currency: str
+    workload: dict[str, Any] = Field(description="The load and targets the answer is for.")
+    best: WorkloadOptionInfo | None
+    options: list[WorkloadOptionInfo] = Field(description="Fitting options, cheapest total first.")
+    rejected: list[WorkloadOptionInfo]
+    assumptions: dict[str, Any]
+
+
+class ProfileInfo(_CatalogResponse):
+    modelName: str
+    gpuType: str
+    gpuCount: int
+    kind: Literal["chat", "image"]
+    promptTokens: int
+    outputTokens: int
+    imageSize: str
+    points: list[dict[str, Any]]
+    measuredAt: str
+    endpoint: str
+
+
+class ProfileList(_Response):
+    data: list[ProfileInfo]

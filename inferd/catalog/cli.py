@@ -95,7 +95,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--revision", help="branch, tag or commit of a repository")
     add.add_argument("--name", help="name for endpoints (default: from the source)")
     add.add_argument("--description")
-    add.set_defaults(func=command(_models_add))
+    # The first registration imports vLLM's model registry on the server: seconds.
+    add.set_defaults(func=command(_models_add), timeout=180.0)
     show = sub.add_parser("show", parents=[api], help="show a model the server knows")
     show.add_argument("name", metavar="NAME")
     show.set_defaults(func=command(_models_show))
