@@ -8,7 +8,8 @@ combination without touching `os.environ`.
 
 A few values are derived when left unset, from the values around them:
 `public_url` from host and port, `state_dir` from `XDG_DATA_HOME`/`HOME`,
-`db_path` from `state_dir`, `models_dir`/`configs_dir` from the source tree.
+`db_path` from `state_dir`, `database_url` from `db_path`, `models_dir`/`configs_dir`
+from the source tree.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Settings(BaseModel):
     # --- State ---------------------------------------------------------------
     state_dir: Path = Field(description="state directory (default ~/.local/share/inferd)")
     db_path: Path = Field(description="SQLite file (default STATE_DIR/inferd.db)")
+    # Where the state lives: sqlite:///PATH (embedded) or postgresql://...
+    database_url: str = Field(
+        description="state database: postgresql://user@host/db (default sqlite:///DB_PATH)"
+    )
     # Supplied by the operator; when unset, one is generated on first start,
     # printed once and stored only as a hash.
     admin_key: SecretStr | None = Field(
@@ -121,7 +126,7 @@ class Settings(BaseModel):
 
 
 # Keys whose default is computed from other values (see `_derive`).
-_DERIVED = ("public_url", "state_dir", "db_path", "models_dir", "configs_dir")
+_DERIVED = ("public_url", "state_dir", "db_path", "database_url", "models_dir", "configs_dir")
 
 
 def setting_keys() -> tuple[str, ...]:
@@ -175,6 +180,8 @@ def _derive(values: dict[str, Any], env: Mapping[str, str]) -> None:
     values["state_dir"] = Path(values["state_dir"]).expanduser()
     if "db_path" not in values:
         values["db_path"] = Path(values["state_dir"]) / "inferd.db"
+    if "database_url" not in values:
+        values["database_url"] = f"sqlite:///{Path(values['db_path']).expanduser()}"
     values.setdefault("models_dir", default_models_dir())
     values.setdefault("configs_dir", default_configs_dir())
 

@@ -32,7 +32,7 @@ from inferd.catalog.registered import (
 from inferd.catalog.sources import parse_source, read_model_files
 from inferd.catalog.support import EngineSupport
 from inferd.catalog.workload import Workload, WorkloadRecommendation, recommend_for_workload
-from inferd.control.store import EndpointRow, utc_now_text
+from inferd.control.model import Endpoint, utc_now_text
 from inferd.errors import BadRequest, Conflict, NotFound
 
 
@@ -45,7 +45,7 @@ class ModelService:
         self,
         store: ModelAndProfileStore,
         catalog: Catalog,
-        endpoints: Callable[[], Sequence[EndpointRow]],
+        endpoints: Callable[[], Sequence[Endpoint]],
         *,
         support: EngineSupport | None = None,
         hf_cache_dir: Path | None = None,

@@ -28,9 +28,9 @@ from inferd.catalog import Catalog, recommend
 from inferd.catalog.models import CatalogError, parse_size
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
+from inferd.control.model import utc_now_text
 from inferd.control.model_service import ModelService
 from inferd.control.service import EndpointService, render_json
-from inferd.control.store import utc_now_text
 from inferd.errors import BadRequest
 from inferd.http import read_model
 

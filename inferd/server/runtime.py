@@ -173,11 +173,11 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     plane.service.drain = reconciler.drain_endpoint
 
     async def start() -> None:
-        rows = await asyncio.to_thread(plane.store.list_replicas)
+        rows = await plane.store.list_replicas()
         adopted = set(reconciler.adopt(rows, plane.service.rows()))
         for row in rows:
             if row.id not in adopted:
-                await asyncio.to_thread(plane.store.delete_replica, row.id)
+                await plane.store.delete_replica(row.id)
         if rows:
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
@@ -190,7 +190,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         await asyncio.to_thread(launcher.shutdown, settings.replica_drain_timeout_seconds)
         for replica in registry.all():
             registry.remove(replica.replica_id)
-            await asyncio.to_thread(plane.store.delete_replica, replica.replica_id)
+            await plane.store.delete_replica(replica.replica_id)
 
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)

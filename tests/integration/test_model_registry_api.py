@@ -6,6 +6,7 @@ restart; recommendations for a workload use a measured profile."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Iterator
@@ -30,11 +31,11 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    plane = ControlPlane.open(settings)
+    plane = asyncio.run(ControlPlane.open(settings))
     with TestClient(create_app(plane)) as c:
         c.headers.update(AUTH)
         yield c
-    plane.close()
+    asyncio.run(plane.close())
 
 
 def _hub_cache(root: Path, repo_id: str, source_dir: Path) -> Path:
@@ -89,7 +90,7 @@ def test_register_from_the_hugging_face_cache_and_survive_a_restart(
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cache = _hub_cache(tmp_path / "hub", "acme/Tiny-Chat-1B", tiny_chat_dir)
-    plane = ControlPlane.open(settings)
+    plane = asyncio.run(ControlPlane.open(settings))
     plane.models.hf_cache_dir = cache
     with TestClient(create_app(plane)) as c:
         c.headers.update(AUTH)
@@ -107,9 +108,9 @@ def test_register_from_the_hugging_face_cache_and_survive_a_restart(
                         "ttftP95S": 0.05, "tpotP95S": 0.01}],
         }  # fmt: skip
         assert c.post("/inference/models/tiny-chat-1b/profiles", json=profile).status_code == 201
-    plane.close()
+    asyncio.run(plane.close())
 
-    reopened = ControlPlane.open(settings)
+    reopened = asyncio.run(ControlPlane.open(settings))
     with TestClient(create_app(reopened)) as c:
         c.headers.update(AUTH)
         assert c.get("/inference/models/tiny-chat-1b").json()["registered"] is True
@@ -125,7 +126,7 @@ def test_register_from_the_hugging_face_cache_and_survive_a_restart(
         assert measured["basis"].startswith("measured on 1 x H100-80GB, ")
         assert measured["replicas"] == 4  # ceil(20 / (0.8 x 400 / 50)) = ceil(3.125)
         assert options[("L4", 1)]["basis"] == "estimated"
-    reopened.close()
+    asyncio.run(reopened.close())
 
 
 def test_unsupported_and_malformed_models_are_refused(
