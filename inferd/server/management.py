@@ -179,7 +179,11 @@ class ManagementRoutes:
             rec = recommend(catalog.models.get(model_name), catalog.gpus, location)
             body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
             return JSONResponse(body)
-        return JSONResponse(self.models.recommend(model_name, work, location).to_dict())
+        try:
+            rec = self.models.recommend(model_name, work, location)
+        except ValueError as exc:  # a workload the model cannot take
+            raise BadRequest(f"{exc}.", param="modelName", code="invalid_value") from None
+        return JSONResponse(rec.to_dict())
 
 
 def _model_info(data: dict[str, Any]) -> dict[str, Any]:
