@@ -11,7 +11,7 @@ update memory.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +32,8 @@ from inferd.catalog.registered import (
 from inferd.catalog.sources import parse_source, read_model_files
 from inferd.catalog.support import EngineSupport
 from inferd.catalog.workload import Workload, WorkloadRecommendation, recommend_for_workload
-from inferd.control.model import Endpoint, utc_now_text
+from inferd.control.follow import follow
+from inferd.control.model import Change, ChangeKind, Endpoint, utc_now_text
 from inferd.errors import BadRequest, Conflict, NotFound
 
 
@@ -67,12 +68,29 @@ class ModelService:
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
-        """Put the stored registrations back into the catalog (at start)."""
-        for model in await self._store.list_models():
-            if model.name not in self.catalog.models:
+        """Make the catalog's registered models and the profiles what the
+        store holds (at start, and when another instance changed them)."""
+        stored = {m.name: m for m in await self._store.list_models()}
+        profiles = {p.key: p for p in await self._store.list_profiles()}
+        async with self._lock:
+            for name in [n for n in self._registered if n not in stored]:
+                self.catalog.models.remove(name)
+                del self._registered[name]
+            for name, model in stored.items():
+                if name in self._registered or name in self.catalog.models:
+                    continue  # a catalog file of the same name wins
                 self.catalog.models.add(model.spec)
-                self._registered[model.name] = model
-        self._profiles = {p.key: p for p in await self._store.list_profiles()}
+                self._registered[name] = model
+            self._profiles = profiles
+
+    async def follow(self, feed: AsyncIterator[Change]) -> None:
+        """Follow other instances' registrations and measurements."""
+
+        async def apply(change: Change) -> None:
+            if change.kind is ChangeKind.MODEL:
+                await self.load()
+
+        await follow(feed, apply, self.load, what="registered models")
 
     # --- reads -------------------------------------------------------------------------
 

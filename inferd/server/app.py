@@ -125,6 +125,7 @@ class ControlPlane:
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
             asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
             asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
+            asyncio.ensure_future(run("registered models", self.models.follow, self.models.load)),
         ]
 
     async def stop_following(self) -> None:

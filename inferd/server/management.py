@@ -180,10 +180,10 @@ class ManagementRoutes:
             body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
             return JSONResponse(body)
         try:
-            rec = self.models.recommend(model_name, work, location)
+            sized = self.models.recommend(model_name, work, location)
         except ValueError as exc:  # a workload the model cannot take
             raise BadRequest(f"{exc}.", param="modelName", code="invalid_value") from None
-        return JSONResponse(rec.to_dict())
+        return JSONResponse(sized.to_dict())
 
 
 def _model_info(data: dict[str, Any]) -> dict[str, Any]:

@@ -418,3 +418,22 @@ def test_profiles_replace_per_model_gpu_type_and_count(opener: Opener) -> None:
         assert sorted(await store.list_profiles(), key=lambda p: p.gpu_type) == [second, other]
 
     run(body, opener())
+
+
+def test_model_changes_reach_the_feed(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        feed = store.changes()
+        await store.add_model(registered("a"))
+        await store.put_profile(
+            MeasuredProfile("a", "L4", 1, "chat", 1, 1, (ProfilePoint(1, 1, 1.0, 0.1, 0.1),))
+        )
+        await store.delete_model("a")
+        await store.delete_model("a")  # nothing deleted: nothing to tell
+        expected = [
+            Change(ChangeKind.MODEL, "a"),
+            Change(ChangeKind.MODEL, ""),
+            Change(ChangeKind.MODEL, "a"),
+        ]
+        assert await collect(feed, lambda s: len(s) >= len(expected)) == expected
+
+    run(body, opener())

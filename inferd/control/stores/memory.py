@@ -167,6 +167,7 @@ class MemoryStore:
         if model.name in self._models:
             raise DuplicateModel(model.name)
         self._models[model.name] = model
+        self._changed(ChangeKind.MODEL, model.name)
 
     async def get_model(self, name: str) -> RegisteredModel | None:
         self._check()
@@ -178,11 +179,15 @@ class MemoryStore:
 
     async def delete_model(self, name: str) -> bool:
         self._check()
-        return self._models.pop(name, None) is not None
+        gone = self._models.pop(name, None) is not None
+        if gone:
+            self._changed(ChangeKind.MODEL, name)
+        return gone
 
     async def put_profile(self, profile: MeasuredProfile) -> None:
         self._check()
         self._profiles[profile.key] = profile
+        self._changed(ChangeKind.MODEL, "")
 
     async def list_profiles(self) -> list[MeasuredProfile]:
         self._check()

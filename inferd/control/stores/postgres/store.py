@@ -380,6 +380,7 @@ class PostgresStore:
                     )
             except psycopg.errors.UniqueViolation:
                 raise DuplicateModel(model.name) from None
+            self._log(conn, [(ChangeKind.MODEL, model.name)])
 
         await self._run(write)
 
@@ -402,6 +403,8 @@ class PostgresStore:
     async def delete_model(self, name: str) -> bool:
         def write(conn: psycopg.Connection) -> bool:
             cursor = conn.execute("DELETE FROM registered_models WHERE name = %s", (name,))
+            if cursor.rowcount > 0:
+                self._log(conn, [(ChangeKind.MODEL, name)])
             return cursor.rowcount > 0
 
         return await self._run(write)
@@ -416,6 +419,7 @@ class PostgresStore:
                 (profile.model_name, profile.gpu_type, profile.gpu_count,
                  Jsonb(profile.to_dict()), profile.measured_at),
             )  # fmt: skip
+            self._log(conn, [(ChangeKind.MODEL, "")])
 
         await self._run(write)
 

@@ -370,6 +370,7 @@ class SqliteStore:
                     " VALUES (?, ?, ?, ?)",
                     (model.name, model.project_id, json.dumps(model.to_dict()), model.created_at),
                 )
+                self._log(conn, ChangeKind.MODEL, model.name)
         except sqlite3.IntegrityError:
             raise DuplicateModel(model.name) from None
 
@@ -387,6 +388,8 @@ class SqliteStore:
         def write() -> bool:
             with self._tx() as conn:
                 cursor = conn.execute("DELETE FROM registered_models WHERE name = ?", (name,))
+                if cursor.rowcount > 0:
+                    self._log(conn, ChangeKind.MODEL, name)
                 return cursor.rowcount > 0
 
         return await self._run(write)
@@ -403,6 +406,7 @@ class SqliteStore:
                     (profile.model_name, profile.gpu_type, profile.gpu_count,
                      json.dumps(profile.to_dict()), profile.measured_at),
                 )  # fmt: skip
+                self._log(conn, ChangeKind.MODEL, "")
 
         await self._run(write)
 
