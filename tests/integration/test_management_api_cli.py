@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ ADMIN = "cli-admin-key-0123456789"
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
-    plane = ControlPlane.open(settings)
+    plane = asyncio.run(ControlPlane.open(settings))
     with TestClient(create_app(plane)) as http:
 
         def client_from_args(args: argparse.Namespace, env: object = None) -> ManagementClient:
@@ -32,7 +33,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]
 
         monkeypatch.setattr(client_cli, "client_from_args", client_from_args)
         yield http
-    plane.close()
+    asyncio.run(plane.close())
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
