@@ -36,7 +36,7 @@ def test_bench_a_registered_model_and_recommend_from_the_measurement(
     assert "LlamaForCausalLM" in capsys.readouterr().out
 
     created = serve.create_endpoint(name="bench-me", modelName="my-tiny", minReplicas=1)
-    record = serve.wait_record(created["id"], lambda r: r["status"] == "running", timeout=300)
+    record = serve.wait_record(created["id"], lambda r: r["status"] == "running", timeout=600)
     assert record["modelName"] == "my-tiny"
 
     # The model cannot go while the endpoint uses it.
