@@ -114,12 +114,6 @@ class ModelService:
                 out.append(registered.to_dict())
         return out
 
-    def load_reference(self, name: str) -> str:
-        """What a replica loads for the model: a registered model's source
-        (directory or `org/name[@revision]`), else the catalog name."""
-        registered = self._registered.get(name)
-        return registered.spec.source if registered is not None else name
-
     def profiles(self) -> list[MeasuredProfile]:
         return list(self._profiles.values())
 

@@ -59,7 +59,7 @@ def test_a_second_instance_follows_registrations(tmp_path: Path) -> None:
         await writer.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
         await settle(lambda: "mine" in reader.catalog.models)
         assert reader.describe("mine")["architecture"]["kvHeads"] == 2
-        assert reader.load_reference("mine") == resolved
+        assert reader.catalog.models.get("mine").source == resolved
 
         profile = MeasuredProfile("mine", "L4", 1, "chat", 10, 10,
                                   (ProfilePoint(1, 4, 50.0, 0.1, 0.02),), "2026-11-23")  # fmt: skip
