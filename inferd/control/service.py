@@ -34,7 +34,7 @@ from inferd.control.model import (
     utc_now,
 )
 from inferd.control.placement import Placement, resolve_placement
-from inferd.control.ports import EndpointStore, TokenStore
+from inferd.control.ports import Capacity, EndpointStore, TokenStore
 from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
@@ -49,6 +49,10 @@ Drain = Callable[[Endpoint], Awaitable[None]]
 
 def _no_runtime(endpoint_id: str) -> EndpointRuntime:
     return EndpointRuntime()
+
+
+async def _no_capacity() -> Capacity:
+    return Capacity()
 
 
 async def _no_drain(row: Endpoint) -> None:
@@ -98,6 +102,8 @@ class EndpointService:
         self._write_lock = asyncio.Lock()
         self.runtime_of: RuntimeOf = _no_runtime
         self.drain: Drain = _no_drain
+        # The launcher's live capacity by location and GPU type.
+        self.capacity_of: Callable[[], Awaitable[Capacity]] = _no_capacity
 
     # --- the in-memory copy ---------------------------------------------------------
 

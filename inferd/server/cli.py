@@ -115,7 +115,12 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
     from inferd.control.stores import redact_url
     from inferd.server.app import ControlPlane, create_app
     from inferd.server.auth import AdminKeyError
-    from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
+    from inferd.server.runtime import (
+        LauncherUnavailable,
+        attach_runtime,
+        runtime_openapi,
+        runtime_routes,
+    )
 
     try:
         plane = await ControlPlane.open(settings, rotate_admin_key=rotate_admin_key)
@@ -134,7 +139,11 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
         return 1
     try:
         print(_banner(settings, plane.store.describe(), plane.generated_admin_key), flush=True)
-        runtime = attach_runtime(plane)
+        try:
+            runtime = attach_runtime(plane)
+        except LauncherUnavailable as exc:
+            print(f"inferd serve: {exc}", file=sys.stderr)
+            return 2
         app = create_app(
             plane, extra_routes=runtime_routes(runtime), openapi_parts=[runtime_openapi()]
         )

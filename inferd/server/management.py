@@ -30,6 +30,7 @@ from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
 from inferd.control.model import utc_now_text
 from inferd.control.model_service import ModelService
+from inferd.control.ports import Capacity
 from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
@@ -56,7 +57,7 @@ class ManagementRoutes:
         self.service = service
         self.models = models
         self.max_body_bytes = max_body_bytes
-        self._gpu_types_json, self._locations_json = _catalog_documents(service.catalog)
+        self._gpu_types, self._locations = _catalog_documents(service.catalog)
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -150,10 +151,19 @@ class ManagementRoutes:
         return JSONResponse(profile.to_dict(), status_code=201)
 
     async def list_gpu_types(self, request: Request) -> Response:
-        return Response(self._gpu_types_json, media_type="application/json")
+        live = _by_location(await self.service.capacity_of())
+        data = [
+            {**g, "capacity": {loc: types[g["name"]] for loc, types in live.items()
+                               if g["name"] in types}}
+            for g in self._gpu_types
+        ]  # fmt: skip
+        return Response(render_json({"data": data}), media_type="application/json")
 
     async def list_locations(self, request: Request) -> Response:
-        return Response(self._locations_json, media_type="application/json")
+        live = _by_location(await self.service.capacity_of())
+        data = [{**loc, "capacity": live.get(loc["name"], {})} for loc in self._locations]
+        body = {"currency": self.service.catalog.gpus.currency, "data": data}
+        return Response(render_json(body), media_type="application/json")
 
     async def recommendations(self, request: Request) -> Response:
         params = request.query_params
@@ -256,10 +266,22 @@ def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None
     )
 
 
-def _catalog_documents(catalog: Catalog) -> tuple[bytes, bytes]:
-    """The GPU type and location listings, rendered once: they do not change
-    while the server runs. Passing through the wire models keeps each answer
-    to exactly its documented fields."""
+def _by_location(capacity: Capacity) -> dict[str, dict[str, dict[str, int]]]:
+    """location -> GPU type -> {total, free}, as the wire shows it."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for key, total in capacity.total.items():
+        out.setdefault(key.location, {})[key.gpu_type] = {
+            "total": total,
+            "free": capacity.free.get(key, 0),
+        }
+    return out
+
+
+def _catalog_documents(catalog: Catalog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The GPU type and location listings, built once: they do not change
+    while the server runs (the live capacity is added per request; models
+    are listed per request, as registrations come and go). Passing through
+    the wire models keeps each answer to exactly its documented fields."""
     gpus = catalog.gpus
     gpu_types = [
         GpuTypeInfo.model_validate(
@@ -269,7 +291,4 @@ def _catalog_documents(catalog: Catalog) -> tuple[bytes, bytes]:
     ]
     locations = [LocationInfo.model_validate(loc.to_dict()).model_dump(mode="json")
                  for loc in gpus.locations.values()]  # fmt: skip
-    return (
-        render_json({"data": gpu_types}),
-        render_json({"currency": gpus.currency, "data": locations}),
-    )
+    return gpu_types, locations

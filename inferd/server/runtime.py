@@ -78,7 +78,42 @@ def replica_settings(settings: Settings) -> ReplicaSettings:
     )
 
 
-def build_launcher(plane: ControlPlane) -> LocalLauncher:
+def build_launcher(plane: ControlPlane) -> Launcher:
+    if plane.settings.launcher == "ray":
+        return build_ray_launcher(plane)
+    return build_local_launcher(plane)
+
+
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting,
+    an unreachable cluster)."""
+
+
+def build_ray_launcher(plane: ControlPlane) -> Launcher:
+    """Imports Ray: only when it was chosen."""
+    settings = plane.settings
+    try:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise LauncherUnavailable(
+            f"--launcher ray needs Ray (pip install 'inferd[ray]'): {exc}"
+        ) from None
+    if not settings.ray_address:
+        raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
+    try:
+        return RayLauncher(
+            address=settings.ray_address,
+            namespace=settings.ray_namespace,
+            settings=replica_settings(settings),
+            node_ip_address=settings.ray_node_ip_address,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        raise LauncherUnavailable(
+            f"cannot reach the Ray cluster at {settings.ray_address}: {exc}"
+        ) from None
+
+
+def build_local_launcher(plane: ControlPlane) -> LocalLauncher:
     settings = plane.settings
     gpu_types = plane.catalog.gpus.gpu_types
     gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
@@ -154,10 +189,14 @@ def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Run
     runtime = Runtime(registry, launcher, gateway, reconciler)
     plane.service.runtime_of = runtime.endpoint_runtime
     plane.service.drain = lambda row: reconciler.drain_endpoint(row.id)
+    plane.service.capacity_of = launcher.capacity
 
     async def start() -> None:
         rows = await plane.store.list_replicas()
         adopted = set(await reconciler.adopt(rows, plane.service.rows()))
+        sweep = getattr(launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted)
         for row in rows:
             if row.id not in adopted:
                 await plane.store.delete_replica(row.id)
