@@ -102,7 +102,7 @@ def create_app(server: Server) -> Starlette:
     async def openapi(request: Request) -> Response:
         return Response(openapi_body, media_type="application/json")
 
-    management = ManagementRoutes(server.service, settings.max_body_bytes)
+    management = ManagementRoutes(server.service, server.models, settings.max_body_bytes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and
     # every path here is exact.
     inference = Router(management.routes(), redirect_slashes=False)

@@ -29,6 +29,7 @@ from inferd.catalog import Catalog, load_catalog
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.load import MergedLoad
+from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
 from inferd.control.reconciler import Reconciler
 from inferd.control.registry import Registry
@@ -119,6 +120,7 @@ class Server:
     gateway_state: GatewayState
     reconciler: Reconciler
     service: EndpointService
+    models: ModelService
     gateway: Gateway
     # Plaintext of an admin key generated at the first start: print once.
     generated_admin_key: str | None = None
@@ -177,6 +179,7 @@ class Server:
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
             asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
             asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
+            asyncio.ensure_future(run("registered models", self.models.follow, self.models.load)),
         ]
 
     async def stop_following(self) -> None:
@@ -258,6 +261,9 @@ async def build(
             capacity_of=launcher.capacity,
         )
         await service.load()
+        # Registered models join the catalog before anything uses them.
+        models = ModelService(store, catalog, service.rows)
+        await models.load()
         gateway = Gateway(
             EndpointDirectory(service, registry),
             verifier,
@@ -280,6 +286,7 @@ async def build(
         gateway_state=gateway_state,
         reconciler=reconciler,
         service=service,
+        models=models,
         gateway=gateway,
         generated_admin_key=admin.generated_key,
         run_replicas=run_replicas,
