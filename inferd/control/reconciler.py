@@ -26,11 +26,19 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings, decide
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    UPSCALE_DELAY_S,
+    Observations,
+    ScalerState,
+    ScalingSettings,
+    decide,
+)
 from inferd.control.model import ReplicaRecord, utc_now
 from inferd.control.ports import (
     EndpointLoad,
@@ -43,6 +51,7 @@ from inferd.control.ports import (
     RequestAborter,
 )
 from inferd.control.registry import Registry, Replica, secret_digest
+from inferd.control.signals import Wakeup
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
 from inferd.vocab import ReplicaStatus
 
@@ -58,6 +67,10 @@ class EndpointFacts(Protocol):
 
     @property
     def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def project_id(self) -> str: ...
     @property
     def model_name(self) -> str: ...
     @property
@@ -78,18 +91,19 @@ class EndpointFacts(Protocol):
     def deleting_at(self) -> object | None: ...
 
 
-# (endpoint, replicas the autoscaler wants) -> (replicas allowed, why fewer):
-# the project's quota, applied after the autoscaler's decision.
-ReplicaCap = Callable[[EndpointFacts, int], tuple[int, str | None]]
+# (endpoint, replicas the autoscaler wants, every endpoint of this pass) ->
+# (replicas allowed, why fewer): the project's quota, applied after the
+# autoscaler's decision.
+ReplicaCap = Callable[[EndpointFacts, int, Sequence[EndpointFacts]], tuple[int, str | None]]
 
 
 @dataclass(frozen=True)
 class ReconcilerSettings:
     period_s: float = 1.0
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    target_concurrency: float = 8.0
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 60.0
+    target_concurrency: float = TARGET_CONCURRENCY
+    upscale_delay_s: float = UPSCALE_DELAY_S
+    downscale_delay_s: float = DOWNSCALE_DELAY_S
 
 
 @dataclass
@@ -114,14 +128,17 @@ class Reconciler:
         load: LoadObservations,
         aborter: RequestAborter,
         records: ReplicaStore,
-        endpoints: Callable[[], Sequence[EndpointFacts]],
+        endpoints: Callable[[], Awaitable[Sequence[EndpointFacts]]],
         models: Callable[[str], ModelSource],
         settings: ReconcilerSettings,
+        wakeup: Wakeup | None = None,
         clock: Callable[[], float] = time.monotonic,
         replica_cap: ReplicaCap | None = None,
     ) -> None:
-        """`endpoints`: every endpoint as the service knows it now;
-        `models`: a catalog model name resolved for a replica."""
+        """`endpoints`: every endpoint as stored now (read each tick, so any
+        control plane's writes count); `models`: a catalog model name
+        resolved for a replica; `wakeup`: rung by whatever should make the
+        reconciler act at once (the registry shares it)."""
         self.registry = registry
         self.launcher = launcher
         self.load = load
@@ -133,7 +150,7 @@ class Reconciler:
         self.clock = clock
         self.replica_cap = replica_cap
         self._plans: dict[str, _Plan] = {}
-        self._wake = asyncio.Event()
+        self._wake = wakeup or Wakeup()
         self._task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -151,8 +168,8 @@ class Reconciler:
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
 
-    def wake(self, endpoint_id: str | None = None) -> None:
-        self._wake.set()
+    def wake(self, endpoint_id: str = "") -> None:
+        self._wake.ring(endpoint_id)
 
     # ScaleSignals: both only wake the loop; the tick reads what changed.
     def capacity_wanted(self, endpoint_id: str) -> None:
@@ -163,7 +180,7 @@ class Reconciler:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake.ring()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -179,8 +196,7 @@ class Reconciler:
                 await self.tick()
             except Exception:  # one bad tick must not stop reconciling
                 logger.exception("reconcile tick failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
+            await self._wake.wait(self.settings.period_s)
 
     async def _follow_exits(self) -> None:
         async for exited in self.launcher.exits():
@@ -208,11 +224,11 @@ class Reconciler:
                 logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
                 await self._kill(replica.replica_id)
                 self.aborter.abort_replica(replica.replica_id, replica.reason or "replica failed")
-            rows = list(self.endpoints())
+            rows = list(await self.endpoints())
             known = {row.id for row in rows}
             for row in rows:
                 if row.deleting_at is None:
-                    await self._reconcile(row)
+                    await self._reconcile(row, rows)
                 else:
                     await self._stop_all(row.id)
             for endpoint_id in list(self._plans):
@@ -332,7 +348,7 @@ class Reconciler:
             backoff,
         )
 
-    async def _reconcile(self, row: EndpointFacts) -> None:
+    async def _reconcile(self, row: EndpointFacts, rows: Sequence[EndpointFacts]) -> None:
         now = self.clock()
         plan = self.plan(row.id)
         replicas = self.registry.of_endpoint(row.id)
@@ -360,7 +376,7 @@ class Reconciler:
         desired = decision.desired
         quota_reason = None
         if self.replica_cap is not None:
-            desired, quota_reason = self.replica_cap(row, desired)
+            desired, quota_reason = self.replica_cap(row, desired, rows)
 
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.server.app import ControlPlane, create_app
+from inferd.control.fakes import FakeLauncher
+from inferd.server.app import create_app
+from inferd.server.compose import build
 from inferd.settings import load_settings
 
 OPERATOR = "two-instances-operator-key-0123"
@@ -22,7 +24,9 @@ FEED_DELAY_S = 3.0  # the SQLite change log is polled every 0.5 s
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient]]:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": OPERATOR})
-    planes = [asyncio.run(ControlPlane.open(settings)) for _ in range(2)]
+    planes = [
+        asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False)) for _ in range(2)
+    ]
     try:
         with TestClient(create_app(planes[0])) as a, TestClient(create_app(planes[1])) as b:
             a.headers["Authorization"] = b.headers["Authorization"] = f"Bearer {OPERATOR}"

@@ -2,8 +2,8 @@
 audit log, usage and cost.
 
 The service layer, for every surface (REST routes, CLI, console), is built
-by `plane.Accounts.build` and takes the acting `roles.Principal` on every
-call:
+by `inferd.server.compose.build` (`Server.accounts`, a `plane.Accounts`) and
+takes the acting `roles.Principal` on every call:
 
 - `Accounts.resolver.resolve(authorization header)` -> Principal (cached;
   revocation and membership changes drop the cache at once, here and on
