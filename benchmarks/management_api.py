@@ -59,9 +59,14 @@ def _uvicorn(app: Any, port: int) -> None:
 
 
 def serve_inferd(state_dir: str, port: int, database_url: str | None) -> None:
-    from inferd.server.app import ControlPlane, create_app
+    from inferd.control.fakes import FakeLauncher
+    from inferd.server.app import create_app
+    from inferd.server.compose import build
 
-    plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir, database_url)))
+    # Management reads only: no replica is ever started.
+    plane = asyncio.run(
+        build(inferd_settings(state_dir, database_url), launcher=FakeLauncher(), run_replicas=False)
+    )
     _uvicorn(create_app(plane), port)
 
 
@@ -115,9 +120,10 @@ async def _populate(state_dir: str, count: int) -> tuple[list[dict[str, Any]], s
     from inferd.api.management import CreateEndpointRequest
     from inferd.control.accounts.model import DEFAULT_PROJECT
     from inferd.control.accounts.roles import OPERATOR, Role
-    from inferd.server.app import ControlPlane
+    from inferd.control.fakes import FakeLauncher
+    from inferd.server.compose import build
 
-    plane = await ControlPlane.open(inferd_settings(state_dir))
+    plane = await build(inferd_settings(state_dir), launcher=FakeLauncher(), run_replicas=False)
     try:
         _, created = await plane.accounts.service.put_member(
             OPERATOR, DEFAULT_PROJECT, "bench-user", Role.DEVELOPER
@@ -253,10 +259,16 @@ def _in_process(
     user_headers: dict[str, str],
     count: int,
 ) -> list[dict[str, Any]]:
-    from inferd.server.app import ControlPlane, create_app
+    from inferd.control.fakes import FakeLauncher
+    from inferd.server.app import create_app
+    from inferd.server.compose import build
 
-    plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir)))
-    pg_plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir, database_url)))
+    plane = asyncio.run(
+        build(inferd_settings(state_dir), launcher=FakeLauncher(), run_replicas=False)
+    )
+    pg_plane = asyncio.run(
+        build(inferd_settings(state_dir, database_url), launcher=FakeLauncher(), run_replicas=False)
+    )
     inferd_app = create_app(plane)
     apps = {
         "inferd": (inferd_app, headers),

@@ -21,6 +21,7 @@ _SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inferd.client.cli",  # endpoints ...
     "inferd.client.accounts_cli",  # projects, members, keys, usage ...
     "inferd.catalog.cli",  # recommend, models
+    "inferd.node.cli",  # node start
 )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 # Anything shaped like one of our secrets, for log redaction. Deliberately
 # looser than a valid token (any length ≥ 8, no checksum check) so that a
 # truncated or mistyped token is redacted too.
-TOKEN_PATTERN = re.compile(r"infd_(?:ep|admin)_[0-9A-Za-z]{8,}")
+TOKEN_PATTERN = re.compile(r"infd_(?:ep|admin|key)_[0-9A-Za-z]{8,}")
 # Whatever follows "Bearer " is a secret even when it is not one of ours
 # (an operator-chosen admin key).
 _BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
@@ -69,3 +69,13 @@ def install_redaction(loggers: Mapping[str, logging.Logger] | None = None) -> No
         for handler in logger.handlers:
             if not any(isinstance(f, RedactingFilter) for f in handler.filters):
                 handler.addFilter(RedactingFilter())
+
+
+def redact_url(database_url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    scheme, sep, rest = database_url.partition("://")
+    if not sep or "@" not in rest:
+        return database_url
+    userinfo, _, host = rest.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}{':***' if ':' in userinfo else ''}@{host}"

@@ -1,11 +1,11 @@
 """What the console reads and calls: the same service layer as the REST API.
 
-`ConsoleSources` is filled in by the composition of `inferd serve` (see
+`ConsoleSources` is filled in from the built server (see
 `inferd.server.console`); the console never calls its own JSON API over
 HTTP. Endpoint reads and writes go through the accounts layer
 (`ProjectEndpoints`: project and role checks, quotas, audit), exactly as the
-management routes do. The runtime's parts (scale journal, series, replicas,
-logs) are optional, so the console also runs over a bare control plane.
+management routes do. The serving parts (scale journal, series, replicas,
+logs) default to empty, so the console's own tests can build it alone.
 """
 
 from __future__ import annotations

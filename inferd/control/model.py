@@ -133,6 +133,7 @@ class ChangeKind(str, Enum):
     REPLICA = "replica"  # id: the replica's id
     # id: "key:<id>", "user:<id>" (memberships) or "project:<id>" (its quota)
     ACCOUNT = "account"
+    MODEL = "model"  # id: a registered model's name, or "" when a profile changed
     # Changes may have been missed (the feed fell too far behind): reload all.
     RESYNC = "resync"
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
+from inferd.catalog.registered import ModelStore, ProfileStore
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.model import Change, Endpoint, EndpointChanges, ReplicaRecord
 from inferd.replica.config import ReplicaSpec
@@ -96,9 +97,24 @@ class ChangeFeed(Protocol):
         ...
 
 
+# --- registered models and measured profiles -------------------------------------------
+# Defined beside their records in `inferd.catalog.registered` (ModelStore:
+# add/get/list/delete a RegisteredModel; ProfileStore: put/list a
+# MeasuredProfile); every store below implements them. Accounts' ports
+# (AccountStore) live in `inferd.control.accounts.ports`.
+
+
 @runtime_checkable
 class Store(
-    EndpointStore, TokenStore, AdminKeyStore, ReplicaStore, AccountStore, ChangeFeed, Protocol
+    EndpointStore,
+    TokenStore,
+    AdminKeyStore,
+    ReplicaStore,
+    ModelStore,
+    ProfileStore,
+    AccountStore,
+    ChangeFeed,
+    Protocol,
 ):
     """Everything the control plane keeps, in one database."""
 

@@ -26,11 +26,19 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings, decide
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    UPSCALE_DELAY_S,
+    Observations,
+    ScalerState,
+    ScalingSettings,
+    decide,
+)
 from inferd.control.model import ReplicaRecord, utc_now
 from inferd.control.ports import (
     EndpointLoad,
@@ -44,6 +52,7 @@ from inferd.control.ports import (
 )
 from inferd.control.registry import Registry, Replica, secret_digest
 from inferd.control.scale_events import ScaleCause, ScaleJournal
+from inferd.control.signals import Wakeup
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
 from inferd.vocab import ReplicaStatus
 
@@ -59,6 +68,10 @@ class EndpointFacts(Protocol):
 
     @property
     def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def project_id(self) -> str: ...
     @property
     def model_name(self) -> str: ...
     @property
@@ -79,18 +92,19 @@ class EndpointFacts(Protocol):
     def deleting_at(self) -> object | None: ...
 
 
-# (endpoint, replicas the autoscaler wants) -> (replicas allowed, why fewer):
-# the project's quota, applied after the autoscaler's decision.
-ReplicaCap = Callable[[EndpointFacts, int], tuple[int, str | None]]
+# (endpoint, replicas the autoscaler wants, every endpoint of this pass) ->
+# (replicas allowed, why fewer): the project's quota, applied after the
+# autoscaler's decision.
+ReplicaCap = Callable[[EndpointFacts, int, Sequence[EndpointFacts]], tuple[int, str | None]]
 
 
 @dataclass(frozen=True)
 class ReconcilerSettings:
     period_s: float = 1.0
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    target_concurrency: float = 8.0
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 60.0
+    target_concurrency: float = TARGET_CONCURRENCY
+    upscale_delay_s: float = UPSCALE_DELAY_S
+    downscale_delay_s: float = DOWNSCALE_DELAY_S
 
 
 @dataclass
@@ -115,15 +129,18 @@ class Reconciler:
         load: LoadObservations,
         aborter: RequestAborter,
         records: ReplicaStore,
-        endpoints: Callable[[], Sequence[EndpointFacts]],
+        endpoints: Callable[[], Awaitable[Sequence[EndpointFacts]]],
         models: Callable[[str], ModelSource],
         settings: ReconcilerSettings,
+        wakeup: Wakeup | None = None,
         clock: Callable[[], float] = time.monotonic,
         journal: ScaleJournal | None = None,
         replica_cap: ReplicaCap | None = None,
     ) -> None:
-        """`endpoints`: every endpoint as the service knows it now;
-        `models`: a catalog model name resolved for a replica."""
+        """`endpoints`: every endpoint as stored now (read each tick, so any
+        control plane's writes count); `models`: a catalog model name
+        resolved for a replica; `wakeup`: rung by whatever should make the
+        reconciler act at once (the registry shares it)."""
         self.registry = registry
         self.launcher = launcher
         self.load = load
@@ -137,7 +154,7 @@ class Reconciler:
         self.journal = journal or ScaleJournal()
         self.replica_cap = replica_cap
         self._plans: dict[str, _Plan] = {}
-        self._wake = asyncio.Event()
+        self._wake = wakeup or Wakeup()
         self._task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -155,8 +172,8 @@ class Reconciler:
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
 
-    def wake(self, endpoint_id: str | None = None) -> None:
-        self._wake.set()
+    def wake(self, endpoint_id: str = "") -> None:
+        self._wake.ring(endpoint_id)
 
     # ScaleSignals: both only wake the loop; the tick reads what changed.
     def capacity_wanted(self, endpoint_id: str) -> None:
@@ -167,7 +184,7 @@ class Reconciler:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake.ring()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -183,8 +200,7 @@ class Reconciler:
                 await self.tick()
             except Exception:  # one bad tick must not stop reconciling
                 logger.exception("reconcile tick failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
+            await self._wake.wait(self.settings.period_s)
 
     async def _follow_exits(self) -> None:
         async for exited in self.launcher.exits():
@@ -212,11 +228,11 @@ class Reconciler:
                 logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
                 await self._kill(replica.replica_id)
                 self.aborter.abort_replica(replica.replica_id, replica.reason or "replica failed")
-            rows = list(self.endpoints())
+            rows = list(await self.endpoints())
             known = {row.id for row in rows}
             for row in rows:
                 if row.deleting_at is None:
-                    await self._reconcile(row)
+                    await self._reconcile(row, rows)
                 else:
                     await self._stop_all(row.id)
             for endpoint_id in list(self._plans):
@@ -306,11 +322,12 @@ class Reconciler:
                 if replica.status is not ReplicaStatus.FAILED:
                     last_line = _last_line(exited.detail)
                     code = exited.returncode
-                    why = (
-                        f"process exited with code {code}"
-                        if exited.reason is not ExitReason.LOST
-                        else "the replica's process was lost"
-                    )
+                    if exited.reason is ExitReason.LOST:
+                        why = "the replica's process was lost"
+                    elif code is None:
+                        why = "the replica did not start"  # the detail says why
+                    else:
+                        why = f"process exited with code {code}"
                     self.registry.set_status(
                         replica.replica_id,
                         ReplicaStatus.FAILED,
@@ -344,7 +361,7 @@ class Reconciler:
             backoff,
         )
 
-    async def _reconcile(self, row: EndpointFacts) -> None:
+    async def _reconcile(self, row: EndpointFacts, rows: Sequence[EndpointFacts]) -> None:
         now = self.clock()
         plan = self.plan(row.id)
         replicas = self.registry.of_endpoint(row.id)
@@ -374,7 +391,7 @@ class Reconciler:
         desired = decision.desired
         quota_reason = None
         if self.replica_cap is not None:
-            desired, quota_reason = self.replica_cap(row, desired)
+            desired, quota_reason = self.replica_cap(row, desired, rows)
 
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]

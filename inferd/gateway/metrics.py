@@ -9,7 +9,7 @@ so requests with made-up ids cannot grow the label set.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -19,6 +19,10 @@ from prometheus_client.registry import Collector
 from inferd.gateway.traffic import EndpointTraffic
 
 UNAUTHENTICATED = "unauthenticated"
+
+# Called with (endpoint, status, seconds) for every answered request of an
+# authenticated endpoint.
+AnswerObserver = Callable[[str, int, float], None]
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
 )  # fmt: skip
@@ -42,7 +46,7 @@ class _TrafficCollector(Collector):
         )
         for ep in list(self._endpoints()):
             in_flight.add_metric([ep.endpoint_id], ep.in_flight_total)
-            held.add_metric([ep.endpoint_id], len(ep.queue))
+            held.add_metric([ep.endpoint_id], ep.held)
         yield in_flight
         yield held
 
@@ -51,7 +55,11 @@ class _TrafficCollector(Collector):
 
 
 class GatewayMetrics:
-    def __init__(self, endpoints: Callable[[], Iterable[EndpointTraffic]]) -> None:
+    def __init__(
+        self,
+        endpoints: Callable[[], Iterable[EndpointTraffic]],
+        observers: Sequence[AnswerObserver] = (),
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -93,9 +101,8 @@ class GatewayMetrics:
         # Labelled children by (endpoint, route, status): `labels()` takes a
         # lock and builds a key on every call; this is one dict lookup.
         self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        # Called with (endpoint, status, seconds) for every answered request of
-        # an authenticated endpoint: the control plane's per-minute series.
-        self.observers: list[Callable[[str, int, float], None]] = []
+        # The control plane's per-minute series, fed without a scrape.
+        self._observers = tuple(observers)
 
     def answered(self, endpoint: str, route: str, status: int, seconds: float) -> None:
         key = (endpoint, route, status)
@@ -109,7 +116,7 @@ class GatewayMetrics:
         children[0].inc()
         children[1].observe(seconds)
         if endpoint != UNAUTHENTICATED:
-            for observer in self.observers:
+            for observer in self._observers:
                 observer(endpoint, status, seconds)
 
     def forget(self, endpoint: str) -> None:

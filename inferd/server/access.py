@@ -23,6 +23,7 @@ from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
 from inferd.control.accounts.service import AccountService, project_missing
+from inferd.control.model_service import ModelService, model_missing
 from inferd.errors import BadRequest
 
 Handler = Callable[[Request, Principal], Awaitable[Response]]
@@ -33,6 +34,10 @@ class Target(str, Enum):
     PROJECT = "project"  # path {id}: a project
     USER = "user"  # path {userId}: the caller, or a user of a project the caller administers
     NEW_ENDPOINT = "new-endpoint"  # the project is in the body; the service checks it
+    NEW_MODEL = "new-model"  # the project is in the body; the handler checks it
+    # path {name}: a model; a registered one of a project is checked like an
+    # endpoint, a global or catalog one is read by all, changed by the operator
+    MODEL = "model"
     ANY = "any"  # any principal; answers are filtered to what it may see
     OPERATOR = "operator"  # the operator key only
 
@@ -50,9 +55,12 @@ class Operation:
 
 
 class AccessCheck:
-    def __init__(self, endpoints: ProjectEndpoints, accounts: AccountService) -> None:
+    def __init__(
+        self, endpoints: ProjectEndpoints, accounts: AccountService, models: ModelService
+    ) -> None:
         self.endpoints = endpoints
         self.accounts = accounts
+        self.models = models
 
     async def check(self, op: Operation, principal: Principal, request: Request) -> None:
         params = request.path_params
@@ -64,6 +72,13 @@ class AccessCheck:
             authorize(principal, project_id, op.action, hidden=project_missing(project_id))
         elif op.target is Target.USER:
             await self.accounts.user_scope(principal, params["userId"])
+        elif op.target is Target.MODEL:
+            name = params["name"]
+            project_id = self.models.project_of(name)
+            if project_id is not None:
+                authorize(principal, project_id, op.action, hidden=model_missing(name))
+            elif op.action is not Action.READ:
+                require_operator(principal, f"{op.method} a global model")
         elif op.target is Target.OPERATOR:
             require_operator(principal, f"{op.method} /inference{op.path}")
 

@@ -1,4 +1,6 @@
-"""Admin key of the management API: provisioning at start, checking per request.
+"""The operator key of the management API: provisioning at start, and the
+check `inferd.control.accounts.principals` makes of a key that is not a
+user's (the per-request middleware is `inferd.server.access.ResolvePrincipal`).
 
 The key is either supplied by the operator (`--admin-key`, `INFERD_ADMIN_KEY`,
 config file) and then never stored by inferd, or generated on first start,
@@ -12,25 +14,15 @@ import hmac
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from inferd.control.follow import follow
 from inferd.control.model import Change, ChangeKind, utc_now
 from inferd.control.ports import AdminKeyStore
 from inferd.control.tokens import (
-    ENDPOINT_TOKEN_PREFIX,
     hash_token,
-    is_well_formed,
     new_admin_key,
 )
-from inferd.errors import Unauthorized
 
 MIN_OPERATOR_KEY_LEN = 16
-
-
-class AdminUnauthorized(Unauthorized):
-    def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="inferd-management"'}
 
 
 class AdminKeyError(ValueError):
@@ -73,28 +65,6 @@ class AdminAuth:
             ok |= hmac.compare_digest(digest, known)
         return ok
 
-    def check(self, authorization: str | None) -> None:
-        """Raise 401 unless `authorization` is `Bearer <a valid admin key>`."""
-        if not authorization:
-            raise AdminUnauthorized(
-                "Missing admin key: send 'Authorization: Bearer <admin key>'.",
-                code="missing_api_key",
-            )
-        scheme, _, key = authorization.partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
-            raise AdminUnauthorized(
-                "The Authorization header must be 'Bearer <admin key>'.",
-                code="invalid_authorization_header",
-            )
-        if is_well_formed(key, ENDPOINT_TOKEN_PREFIX):
-            raise AdminUnauthorized(
-                "An endpoint access token does not open the management API; use the admin key.",
-                code="wrong_token_kind",
-            )
-        if not self.is_valid(key):
-            raise AdminUnauthorized("Invalid admin key.", code="invalid_api_key")
-
 
 async def provision_admin_key(
     store: AdminKeyStore, operator_key: str | None, *, rotate: bool = False
@@ -115,25 +85,3 @@ async def provision_admin_key(
     key = new_admin_key()
     await store.add_admin_key(hash_token(key), utc_now(), revoke_others=rotate)
     return AdminProvisioning(AdminAuth(await store.admin_key_hashes(), store), key)
-
-
-class RequireAdmin:
-    """ASGI middleware: every HTTP request below it needs the admin key.
-
-    Runs before routing and body parsing, so an unauthenticated caller learns
-    nothing about ids or validation rules.
-    """
-
-    def __init__(self, app: ASGIApp, auth: AdminAuth) -> None:
-        self.app = app
-        self.auth = auth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            value = None
-            for name, raw in scope["headers"]:
-                if name == b"authorization":
-                    value = raw.decode("latin-1")
-                    break
-            self.auth.check(value)
-        await self.app(scope, receive, send)

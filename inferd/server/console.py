@@ -1,45 +1,53 @@
-"""The console's wiring: its sources from the control plane (and, in
-`inferd serve`, from the runtime: replicas, scale events, series, logs)."""
+"""The console's wiring: its sources, all from the built server (the same
+service layer as the API, the replicas, the scale journal, the series, the
+replicas' logs)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from starlette.routing import Mount
 
 from inferd.console.app import Console
 from inferd.console.sources import ConsoleSources, ReplicaLine
-
-if TYPE_CHECKING:
-    from inferd.server.app import ControlPlane
-    from inferd.server.runtime import Runtime
+from inferd.control.registry import Registry
+from inferd.server.compose import Server
 
 
-def console_sources(plane: ControlPlane, runtime: Runtime | None = None) -> ConsoleSources:
-    accounts = plane.accounts
-    sources = ConsoleSources(
-        service=plane.service,
-        endpoints=accounts.endpoints,
-        accounts=accounts.service,
-        catalog=plane.catalog,
-        # The same resolver as the management API: operator key or user key.
-        resolve=accounts.resolver.resolve,
-        public_url=plane.settings.public_url,
-        cost_so_far=accounts.meter.cost_so_far,
-    )
-    if runtime is not None:
-        registry = runtime.registry
-        sources.series = runtime.series
-        sources.scale_events = runtime.reconciler.journal.of_endpoint
-        sources.replicas = lambda endpoint_id: [
+class ReplicaLines:
+    """An endpoint's replicas as the endpoint page lists them."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def __call__(self, endpoint_id: str) -> Sequence[ReplicaLine]:
+        return [
             ReplicaLine(
                 r.replica_id, r.status.value, r.status_since_wall or r.created_wall, r.reason
             )
-            for r in registry.of_endpoint(endpoint_id)
+            for r in self._registry.of_endpoint(endpoint_id)
         ]
-        sources.log_dir = plane.settings.state_dir / "logs"  # where build_launcher puts them
-    return sources
 
 
-def console_mount(plane: ControlPlane, runtime: Runtime | None = None) -> Mount:
-    return Console(console_sources(plane, runtime)).mount()
+def console_sources(server: Server) -> ConsoleSources:
+    accounts = server.accounts
+    settings = server.settings
+    return ConsoleSources(
+        service=server.service,
+        endpoints=accounts.endpoints,
+        accounts=accounts.service,
+        catalog=server.catalog,
+        # The same resolver as the management API: operator key or user key.
+        resolve=accounts.resolver.resolve,
+        public_url=settings.public_url,
+        cost_so_far=accounts.meter.cost_so_far,
+        series=server.series,
+        scale_events=server.journal.of_endpoint,
+        replicas=ReplicaLines(server.registry),
+        # Where the local launcher writes replica logs; Ray keeps its own.
+        log_dir=settings.state_dir / "logs" if settings.launcher == "local" else None,
+    )
+
+
+def console_mount(server: Server) -> Mount:
+    return Console(console_sources(server)).mount()

@@ -18,8 +18,9 @@ import httpx
 import pytest
 import uvicorn
 
-from inferd.server.app import ControlPlane, create_app
-from inferd.server.console import console_mount
+from inferd.control.fakes import FakeLauncher
+from inferd.server.app import create_app
+from inferd.server.compose import build
 from inferd.settings import load_settings
 from inferd.testing import free_port
 from tests.console_support import ADMIN, seed_projects
@@ -40,10 +41,10 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
     async def serve() -> None:
         # The plane lives in the server's own loop (the sync Playwright API
         # runs a loop in the test's thread, so no asyncio.run there).
-        plane = await ControlPlane.open(settings)
+        plane = await build(settings, launcher=FakeLauncher(), run_replicas=False)
         try:
             config = uvicorn.Config(
-                create_app(plane, extra_routes=[console_mount(plane)]),
+                create_app(plane),
                 host="127.0.0.1",
                 port=port,
                 log_level="warning",

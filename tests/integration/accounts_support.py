@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.server.app import ControlPlane, create_app
+from inferd.control.fakes import FakeLauncher
+from inferd.server.app import create_app
+from inferd.server.compose import Server, build
 from inferd.settings import load_settings
 
 OPERATOR_KEY = "test-operator-key-0123456789"
@@ -34,7 +36,7 @@ def bearer(key: str) -> dict[str, str]:
 @dataclass
 class World:
     client: TestClient
-    plane: ControlPlane
+    plane: Server
     keys: dict[str, str] = field(default_factory=dict)  # user -> plaintext key
 
     def op(self, method: str, path: str, key: str | None = None, **kwargs: Any) -> Any:
@@ -76,7 +78,7 @@ def world(tmp_path: Path) -> Iterator[World]:
             "public_url": "http://inferd.test:8080",
         },
     )
-    plane = asyncio.run(ControlPlane.open(settings))
+    plane = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     try:
         with TestClient(create_app(plane)) as client:
             w = World(client, plane)

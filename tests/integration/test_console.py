@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.server.app import ControlPlane, create_app
-from inferd.server.console import console_mount
+from inferd.control.fakes import FakeLauncher
+from inferd.server.app import create_app
+from inferd.server.compose import Server, build
 from inferd.settings import load_settings
 from tests.console_support import ADMIN, seed_projects
 
@@ -22,7 +23,7 @@ BASE = "http://testserver"
 
 
 @pytest.fixture
-def plane(tmp_path: Path) -> Iterator[ControlPlane]:
+def plane(tmp_path: Path) -> Iterator[Server]:
     settings = load_settings(
         env={},
         overrides={
@@ -31,14 +32,14 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
             "public_url": BASE,
         },
     )
-    p = asyncio.run(ControlPlane.open(settings))
+    p = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     yield p
     asyncio.run(p.close())
 
 
 @pytest.fixture
-def client(plane: ControlPlane) -> Iterator[TestClient]:
-    with TestClient(create_app(plane, extra_routes=[console_mount(plane)]), base_url=BASE) as c:
+def client(plane: Server) -> Iterator[TestClient]:
+    with TestClient(create_app(plane), base_url=BASE) as c:
         yield c
 
 
@@ -137,7 +138,7 @@ def test_pages_have_no_inline_script_or_style_and_nothing_from_elsewhere(
             assert url.startswith(("/console/", "#")), (path, url)
 
 
-def test_a_form_without_the_csrf_token_is_refused(client: TestClient, plane: ControlPlane) -> None:
+def test_a_form_without_the_csrf_token_is_refused(client: TestClient, plane: Server) -> None:
     csrf = sign_in(client)
     endpoint_id = create(client, csrf)
     for path, data in (
@@ -161,7 +162,7 @@ def test_a_form_without_the_csrf_token_is_refused(client: TestClient, plane: Con
     assert answer.status_code == 403
 
 
-def test_create_shows_the_token_once_then_never(client: TestClient, plane: ControlPlane) -> None:
+def test_create_shows_the_token_once_then_never(client: TestClient, plane: Server) -> None:
     csrf = sign_in(client)
     endpoint_id = create(client, csrf)
     page = client.get(f"/console/endpoints/{endpoint_id}")
@@ -173,7 +174,7 @@ def test_create_shows_the_token_once_then_never(client: TestClient, plane: Contr
     assert token.group(1) not in again.text
 
 
-def test_request_access_token_replaces_the_old_one(client: TestClient, plane: ControlPlane) -> None:
+def test_request_access_token_replaces_the_old_one(client: TestClient, plane: Server) -> None:
     csrf = sign_in(client)
     endpoint_id = create(client, csrf)
     old = re.search(
@@ -269,7 +270,7 @@ def test_names_and_typed_values_render_as_text(client: TestClient) -> None:
     assert evil not in search.text and "&lt;img" in search.text
 
 
-def test_delete_needs_the_name_typed(client: TestClient, plane: ControlPlane) -> None:
+def test_delete_needs_the_name_typed(client: TestClient, plane: Server) -> None:
     csrf = sign_in(client)
     endpoint_id = create(client, csrf)
     wrong = client.post(
@@ -292,7 +293,7 @@ def create_in(client: TestClient, csrf: str, project: str, name: str) -> str:
 
 
 def test_viewer_sees_no_button_that_changes_and_the_server_refuses(
-    client: TestClient, plane: ControlPlane
+    client: TestClient, plane: Server
 ) -> None:
     keys = seed_projects(client)
     csrf = sign_in(client)
@@ -380,7 +381,7 @@ def test_a_revoked_key_ends_the_session_at_once(client: TestClient) -> None:
     assert page.status_code == 303 and page.headers["location"] == "/console/signin"
 
 
-def test_list_rows_agree_with_the_api_records(client: TestClient, plane: ControlPlane) -> None:
+def test_list_rows_agree_with_the_api_records(client: TestClient, plane: Server) -> None:
     """The list builds its rows from the stored row and replicas directly
     (cheaper than the record); both must say the same."""
     from inferd.console.views import row_view_of

@@ -9,31 +9,23 @@ from typing import Any
 import pytest
 
 from inferd.control.accounts.memory import MemoryAccountStore
-from inferd.control.accounts.plane import Accounts
+from inferd.control.accounts.model import utc_now
+from inferd.control.accounts.plane import ProjectQuotaCap
+from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.service import AccountService
 from inferd.control.records import ReplicaView, derive_status
 from tests.unit.test_reconciler import World, endpoint
 
 pytestmark = pytest.mark.anyio
 
 
-class Rows:
-    def __init__(self, world: World) -> None:
-        self.world = world
-
-    def rows(self) -> Any:
-        return self.world.rows
-
-
-async def capped_world(quota: Quota, **row: Any) -> tuple[World, Accounts]:
+async def capped_world(quota: Quota, **row: Any) -> tuple[World, AccountService]:
     w = await World(endpoint(**row)).open()
-    accounts = Accounts.build(MemoryAccountStore(), Rows(w), lambda key: False)  # type: ignore[arg-type]
-    accounts.service.quotas["default"] = quota
-
-    def live(endpoint_id: str) -> int:
-        return sum(1 for r in w.registry.of_endpoint(endpoint_id) if r.live)
-
-    w.reconciler.replica_cap = lambda r, desired: accounts.replica_cap(r, desired, live)
+    store = MemoryAccountStore()
+    accounts = AccountService(store, PrincipalResolver(store, lambda key: False), utc_now)
+    accounts.quotas["default"] = quota
+    w.reconciler.replica_cap = ProjectQuotaCap(accounts, w.registry)
     return w, accounts
 
 
@@ -53,7 +45,7 @@ async def test_scale_up_stops_at_the_replica_quota() -> None:
     derived = derive_status(w.rows[0], views, reason)
     assert derived.status.value == "running" and derived.reason == reason
     # Raised quota: the third replica comes.
-    accounts.service.quotas["default"] = Quota(replicas=3)
+    accounts.quotas["default"] = Quota(replicas=3)
     await w.tick(1)
     assert len(w.live()) == 3
     assert w.reconciler.capacity_reason("e1") is None
@@ -86,7 +78,7 @@ async def test_gpu_quota_caps_by_type() -> None:
 
 async def test_another_projects_quota_does_not_apply() -> None:
     w, accounts = await capped_world(Quota(), min_replicas=1, max_replicas=3)
-    accounts.service.quotas["elsewhere"] = Quota(replicas=0)
+    accounts.quotas["elsewhere"] = Quota(replicas=0)
     await w.tick()
     w.report_all()
     w.traffic.set("e1", in_flight=12, last_request_at=0.0)

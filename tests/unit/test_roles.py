@@ -59,3 +59,14 @@ def test_operator_may_everything(action: Action) -> None:
     with pytest.raises(Forbidden):
         require_operator(Principal(id="u", name="u", roles={"any": Role.ADMIN}), "x")
     assert OPERATOR.label == "operator"
+
+
+def test_user_keys_are_redacted_like_tokens() -> None:
+    """A management key in a log line or an error body becomes `infd_key_***`."""
+    from inferd.control.accounts.keys import is_user_key, key_hint, new_user_key
+    from inferd.redact import redact
+
+    key = new_user_key()
+    assert is_user_key(key) and not is_user_key(key[:-1] + ("0" if key[-1] != "0" else "1"))
+    assert redact(f"GET /x key={key}") == "GET /x key=infd_key_***"
+    assert key_hint(key) == f"infd_key_...{key[-4:]}"

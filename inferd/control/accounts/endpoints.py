@@ -130,7 +130,7 @@ class ProjectEndpoints:
     async def create(
         self, principal: Principal, req: CreateEndpointRequest, project_id: str | None
     ) -> tuple[dict[str, Any], str]:
-        project_id = self._target_project(principal, project_id)
+        project_id = self.target_project(principal, project_id)
         project = await self.accounts.project(principal, project_id)
         authorize(
             principal,
@@ -163,7 +163,7 @@ class ProjectEndpoints:
         )  # fmt: skip
         return (self._decorate_dict(row, record) if row else record), token
 
-    def _target_project(self, principal: Principal, project_id: str | None) -> str:
+    def target_project(self, principal: Principal, project_id: str | None) -> str:
         if project_id is not None:
             return project_id
         if principal.operator:

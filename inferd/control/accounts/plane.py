@@ -1,18 +1,21 @@
-"""The accounts part of the control plane, built in dependency order:
-principal resolver, account service, usage meter, project-aware endpoints;
-and its background work (last-used times and usage figures to the store)."""
+"""The accounts part of the control plane (built by `inferd.server.compose`
+in dependency order: principal resolver, account service, usage meter and
+the reconciler's quota cap before the endpoint service, project-aware
+endpoints after it), and its background work (last-used times and usage
+figures to the store)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from inferd.control.accounts.endpoints import EndpointLike, Endpoints, ProjectEndpoints
-from inferd.control.accounts.metering import UsageMeter, month_of
+from inferd.control.accounts.metering import EndpointPricing, UsageMeter, month_of
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.accounts.principals import PrincipalResolver
@@ -20,6 +23,7 @@ from inferd.control.accounts.quota import EndpointShape, cap_replicas, capped_re
 from inferd.control.accounts.service import AccountService
 from inferd.control.follow import follow
 from inferd.control.model import Change, ChangeKind
+from inferd.control.registry import Replica
 
 logger = logging.getLogger(__name__)
 
@@ -36,26 +40,6 @@ class Accounts:
     clock: Callable[[], datetime] = utc_now
     flush_period_s: float = FLUSH_PERIOD_S
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @classmethod
-    def build(
-        cls,
-        store: AccountStore,
-        endpoints: Endpoints,
-        is_operator_key: Callable[[str], bool],
-        clock: Callable[[], datetime] = utc_now,
-    ) -> Accounts:
-        resolver = PrincipalResolver(store, is_operator_key, clock)
-        service = AccountService(store, resolver, clock)
-        meter = UsageMeter()
-        return cls(
-            store,
-            resolver,
-            service,
-            meter,
-            ProjectEndpoints(endpoints, service, meter, clock),
-            clock,
-        )
 
     async def start(self) -> None:
         await self.service.ensure_default_project()
@@ -108,23 +92,6 @@ class Accounts:
         await self._load_month()
         await self.service.load_quotas()
 
-    def replica_cap(
-        self, endpoint: EndpointLike, desired: int, live: Callable[[str], int]
-    ) -> tuple[int, str | None]:
-        """How many of `desired` replicas the endpoint's project quota allows,
-        `live(endpoint id)` giving each endpoint's replicas now; and why fewer."""
-        quota = self.service.quotas.get(endpoint.project_id)
-        if quota is None or (quota.replicas is None and endpoint.gpu_type not in quota.gpus):
-            return desired, None
-        others = [
-            EndpointShape(e.id, e.gpu_type, e.gpu_count, live(e.id))
-            for e in self.endpoints.service.rows()
-            if e.project_id == endpoint.project_id and e.id != endpoint.id
-        ]
-        me = EndpointShape(endpoint.id, endpoint.gpu_type, endpoint.gpu_count, live(endpoint.id))
-        cap = cap_replicas(quota, others, me, desired)
-        return cap.allowed, capped_reason(endpoint.project_id, cap)
-
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.flush_period_s)
@@ -132,3 +99,51 @@ class Accounts:
                 await self.flush()
             except Exception:
                 logger.exception("writing usage and key use to the store failed; retrying")
+
+
+class LiveReplicas(Protocol):
+    def of_endpoint(self, endpoint_id: str) -> Sequence[Replica]: ...
+
+
+class ProjectQuotaCap:
+    """The reconciler's replica cap: how many of the replicas the autoscaler
+    wants the endpoint's project quota allows, and why fewer. Uses the
+    endpoints of the reconciler's pass (the stored ones) and the live
+    replicas, so it needs nothing built after the reconciler."""
+
+    def __init__(self, accounts: AccountService, replicas: LiveReplicas) -> None:
+        self.accounts = accounts
+        self.replicas = replicas
+
+    def live(self, endpoint_id: str) -> int:
+        return sum(1 for r in self.replicas.of_endpoint(endpoint_id) if r.live)
+
+    def __call__(
+        self, endpoint: EndpointLike, desired: int, endpoints: Sequence[EndpointLike]
+    ) -> tuple[int, str | None]:
+        quota = self.accounts.quotas.get(endpoint.project_id)
+        if quota is None or (quota.replicas is None and endpoint.gpu_type not in quota.gpus):
+            return desired, None
+        others = [
+            EndpointShape(e.id, e.gpu_type, e.gpu_count, self.live(e.id))
+            for e in endpoints
+            if e.project_id == endpoint.project_id and e.id != endpoint.id
+        ]
+        me = EndpointShape(
+            endpoint.id, endpoint.gpu_type, endpoint.gpu_count, self.live(endpoint.id)
+        )
+        cap = cap_replicas(quota, others, me, desired)
+        return cap.allowed, capped_reason(endpoint.project_id, cap)
+
+
+class EndpointPrices:
+    """Each endpoint's project and hourly price, for the usage meter."""
+
+    def __init__(self, endpoints: Endpoints) -> None:
+        self.endpoints = endpoints
+
+    def __call__(self) -> dict[str, EndpointPricing]:
+        return {
+            row.id: EndpointPricing(row.project_id, row.hourly_price)
+            for row in self.endpoints.rows()
+        }

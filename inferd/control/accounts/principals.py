@@ -14,10 +14,11 @@ so that a read does not become a database write.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 
-from inferd.control.accounts.keys import is_user_key
+from inferd.control.accounts.keys import USER_KEY_PREFIX, is_user_key
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.accounts.roles import OPERATOR, Principal
 from inferd.control.tokens import ENDPOINT_TOKEN_PREFIX, hash_token, is_well_formed
@@ -54,23 +55,26 @@ class PrincipalResolver:
         self,
         store: AccountStore,
         is_operator_key: Callable[[str], bool],
-        clock: Callable[[], datetime],
     ) -> None:
         self._store = store
         self._is_operator_key = is_operator_key
-        self._clock = clock
         self._by_hash: dict[bytes, Principal] = {}
-        self._last_used: dict[str, datetime] = {}
+        # Key id -> epoch seconds of its last use (a float: this is per request).
+        self._last_used: dict[str, float] = {}
 
     async def resolve(self, authorization: str | None) -> Principal:
         key = bearer_key(authorization)
-        if is_user_key(key):
+        if key.startswith(USER_KEY_PREFIX):
             digest = hash_token(key)
             principal = self._by_hash.get(digest)
             if principal is None:
+                # Only a miss checks the format: a malformed key is refused
+                # without a lookup, a cached one was checked when it was loaded.
+                if not is_user_key(key):
+                    raise ManagementUnauthorized("Invalid management key.", code="invalid_api_key")
                 principal = await self._load(digest)
             assert principal.key_id is not None
-            self._last_used[principal.key_id] = self._clock()
+            self._last_used[principal.key_id] = time.time()
             return principal
         if is_well_formed(key, ENDPOINT_TOKEN_PREFIX):
             raise ManagementUnauthorized(
@@ -117,7 +121,13 @@ class PrincipalResolver:
     async def flush_last_used(self) -> None:
         if self._last_used:
             batch, self._last_used = self._last_used, {}
-            await self._store.touch_keys(batch)
+            await self._store.touch_keys({k: _utc(t) for k, t in batch.items()})
 
     def pending_last_used(self, key_id: str) -> datetime | None:
-        return self._last_used.get(key_id)
+        at = self._last_used.get(key_id)
+        return None if at is None else _utc(at)
+
+
+def _utc(epoch: float) -> datetime:
+    # Milliseconds, as every store keeps times.
+    return datetime.fromtimestamp(round(epoch, 3), UTC)

@@ -145,6 +145,34 @@ _V3 = Migration(
 
 _V4 = Migration(
     4,
+    "registered models, measured profiles",
+    (
+        # One JSON document per record (the documented fields of
+        # GET /inference/models and of a profile), so that a newly derived
+        # fact needs no migration.
+        """
+        CREATE TABLE registered_models (
+            name       TEXT PRIMARY KEY,
+            project_id TEXT,
+            document   TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE model_profiles (
+            model_name  TEXT NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
+            document    TEXT NOT NULL,
+            measured_at TEXT NOT NULL,
+            PRIMARY KEY (model_name, gpu_type, gpu_count)
+        ) STRICT
+        """,
+    ),
+)
+
+_V5 = Migration(
+    5,
     "accounts: projects, users, members, keys, audit log, usage; names unique per project",
     (
         *ACCOUNT_TABLES_SQLITE,
@@ -152,7 +180,7 @@ _V4 = Migration(
         # column's UNIQUE, so the table is rebuilt; `migrate` runs with
         # foreign keys off, so dropping the old table cascades nothing.
         """
-        CREATE TABLE endpoints_v4 (
+        CREATE TABLE endpoints_v5 (
             id                TEXT PRIMARY KEY,
             name              TEXT NOT NULL,
             model_name        TEXT NOT NULL,
@@ -174,13 +202,13 @@ _V4 = Migration(
             UNIQUE (project_id, name)
         ) STRICT
         """,
-        "INSERT INTO endpoints_v4 SELECT * FROM endpoints",
+        "INSERT INTO endpoints_v5 SELECT * FROM endpoints",
         "DROP TABLE endpoints",
-        "ALTER TABLE endpoints_v4 RENAME TO endpoints",
+        "ALTER TABLE endpoints_v5 RENAME TO endpoints",
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def latest_version() -> int:

@@ -1,0 +1,80 @@
+"""Two control planes on one database (as several instances behind a load
+balancer share one): a key revoked or a member removed on one stops working
+on the other, which had it cached, within the change feed's delay."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from inferd.control.fakes import FakeLauncher
+from inferd.server.app import create_app
+from inferd.server.compose import build
+from inferd.settings import load_settings
+
+OPERATOR = "two-instances-operator-key-0123"
+FEED_DELAY_S = 3.0  # the SQLite change log is polled every 0.5 s
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient]]:
+    settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": OPERATOR})
+    planes = [
+        asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False)) for _ in range(2)
+    ]
+    try:
+        with TestClient(create_app(planes[0])) as a, TestClient(create_app(planes[1])) as b:
+            a.headers["Authorization"] = b.headers["Authorization"] = f"Bearer {OPERATOR}"
+            yield a, b
+    finally:
+        for plane in planes:
+            asyncio.run(plane.close())
+
+
+def status_within(client: TestClient, path: str, key: str, want: int) -> int:
+    deadline = time.monotonic() + FEED_DELAY_S
+    while True:
+        got = client.get(path, headers={"Authorization": f"Bearer {key}"}).status_code
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_revocation_and_removal_reach_the_other_instance(
+    pair: tuple[TestClient, TestClient],
+) -> None:
+    a, b = pair
+    assert a.post("/inference/projects", json={"id": "team"}).status_code == 201
+    added = a.put("/inference/projects/team/members/ada", json={"role": "developer"})
+    key = added.json()["createdKey"]
+    spare = a.post("/inference/users/ada/keys", json={"name": "spare"}).json()
+    # B resolves (and caches) both keys.
+    for k in (key["key"], spare["key"]):
+        assert (
+            b.get("/inference/projects/team", headers={"Authorization": f"Bearer {k}"}).status_code
+            == 200
+        )
+
+    assert a.delete(f"/inference/users/ada/keys/{key['id']}").status_code == 204
+    assert status_within(b, "/inference/projects/team", key["key"], 401) == 401
+    # The other key still works on B, and a membership removed on A takes
+    # the project away from it on B.
+    assert status_within(b, "/inference/projects/team", spare["key"], 200) == 200
+    assert a.delete("/inference/projects/team/members/ada").status_code == 204
+    assert status_within(b, "/inference/projects/team", spare["key"], 404) == 404
+    # A quota set on A caps creates made on B.
+    a.put("/inference/projects/team/quota", json={"endpoints": 0})
+    deadline = time.monotonic() + FEED_DELAY_S
+    body = {"name": "late", "modelName": "tiny-chat", "minReplicas": 0, "projectId": "team"}
+    while True:
+        resp = b.post("/inference/endpoints", json=body)
+        if resp.status_code == 409 or time.monotonic() > deadline:
+            break
+        b.delete(f"/inference/endpoints/{resp.json()['id']}")
+        body["name"] += "x"
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "quota_exceeded"
