@@ -46,13 +46,47 @@ from inferd.settings import Settings
 logger = logging.getLogger(__name__)
 
 
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting,
+    an unreachable cluster)."""
+
+
+def configured_launcher(settings: Settings, catalog: Catalog) -> Launcher:
+    if settings.launcher == "ray":
+        return ray_launcher(settings)
+    return local_launcher(settings, catalog)
+
+
+def ray_launcher(settings: Settings) -> Launcher:
+    """Imports Ray: only when it was chosen."""
+    try:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise LauncherUnavailable(
+            f"--launcher ray needs Ray (pip install 'inferd[ray]'): {exc}"
+        ) from None
+    if not settings.ray_address:
+        raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
+    try:
+        return RayLauncher(
+            address=settings.ray_address,
+            namespace=settings.ray_namespace,
+            settings=settings.replicas,
+            node_ip_address=settings.ray_node_ip_address,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        raise LauncherUnavailable(
+            f"cannot reach the Ray cluster at {settings.ray_address}: {exc}"
+        ) from None
+
+
 def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
     gpu_types = catalog.gpus.gpu_types
     gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
     for gpu, gpu_type in gpus:
         logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
     return LocalLauncher(
-        settings=settings.launcher,
+        settings=settings.replicas,
         log_dir=settings.state_dir / "logs",
         gpus=gpus,
         cpu_slots=settings.cpu_replica_slots,
@@ -104,6 +138,9 @@ class Server:
             return
         records = await self.store.list_replicas()
         adopted = set(await self.reconciler.adopt(records, await self.store.list_endpoints()))
+        sweep = getattr(self.launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted)
         for record in records:
             if record.id not in adopted:
                 await self.store.delete_replica(record.id)
@@ -195,7 +232,7 @@ async def build(
             start_timeout_s=health.start_timeout_s,
             on_change=wakeup.ring,
         )
-        launcher = launcher or local_launcher(settings, catalog)
+        launcher = launcher or configured_launcher(settings, catalog)
         gateway_knobs = settings.gateway
         gateway_state = GatewayState(gateway_knobs)
         reconciler = Reconciler(
@@ -221,6 +258,7 @@ async def build(
             runtime_of=ReplicaViews(registry, reconciler),
             drain=reconciler,
             signals=reconciler,
+            capacity_of=launcher.capacity,
         )
         await service.load()
         gateway = Gateway(
