@@ -140,6 +140,9 @@ class Server:
             return
         records = await self.store.list_replicas()
         adopted = set(await self.reconciler.adopt(records, await self.store.list_endpoints()))
+        sweep = getattr(self.launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted)
         for record in records:
             if record.id not in adopted:
                 await self.store.delete_replica(record.id)
