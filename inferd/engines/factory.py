@@ -32,6 +32,10 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     # Fastest settings the engine knows (CUDA graphs, torch.compile, ...).
     optimize: bool = False
+    # Chat: vLLM's parser names for tool calls and reasoning (the model's
+    # catalog entry gives them; None refuses tools / reports no reasoning).
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     # Engine-specific extras, passed through untouched.
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -37,6 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-kv-cache-gib", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--optimize", action="store_true", help="engine's fastest settings")
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM tool parser (hermes, llama3_json, ...); default: the model's catalog entry",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="vLLM reasoning parser (deepseek_r1, qwen3, ...); default: the catalog entry",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
@@ -87,6 +97,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
             cpu_kv_cache_gib=args.cpu_kv_cache_gib,
             gpu_memory_utilization=args.gpu_memory_utilization,
             optimize=args.optimize,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
             extra=parse_engine_args(args.engine_arg),
         ),
         host=args.host,

@@ -181,7 +181,7 @@ class ReplicaProcess:
             logger.error("cannot resolve model %r: %s", config.model, exc)
             return 1
         self._model_name = config.served_names[0] if config.served_names else name
-        options = replace(config.engine, extra={**defaults, **config.engine.extra})
+        options = with_catalog_defaults(config.engine, defaults)
         self._engine = create_engine(self._model_name, kind, path, options)
         metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
@@ -265,9 +265,31 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, dict[str, Any]
     )
 
 
+PARSER_DEFAULTS = ("tool_call_parser", "reasoning_parser")
+
+
+def with_catalog_defaults(options: EngineOptions, defaults: dict[str, Any]) -> EngineOptions:
+    """The engine options with the catalog's serving defaults filled in: the
+    parser names into their own fields, the rest into `extra`; what the
+    command line set wins."""
+    extra = {k: v for k, v in defaults.items() if k not in PARSER_DEFAULTS}
+    return replace(
+        options,
+        extra={**extra, **options.extra},
+        tool_call_parser=options.tool_call_parser or defaults.get("tool_call_parser"),
+        reasoning_parser=options.reasoning_parser or defaults.get("reasoning_parser"),
+    )
+
+
 def catalog_engine_defaults(spec: Any) -> dict[str, Any]:
-    """Serving defaults the catalog knows for a model (an image model's steps,
-    guidance and size limits), for the engine's `extra`; flags still win."""
+    """Serving defaults the catalog knows for a model (a chat model's parsers;
+    an image model's steps, guidance and size limits); flags still win."""
+    if spec is not None and spec.kind == "chat":
+        parsers = {
+            "tool_call_parser": spec.tool_call_parser,
+            "reasoning_parser": spec.reasoning_parser,
+        }
+        return {key: value for key, value in parsers.items() if value is not None}
     if spec is None or spec.kind != "image":
         return {}
     defaults = {
