@@ -253,7 +253,7 @@ class VllmTextEngine:
             # now rather than whenever the generator is garbage-collected.
             await mapped.aclose()
             await stream.aclose()
-            if not finished:
+            if not finished and not self._engine.errored:
                 await self._engine.abort(request.request_id)
 
     async def _plain(
@@ -424,8 +424,12 @@ async def _map_vllm_errors(stream: AsyncIterator[Any]) -> AsyncGenerator[Any, No
         raise BadRequest(str(exc), param=getattr(exc, "parameter", None)) from None
     except GracefulHTTPError as exc:
         raise ServiceUnavailable(str(exc), retry_after=1) from None
-    except EngineDeadError:
-        raise
+    except EngineDeadError as exc:
+        # Nothing of this request was generated: the gateway may send it to
+        # another replica; this one's health watch reports it failed.
+        raise ServiceUnavailable(
+            f"The engine of this replica has died: {exc}", code="engine_dead", retry_after=1
+        ) from None
     except EngineGenerateError as exc:
         cause = exc.__cause__
         if isinstance(cause, ValueError | TypeError | VLLMClientError | json.JSONDecodeError):

@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="drain and exit when the registry is unreachable this long (seconds)",
     )
     parser.add_argument("--drain-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--health-interval", type=float, default=1.0, help="seconds between engine health checks"
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--models-dir", type=Path, default=None)
@@ -112,6 +115,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         report_interval=args.report_interval,
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
+        health_interval=args.health_interval,
         max_body_bytes=args.max_body_bytes,
         warmup=not args.no_warmup,
         models_dir=args.models_dir,

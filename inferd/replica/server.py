@@ -58,6 +58,8 @@ class ReplicaConfig:
     report_interval: float = 2.0
     orphan_timeout: float | None = None
     drain_timeout: float = 60.0
+    # How often a ready replica asks its engine whether it still serves.
+    health_interval: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     warmup: bool = True
     models_dir: Path | None = None
@@ -212,7 +214,17 @@ class ReplicaProcess:
         if loading.done() and loading.exception() is None and not serving.done():
             self.state.set(ReplicaStatus.READY)
             logger.info("replica ready")
-            await asyncio.wait({drain, serving}, return_when=asyncio.FIRST_COMPLETED)
+            watch = asyncio.ensure_future(watch_engine(self._engine, config.health_interval))
+            await asyncio.wait({drain, serving, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                # The engine is gone: nothing in flight can finish. Report why,
+                # and exit so that the launcher replaces this replica.
+                reason = watch.result()
+                logger.error("engine failed: %s", reason)
+                self.state.set(ReplicaStatus.FAILED, f"engine failed: {reason}")
+                exit_code = 1
+            else:
+                watch.cancel()
         elif loading.done() and loading.exception() is not None:
             error = loading.exception()
             logger.error("model load failed: %r", error)
@@ -232,7 +244,10 @@ class ReplicaProcess:
         await serving
         drain.cancel()
         if loading.done() and loading.exception() is None:
-            await self._engine.shutdown()
+            try:
+                await asyncio.wait_for(self._engine.shutdown(), config.drain_timeout)
+            except Exception as exc:  # a dead engine may not shut down cleanly
+                logger.warning("engine shutdown: %r", exc)
         else:
             loading.cancel()
         if self.state.status is not ReplicaStatus.FAILED:
@@ -243,6 +258,20 @@ class ReplicaProcess:
         await self._engine.start()
         if self.config.warmup:
             await warm_up(self._engine)
+
+
+async def watch_engine(engine: Engine, interval: float) -> str:
+    """Return (the reason) once the engine can no longer serve: vLLM's
+    engine core gone, a worker thread of diffusers or transformers stopped,
+    or a health check that does not answer within a few intervals."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.wait_for(engine.check_health(), timeout=max(10.0, 5 * interval))
+        except TimeoutError:
+            return "the engine did not answer its health check"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
 
 
 def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, dict[str, Any]]:
