@@ -10,6 +10,7 @@ from typing import Any
 
 from inferd.engines.factory import ENGINE_NAMES, EngineOptions
 from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-interval", type=float, default=1.0, help="seconds between engine health checks"
     )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help="seconds to receive a request's headers and body",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most; one more is refused with 503",
+    )
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=None)
@@ -117,6 +130,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         drain_timeout=args.drain_timeout,
         health_interval=args.health_interval,
         max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+        max_connections=args.max_connections,
         warmup=not args.no_warmup,
         models_dir=args.models_dir,
         cache_dir=args.cache_dir,

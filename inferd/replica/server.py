@@ -34,6 +34,7 @@ from inferd.engines.base import (
 )
 from inferd.engines.factory import EngineOptions, create_engine
 from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S, limited_protocol
 from inferd.replica.app import build_app
 from inferd.replica.chat import ServedModel
 from inferd.replica.metrics import ReplicaMetrics
@@ -61,6 +62,8 @@ class ReplicaConfig:
     # How often a ready replica asks its engine whether it still serves.
     health_interval: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     warmup: bool = True
     models_dir: Path | None = None
     cache_dir: Path | None = None
@@ -198,6 +201,7 @@ class ReplicaProcess:
                 access_log=False,
                 lifespan="off",
                 timeout_keep_alive=30,
+                http=limited_protocol(config.request_timeout, config.max_connections),
             ),
             on_signal=self.request_drain,
         )

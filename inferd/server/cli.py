@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from inferd.catalog import CatalogError
     from inferd.control.migrations import SchemaTooNew
     from inferd.control.store import StoreError
+    from inferd.http_limits import limited_protocol
     from inferd.server.app import ControlPlane, create_app
     from inferd.server.auth import AdminKeyError
     from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
             log_level=settings.log_level,
             lifespan="on",
             server_header=False,
+            http=limited_protocol(settings.request_timeout_seconds, settings.max_connections),
             # Forwarded headers are not trusted: inferd is not behind a proxy
             # by default, and the admin surface must not believe a spoofed IP.
             proxy_headers=False,
