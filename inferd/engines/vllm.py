@@ -13,10 +13,11 @@ gone), the request is aborted in the engine at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,17 @@ from inferd import procfs
 from inferd.engines import vllm_parsing
 from inferd.engines.base import (
     EngineLoad,
-    ModelKind,
+    EngineOptions,
     TextDelta,
     TextModelInfo,
     TextRequest,
     ToolCall,
+    UnknownEngineOption,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
-from inferd.engines.factory import EngineOptions
 from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +89,10 @@ def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict
     }
     if options.max_model_len is not None:
         args["max_model_len"] = options.max_model_len
-    if options.reasoning_parser:
+    if options.serving.reasoning_parser:
         # Structured output starts after the reasoning, as with vLLM's
         # server started with --reasoning-parser.
-        args["reasoning_parser"] = options.reasoning_parser
+        args["reasoning_parser"] = options.serving.reasoning_parser
     if on_cpu:
         # CUDA graphs do not exist on CPU, and torch.compile warm-up costs
         # more than it returns for the tiny models served here.
@@ -98,8 +100,24 @@ def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict
     else:
         args["gpu_memory_utilization"] = options.gpu_memory_utilization
         args["enforce_eager"] = False
-    args.update(options.extra)
+    args.update(vllm_engine_args(options.extra))
     return args
+
+
+def vllm_engine_args(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The vLLM engine's own options: any field of vLLM's `AsyncEngineArgs`,
+    passed through as is; anything else is refused (a setting meant for
+    another engine must not reach vLLM, which would fail deep in its start)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise UnknownEngineOption(
+            f"the vllm engine takes no option {', '.join(map(repr, unknown))}; "
+            "it takes the fields of vLLM's AsyncEngineArgs"
+        )
+    return dict(extra)
 
 
 def keep_engine_core_with_its_workers(engine: Any) -> None:
@@ -168,6 +186,7 @@ class VllmTextEngine:
         self._name = name
         self._model_path = model_path
         self._options = options
+        vllm_engine_args(options.extra)  # refuse unknown options now, not at start
         self._engine: Any = None
         self._renderer: ChatPromptRenderer | None = None
         self._info: TextModelInfo | None = None
@@ -202,8 +221,8 @@ class VllmTextEngine:
         model_config = self._engine.model_config
         self._renderer = ChatPromptRenderer.from_pretrained(self._model_path)
         self._parser_cls = vllm_parsing.parser_class(
-            self._options.tool_call_parser,
-            self._options.reasoning_parser,
+            self._options.serving.tool_call_parser,
+            self._options.serving.reasoning_parser,
             self._name,
             self._renderer.tokenizer,
         )
