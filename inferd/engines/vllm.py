@@ -242,7 +242,9 @@ class VllmTextEngine:
             self._engine.model_config,
             self._name,
         )
-        tools = parsing.tools_json if parsing is not None else None
+        # Offered tools are in the prompt even with tool_choice "none", as in
+        # vLLM's server: the model knows them, it is only not asked to call.
+        tools = json.loads(request.tools.tools_json) if request.tools is not None else None
         prompt_ids = self._renderer.render(request.messages, tools)
         params = self._sampling_params(request, len(prompt_ids), parsing)
         if request.request_id in self._active:

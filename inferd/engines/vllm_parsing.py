@@ -51,11 +51,6 @@ class RequestParsing:
     parser: Any  # vllm.parser.abstract_parser.Parser | None
     named_function: str | None
 
-    @property
-    def tools_json(self) -> list[dict[str, Any]] | None:
-        tools = self.vllm_request.tools
-        return [tool.model_dump() for tool in tools] if tools else None
-
     def structured_outputs(self) -> Any:
         """The request's output constraint after vLLM's parser adjusted it (a
         forced or required call replaces the request's own, as in vLLM)."""
