@@ -8,7 +8,8 @@ combination without touching `os.environ`.
 
 A few values are derived when left unset, from the values around them:
 `public_url` from host and port, `state_dir` from `XDG_DATA_HOME`/`HOME`,
-`db_path` from `state_dir`, `models_dir`/`configs_dir` from the source tree.
+`db_path` from `state_dir`, `database_url` from `db_path`, `models_dir`/`configs_dir`
+from the source tree.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Settings(BaseModel):
     # --- State ---------------------------------------------------------------
     state_dir: Path = Field(description="state directory (default ~/.local/share/inferd)")
     db_path: Path = Field(description="SQLite file (default STATE_DIR/inferd.db)")
+    # Where the state lives: sqlite:///PATH (embedded) or postgresql://...
+    database_url: str = Field(
+        description="state database: postgresql://user@host/db (default sqlite:///DB_PATH)"
+    )
     # Supplied by the operator; when unset, one is generated on first start,
     # printed once and stored only as a hash.
     admin_key: SecretStr | None = Field(
@@ -121,12 +126,26 @@ class Settings(BaseModel):
         60.0, gt=0, description="a replica that cannot reach the control plane this long exits"
     )
 
+    # --- Where replicas run -------------------------------------------------------
+    launcher: Literal["local", "ray"] = Field(
+        "local", description="local (processes on this machine) | ray (actors on a Ray cluster)"
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster to place replicas on (HOST:PORT of its head), for ray"
+    )
+    ray_namespace: str = Field(
+        "inferd", description="Ray namespace of this control plane's replica actors"
+    )
+    ray_node_ip_address: str | None = Field(
+        None, description="this machine's address as the Ray cluster sees it (default: detected)"
+    )
+
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
 
 
 # Keys whose default is computed from other values (see `_derive`).
-_DERIVED = ("public_url", "state_dir", "db_path", "models_dir", "configs_dir")
+_DERIVED = ("public_url", "state_dir", "db_path", "database_url", "models_dir", "configs_dir")
 
 
 def setting_keys() -> tuple[str, ...]:
@@ -180,6 +199,8 @@ def _derive(values: dict[str, Any], env: Mapping[str, str]) -> None:
     values["state_dir"] = Path(values["state_dir"]).expanduser()
     if "db_path" not in values:
         values["db_path"] = Path(values["state_dir"]) / "inferd.db"
+    if "database_url" not in values:
+        values["database_url"] = f"sqlite:///{Path(values['db_path']).expanduser()}"
     values.setdefault("models_dir", default_models_dir())
     values.setdefault("configs_dir", default_configs_dir())
 

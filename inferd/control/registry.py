@@ -19,11 +19,13 @@ import contextlib
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from inferd.control.store import utc_now_text
+from inferd.api.replica import ReplicaReport
+from inferd.control.load import ReplicaCount
+from inferd.control.model import utc_now_text
+from inferd.control.ports import ReplicaHandle
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.vocab import ReplicaStatus
 
@@ -62,17 +64,18 @@ class Replica:
     endpoint_id: str
     generation: int
     gpu_type: str
-    gpu_ids: tuple[int, ...]
     gpu_count: int
     secret_digest: bytes = field(repr=False)
+    # Where it runs, as its launcher knows it (opaque here).
+    handle: ReplicaHandle | None = None
     status: ReplicaStatus = ReplicaStatus.STARTING
     reason: str | None = None
-    pid: int | None = None
     url: str | None = None
     load: ReplicaLoad = ReplicaLoad()
     created_at: float = 0.0  # clock
     status_since: float = 0.0  # clock
     last_report_at: float | None = None  # clock
+    last_seq: int = -1  # of the last report applied
     # The gateway could not connect: out of routing until the next report.
     unreachable: bool = False
     # Wall-clock times for the API (RFC 3339 text).
@@ -164,41 +167,43 @@ class Registry:
 
     # -- reports from replicas ------------------------------------------------------
 
-    def report(self, replica_id: str, secret: str | None, payload: Mapping[str, Any]) -> None:
-        """Apply one status report. Raises ReportRejected(401|404|410)."""
+    def report(self, replica_id: str, secret: str | None, report: ReplicaReport) -> bool:
+        """Apply one status report; False when it was older than one already
+        applied (dropped). Raises ReportRejected(400|401|404|410)."""
         replica = self._replicas.get(replica_id)
         if replica is None:
             # Not ours (any more): the replica drains and exits on 404.
             raise ReportRejected(404, "unknown replica")
         if secret is None or not hmac.compare_digest(secret_digest(secret), replica.secret_digest):
             raise ReportRejected(401, "bad replica secret")
+        if report.replica_id != replica_id:
+            raise ReportRejected(400, "the report names another replica")
         if replica.status is ReplicaStatus.FAILED:
             raise ReportRejected(410, "replica was failed by the control plane")
-        try:
-            reported = ReplicaStatus(str(payload.get("status")))
-        except ValueError:
-            raise ReportRejected(400, "unknown status") from None
-        load = payload.get("load") or {}
+        if report.seq <= replica.last_seq:
+            return False  # crossed on the wire with a newer one
+        reported = report.status
         now = self._clock()
         status: ReplicaStatus = replica.status
         reason = replica.reason
         # Forward only, and the control plane's own verdicts stand.
         if replica.status not in _STICKY and _FORWARD[reported] >= _FORWARD[replica.status]:
-            status, reason = reported, payload.get("reason")
+            status, reason = reported, report.reason
         elif reported in ReplicaStatus.gone():
-            status, reason = reported, payload.get("reason") or replica.reason
+            status, reason = reported, report.reason or replica.reason
+        load = report.load
         updated = replace(
             replica,
             status=status,
             reason=reason,
-            url=payload.get("url") or replica.url,
-            pid=payload.get("pid") or replica.pid,
+            url=report.url or replica.url,
             load=ReplicaLoad(
-                in_flight=int(load.get("inFlight") or 0),
-                running=int(load.get("running") or 0),
-                waiting=int(load.get("waiting") or 0),
-                kv_cache_usage=load.get("kvCacheUsage"),
+                in_flight=load.in_flight,
+                running=load.running,
+                waiting=load.waiting,
+                kv_cache_usage=load.kv_cache_usage,
             ),
+            last_seq=report.seq,
             last_report_at=now,
             unreachable=False,
             status_since=replica.status_since if status == replica.status else now,
@@ -209,6 +214,16 @@ class Registry:
         self._replicas[replica_id] = updated
         if status != replica.status or replica.unreachable:
             self._changed(updated)
+        return True
+
+    def reported_in_flight(self, endpoint_id: str) -> list[ReplicaCount]:
+        """What each live replica of the endpoint last said it has in flight
+        (requests from every gateway)."""
+        return [
+            ReplicaCount(r.replica_id, r.load.in_flight)
+            for r in self._replicas.values()
+            if r.endpoint_id == endpoint_id and r.live and r.last_report_at is not None
+        ]
 
     def check_liveness(self) -> list[Replica]:
         """Fail replicas that went quiet; returns the ones failed now."""

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import httpx
+
+from inferd.api.replica import ReplicaReport
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class StatusReporter:
         registry_url: str,
         replica_id: str,
         secret: str | None,
-        snapshot: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], ReplicaReport],
         on_orphaned: Callable[[], None],
         interval: float = 2.0,
         orphan_timeout: float | None = None,
@@ -50,7 +50,7 @@ class StatusReporter:
         # Snapshots taken when the status changed, not yet sent: each change
         # is reported as it was, so a quick succession (starting -> loading
         # before the first report goes out) is not collapsed into its end.
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[ReplicaReport] = []
 
     def start(self) -> None:
         self._pending.append(self._snapshot())  # the first status: starting
@@ -61,11 +61,11 @@ class StatusReporter:
         self._pending.append(self._snapshot())
         self._wake.set()
 
-    async def report_now(self, snapshot: dict[str, Any] | None = None) -> bool:
+    async def report_now(self, snapshot: ReplicaReport | None = None) -> bool:
         self._seq += 1
-        payload = {**(snapshot or self._snapshot()), "seq": self._seq, "pid": os.getpid()}
+        report = (snapshot or self._snapshot()).model_copy(update={"seq": self._seq})
         try:
-            response = await self._client.post(self._url, json=payload)
+            response = await self._client.post(self._url, json=report.to_wire())
         except httpx.HTTPError as exc:
             logger.debug("status report failed: %s", exc)
             return False
@@ -89,7 +89,7 @@ class StatusReporter:
         # `wait_for` can swallow a cancel that races with the event it waits on.
         while not self._closing:
             self._wake.clear()
-            pending: list[dict[str, Any] | None] = [*self._pending] or [None]
+            pending: list[ReplicaReport | None] = [*self._pending] or [None]
             self._pending = []
             for snapshot in pending:  # None: a heartbeat, the state as it is now
                 await self.report_now(snapshot)

@@ -8,44 +8,39 @@ report route and `/metrics`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
+from inferd.control.load import MergedLoad
+from inferd.control.ports import Launcher
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
-from inferd.control.registry import Registry, ReportRejected
-from inferd.errors import error_body
+from inferd.control.registry import Registry
+from inferd.control.registry_api import REGISTRY_PATH, ReplicaCollector, report_route
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
 from inferd.gateway.openapi import gateway_openapi
 from inferd.gateway.settings import GatewaySettings
-from inferd.http import parse_json_object, read_body
+from inferd.replica.config import ReplicaSettings, model_source
 from inferd.server.app import ControlPlane
 from inferd.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-REGISTRY_PATH = "/internal/registry"
-_MAX_REPORT_BYTES = 64 * 1024
-
 
 @dataclass
 class Runtime:
     registry: Registry
-    launcher: LocalLauncher
+    launcher: Launcher
     gateway: Gateway
     reconciler: Reconciler
 
@@ -72,50 +67,68 @@ def registry_url(settings: Settings) -> str:
     return f"http://{dial}:{settings.port}{REGISTRY_PATH}"
 
 
-def build_launcher(plane: ControlPlane) -> LocalLauncher:
+def replica_settings(settings: Settings) -> ReplicaSettings:
+    return ReplicaSettings(
+        registry_url=registry_url(settings),
+        report_interval_s=settings.health_period_seconds,
+        orphan_timeout_s=settings.replica_orphan_timeout_seconds,
+        drain_timeout_s=settings.replica_drain_timeout_seconds,
+        log_level=settings.log_level,
+        replica_args=settings.replica_args,
+    )
+
+
+def build_launcher(plane: ControlPlane) -> Launcher:
+    if plane.settings.launcher == "ray":
+        return build_ray_launcher(plane)
+    return build_local_launcher(plane)
+
+
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting,
+    an unreachable cluster)."""
+
+
+def build_ray_launcher(plane: ControlPlane) -> Launcher:
+    """Imports Ray: only when it was chosen."""
+    settings = plane.settings
+    try:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise LauncherUnavailable(
+            f"--launcher ray needs Ray (pip install 'inferd[ray]'): {exc}"
+        ) from None
+    if not settings.ray_address:
+        raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
+    try:
+        return RayLauncher(
+            address=settings.ray_address,
+            namespace=settings.ray_namespace,
+            settings=replica_settings(settings),
+            node_ip_address=settings.ray_node_ip_address,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        raise LauncherUnavailable(
+            f"cannot reach the Ray cluster at {settings.ray_address}: {exc}"
+        ) from None
+
+
+def build_local_launcher(plane: ControlPlane) -> LocalLauncher:
     settings = plane.settings
     gpu_types = plane.catalog.gpus.gpu_types
     gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
     for gpu, gpu_type in gpus:
         logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
-    args = [
-        "--report-interval", str(settings.health_period_seconds),
-        "--orphan-timeout", str(settings.replica_orphan_timeout_seconds),
-        "--drain-timeout", str(settings.replica_drain_timeout_seconds),
-        "--models-dir", str(settings.models_dir),
-        "--log-level", settings.log_level,
-        *shlex.split(settings.replica_args),
-    ]  # fmt: skip
     return LocalLauncher(
-        registry_url=registry_url(settings),
+        settings=replica_settings(settings),
         log_dir=settings.state_dir / "logs",
         gpus=gpus,
         cpu_slots=settings.cpu_replica_slots,
-        replica_args=args,
+        location=settings.default_location,
     )
 
 
-class _ReplicaCollector(Collector):
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
-
-    def collect(self) -> list[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "inferd_replicas", "Replicas by endpoint and status.", labels=["endpoint", "status"]
-        )
-        counts: dict[tuple[str, str], int] = {}
-        for replica in self._registry.all():
-            key = (replica.endpoint_id, replica.status.value)
-            counts[key] = counts.get(key, 0) + 1
-        for (endpoint, status), count in sorted(counts.items()):
-            family.add_metric([endpoint, status], count)
-        return [family]
-
-    def describe(self) -> list[GaugeMetricFamily]:
-        return []
-
-
-def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -> Runtime:
+def attach_runtime(plane: ControlPlane, launcher: Launcher | None = None) -> Runtime:
     settings = plane.settings
     # The reconciler is woken by the registry; it exists after the registry,
     # so the callbacks look it up late.
@@ -152,12 +165,18 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         ),
     )
     launcher = launcher or build_launcher(plane)
+
+    def model_of(name: str) -> Any:
+        return model_source(plane.catalog.models.get(name))
+
     reconciler = Reconciler(
         registry=registry,
         launcher=launcher,
-        traffic=gateway,
+        load=MergedLoad(gateway, registry, clock=gateway.clock),
+        aborter=gateway,
         records=plane.store,
         endpoints=plane.service.rows,
+        models=model_of,
         settings=ReconcilerSettings(
             period_s=settings.reconcile_period_seconds,
             drain_timeout_s=settings.replica_drain_timeout_seconds,
@@ -169,14 +188,18 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     holder["r"] = reconciler
     runtime = Runtime(registry, launcher, gateway, reconciler)
     plane.service.runtime_of = runtime.endpoint_runtime
-    plane.service.drain = reconciler.drain_endpoint
+    plane.service.drain = lambda row: reconciler.drain_endpoint(row.id)
+    plane.service.capacity_of = launcher.capacity
 
     async def start() -> None:
-        rows = await asyncio.to_thread(plane.store.list_replicas)
-        adopted = set(reconciler.adopt(rows, plane.service.rows()))
+        rows = await plane.store.list_replicas()
+        adopted = set(await reconciler.adopt(rows, plane.service.rows()))
+        sweep = getattr(launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted)
         for row in rows:
             if row.id not in adopted:
-                await asyncio.to_thread(plane.store.delete_replica, row.id)
+                await plane.store.delete_replica(row.id)
         if rows:
             logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
         await gateway.startup()
@@ -186,10 +209,10 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         await reconciler.stop()
         await gateway.shutdown()
         # Embedded mode owns its replicas: a clean stop leaves none running.
-        await asyncio.to_thread(launcher.shutdown, settings.replica_drain_timeout_seconds)
+        await launcher.shutdown(settings.replica_drain_timeout_seconds)
         for replica in registry.all():
             registry.remove(replica.replica_id)
-            await asyncio.to_thread(plane.store.delete_replica, replica.replica_id)
+            await plane.store.delete_replica(replica.replica_id)
 
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)
@@ -219,21 +242,8 @@ def runtime_openapi() -> dict[str, Any]:
 def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
     registry = runtime.registry
 
-    async def report(request: Request) -> Response:
-        auth = request.headers.get("authorization", "")
-        secret = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
-        payload = parse_json_object(await read_body(request, _MAX_REPORT_BYTES))
-        try:
-            registry.report(request.path_params["replica_id"], secret, payload)
-        except ReportRejected as exc:
-            return JSONResponse(
-                error_body(str(exc), "invalid_request_error", None, "report_rejected"),
-                status_code=exc.status,
-            )
-        return Response(status_code=204)
-
     metrics_registry = CollectorRegistry(auto_describe=True)
-    metrics_registry.register(_ReplicaCollector(registry))
+    metrics_registry.register(ReplicaCollector(registry))
 
     async def metrics(request: Request) -> Response:
         body = runtime.gateway.metrics.render() + bytes(generate_latest(metrics_registry))
@@ -241,6 +251,6 @@ def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
 
     return [
         *gateway_routes(runtime.gateway),
-        Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"]),
+        report_route(registry),
         Route("/metrics", metrics, methods=["GET"]),
     ]
