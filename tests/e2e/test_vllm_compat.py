@@ -168,10 +168,19 @@ VARIANTS = [
     v("no messages", ("messages",), messages=[]),
     v("max_tokens 0", ("max_tokens",), max_tokens=0),
     v("max_tokens past the context", ("max_tokens",), max_tokens=100_000),
+    v("temperature above 2", ("temperature",), temperature=2.5),
+    # inferd's own bound (see DIFFERENCES).
+    v("n above 8", ("n",), n=9),
 ]
 
-# Where inferd answers differently on purpose, and why.
-DIFFERENCES: dict[str, str] = {}
+# Where inferd accepts or refuses differently on purpose, and why. (Answers
+# differ in one more way: a reasoning model's message carries its reasoning
+# as `reasoning_content`, the name DeepSeek's API and most clients read, as
+# well as under vLLM's current name `reasoning`.)
+DIFFERENCES: dict[str, str] = {
+    "n above 8": "inferd caps n at 8 (MAX_CHAT_N): each choice is one more engine request "
+    "behind a single HTTP request, a cheap way to multiply a client's load; vLLM has no cap",
+}
 
 
 def body_of(variant: Variant) -> dict[str, Any]:
