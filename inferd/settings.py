@@ -52,6 +52,11 @@ class Settings(BaseModel):
     # Base of every endpoint's `url`; derived as http://host:port when unset.
     public_url: str = Field(description="base of endpoint URLs (default http://HOST:PORT)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body")
+    # nginx's default for client_header_timeout / client_body_timeout.
+    request_timeout_seconds: float = Field(
+        60.0, gt=0, description="time to receive a request's headers and body"
+    )
+    max_connections: int = Field(10_000, ge=1, description="open connections per process")
     log_level: LogLevel = Field("info", description="critical|error|warning|info|debug")
 
     # --- State ---------------------------------------------------------------

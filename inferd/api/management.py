@@ -244,6 +244,10 @@ class ModelInfo(_CatalogResponse):
     architecture: dict[str, Any] = Field(
         description="Architecture facts the GPU recommender uses (layers, heads, dtype, ...)."
     )
+    # Chat models only: vLLM's parsers for tool calls and reasoning (null:
+    # requests with tools, or reasoning output, are not supported).
+    toolCallParser: str | None = None
+    reasoningParser: str | None = None
     # Image models only; null for chat models.
     defaultSize: str | None = None
     defaultSteps: int | None = None
@@ -261,8 +265,6 @@ class ModelInfo(_CatalogResponse):
         None, description="The model class its files name (vLLM architecture or pipeline)."
     )
     chatTemplate: str | None = Field(None, description="Where its chat template was found.")
-    toolCallParser: str | None = Field(None, description="vLLM tool-call parser, if inferred.")
-    reasoningParser: str | None = Field(None, description="vLLM reasoning parser, if inferred.")
     createdAt: str | None = None
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from inferd.engines.base import EngineOptions, ServingDefaults
 from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
 from inferd.vocab import ModelKind
 
 if TYPE_CHECKING:
@@ -50,8 +51,12 @@ class ModelSource:
 
 
 def serving_defaults(spec: ModelSpec | None) -> ServingDefaults:
-    """Serving defaults the catalog knows for a model (an image model's steps,
-    guidance and size limits)."""
+    """Serving defaults the catalog knows for a model (a chat model's vLLM
+    parsers; an image model's steps, guidance and size limits)."""
+    if spec is not None and spec.kind == ModelKind.CHAT:
+        return ServingDefaults(
+            tool_call_parser=spec.tool_call_parser, reasoning_parser=spec.reasoning_parser
+        )
     if spec is None or spec.kind != ModelKind.IMAGE:
         return ServingDefaults()
     return ServingDefaults(
@@ -123,7 +128,11 @@ class ReplicaConfig:
     report_interval: float = 2.0
     orphan_timeout: float | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
+    # How often a ready replica asks its engine whether it still serves.
+    health_interval: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     warmup: bool = True
     models_dir: Path | None = None
     cache_dir: Path | None = None
@@ -221,7 +230,10 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     if config.orphan_timeout is not None:
         argv += ["--orphan-timeout", str(config.orphan_timeout)]
     argv += ["--drain-timeout", str(config.drain_timeout)]
+    argv += ["--health-interval", str(config.health_interval)]
     argv += ["--max-body-bytes", str(config.max_body_bytes)]
+    argv += ["--request-timeout", str(config.request_timeout)]
+    argv += ["--max-connections", str(config.max_connections)]
     if not config.warmup:
         argv.append("--no-warmup")
     if config.models_dir is not None:
@@ -270,6 +282,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-kv-cache-gib", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--optimize", action="store_true", help="engine's fastest settings")
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM tool parser (hermes, llama3_json, ...); default: the model's catalog entry",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="vLLM reasoning parser (deepseek_r1, qwen3, ...); default: the catalog entry",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--advertise-host", default=None, help="address reported to the registry (default: --host)"
@@ -287,7 +309,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="drain and exit when the registry is unreachable this long (seconds)",
     )
     parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S)
+    parser.add_argument(
+        "--health-interval", type=float, default=1.0, help="seconds between engine health checks"
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help="seconds to receive a request's headers and body",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most; one more is refused with 503",
+    )
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=None)
@@ -313,7 +350,7 @@ def config_from_args(
     env = os.environ if env is None else env
     gpu_ids = tuple(int(g) for g in args.gpus.split(",") if g.strip())
     try:
-        serving = serving_from_json(args.serving_defaults)
+        serving = with_parsers(serving_from_json(args.serving_defaults), args)
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"--serving-defaults: {exc}") from None
     return ReplicaConfig(
@@ -346,10 +383,22 @@ def config_from_args(
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
         max_body_bytes=args.max_body_bytes,
+        health_interval=args.health_interval,
+        request_timeout=args.request_timeout,
+        max_connections=args.max_connections,
         warmup=not args.no_warmup,
         models_dir=args.models_dir,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
+    )
+
+
+def with_parsers(serving: ServingDefaults, args: argparse.Namespace) -> ServingDefaults:
+    """The catalog's parser names, unless the command line names others."""
+    return replace(
+        serving,
+        tool_call_parser=args.tool_call_parser or serving.tool_call_parser,
+        reasoning_parser=args.reasoning_parser or serving.reasoning_parser,
     )
 
 
