@@ -74,7 +74,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from inferd.catalog.tiny import ensure_tiny_model
-    from inferd.engines.factory import EngineOptions
+    from inferd.engines.base import EngineOptions
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     model_path = ensure_tiny_model(MODEL)

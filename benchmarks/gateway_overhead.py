@@ -62,12 +62,12 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
     from starlette.routing import Route
 
     from inferd.control.tokens import TokenVerifier, hash_token
-    from inferd.errors import EXCEPTION_HANDLERS
     from inferd.gateway.app import Gateway, gateway_routes
     from inferd.gateway.directory import EndpointRoute, RoutableReplica
     from inferd.gateway.settings import GatewaySettings
     from inferd.gateway.static import StaticDirectory
     from inferd.gateway.upstream import HttpxUpstream
+    from inferd.http_errors import EXCEPTION_HANDLERS
 
     class OneToken:
         def active_token_hashes(self) -> dict[str, bytes]:

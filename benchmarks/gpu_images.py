@@ -286,22 +286,21 @@ def run_engine(
     tmp: Path,
     compile_mode: str | None = None,
 ) -> VariantResult:
-    from inferd.engines.base import ImageRequest
+    from inferd.engines.base import EngineOptions, ImageRequest, ServingDefaults
     from inferd.engines.diffusers import DiffusersImageEngine
-    from inferd.engines.factory import EngineOptions
 
     options = EngineOptions(
         engine="diffusers",
         device="cuda" if device.startswith("cuda") else "cpu",
         gpu_ids=() if device_index is None else (device_index,),
         optimize=optimize,
-        extra={
-            "default_steps": steps,
-            "default_size": [size, size],
-            "min_side": min(256, size),
-            "max_side": max(2048, size),
-            **({"compile_mode": compile_mode} if compile_mode else {}),
-        },
+        serving=ServingDefaults(
+            default_steps=steps,
+            default_size=(size, size),
+            min_side=min(256, size),
+            max_side=max(2048, size),
+        ),
+        extra={"compile_mode": compile_mode} if compile_mode else {},
     )
     built: list[float] = []
     tokenizer_dir = tmp / f"tokenizer-{'optimize' if optimize else 'default'}"

@@ -28,7 +28,7 @@ from common import (
     write_report,
 )
 
-from inferd.engines.factory import EngineOptions
+from inferd.engines.base import EngineOptions
 from inferd.testing import ReplicaHandle, free_port
 
 

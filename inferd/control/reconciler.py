@@ -31,10 +31,10 @@ from typing import Protocol
 
 from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings, decide
 from inferd.control.launchers.base import Launcher, ReplicaSpec
-from inferd.control.records import ReplicaStatus
 from inferd.control.registry import Registry, Replica, secret_digest
 from inferd.control.store import EndpointRow, ReplicaRow, utc_now_text
 from inferd.gateway.traffic import TrafficSnapshot
+from inferd.vocab import ReplicaStatus
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The endpoint record of spec 2.1: status derivation, URL, example command.
 
 Pure functions over frozen dataclasses: the store row, the replicas the
-registry knows (none until issue 4 adds them), and the public base URL.
+registry knows, and the public base URL.
 The record is a plain dict whose shape is `inferd.api.management.EndpointRecord`
 (a test holds the two together); reads build it without pydantic, because
 reads are the hot path of the management API.
@@ -13,39 +13,11 @@ import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from inferd import COMPAT_FAMILY
 from inferd.control.store import EndpointRow
-
-
-class EndpointStatus(str, Enum):
-    PENDING = "pending"
-    INITIALIZING = "initializing"
-    RUNNING = "running"
-    UPDATING = "updating"
-    SCALED_TO_ZERO = "scaledToZero"
-    FAILED = "failed"
-    DELETING = "deleting"
-
-
-class ReplicaStatus(str, Enum):
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-    @classmethod
-    def coming_up(cls) -> frozenset[ReplicaStatus]:
-        return frozenset({cls.STARTING, cls.LOADING})
-
-    @classmethod
-    def gone(cls) -> frozenset[ReplicaStatus]:
-        """States that no longer hold GPUs and do not count as current replicas."""
-        return frozenset({cls.STOPPED, cls.FAILED})
+from inferd.vocab import EndpointStatus, ModelKind, ReplicaStatus
 
 
 @dataclass(frozen=True)
@@ -123,8 +95,8 @@ DEFAULT_IMAGE_SIZE = "1024x1024"
 
 
 # Request bodies of the example commands, keyed by model kind.
-def _example_body(kind: str, model_name: str, image_size: str) -> dict[str, Any]:
-    if kind == "image":
+def _example_body(kind: ModelKind | str, model_name: str, image_size: str) -> dict[str, Any]:
+    if kind == ModelKind.IMAGE:
         return {
             "model": model_name,
             "prompt": "A watercolor painting of a lighthouse at dawn",
@@ -139,12 +111,16 @@ def _example_body(kind: str, model_name: str, image_size: str) -> dict[str, Any]
     }
 
 
-def example_path(kind: str) -> str:
-    return "/v1/images/generations" if kind == "image" else f"/{COMPAT_FAMILY}/v1/chat/completions"
+def example_path(kind: ModelKind | str) -> str:
+    return (
+        "/v1/images/generations"
+        if kind == ModelKind.IMAGE
+        else f"/{COMPAT_FAMILY}/v1/chat/completions"
+    )
 
 
 def example_command(
-    url: str, kind: str, model_name: str, image_size: str = DEFAULT_IMAGE_SIZE
+    url: str, kind: ModelKind | str, model_name: str, image_size: str = DEFAULT_IMAGE_SIZE
 ) -> str:
     """A curl line ready to paste, with the literal placeholder `<ACCESS_TOKEN>`."""
     body = shlex.quote(json.dumps(_example_body(kind, model_name, image_size)))

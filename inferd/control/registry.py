@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from inferd.control.records import ReplicaStatus
 from inferd.control.store import utc_now_text
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
+from inferd.vocab import ReplicaStatus
 
 _FORWARD = {
     ReplicaStatus.STARTING: 0,

@@ -1,4 +1,4 @@
-"""Endpoint access tokens and admin keys: format, hashing, verification, redaction.
+"""Endpoint access tokens and admin keys: format, hashing, verification.
 
 A token reads ``infd_ep_<32 base62 random><6 base62 CRC32>`` (admin keys use
 ``infd_admin_``). 32 base62 characters carry ~190 bits from `secrets`. The
@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
-import re
 import secrets
 import zlib
-from collections.abc import Mapping
 from typing import Protocol
 
 ENDPOINT_TOKEN_PREFIX = "infd_ep_"
@@ -31,14 +28,6 @@ _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _ALPHABET_SET = frozenset(_ALPHABET)
 BODY_LEN = 32
 CHECKSUM_LEN = 6  # 62**6 > 2**32: any CRC32 fits.
-
-# Anything shaped like one of our secrets, for log redaction. Deliberately
-# looser than a valid token (any length ≥ 8, no checksum check) so that a
-# truncated or mistyped token is redacted too.
-TOKEN_PATTERN = re.compile(r"infd_(?:ep|admin)_[0-9A-Za-z]{8,}")
-# Whatever follows "Bearer " is a secret even when it is not one of ours
-# (an operator-chosen admin key).
-_BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
 
 
 def _base62(n: int, width: int) -> str:
@@ -130,55 +119,3 @@ class TokenVerifier:
 
     def __len__(self) -> int:
         return len(self._active)
-
-
-def redact(text: str) -> str:
-    text = TOKEN_PATTERN.sub(lambda m: "_".join(m.group(0).split("_", 2)[:2]) + "_***", text)
-    return _BEARER_PATTERN.sub(r"\1***", text)
-
-
-class RedactingFilter(logging.Filter):
-    """Rewrites a record's message (and traceback) with secrets replaced by ***.
-
-    Attach it to *handlers*: a filter on a logger does not see records that
-    propagate from child loggers.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        # Redact the format string and each argument separately rather than
-        # collapsing them into one message: some formatters (uvicorn's access
-        # log) read `record.args` as a tuple.
-        if isinstance(record.msg, str):
-            record.msg = redact(record.msg)
-        if isinstance(record.args, tuple):
-            record.args = tuple(_redact_value(a) for a in record.args)
-        elif isinstance(record.args, Mapping):
-            record.args = {k: _redact_value(v) for k, v in record.args.items()}
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        return True
-
-
-def _redact_value(value: object) -> object:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, bytes | bytearray):
-        return redact(bytes(value).decode("utf-8", "replace"))
-    if isinstance(value, int | float | bool) or value is None:
-        return value
-    # Anything else is formatted with str()/repr() later: do it now, redacted.
-    return redact(str(value))
-
-
-def install_redaction(loggers: Mapping[str, logging.Logger] | None = None) -> None:
-    """Add a `RedactingFilter` to every handler of the root and named loggers."""
-    targets = [logging.getLogger()]
-    targets += list((loggers or {}).values())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        targets.append(logging.getLogger(name))
-    for logger in targets:
-        for handler in logger.handlers:
-            if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-                handler.addFilter(RedactingFilter())

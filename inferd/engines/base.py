@@ -12,15 +12,99 @@ bad size); anything else it raises is an internal error for that request only.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from inferd.vocab import ModelKind
 
 
-class ModelKind(str, enum.Enum):
-    CHAT = "chat"
-    IMAGE = "image"
+@dataclass(frozen=True)
+class ServingDefaults:
+    """What the catalog says about serving a model, beyond its weights.
+
+    Every field is optional: None means "the engine's own default" (an image
+    pipeline knows its native size). Image models use the image fields; new
+    per-model knobs (chat parsers, ...) join here as optional fields, so an
+    older catalog entry stays valid.
+    """
+
+    default_steps: int | None = None
+    default_guidance_scale: float | None = None
+    max_n: int | None = None
+    min_side: int | None = None
+    max_side: int | None = None
+    default_size: tuple[int, int] | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The fields that are set."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run an engine, whatever the engine: device, GPUs, precision.
+
+    `extra` holds engine-specific settings (`--engine-arg KEY=VALUE`); each
+    engine reads them into its own typed options with `engine_options`, which
+    refuses keys it does not know, so a setting meant for another engine is
+    an error instead of a silent no-op (or a crash deep inside vLLM).
+    """
+
+    engine: str = "auto"
+    # "cpu" or "cuda"; "auto" picks cuda when torch sees a GPU.
+    device: str = "auto"
+    # Whole GPUs assigned to this replica (indices as this process sees them).
+    gpu_ids: tuple[int, ...] = ()
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    # vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).
+    cpu_kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.9
+    # Fastest settings the engine knows (CUDA graphs, torch.compile, ...).
+    optimize: bool = False
+    serving: ServingDefaults = field(default_factory=ServingDefaults)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class UnknownEngineOption(ValueError):
+    """An `--engine-arg` key the chosen engine does not take."""
+
+
+_Options = TypeVar("_Options")
+
+
+def engine_options(cls: type[_Options], extra: Mapping[str, Any], engine: str) -> _Options:
+    """`extra` as the engine's typed options dataclass `cls`; unknown keys and
+    values of the wrong shape are refused with a message naming them."""
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(extra) - set(known))
+    if unknown:
+        raise UnknownEngineOption(
+            f"the {engine} engine takes no option {', '.join(map(repr, unknown))}; "
+            f"it knows {', '.join(sorted(known)) or 'none'}"
+        )
+    values: dict[str, Any] = {}
+    for key, value in extra.items():
+        default = known[key].default
+        try:
+            if isinstance(default, bool):
+                values[key] = value if isinstance(value, bool) else str(value).lower() == "true"
+            elif isinstance(default, int | float) and value is not None:
+                values[key] = type(default)(value)
+            else:
+                values[key] = value
+        except (TypeError, ValueError):
+            raise UnknownEngineOption(
+                f"the {engine} engine's option {key!r} must be a {type(default).__name__}, "
+                f"not {value!r}"
+            ) from None
+    return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ call of 4 prompts gave 0.70-0.73x the images/s of 4 calls at 1024x1024 and
 GPUs.
 
 Defaults (size, steps, guidance, limits) come from, in order:
-`options.extra` (`default_steps`, `default_guidance_scale`, `max_n`,
-`min_side`, `max_side`, `max_batch_images`), an `inferd.json` in the model
+`options.serving` (the catalog's `ServingDefaults`), an `inferd.json` in the model
 directory (written by the tiny-model builder), then the pipeline itself
 (`default_sample_size * vae_scale_factor`) and the constants below.
 
@@ -32,7 +31,7 @@ Fast settings (`options.optimize` on CUDA), after diffusers' SDXL guide:
 SDPA attention (the default with torch 2), fused QKV projections,
 channels-last UNet and VAE, and `torch.compile` of the UNet and the VAE
 decoder. The first call at each size compiles, which the replica's warm-up
-pays for the default size. The compile mode is `options.extra["compile_mode"]`
+pays for the default size. The compile mode is `DiffusersOptions.compile_mode`
 (`default`, `reduce-overhead`, `max-autotune`, `max-autotune-no-cudagraphs`,
 or `none` for the other settings without compiling). It is `default`, not the
 guide's `max-autotune`, because of what benchmarks/gpu_images.py measured on
@@ -60,13 +59,14 @@ from typing import Any
 
 from inferd.engines.base import (
     EngineLoad,
+    EngineOptions,
     ImageModelInfo,
     ImageRequest,
-    ModelKind,
+    engine_options,
     validate_image_request,
 )
-from inferd.engines.factory import EngineOptions
 from inferd.errors import ServiceUnavailable
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,13 @@ DEFAULT_MAX_BATCH_IMAGES = {"cuda": 4, "cpu": 1}  # by device; see "Batching"
 PNG_COMPRESS_LEVEL = 1
 COMPILE_MODE = "default"
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
+class DiffusersOptions:
+    # Images per pipeline call; None: by device (DEFAULT_MAX_BATCH_IMAGES).
+    max_batch_images: int | None = None
+    compile_mode: str = COMPILE_MODE
 
 
 class _Aborted(Exception):
@@ -213,6 +220,7 @@ class DiffusersImageEngine:
         self._name = name
         self._model_path = model_path
         self._options = options
+        self._own = engine_options(DiffusersOptions, options.extra, "diffusers")
         self._loader = loader
         self._pipeline: Any = None
         self._info: ImageModelInfo | None = None
@@ -353,15 +361,13 @@ class DiffusersImageEngine:
     def _load(self) -> None:
         device = _resolve_device(self._options)
         dtype = _resolve_dtype(self._options, device)
-        self._max_batch_images = int(
-            self._options.extra.get(
-                "max_batch_images", DEFAULT_MAX_BATCH_IMAGES["cpu" if device == "cpu" else "cuda"]
-            )
+        own = self._own
+        self._max_batch_images = (
+            own.max_batch_images or (DEFAULT_MAX_BATCH_IMAGES["cpu" if device == "cpu" else "cuda"])
         )
         pipeline = self._loader(self._model_path, device, dtype)
         if self._options.optimize and device.startswith("cuda"):
-            compile_mode = str(self._options.extra.get("compile_mode", COMPILE_MODE))
-            _optimize_for_cuda(pipeline, compile_mode)
+            _optimize_for_cuda(pipeline, own.compile_mode)
         self._pipeline = pipeline
         self._info, self._default_guidance = self._model_info(pipeline)
         logger.info("loaded %s on %s (%s): %s", self._model_path, device, dtype, self._info)
@@ -371,7 +377,7 @@ class DiffusersImageEngine:
         sidecar = self._model_path / "inferd.json"
         if sidecar.is_file():
             served = json.loads(sidecar.read_text())
-        served.update(self._options.extra)
+        served.update(self._options.serving.given())
         vae_factor = int(getattr(pipeline, "vae_scale_factor", 8))
         unet_config = pipeline.unet.config
         unet_factor = 2 ** (len(unet_config.down_block_types) - 1)

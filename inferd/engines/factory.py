@@ -9,31 +9,12 @@ never pays for torch.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from inferd.engines.base import Engine, ModelKind
+from inferd.engines.base import Engine, EngineOptions
+from inferd.vocab import ModelKind
 
 ENGINE_NAMES = ("auto", "vllm", "transformers", "diffusers", "fake")
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    engine: str = "auto"
-    # "cpu" or "cuda"; "auto" picks cuda when torch sees a GPU.
-    device: str = "auto"
-    # Whole GPUs assigned to this replica (indices on this machine).
-    gpu_ids: tuple[int, ...] = ()
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    # vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).
-    cpu_kv_cache_gib: int = 1
-    gpu_memory_utilization: float = 0.9
-    # Fastest settings the engine knows (CUDA graphs, torch.compile, ...).
-    optimize: bool = False
-    # Engine-specific extras, passed through untouched.
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def vllm_available() -> bool:

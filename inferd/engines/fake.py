@@ -3,14 +3,16 @@
 They honour the engine contract (the conformance suite runs against them too)
 so the replica server, gateway and autoscaler can be exercised with real
 processes in milliseconds. They never stand in for the real engines' own
-tests. Behaviour is set through `EngineOptions.extra` (the replica CLI's
-`--engine-arg key=value`):
+tests. Behaviour is set through `FakeOptions`, read from `EngineOptions.extra`
+(the replica CLI's `--engine-arg key=value`):
 
 - `load_delay_s`: seconds `start()` takes (simulates weight loading).
 - `token_delay_s`: seconds between tokens (default 0.002).
 - `image_delay_s`: seconds per image (default 0.01).
 - `fail_load`: if set, `start()` raises with this message.
 - `context_length`: default 4096.
+- `kind`: `chat` or `image`, for a fake replica started by hand on a model
+  name the catalog does not know (it loads nothing, so nothing says).
 """
 
 from __future__ import annotations
@@ -20,24 +22,40 @@ import hashlib
 import struct
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from inferd.engines.base import (
     Engine,
     EngineLoad,
+    EngineOptions,
     ImageModelInfo,
     ImageRequest,
-    ModelKind,
     TextDelta,
     TextModelInfo,
     TextRequest,
+    engine_options,
     validate_image_request,
 )
-from inferd.engines.factory import EngineOptions
 from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.errors import BadRequest, Conflict
+from inferd.vocab import ModelKind
 
 FAKE_VOCAB = 1000
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+
+
+@dataclass(frozen=True)
+class FakeOptions:
+    load_delay_s: float = 0.0
+    token_delay_s: float = 0.002
+    image_delay_s: float = 0.01
+    fail_load: str | None = None
+    context_length: int = 4096
+    kind: str | None = None
+
+
+def fake_options(options: EngineOptions) -> FakeOptions:
+    return engine_options(FakeOptions, options.extra, "fake")
 
 
 def create_fake_engine(name: str, kind: ModelKind, options: EngineOptions) -> Engine:
@@ -46,21 +64,17 @@ def create_fake_engine(name: str, kind: ModelKind, options: EngineOptions) -> En
     return FakeTextEngine(name, options)
 
 
-def _float(options: EngineOptions, key: str, default: float) -> float:
-    return float(options.extra.get(key, default))
-
-
 class FakeTextEngine:
     kind = ModelKind.CHAT
 
     def __init__(self, name: str, options: EngineOptions) -> None:
-        self._options = options
+        self._options = fake_options(options)
         self._info = TextModelInfo(
             name=name,
-            context_length=int(options.extra.get("context_length", 4096)),
+            context_length=self._options.context_length,
             vocab_size=FAKE_VOCAB,
         )
-        self._token_delay = _float(options, "token_delay_s", 0.002)
+        self._token_delay = self._options.token_delay_s
         self._running: set[str] = set()
 
     @property
@@ -68,9 +82,9 @@ class FakeTextEngine:
         return self._info
 
     async def start(self) -> None:
-        await asyncio.sleep(_float(self._options, "load_delay_s", 0.0))
-        if self._options.extra.get("fail_load"):
-            raise RuntimeError(str(self._options.extra["fail_load"]))
+        await asyncio.sleep(self._options.load_delay_s)
+        if self._options.fail_load:
+            raise RuntimeError(self._options.fail_load)
 
     async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
         # One "token" per whitespace-separated word of the prompt.
@@ -123,7 +137,7 @@ class FakeImageEngine:
     kind = ModelKind.IMAGE
 
     def __init__(self, name: str, options: EngineOptions) -> None:
-        self._options = options
+        self._options = fake_options(options)
         self._info = ImageModelInfo(
             name=name,
             default_size=(1024, 1024),
@@ -133,7 +147,7 @@ class FakeImageEngine:
             side_multiple=8,
             default_steps=1,
         )
-        self._delay = _float(options, "image_delay_s", 0.01)
+        self._delay = self._options.image_delay_s
         self._lock = asyncio.Lock()
         self._waiting = 0
         self._running = 0
@@ -143,9 +157,9 @@ class FakeImageEngine:
         return self._info
 
     async def start(self) -> None:
-        await asyncio.sleep(_float(self._options, "load_delay_s", 0.0))
-        if self._options.extra.get("fail_load"):
-            raise RuntimeError(str(self._options.extra["fail_load"]))
+        await asyncio.sleep(self._options.load_delay_s)
+        if self._options.fail_load:
+            raise RuntimeError(self._options.fail_load)
 
     async def generate(self, request: ImageRequest) -> list[bytes]:
         validate_image_request(self._info, request)

@@ -50,16 +50,17 @@ from typing import Any
 
 from inferd.engines.base import (
     EngineLoad,
-    ModelKind,
+    EngineOptions,
     SamplingOptions,
     TextDelta,
     TextModelInfo,
     TextRequest,
+    engine_options,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
-from inferd.engines.factory import EngineOptions
 from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.errors import BadRequest, Conflict, ServiceUnavailable
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +240,12 @@ def _find_stop(text: str, stop: tuple[str, ...], start: int) -> int | None:
     return min(hits) if hits else None
 
 
+@dataclass(frozen=True)
+class TransformersOptions:
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    batch_window_s: float = DEFAULT_BATCH_WINDOW_S
+
+
 class TransformersTextEngine:
     kind = ModelKind.CHAT
 
@@ -246,8 +253,9 @@ class TransformersTextEngine:
         self._name = name
         self._model_path = model_path
         self._options = options
-        self._max_batch_size = int(options.extra.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
-        self._batch_window_s = float(options.extra.get("batch_window_s", DEFAULT_BATCH_WINDOW_S))
+        own = engine_options(TransformersOptions, options.extra, "transformers")
+        self._max_batch_size = own.max_batch_size
+        self._batch_window_s = own.batch_window_s
         self._model: Any = None
         self._tokenizer: Any = None
         self._renderer: ChatPromptRenderer | None = None

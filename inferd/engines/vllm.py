@@ -13,25 +13,27 @@ gone), the request is aborted in the engine at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from inferd import procfs
 from inferd.engines.base import (
     EngineLoad,
-    ModelKind,
+    EngineOptions,
     TextDelta,
     TextModelInfo,
     TextRequest,
+    UnknownEngineOption,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
-from inferd.engines.factory import EngineOptions
 from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +94,24 @@ def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict
     else:
         args["gpu_memory_utilization"] = options.gpu_memory_utilization
         args["enforce_eager"] = False
-    args.update(options.extra)
+    args.update(vllm_engine_args(options.extra))
     return args
+
+
+def vllm_engine_args(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The vLLM engine's own options: any field of vLLM's `AsyncEngineArgs`,
+    passed through as is; anything else is refused (a setting meant for
+    another engine must not reach vLLM, which would fail deep in its start)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise UnknownEngineOption(
+            f"the vllm engine takes no option {', '.join(map(repr, unknown))}; "
+            "it takes the fields of vLLM's AsyncEngineArgs"
+        )
+    return dict(extra)
 
 
 def keep_engine_core_with_its_workers(engine: Any) -> None:
@@ -162,6 +180,7 @@ class VllmTextEngine:
         self._name = name
         self._model_path = model_path
         self._options = options
+        vllm_engine_args(options.extra)  # refuse unknown options now, not at start
         self._engine: Any = None
         self._renderer: ChatPromptRenderer | None = None
         self._info: TextModelInfo | None = None

@@ -26,7 +26,6 @@ from inferd.errors import (
     NotFound,
     PayloadTooLarge,
     ServiceUnavailable,
-    error_response,
 )
 from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
@@ -36,6 +35,7 @@ from inferd.gateway.proxy import Relayed, forward
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.gateway.upstream import HttpxUpstream, Upstream
+from inferd.http_errors import error_response
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd import COMPAT_FAMILY
-from inferd.engines.base import Engine, ImageEngine, ModelKind, TextEngine
-from inferd.errors import EXCEPTION_HANDLERS, NotFound
+from inferd.engines.base import Engine, ImageEngine, TextEngine
+from inferd.errors import NotFound
 from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.replica.chat import ChatHandler, ServedModel
 from inferd.replica.images import ImagesHandler
 from inferd.replica.metrics import ReplicaMetrics
-from inferd.replica.state import ReplicaState, ReplicaStatus
+from inferd.replica.state import ReplicaState
+from inferd.vocab import ModelKind, ReplicaStatus
 
 CHAT_PATH = f"/{COMPAT_FAMILY}/v1/chat/completions"
 IMAGES_PATHS = ("/v1/images/generations", f"/{COMPAT_FAMILY}/v1/images/generations")

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from inferd.engines.factory import ENGINE_NAMES, EngineOptions
+from inferd.engines.base import EngineOptions
+from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 
 

@@ -25,20 +25,22 @@ import uvicorn
 from inferd.engines.base import (
     ChatMessage,
     Engine,
+    EngineOptions,
     ImageEngine,
     ImageRequest,
-    ModelKind,
     SamplingOptions,
+    ServingDefaults,
     TextEngine,
     TextRequest,
 )
-from inferd.engines.factory import EngineOptions, create_engine
+from inferd.engines.factory import create_engine
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.replica.app import build_app
 from inferd.replica.chat import ServedModel
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.reporter import StatusReporter
-from inferd.replica.state import ReplicaState, ReplicaStatus
+from inferd.replica.state import ReplicaState
+from inferd.vocab import ModelKind, ReplicaStatus
 
 logger = logging.getLogger("inferd.replica")
 
@@ -181,7 +183,7 @@ class ReplicaProcess:
             logger.error("cannot resolve model %r: %s", config.model, exc)
             return 1
         self._model_name = config.served_names[0] if config.served_names else name
-        options = replace(config.engine, extra={**defaults, **config.engine.extra})
+        options = replace(config.engine, serving=defaults)
         self._engine = create_engine(self._model_name, kind, path, options)
         metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
@@ -245,7 +247,7 @@ class ReplicaProcess:
             await warm_up(self._engine)
 
 
-def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, dict[str, Any]]:
+def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, ServingDefaults]:
     from inferd.catalog import load_catalog, resolve_model
 
     catalog = load_catalog(models_dir=config.models_dir)
@@ -255,7 +257,7 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, dict[str, Any]
         kind = config.engine.extra.get("kind")
         if kind is None and config.model in catalog.models:
             kind = catalog.models.get(config.model).kind
-        return config.model, ModelKind(kind or "chat"), Path("."), {}
+        return config.model, ModelKind(kind or "chat"), Path("."), ServingDefaults()
     resolved = resolve_model(config.model, catalog.models, cache_dir=config.cache_dir)
     return (
         resolved.name,
@@ -265,20 +267,19 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, dict[str, Any]
     )
 
 
-def catalog_engine_defaults(spec: Any) -> dict[str, Any]:
+def catalog_engine_defaults(spec: Any) -> ServingDefaults:
     """Serving defaults the catalog knows for a model (an image model's steps,
-    guidance and size limits), for the engine's `extra`; flags still win."""
-    if spec is None or spec.kind != "image":
-        return {}
-    defaults = {
-        "default_steps": spec.default_steps,
-        "default_guidance_scale": spec.default_guidance_scale,
-        "max_n": spec.max_n,
-        "min_side": spec.min_side,
-        "max_side": spec.max_side,
-        "default_size": list(spec.default_size) if spec.default_size else None,
-    }
-    return {key: value for key, value in defaults.items() if value is not None}
+    guidance and size limits)."""
+    if spec is None or spec.kind != ModelKind.IMAGE:
+        return ServingDefaults()
+    return ServingDefaults(
+        default_steps=spec.default_steps,
+        default_guidance_scale=spec.default_guidance_scale,
+        max_n=spec.max_n,
+        min_side=spec.min_side,
+        max_side=spec.max_side,
+        default_size=tuple(spec.default_size) if spec.default_size else None,
+    )
 
 
 def run_replica(config: ReplicaConfig) -> int:

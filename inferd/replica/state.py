@@ -9,23 +9,12 @@ retries on another replica because no byte was sent.
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Callable
 
 from inferd.errors import ServiceUnavailable
+from inferd.vocab import ReplicaStatus
 
-
-class ReplicaStatus(str, enum.Enum):
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-    @classmethod
-    def terminal(cls) -> frozenset[ReplicaStatus]:
-        return frozenset({cls.STOPPED, cls.FAILED})
+__all__ = ["InFlight", "ReplicaState", "ReplicaStatus"]
 
 
 class InFlight:
@@ -57,7 +46,7 @@ class ReplicaState:
         self._listeners.append(listener)
 
     def set(self, status: ReplicaStatus, reason: str | None = None) -> None:
-        if self.status in ReplicaStatus.terminal() or self.status == status:
+        if self.status in ReplicaStatus.gone() or self.status == status:
             return
         self.status = status
         self.reason = reason

@@ -25,7 +25,7 @@ from inferd.catalog import Catalog, load_catalog
 from inferd.control.service import EndpointService
 from inferd.control.store import Store
 from inferd.control.tokens import TokenVerifier
-from inferd.errors import EXCEPTION_HANDLERS
+from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server.auth import AdminAuth, RequireAdmin, provision_admin_key
 from inferd.server.management import ManagementRoutes
 from inferd.server.openapi import build_openapi

@@ -55,7 +55,7 @@ def _log_config(level: str) -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     # Redact anything token-shaped on every handler, whoever logs it.
-    config["filters"] = {"redact": {"()": "inferd.control.tokens.RedactingFilter"}}
+    config["filters"] = {"redact": {"()": "inferd.redact.RedactingFilter"}}
     for handler in config["handlers"].values():
         handler["filters"] = ["redact"]
     config["loggers"]["inferd"] = {

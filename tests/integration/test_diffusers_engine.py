@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from inferd.engines.base import ImageEngine, ImageRequest
-from inferd.engines.factory import EngineOptions
+from inferd.engines.base import EngineOptions, ImageEngine, ImageRequest
 from inferd.errors import BadRequest, ServiceUnavailable
 from inferd.testing import LoopThread
 from tests.support import needs_diffusers

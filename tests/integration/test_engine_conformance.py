@@ -18,17 +18,18 @@ import pytest
 
 from inferd.engines.base import (
     ChatMessage,
+    EngineOptions,
     ImageEngine,
     ImageRequest,
-    ModelKind,
     SamplingOptions,
     TextDelta,
     TextEngine,
     TextRequest,
 )
-from inferd.engines.factory import EngineOptions, create_engine
+from inferd.engines.factory import create_engine
 from inferd.errors import BadRequest
 from inferd.testing import LoopThread
+from inferd.vocab import ModelKind
 from tests.support import HAS_DIFFUSERS, HAS_VLLM
 
 TEXT_ENGINES = ["fake", "transformers", pytest.param("vllm", marks=pytest.mark.slow)]

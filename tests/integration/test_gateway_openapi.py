@@ -18,12 +18,12 @@ from schemathesis import GenerationMode
 from starlette.applications import Starlette
 
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
-from inferd.errors import EXCEPTION_HANDLERS
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.openapi import gateway_openapi
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
+from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.testing import ReplicaHandle, free_port
 
 CHAT_EP = "fuzz-chat"

@@ -27,10 +27,10 @@ from inferd.api.management import (
     ReplicaStatusName,
 )
 from inferd.catalog import Catalog, recommend
-from inferd.control.records import EndpointStatus, ReplicaStatus
 from inferd.control.tokens import is_well_formed
 from inferd.server.app import ControlPlane, create_app
 from inferd.settings import load_settings
+from inferd.vocab import EndpointStatus, ReplicaStatus
 
 ADMIN = "test-admin-key-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

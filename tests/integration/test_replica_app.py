@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.engines.base import ModelKind
-from inferd.engines.factory import EngineOptions, create_engine
+from inferd.engines.base import EngineOptions
+from inferd.engines.factory import create_engine
 from inferd.replica.app import build_app
 from inferd.replica.chat import ServedModel
 from inferd.replica.metrics import ReplicaMetrics
-from inferd.replica.state import ReplicaState, ReplicaStatus
+from inferd.replica.state import ReplicaState
+from inferd.vocab import ModelKind, ReplicaStatus
 
 CHAT = "/openai/v1/chat/completions"
 IMAGES = "/v1/images/generations"

@@ -10,8 +10,14 @@ from typing import Any
 
 import pytest
 
-from inferd.engines.base import ChatMessage, SamplingOptions, TextDelta, TextEngine, TextRequest
-from inferd.engines.factory import EngineOptions
+from inferd.engines.base import (
+    ChatMessage,
+    EngineOptions,
+    SamplingOptions,
+    TextDelta,
+    TextEngine,
+    TextRequest,
+)
 from inferd.errors import BadRequest
 from inferd.testing import LoopThread
 

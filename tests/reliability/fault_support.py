@@ -25,11 +25,11 @@ from starlette.applications import Starlette
 
 from inferd import procfs
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
-from inferd.errors import EXCEPTION_HANDLERS
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
+from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.testing import ReplicaHandle, ServeHandle, free_port
 from tests.support import metrics_text
 

@@ -12,10 +12,10 @@ import pytest
 
 from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
-from inferd.control.records import ReplicaStatus as S
 from inferd.control.registry import Registry
 from inferd.control.store import EndpointRow, ReplicaRow
 from inferd.gateway.traffic import TrafficSnapshot
+from inferd.vocab import ReplicaStatus as S
 
 
 class Clock:

@@ -10,14 +10,13 @@ import pytest
 
 from inferd.control.records import (
     DerivedStatus,
-    EndpointStatus,
-    ReplicaStatus,
     ReplicaView,
     build_record,
     derive_status,
     example_command,
 )
 from inferd.control.store import EndpointRow
+from inferd.vocab import EndpointStatus, ReplicaStatus
 
 ROW = EndpointRow(
     id="0f8fad5b-d9cb-469f-a165-70867728950e",

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from inferd.control.records import ReplicaStatus as S
 from inferd.control.registry import (
     LOADING_SILENCE_FACTOR,
     Registry,
@@ -17,6 +16,7 @@ from inferd.control.registry import (
     secret_digest,
 )
 from inferd.gateway.directory import EndpointRoute
+from inferd.vocab import ReplicaStatus as S
 
 
 class Clock:

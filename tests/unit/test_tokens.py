@@ -13,14 +13,13 @@ from inferd.control import tokens
 from inferd.control.tokens import (
     ADMIN_KEY_PREFIX,
     ENDPOINT_TOKEN_PREFIX,
-    RedactingFilter,
     TokenVerifier,
     hash_token,
     is_well_formed,
     new_admin_key,
     new_endpoint_token,
-    redact,
 )
+from inferd.redact import RedactingFilter, install_redaction, redact
 
 
 class CountingSource:
@@ -192,8 +191,8 @@ def test_install_redaction_on_root_handlers() -> None:
     handler = logging.StreamHandler(stream)
     root.addHandler(handler)
     try:
-        tokens.install_redaction()
-        tokens.install_redaction()  # idempotent
+        install_redaction()
+        install_redaction()  # idempotent
         assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
         token = new_endpoint_token()
         logging.getLogger("inferd.test.child").warning("leaked %s", token)

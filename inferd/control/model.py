@@ -1,0 +1,174 @@
+"""Domain types and domain errors of the control plane's stored state.
+
+What the stores hold and hand out, independent of any database: every
+store adapter (in-memory, SQLite, PostgreSQL) speaks these types, and the
+service, reconciler and server speak only these. Times are timezone-aware
+`datetime`s in UTC, truncated to milliseconds so that every store gives back
+exactly the value it was given (SQLite keeps RFC 3339 text, PostgreSQL
+`timestamptz` microseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import Enum
+
+from inferd.errors import ServiceUnavailable
+
+# Every endpoint belongs to a project; until accounts exist there is one.
+DEFAULT_PROJECT = "default"
+
+
+def utc_now() -> datetime:
+    """Now in UTC, truncated to the milliseconds every store keeps."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def rfc3339(at: datetime) -> str:
+    """`2025-01-01T00:00:00.000Z`: the form times are served in."""
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    at = datetime.fromisoformat(text)
+    if at.tzinfo is None:
+        # Written by a version that stored naive UTC: it is UTC.
+        at = at.replace(tzinfo=UTC)
+    return at.astimezone(UTC)
+
+
+def utc_now_text() -> str:
+    """RFC 3339 UTC timestamp with milliseconds, as served."""
+    return rfc3339(utc_now())
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One endpoint's settings (its replicas live elsewhere)."""
+
+    id: str
+    name: str
+    model_name: str
+    model_kind: str
+    gpu_type: str
+    gpu_count: int
+    location_name: str
+    min_replicas: int
+    max_replicas: int
+    retention_seconds: int
+    hourly_price: float
+    currency: str
+    created_at: datetime
+    updated_at: datetime
+    # Set when deletion starts; replicas drain while it is set.
+    deleting_at: datetime | None = None
+    # Bumped when the GPU settings change, so older replicas get replaced.
+    generation: int = 1
+    project_id: str = DEFAULT_PROJECT
+
+
+@dataclass(frozen=True)
+class EndpointChanges:
+    """What an update may change; None leaves a setting as it is."""
+
+    updated_at: datetime
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    retention_seconds: int | None = None
+    gpu_type: str | None = None
+    gpu_count: int | None = None
+    hourly_price: float | None = None
+    currency: str | None = None
+    generation: int | None = None
+
+    def settings(self) -> dict[str, object]:
+        """The changed settings by `Endpoint` field name (None ones left out)."""
+        values = {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "retention_seconds": self.retention_seconds,
+            "gpu_type": self.gpu_type,
+            "gpu_count": self.gpu_count,
+            "hourly_price": self.hourly_price,
+            "currency": self.currency,
+            "generation": self.generation,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    def apply(self, endpoint: Endpoint) -> Endpoint:
+        return replace(endpoint, updated_at=self.updated_at, **self.settings())  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """One replica as stored: enough for a restarted control plane to adopt it.
+
+    `node` names where it runs and `placement` is the launcher's own data
+    (the local launcher keeps its process id and GPU indices there); nothing
+    outside the launcher reads either.
+    """
+
+    id: str
+    endpoint_id: str
+    generation: int
+    gpu_type: str
+    gpu_count: int
+    secret_hash: bytes
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    node: str = "local"
+    placement: Mapping[str, str] = field(default_factory=dict)
+    reason: str | None = None
+    url: str | None = None
+
+
+class ChangeKind(str, Enum):
+    ENDPOINT = "endpoint"  # id: the endpoint's id (created, changed or deleted)
+    TOKEN = "token"  # id: the endpoint whose active token changed
+    ADMIN_KEY = "admin_key"  # id: "" (the set of admin keys changed)
+    REPLICA = "replica"  # id: the replica's id
+    # Changes may have been missed (the feed fell too far behind): reload all.
+    RESYNC = "resync"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A record changed: which kind, which id. Read the store for its state."""
+
+    kind: ChangeKind
+    id: str = ""
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as configured (bad URL, wrong journal mode)."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer inferd; refuse rather than guess."""
+
+
+class DuplicateName(Exception):
+    """Another endpoint already has this name."""
+
+
+class EndpointGone(Exception):
+    """The endpoint does not exist (any more), or is being deleted."""
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """The database cannot be reached now; the write did not happen.
+
+    An HTTP answer of its own: 503 with `Retry-After`, so a client retries
+    once the database is back (the store reconnects by itself).
+    """
+
+    code = "store_unavailable"
+
+    def __init__(self, detail: str = "", *, retry_after: float = 2.0) -> None:
+        message = "The control plane's database is unavailable; retry shortly."
+        super().__init__(message, retry_after=retry_after)
+        self.detail = detail

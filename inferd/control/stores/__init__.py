@@ -1,0 +1,1 @@
+"""Store adapters of the control plane (see `inferd.control.ports`)."""

@@ -1,0 +1,190 @@
+"""In-memory store: the ports' reference behaviour, for unit tests.
+
+Holds the same rules as the databases (unique names, one active token per
+endpoint, cascades on delete) so that code tested against it behaves the
+same on SQLite and PostgreSQL; the contract suite holds all three to it.
+Nothing survives the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from inferd.control.model import (
+    Change,
+    ChangeKind,
+    DuplicateName,
+    Endpoint,
+    EndpointChanges,
+    EndpointGone,
+    ReplicaRecord,
+    StoreUnavailable,
+)
+from inferd.control.stores.feed import ChangeHub
+
+
+@dataclass
+class _Token:
+    endpoint_id: str
+    token_hash: bytes
+    revoked: bool = False
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._endpoints: dict[str, Endpoint] = {}
+        self._tokens: list[_Token] = []
+        self._admin_keys: list[tuple[bytes, bool]] = []
+        self._replicas: dict[str, ReplicaRecord] = {}
+        self._hub = ChangeHub()
+        # Set by a test to act as a database that went away: every call
+        # raises `StoreUnavailable` until it is cleared.
+        self.unavailable = False
+
+    def describe(self) -> str:
+        return "memory (nothing is kept after exit)"
+
+    async def schema_version(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        self._hub.close()
+
+    def changes(self) -> AsyncIterator[Change]:
+        return self._hub.subscribe()
+
+    def _check(self) -> None:
+        if self.unavailable:
+            raise StoreUnavailable("memory store marked unavailable")
+
+    def _changed(self, kind: ChangeKind, key: str = "") -> None:
+        self._hub.publish(Change(kind, key))
+
+    # --- endpoints ----------------------------------------------------------------
+
+    async def insert_endpoint(self, endpoint: Endpoint, token_hash: bytes) -> None:
+        self._check()
+        if any(e.name == endpoint.name for e in self._endpoints.values()):
+            raise DuplicateName(endpoint.name)
+        if endpoint.id in self._endpoints:
+            raise ValueError(f"endpoint {endpoint.id} exists")
+        self._endpoints[endpoint.id] = endpoint
+        self._tokens.append(_Token(endpoint.id, token_hash))
+        self._changed(ChangeKind.ENDPOINT, endpoint.id)
+        self._changed(ChangeKind.TOKEN, endpoint.id)
+
+    async def get_endpoint(self, endpoint_id: str) -> Endpoint | None:
+        self._check()
+        return self._endpoints.get(endpoint_id)
+
+    async def list_endpoints(self) -> list[Endpoint]:
+        self._check()
+        return list(self._endpoints.values())
+
+    async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:
+        self._check()
+        endpoint = self._endpoints.get(endpoint_id)
+        if endpoint is None:
+            raise EndpointGone(endpoint_id)
+        endpoint = changes.apply(endpoint)
+        self._endpoints[endpoint_id] = endpoint
+        self._changed(ChangeKind.ENDPOINT, endpoint_id)
+        return endpoint
+
+    async def mark_deleting(self, endpoint_id: str, at: datetime) -> Endpoint:
+        self._check()
+        endpoint = self._endpoints.get(endpoint_id)
+        if endpoint is None:
+            raise EndpointGone(endpoint_id)
+        endpoint = replace(endpoint, deleting_at=endpoint.deleting_at or at, updated_at=at)
+        self._endpoints[endpoint_id] = endpoint
+        self._changed(ChangeKind.ENDPOINT, endpoint_id)
+        self._changed(ChangeKind.TOKEN, endpoint_id)
+        return endpoint
+
+    async def delete_endpoint(self, endpoint_id: str) -> bool:
+        self._check()
+        if self._endpoints.pop(endpoint_id, None) is None:
+            return False
+        self._tokens = [t for t in self._tokens if t.endpoint_id != endpoint_id]
+        for replica_id in [r.id for r in self._replicas.values() if r.endpoint_id == endpoint_id]:
+            del self._replicas[replica_id]
+            self._changed(ChangeKind.REPLICA, replica_id)
+        self._changed(ChangeKind.ENDPOINT, endpoint_id)
+        self._changed(ChangeKind.TOKEN, endpoint_id)
+        return True
+
+    # --- tokens -------------------------------------------------------------------
+
+    async def replace_token(self, endpoint_id: str, token_hash: bytes, at: datetime) -> None:
+        self._check()
+        endpoint = self._endpoints.get(endpoint_id)
+        if endpoint is None or endpoint.deleting_at is not None:
+            raise EndpointGone(endpoint_id)
+        if any(t.token_hash == token_hash for t in self._tokens):
+            raise ValueError("token digest already stored")
+        for token in self._tokens:
+            if token.endpoint_id == endpoint_id:
+                token.revoked = True
+        self._tokens.append(_Token(endpoint_id, token_hash))
+        self._changed(ChangeKind.TOKEN, endpoint_id)
+
+    async def active_token_hashes(self) -> dict[str, bytes]:
+        self._check()
+        return {
+            t.endpoint_id: t.token_hash
+            for t in self._tokens
+            if not t.revoked and self._endpoints[t.endpoint_id].deleting_at is None
+        }
+
+    async def active_token_hash(self, endpoint_id: str) -> bytes | None:
+        return (await self.active_token_hashes()).get(endpoint_id)
+
+    # --- admin keys ---------------------------------------------------------------
+
+    async def admin_key_hashes(self) -> list[bytes]:
+        self._check()
+        return [digest for digest, revoked in self._admin_keys if not revoked]
+
+    async def add_admin_key(
+        self, key_hash: bytes, at: datetime, *, revoke_others: bool = False
+    ) -> None:
+        self._check()
+        if revoke_others:
+            self._admin_keys = [(digest, True) for digest, _ in self._admin_keys]
+        self._admin_keys.append((key_hash, False))
+        self._changed(ChangeKind.ADMIN_KEY)
+
+    # --- replicas -----------------------------------------------------------------
+
+    async def insert_replica(self, record: ReplicaRecord) -> None:
+        self._check()
+        if record.endpoint_id not in self._endpoints:
+            raise EndpointGone(record.endpoint_id)
+        if record.id in self._replicas:
+            raise ValueError(f"replica {record.id} exists")
+        self._replicas[record.id] = replace(record, placement=dict(record.placement))
+        self._changed(ChangeKind.REPLICA, record.id)
+
+    async def update_replica(
+        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+    ) -> None:
+        self._check()
+        record = self._replicas.get(replica_id)
+        if record is None:
+            return
+        self._replicas[replica_id] = replace(
+            record, status=status, reason=reason, url=url, updated_at=at
+        )
+        self._changed(ChangeKind.REPLICA, replica_id)
+
+    async def delete_replica(self, replica_id: str) -> None:
+        self._check()
+        if self._replicas.pop(replica_id, None) is not None:
+            self._changed(ChangeKind.REPLICA, replica_id)
+
+    async def list_replicas(self) -> list[ReplicaRecord]:
+        self._check()
+        return list(self._replicas.values())
