@@ -54,6 +54,20 @@ class Settings(BaseModel):
         None, description="management API key (prefer INFERD_ADMIN_KEY: flags show in ps)"
     )
 
+    # --- Several instances over one PostgreSQL --------------------------------
+    # Set on every instance of a cluster: they elect one leader through it
+    # and share their load through it.
+    database_url: str | None = Field(
+        None, description="PostgreSQL URL shared by every instance (unset: one instance)"
+    )
+    # How this instance is named to the others (leader, load rows); unique.
+    instance_id: str | None = Field(
+        None, description="this instance's name in a cluster (default HOSTNAME:PORT)"
+    )
+    cluster_load_interval_seconds: float = Field(
+        1.0, gt=0, le=10, description="how often an instance publishes its load"
+    )
+
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")

@@ -118,6 +118,9 @@ class Reconciler:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
+        """Start ticking; again after `stop` as well (a leader that lost its
+        leadership and won it back)."""
+        self._stopping = False
         self._task = asyncio.ensure_future(self._run())
 
     def wake(self, endpoint_id: str | None = None) -> None:

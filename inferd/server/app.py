@@ -87,10 +87,6 @@ class ControlPlane:
         self.store.close()
 
 
-async def _healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
 def openapi_document(
     settings: Settings, catalog: Catalog, parts: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
@@ -116,14 +112,19 @@ def create_app(
     *,
     extra_routes: Sequence[BaseRoute] = (),
     openapi_parts: Sequence[Mapping[str, Any]] = (),
+    health: Callable[[], Mapping[str, Any]] | None = None,
 ) -> Starlette:
     """`openapi_parts`: the OpenAPI paths and components of `extra_routes`
-    (see `openapi_document`)."""
+    (see `openapi_document`). `health`: more for `GET /healthz` to say
+    (in a cluster: this instance and which one leads)."""
     settings = plane.settings
     openapi_body = json.dumps(openapi_document(settings, plane.catalog, openapi_parts)).encode()
 
     async def openapi(request: Request) -> Response:
         return Response(openapi_body, media_type="application/json")
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", **(health() if health else {})})
 
     management = ManagementRoutes(plane.service, settings.max_body_bytes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and
@@ -143,7 +144,7 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/healthz", _healthz, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Mount(
                 "/inference",

@@ -126,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
         print(_banner(settings, plane.generated_admin_key), flush=True)
         runtime = attach_runtime(plane)
         app = create_app(
-            plane, extra_routes=runtime_routes(runtime), openapi_parts=[runtime_openapi()]
+            plane,
+            extra_routes=runtime_routes(runtime),
+            openapi_parts=[runtime_openapi()],
+            health=runtime.health,
         )
         config = uvicorn.Config(
             app,

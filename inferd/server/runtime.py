@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from starlette.routing import BaseRoute, Route
 
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
+from inferd.control.leader import LeaderInfo, PostgresElection
+from inferd.control.loadshare import max_age
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry, ReportRejected
@@ -34,6 +37,13 @@ from inferd.gateway.openapi import gateway_openapi
 from inferd.gateway.settings import GatewaySettings
 from inferd.http import parse_json_object, read_body
 from inferd.server.app import ControlPlane
+from inferd.server.cluster import (
+    CallbackDuty,
+    ClusterLoadFeed,
+    ClusterTraffic,
+    LeaderDutySet,
+    LoadPublisher,
+)
 from inferd.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -43,11 +53,36 @@ _MAX_REPORT_BYTES = 64 * 1024
 
 
 @dataclass
+class ClusterMember:
+    """This instance's part in a cluster (set when `database_url` is)."""
+
+    instance_id: str
+    election: PostgresElection
+    publisher: LoadPublisher
+
+    def health(self) -> dict[str, Any]:
+        info: LeaderInfo | None = self.election.info
+        leading = self.election.leading
+        return {
+            "instance": self.instance_id,
+            "leader": {
+                "instance": self.instance_id if leading else (info.holder if info else None),
+                "term": info.term if info else None,
+                "self": leading,
+            },
+        }
+
+
+@dataclass
 class Runtime:
     registry: Registry
     launcher: LocalLauncher
     gateway: Gateway
     reconciler: Reconciler
+    cluster: ClusterMember | None = None
+
+    def health(self) -> dict[str, Any]:
+        return self.cluster.health() if self.cluster is not None else {}
 
     def endpoint_runtime(self, endpoint_id: str) -> EndpointRuntime:
         views = tuple(
@@ -115,15 +150,28 @@ class _ReplicaCollector(Collector):
         return []
 
 
+def default_instance_id(settings: Settings) -> str:
+    return f"{socket.gethostname()}:{settings.port}"
+
+
 def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -> Runtime:
     settings = plane.settings
+    cluster_url = settings.database_url
+    instance_id = settings.instance_id or default_instance_id(settings)
     # The reconciler is woken by the registry; it exists after the registry,
     # so the callbacks look it up late.
     holder: dict[str, Reconciler] = {}
+    publishers: list[LoadPublisher] = []
 
     def wake(endpoint_id: str) -> None:
         if "r" in holder:
             holder["r"].wake(endpoint_id)
+
+    def capacity_wanted(endpoint_id: str) -> None:
+        # The leader may be another instance: tell it through the database.
+        wake(endpoint_id)
+        for publisher in publishers:
+            publisher.wake(endpoint_id)
 
     def endpoint_route(endpoint_id: str) -> EndpointRoute | None:
         row = plane.service.find(endpoint_id)
@@ -139,7 +187,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         failure_periods=settings.health_failure_periods,
         start_timeout_s=settings.replica_start_timeout_seconds,
         on_change=wake,
-        on_capacity_request=wake,
+        on_capacity_request=capacity_wanted,
     )
     gateway = Gateway(
         registry,
@@ -151,11 +199,14 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             max_hold_seconds=settings.gateway_hold_timeout_seconds,
         ),
     )
+    interval = settings.cluster_load_interval_seconds
+    # In a cluster the reconciler sees every instance's traffic.
+    traffic = ClusterTraffic(gateway, instance_id, max_age(interval)) if cluster_url else gateway
     launcher = launcher or build_launcher(plane)
     reconciler = Reconciler(
         registry=registry,
         launcher=launcher,
-        traffic=gateway,
+        traffic=traffic,
         records=plane.store,
         endpoints=plane.service.rows,
         settings=ReconcilerSettings(
@@ -167,22 +218,57 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         ),
     )
     holder["r"] = reconciler
-    runtime = Runtime(registry, launcher, gateway, reconciler)
-    plane.service.runtime_of = runtime.endpoint_runtime
-    plane.service.drain = reconciler.drain_endpoint
 
-    async def start() -> None:
+    async def adopt() -> None:
         rows = await asyncio.to_thread(plane.store.list_replicas)
+        known = {replica.replica_id for replica in registry.all()}
+        rows = [row for row in rows if row.id not in known]
         adopted = set(reconciler.adopt(rows, plane.service.rows()))
         for row in rows:
             if row.id not in adopted:
                 await asyncio.to_thread(plane.store.delete_replica, row.id)
         if rows:
-            logger.info("adopted %d of %d replicas from the last run", len(adopted), len(rows))
-        await gateway.startup()
+            logger.info("adopted %d of %d replicas", len(adopted), len(rows))
+
+    async def lead(term: int) -> None:
+        await adopt()
         reconciler.start()
 
+    cluster: ClusterMember | None = None
+    if cluster_url:
+        assert isinstance(traffic, ClusterTraffic)
+        publisher = LoadPublisher(cluster_url, instance_id, gateway, interval)
+        publishers.append(publisher)
+        duties = LeaderDutySet(
+            [
+                ClusterLoadFeed(cluster_url, traffic, reconciler.wake, interval),
+                CallbackDuty(lead, reconciler.stop),
+            ]
+        )
+        cluster = ClusterMember(
+            instance_id, PostgresElection(cluster_url, instance_id, duties), publisher
+        )
+    runtime = Runtime(registry, launcher, gateway, reconciler, cluster)
+    plane.service.runtime_of = runtime.endpoint_runtime
+    plane.service.drain = reconciler.drain_endpoint
+
+    async def start() -> None:
+        await gateway.startup()
+        if cluster is None:
+            await lead(0)
+            return
+        cluster.publisher.start()
+        cluster.election.start()
+
     async def stop() -> None:
+        if cluster is not None:
+            # Leader duties stop and the lock goes with the session: another
+            # instance takes over at once and adopts the replicas, which keep
+            # running (they are not this instance's alone).
+            await cluster.election.stop()
+            await cluster.publisher.stop()
+            await gateway.shutdown()
+            return
         await reconciler.stop()
         await gateway.shutdown()
         # Embedded mode owns its replicas: a clean stop leaves none running.
