@@ -178,12 +178,25 @@ async def fenced(conn: Any, term: int) -> AsyncIterator[Any]:
     if `term` is still the current leader term. Raises `Deposed` before the
     body runs otherwise. Store writes made by the leader run inside it."""
     async with conn.transaction():
-        cursor = await conn.execute("SELECT term FROM inferd_leader WHERE id = 1 FOR SHARE")
+        cursor = await conn.execute(_TERM_FOR_SHARE)
         row = await cursor.fetchone()
         current = int(row[0]) if row else 0
         if not fence_allows(term, current):
             raise Deposed(term, current)
         yield conn
+
+
+_TERM_FOR_SHARE = "SELECT term FROM inferd_leader WHERE id = 1 FOR SHARE"
+
+
+def check_term_sync(conn: Any, term: int) -> None:
+    """The same check for a synchronous psycopg connection, to run first
+    inside the store's own write transaction (a store on worker threads):
+    `with conn.transaction(): check_term_sync(conn, term); <the write>`."""
+    row = conn.execute(_TERM_FOR_SHARE).fetchone()
+    current = int(row[0]) if row else 0
+    if not fence_allows(term, current):
+        raise Deposed(term, current)
 
 
 async def read_leader(conn: Any) -> LeaderInfo | None:

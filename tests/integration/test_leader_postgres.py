@@ -12,6 +12,7 @@ from inferd.control.leader import (
     Deposed,
     LeaseSettings,
     PostgresElection,
+    check_term_sync,
     ensure_schema,
     fenced,
     read_leader,
@@ -157,3 +158,22 @@ def test_leadership_returns_after_a_postgres_restart(pg_server: PostgresServer) 
         await a.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_synchronous_check_fences_a_store_transaction(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        asyncio.run(_schema(db))
+        conn.execute("CREATE TABLE decisions (what text)")
+        conn.execute("UPDATE inferd_leader SET term = 2 WHERE id = 1")
+        with conn.transaction():
+            check_term_sync(conn, 2)
+            conn.execute("INSERT INTO decisions VALUES ('by term 2')")
+        with pytest.raises(Deposed), conn.transaction():
+            check_term_sync(conn, 1)
+            conn.execute("INSERT INTO decisions VALUES ('late')")
+        assert conn.execute("SELECT what FROM decisions").fetchall() == [("by term 2",)]
+
+
+async def _schema(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await ensure_schema(conn)
