@@ -67,6 +67,13 @@ class Settings(BaseModel):
     cluster_load_interval_seconds: float = Field(
         1.0, gt=0, le=10, description="how often an instance publishes its load"
     )
+    # A replica reports to the instance that launched it; when that one is
+    # gone (the next leader adopts the replica), to these.
+    replica_report_fallback_urls: str = Field(
+        "",
+        description="comma-separated base URLs of the other instances or their load "
+        "balancer, where replicas report when this instance is unreachable",
+    )
 
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")

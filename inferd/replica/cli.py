@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
     parser.add_argument("--registry-url", default=None)
+    parser.add_argument(
+        "--registry-fallback-url",
+        action="append",
+        default=[],
+        help="where to report when the registry URL cannot be reached (repeatable)",
+    )
     parser.add_argument("--replica-id", default="")
     parser.add_argument("--endpoint-id", default=None)
     parser.add_argument("--report-interval", type=float, default=2.0)
@@ -94,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         port=args.port,
         port_file=args.port_file,
         registry_url=args.registry_url,
+        registry_fallback_urls=tuple(args.registry_fallback_url),
         replica_id=args.replica_id,
         endpoint_id=args.endpoint_id,
         # Secrets travel by environment, never on a command line that `ps` shows.

@@ -54,6 +54,9 @@ class ReplicaConfig:
     port: int = 0
     port_file: Path | None = None
     registry_url: str | None = None
+    # Other control-plane instances (or their load balancer): a replica
+    # outlives the instance that launched it, and keeps reporting.
+    registry_fallback_urls: tuple[str, ...] = ()
     replica_id: str = ""
     endpoint_id: str | None = None
     secret: str | None = None
@@ -165,6 +168,7 @@ class ReplicaProcess:
                 on_orphaned=self.request_drain,
                 interval=config.report_interval,
                 orphan_timeout=config.orphan_timeout,
+                fallback_urls=config.registry_fallback_urls,
             )
             self.state.on_change(self._reporter.notify)
             self._reporter.start()

@@ -121,6 +121,8 @@ def build_launcher(plane: ControlPlane) -> LocalLauncher:
         "--log-level", settings.log_level,
         *shlex.split(settings.replica_args),
     ]  # fmt: skip
+    for base in filter(None, (u.strip() for u in settings.replica_report_fallback_urls.split(","))):
+        args += ["--registry-fallback-url", base.rstrip("/") + REGISTRY_PATH]
     return LocalLauncher(
         registry_url=registry_url(settings),
         log_dir=settings.state_dir / "logs",
