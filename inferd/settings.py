@@ -8,7 +8,8 @@ combination without touching `os.environ`.
 
 A few values are derived when left unset, from the values around them:
 `public_url` from host and port, `state_dir` from `XDG_DATA_HOME`/`HOME`,
-`db_path` from `state_dir`, `models_dir`/`configs_dir` from the source tree.
+`db_path` from `state_dir`, `database_url` from `db_path`, `models_dir`/`configs_dir`
+from the source tree.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Settings(BaseModel):
     # --- State ---------------------------------------------------------------
     state_dir: Path = Field(description="state directory (default ~/.local/share/inferd)")
     db_path: Path = Field(description="SQLite file (default STATE_DIR/inferd.db)")
+    # Where the state lives: sqlite:///PATH (embedded) or postgresql://...
+    database_url: str = Field(
+        description="state database: postgresql://user@host/db (default sqlite:///DB_PATH)"
+    )
     # Supplied by the operator; when unset, one is generated on first start,
     # printed once and stored only as a hash.
     admin_key: SecretStr | None = Field(
@@ -55,11 +60,8 @@ class Settings(BaseModel):
     )
 
     # --- Several instances over one PostgreSQL --------------------------------
-    # Set on every instance of a cluster: they elect one leader through it
-    # and share their load through it.
-    database_url: str | None = Field(
-        None, description="PostgreSQL URL shared by every instance (unset: one instance)"
-    )
+    # Instances whose `database_url` is the same PostgreSQL form a cluster:
+    # they elect one leader and share their load through it.
     # How this instance is named to the others (leader, load rows); unique.
     instance_id: str | None = Field(
         None, description="this instance's name in a cluster (default HOSTNAME:PORT)"
@@ -142,7 +144,7 @@ class Settings(BaseModel):
 
 
 # Keys whose default is computed from other values (see `_derive`).
-_DERIVED = ("public_url", "state_dir", "db_path", "models_dir", "configs_dir")
+_DERIVED = ("public_url", "state_dir", "db_path", "database_url", "models_dir", "configs_dir")
 
 
 def setting_keys() -> tuple[str, ...]:
@@ -196,6 +198,8 @@ def _derive(values: dict[str, Any], env: Mapping[str, str]) -> None:
     values["state_dir"] = Path(values["state_dir"]).expanduser()
     if "db_path" not in values:
         values["db_path"] = Path(values["state_dir"]) / "inferd.db"
+    if "database_url" not in values:
+        values["database_url"] = f"sqlite:///{Path(values['db_path']).expanduser()}"
     values.setdefault("models_dir", default_models_dir())
     values.setdefault("configs_dir", default_configs_dir())
 

@@ -13,6 +13,17 @@ python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
+# The store contract suite and the PostgreSQL end-to-end tests run a real
+# PostgreSQL server (initdb/pg_ctl, no service): install it where missing
+# and we may (root with apt); elsewhere those tests skip (fail when CI is set).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
+  else
+    echo "note: PostgreSQL is not installed; its tests will skip (apt-get install postgresql)" >&2
+  fi
+fi
+
 pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferd.testing import LoopThread, ReplicaHandle
+from inferd.testing_postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,3 +74,17 @@ def diffusers_replica(tiny_sdxl_dir: Path) -> Iterator[ReplicaHandle]:
         yield handle.wait_ready(timeout=300)
     finally:
         handle.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the session (a fresh database per test:
+    `postgres_server.create_database()`). Skipped where PostgreSQL is not
+    installed, a failure when `CI` is set."""
+    from inferd.testing_postgres import require_postgres, start_postgres
+
+    server = start_postgres(require_postgres())
+    try:
+        yield server
+    finally:
+        server.destroy()

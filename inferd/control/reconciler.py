@@ -24,15 +24,15 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Protocol
 
 from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings, decide
 from inferd.control.launchers.base import Launcher, ReplicaSpec
+from inferd.control.model import Endpoint, ReplicaRecord, rfc3339, utc_now, utc_now_text
+from inferd.control.ports import ReplicaStore
 from inferd.control.registry import Registry, Replica, secret_digest
-from inferd.control.store import EndpointRow, ReplicaRow, utc_now_text
 from inferd.gateway.traffic import TrafficSnapshot
 from inferd.vocab import ReplicaStatus
 
@@ -49,19 +49,6 @@ class TrafficSource(Protocol):
     def abort_replica(self, replica_id: str, reason: str = ...) -> int: ...
 
     def forget_endpoint(self, endpoint_id: str) -> None: ...
-
-
-class ReplicaRecords(Protocol):
-    """Durable copy of the replicas, so a restarted control plane can adopt
-    them (the store). Called from a worker thread."""
-
-    def insert_replica(self, row: ReplicaRow) -> None: ...
-
-    def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: str
-    ) -> None: ...
-
-    def delete_replica(self, replica_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -93,11 +80,10 @@ class Reconciler:
         registry: Registry,
         launcher: Launcher,
         traffic: TrafficSource,
-        records: ReplicaRecords,
-        endpoints: Callable[[], Sequence[EndpointRow]],
+        records: ReplicaStore,
+        endpoints: Callable[[], Sequence[Endpoint]],
         settings: ReconcilerSettings,
         clock: Callable[[], float] = time.monotonic,
-        to_thread: Callable[..., Awaitable[object]] = asyncio.to_thread,
     ) -> None:
         self.registry = registry
         self.launcher = launcher
@@ -106,7 +92,6 @@ class Reconciler:
         self.endpoints = endpoints
         self.settings = settings
         self.clock = clock
-        self._to_thread = to_thread
         self._plans: dict[str, _Plan] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -178,24 +163,17 @@ class Reconciler:
         """Write what changed since the last tick: one place, every transition."""
         current = {r.replica_id: r for r in self.registry.all()}
         for replica_id in [rid for rid in self._persisted if rid not in current]:
-            await self._to_thread(self.records.delete_replica, replica_id)
+            await self.records.delete_replica(replica_id)
             del self._persisted[replica_id]
         for replica_id, replica in current.items():
             state = (replica.status.value, replica.reason, replica.url)
             if replica_id in self._persisted and self._persisted[replica_id] != state:
-                await self._to_thread(
-                    partial(
-                        self.records.update_replica,
-                        replica_id,
-                        status=state[0],
-                        reason=state[1],
-                        url=state[2],
-                        at=utc_now_text(),
-                    )
+                await self.records.update_replica(
+                    replica_id, status=state[0], reason=state[1], url=state[2], at=utc_now()
                 )
                 self._persisted[replica_id] = state
 
-    def adopt(self, rows: Sequence[ReplicaRow], endpoints: Sequence[EndpointRow]) -> list[str]:
+    def adopt(self, rows: Sequence[ReplicaRecord], endpoints: Sequence[Endpoint]) -> list[str]:
         """After a restart: take over the replicas that are still running.
         Returns the ids adopted; the rest are forgotten (and replaced as the
         endpoints need)."""
@@ -204,9 +182,8 @@ class Reconciler:
         now = self.clock()
         for row in rows:
             endpoint = by_id.get(row.endpoint_id)
-            alive = endpoint is not None and self.launcher.adopt(
-                row.id, row.pid, row.gpu_id_tuple()
-            )
+            pid, gpu_ids = _local_placement(row)
+            alive = endpoint is not None and self.launcher.adopt(row.id, pid, gpu_ids)
             if not alive or row.status in ("stopped", "failed"):
                 if alive:
                     self.launcher.kill(row.id)
@@ -218,13 +195,13 @@ class Reconciler:
                     endpoint_id=row.endpoint_id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
-                    gpu_ids=row.gpu_id_tuple(),
+                    gpu_ids=gpu_ids,
                     gpu_count=row.gpu_count,
                     secret_digest=row.secret_hash,
                     status=status,
-                    pid=row.pid,
+                    pid=pid,
                     url=row.url,
-                    created_wall=row.created_at,
+                    created_wall=rfc3339(row.created_at),
                 )
             )
             self._persisted[row.id] = (row.status, row.reason, row.url)
@@ -276,7 +253,7 @@ class Reconciler:
             backoff,
         )
 
-    async def _reconcile(self, row: EndpointRow) -> None:
+    async def _reconcile(self, row: Endpoint) -> None:
         now = self.clock()
         plan = self.plan(row.id)
         replicas = self.registry.of_endpoint(row.id)
@@ -319,7 +296,7 @@ class Reconciler:
             for replica in old:
                 self._drain(replica, "replaced by a replica with the new settings")
 
-    def _scaling(self, row: EndpointRow) -> ScalingSettings:
+    def _scaling(self, row: Endpoint) -> ScalingSettings:
         s = self.settings
         return ScalingSettings(
             min_replicas=row.min_replicas,
@@ -330,7 +307,7 @@ class Reconciler:
             downscale_delay_s=s.downscale_delay_s,
         )
 
-    async def _launch(self, row: EndpointRow, plan: _Plan, count: int, now: float) -> None:
+    async def _launch(self, row: Endpoint, plan: _Plan, count: int, now: float) -> None:
         if now < plan.next_launch_at:
             return
         for _ in range(count):
@@ -368,21 +345,21 @@ class Reconciler:
                     created_wall=utc_now_text(),
                 )
             )
-            row_now = utc_now_text()
-            await self._to_thread(
-                self.records.insert_replica,
-                ReplicaRow(
+            row_now = utc_now()
+            await self.records.insert_replica(
+                ReplicaRecord(
                     id=replica_id,
                     endpoint_id=row.id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
                     gpu_count=row.gpu_count,
-                    gpu_ids=",".join(str(i) for i in launched.gpu_ids),
-                    pid=launched.pid,
+                    node=launched.host,
+                    placement={
+                        "pid": str(launched.pid),
+                        "gpu_ids": ",".join(str(i) for i in launched.gpu_ids),
+                    },
                     secret_hash=replica.secret_digest,
                     status=replica.status.value,
-                    reason=None,
-                    url=None,
                     created_at=row_now,
                     updated_at=row_now,
                 ),
@@ -416,7 +393,7 @@ class Reconciler:
 
     # -- deletion -------------------------------------------------------------------
 
-    async def drain_endpoint(self, row: EndpointRow, timeout_s: float | None = None) -> None:
+    async def drain_endpoint(self, row: Endpoint, timeout_s: float | None = None) -> None:
         """Stop every replica of a deleted endpoint and wait until their
         processes have ended (DELETE answers only then)."""
         timeout = timeout_s if timeout_s is not None else self.settings.drain_timeout_s + 10
@@ -455,6 +432,13 @@ def _victims(replicas: Sequence[Replica], count: int, traffic: TrafficSnapshot) 
         return (0 if coming_up else 1, in_flight, -replica.created_at)
 
     return sorted(replicas, key=cost)[:count]
+
+
+def _local_placement(record: ReplicaRecord) -> tuple[int, tuple[int, ...]]:
+    """The process id and GPU indices the local launcher stored (0, () if none)."""
+    pid = record.placement.get("pid", "0")
+    gpu_ids = record.placement.get("gpu_ids", "")
+    return (int(pid) if pid.isdigit() else 0), tuple(int(i) for i in gpu_ids.split(",") if i)
 
 
 def _last_line(text: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd import COMPAT_FAMILY
-from inferd.control.store import EndpointRow
+from inferd.control.model import Endpoint, rfc3339
 from inferd.vocab import EndpointStatus, ModelKind, ReplicaStatus
 
 
@@ -48,7 +48,7 @@ class DerivedStatus:
 
 
 def derive_status(
-    row: EndpointRow, replicas: Sequence[ReplicaView] = (), waiting_for: str | None = None
+    row: Endpoint, replicas: Sequence[ReplicaView] = (), waiting_for: str | None = None
 ) -> DerivedStatus:
     """Endpoint status from its settings and its replicas' states.
 
@@ -133,7 +133,7 @@ def example_command(
 
 
 def build_record(
-    row: EndpointRow,
+    row: Endpoint,
     public_url: str,
     replicas: Sequence[ReplicaView] = (),
     *,
@@ -174,6 +174,6 @@ def build_record(
         "exampleCommand": example_command(url, row.model_kind, row.model_name, image_size),
         "currency": row.currency,
         "statusReason": derived.reason,
-        "createdAt": row.created_at,
-        "updatedAt": row.updated_at,
+        "createdAt": rfc3339(row.created_at),
+        "updatedAt": rfc3339(row.updated_at),
     }

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from inferd.control.store import utc_now_text
+from inferd.control.model import utc_now_text
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.vocab import ReplicaStatus
 

@@ -1,12 +1,14 @@
 """Endpoint lifecycle: create, read, update, delete, re-issue the access token.
 
-Reads are served from an in-memory copy of the endpoint rows, loaded from
-the store at start and written through on every change: this process is the
-only writer of its SQLite file, and reads are the hot path. Writes are
-serialised by one asyncio lock (validate against the current rows, commit,
-then update memory, with no interleaving) and run in a worker thread, so the
-fsync of a commit never stalls the event loop that also carries inference
-traffic. A write returns only after the commit is durable.
+Reads are the hot path and are served from an in-memory copy of the
+endpoints: loaded from the store at start (`load`), written through on
+every change made here, and kept fresh from the store's change feed
+(`follow`) so that another control plane's writes to the same database are
+seen too. Writes are serialised by one asyncio lock (validate against the
+current copy, commit, then update memory, with no interleaving; changes from
+the feed are applied under the same lock). A write returns only after the
+commit is durable; a database that is away makes writes answer 503 while
+reads go on from memory.
 """
 
 from __future__ import annotations
@@ -15,17 +17,25 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import Any
-
-from anyio import to_thread
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from typing import Any, Protocol
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
+from inferd.control.follow import follow
+from inferd.control.model import (
+    Change,
+    ChangeKind,
+    DuplicateName,
+    Endpoint,
+    EndpointChanges,
+    EndpointGone,
+    utc_now,
+)
 from inferd.control.placement import Placement, resolve_placement
+from inferd.control.ports import EndpointStore, TokenStore
 from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
-from inferd.control.store import DuplicateName, EndpointRow, Store, utc_now_text
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
 
@@ -34,14 +44,14 @@ logger = logging.getLogger(__name__)
 # Hooks issue 4 fills in: the replicas the registry knows for an endpoint,
 # and the drain that must finish before a deleted endpoint's row goes.
 RuntimeOf = Callable[[str], EndpointRuntime]
-Drain = Callable[[EndpointRow], Awaitable[None]]
+Drain = Callable[[Endpoint], Awaitable[None]]
 
 
 def _no_runtime(endpoint_id: str) -> EndpointRuntime:
     return EndpointRuntime()
 
 
-async def _no_drain(row: EndpointRow) -> None:
+async def _no_drain(row: Endpoint) -> None:
     return None
 
 
@@ -50,10 +60,14 @@ def render_json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
+class ServiceStore(EndpointStore, TokenStore, Protocol):
+    """What the service writes to: endpoints and their tokens."""
+
+
 class EndpointService:
     def __init__(
         self,
-        store: Store,
+        store: ServiceStore,
         catalog: Catalog,
         verifier: TokenVerifier,
         *,
@@ -61,7 +75,7 @@ class EndpointService:
         default_location: str,
         max_replicas_cap: int,
         max_endpoints: int = 10_000,
-        clock: Callable[[], str] = utc_now_text,
+        clock: Callable[[], datetime] = utc_now,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self._store = store
@@ -73,35 +87,77 @@ class EndpointService:
         self.max_endpoints = max_endpoints
         self._clock = clock
         self._new_id = new_id
-        self._rows: dict[str, EndpointRow] = {r.id: r for r in store.list_endpoints()}
-        self._names: dict[str, str] = {r.name: r.id for r in self._rows.values()}
+        self._rows: dict[str, Endpoint] = {}
+        self._names: dict[str, str] = {}
         # Rendered JSON of each record, keyed by everything the record is
         # computed from: the row object (frozen, replaced on every change, so
         # identity is its version) and the replicas' views (frozen, compared by
         # value). Reads are far more frequent than changes, and the list call
         # renders a thousand records; a hit costs a tuple comparison.
-        self._rendered: dict[str, tuple[EndpointRow, EndpointRuntime, bytes]] = {}
+        self._rendered: dict[str, tuple[Endpoint, EndpointRuntime, bytes]] = {}
         self._write_lock = asyncio.Lock()
         self.runtime_of: RuntimeOf = _no_runtime
         self.drain: Drain = _no_drain
 
+    # --- the in-memory copy ---------------------------------------------------------
+
+    async def load(self) -> None:
+        """(Re)load every endpoint from the store."""
+        async with self._write_lock:
+            endpoints = await self._store.list_endpoints()
+            # Keep the objects that did not change: the render cache is keyed
+            # by identity.
+            fresh: dict[str, Endpoint] = {}
+            for endpoint in endpoints:
+                old = self._rows.get(endpoint.id)
+                fresh[endpoint.id] = old if old is not None and old == endpoint else endpoint
+            self._rows = fresh
+            self._names = {e.name: e.id for e in self._rows.values()}
+            for endpoint_id in [i for i in self._rendered if i not in self._rows]:
+                del self._rendered[endpoint_id]
+
+    async def follow(self, feed: AsyncIterator[Change]) -> None:
+        """Apply other writers' changes from `feed` (subscribed before `load`)."""
+        await follow(feed, self._apply, self.load, what="endpoint cache")
+
+    async def _apply(self, change: Change) -> None:
+        if change.kind is not ChangeKind.ENDPOINT:
+            return
+        async with self._write_lock:
+            stored = await self._store.get_endpoint(change.id)
+            current = self._rows.get(change.id)
+            if stored == current:
+                return
+            if current is not None and self._names.get(current.name) == current.id:
+                del self._names[current.name]
+            if stored is None:
+                self._rows.pop(change.id, None)
+                self._rendered.pop(change.id, None)
+            else:
+                self._rows[stored.id] = stored
+                self._names[stored.name] = stored.id
+
     # --- reads (memory only) -------------------------------------------------------
 
-    def rows(self) -> list[EndpointRow]:
+    def rows(self) -> list[Endpoint]:
         return list(self._rows.values())
 
-    def find(self, endpoint_id: str) -> EndpointRow | None:
+    def find(self, endpoint_id: str) -> Endpoint | None:
         return self._rows.get(endpoint_id)
 
-    def row(self, endpoint_id: str) -> EndpointRow:
+    def row(self, endpoint_id: str) -> Endpoint:
         row = self._rows.get(endpoint_id)
         if row is None:
             # Also the answer for an id that is not a UUID at all: to a client
             # both are "no such endpoint".
-            raise NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
+            raise self._gone(endpoint_id)
         return row
 
-    def _image_size(self, row: EndpointRow) -> str:
+    @staticmethod
+    def _gone(endpoint_id: str) -> NotFound:
+        return NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
+
+    def _image_size(self, row: Endpoint) -> str:
         # The model's own default size, so the example works as pasted; a
         # model gone from the catalog since creation falls back to 1024x1024.
         if row.model_kind == "image" and row.model_name in self.catalog.models:
@@ -110,7 +166,7 @@ class EndpointService:
                 return f"{size[0]}x{size[1]}"
         return DEFAULT_IMAGE_SIZE
 
-    def _build(self, row: EndpointRow, runtime: EndpointRuntime | None = None) -> dict[str, Any]:
+    def _build(self, row: Endpoint, runtime: EndpointRuntime | None = None) -> dict[str, Any]:
         if runtime is None:
             runtime = self.runtime_of(row.id)
         return build_record(
@@ -121,7 +177,7 @@ class EndpointService:
             waiting_for=runtime.waiting_for,
         )
 
-    def _rendered_json(self, row: EndpointRow) -> bytes:
+    def _rendered_json(self, row: Endpoint) -> bytes:
         runtime = self.runtime_of(row.id)
         cached = self._rendered.get(row.id)
         if cached is not None and cached[0] is row and cached[1] == runtime:
@@ -144,7 +200,7 @@ class EndpointService:
         """`{"data": [every record, oldest first]}` as JSON bytes."""
         return b'{"data":[' + b",".join(map(self._rendered_json, self._rows.values())) + b"]}"
 
-    def find_by_name(self, name: str) -> EndpointRow | None:
+    def find_by_name(self, name: str) -> Endpoint | None:
         endpoint_id = self._names.get(name)
         return None if endpoint_id is None else self._rows.get(endpoint_id)
 
@@ -204,7 +260,7 @@ class EndpointService:
                     code="endpoint_limit_reached",
                 )
             now = self._clock()
-            row = EndpointRow(
+            row = Endpoint(
                 id=self._new_id(),
                 name=req.name,
                 model_name=placement.model_name,
@@ -223,7 +279,7 @@ class EndpointService:
             token = new_endpoint_token()
             digest = hash_token(token)
             try:
-                await to_thread.run_sync(self._store.insert_endpoint, row, digest)
+                await self._store.insert_endpoint(row, digest)
             except DuplicateName:
                 raise Conflict(
                     f"An endpoint named '{req.name}' already exists.",
@@ -242,12 +298,12 @@ class EndpointService:
             min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
             max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
             self._check_scaling(min_replicas, max_replicas)
-            changes: dict[str, Any] = {
+            wanted: dict[str, Any] = {
                 "min_replicas": min_replicas,
                 "max_replicas": max_replicas,
             }
             if req.scaleToZeroRetentionPeriodSeconds is not None:
-                changes["retention_seconds"] = req.scaleToZeroRetentionPeriodSeconds
+                wanted["retention_seconds"] = req.scaleToZeroRetentionPeriodSeconds
             if req.gpuType is not None or req.gpuCount is not None:
                 gpu_type = req.gpuType or row.gpu_type
                 # Same type, new count: keep the type. New type, no count:
@@ -257,20 +313,20 @@ class EndpointService:
                     gpu_count = row.gpu_count
                 placement = self._place(row.model_name, row.location_name, gpu_type, gpu_count)
                 if (placement.gpu_type, placement.gpu_count) != (row.gpu_type, row.gpu_count):
-                    changes.update(
+                    wanted.update(
                         gpu_type=placement.gpu_type,
                         gpu_count=placement.gpu_count,
                         hourly_price=placement.hourly_price,
                         currency=placement.currency,
                         generation=row.generation + 1,
                     )
-            changes = {k: v for k, v in changes.items() if getattr(row, k) != v}
-            if changes:
-                changes["updated_at"] = self._clock()
-                await to_thread.run_sync(
-                    lambda: self._store.update_endpoint(endpoint_id, **changes)
-                )
-                row = replace(row, **changes)
+            wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
+            if wanted:
+                changes = EndpointChanges(updated_at=self._clock(), **wanted)
+                try:
+                    row = await self._store.update_endpoint(endpoint_id, changes)
+                except EndpointGone:
+                    raise self._gone(endpoint_id) from None
                 self._rows[endpoint_id] = row
         return self._build(row)
 
@@ -279,7 +335,10 @@ class EndpointService:
             self._writable(endpoint_id)
             token = new_endpoint_token()
             digest = hash_token(token)
-            await to_thread.run_sync(self._store.replace_token, endpoint_id, digest, self._clock())
+            try:
+                await self._store.replace_token(endpoint_id, digest, self._clock())
+            except EndpointGone:
+                raise self._gone(endpoint_id) from None
             # After the commit and before the answer: the old token fails from now on.
             self.verifier.set_active(endpoint_id, digest)
         logger.info("re-issued the access token of endpoint %s", endpoint_id)
@@ -289,15 +348,18 @@ class EndpointService:
         """Mark deleting (tokens stop working), drain replicas, then remove the row."""
         async with self._write_lock:
             self.row(endpoint_id)
-            row = await to_thread.run_sync(self._store.mark_deleting, endpoint_id, self._clock())
+            try:
+                row = await self._store.mark_deleting(endpoint_id, self._clock())
+            except EndpointGone:
+                raise self._gone(endpoint_id) from None
             self._rows[endpoint_id] = row
             self.verifier.forget(endpoint_id)
         await self._finish_delete(row)
 
-    async def _finish_delete(self, row: EndpointRow) -> None:
+    async def _finish_delete(self, row: Endpoint) -> None:
         await self.drain(row)
         async with self._write_lock:
-            await to_thread.run_sync(self._store.delete_endpoint, row.id)
+            await self._store.delete_endpoint(row.id)
             self._rows.pop(row.id, None)
             self._rendered.pop(row.id, None)
             if self._names.get(row.name) == row.id:
@@ -309,7 +371,7 @@ class EndpointService:
         for row in [r for r in self._rows.values() if r.deleting_at is not None]:
             await self._finish_delete(row)
 
-    def _writable(self, endpoint_id: str) -> EndpointRow:
+    def _writable(self, endpoint_id: str) -> Endpoint:
         row = self.row(endpoint_id)
         if row.deleting_at is not None:
             raise Conflict(

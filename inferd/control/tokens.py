@@ -19,7 +19,12 @@ import hashlib
 import hmac
 import secrets
 import zlib
-from typing import Protocol
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferd.control.model import Change
+    from inferd.control.ports import TokenStore
 
 ENDPOINT_TOKEN_PREFIX = "infd_ep_"
 ADMIN_KEY_PREFIX = "infd_admin_"
@@ -75,35 +80,63 @@ def digest_matches(token: str, digest: bytes) -> bool:
     return hmac.compare_digest(hash_token(token), digest)
 
 
-class TokenHashSource(Protocol):
-    """What the verifier loads from: endpoint id -> digest of its active token."""
-
-    def active_token_hashes(self) -> dict[str, bytes]: ...
-
-
 class TokenVerifier:
     """Answers "does this token open this endpoint?" from memory.
 
-    Loaded once from the store; the service that writes tokens updates it in
-    the same process right after each commit (`set_active`, `forget`), so a
-    re-issued or deleted endpoint's old token fails before the HTTP answer is
-    sent. An endpoint id that is not cached has no active token: a miss never
-    reaches the store, so unknown ids cost nothing. (A control plane split
-    across processes would need a change feed to keep this cache fresh.)
+    Loaded from the store at start (`load`). The service that writes tokens
+    in this process updates it right after each commit (`set_active`,
+    `forget`), so a re-issued or deleted endpoint's old token fails before
+    the HTTP answer is sent; `follow` applies every other writer's changes
+    from the store's change feed. An endpoint id that is not cached has no
+    active token: a miss never reaches the store, so unknown ids cost nothing.
     """
 
-    def __init__(self, source: TokenHashSource) -> None:
+    def __init__(self, source: TokenStore) -> None:
         self._source = source
         self._active: dict[str, bytes] = {}
-        self.reload()
+        # Bumped by each local update: a digest read from the store before
+        # one must not overwrite it (that read may predate the commit).
+        self._local: dict[str, int] = {}
 
-    def reload(self) -> None:
-        self._active = dict(self._source.active_token_hashes())
+    async def load(self) -> None:
+        local = dict(self._local)
+        loaded = await self._source.active_token_hashes()
+        for endpoint_id, count in self._local.items():
+            if local.get(endpoint_id) != count:  # updated locally meanwhile: keep that
+                if endpoint_id in self._active:
+                    loaded[endpoint_id] = self._active[endpoint_id]
+                else:
+                    loaded.pop(endpoint_id, None)
+        self._active = loaded
+
+    async def follow(self, feed: AsyncIterator[Change]) -> None:
+        """Keep the cache fresh from `feed` (subscribed before `load`)."""
+        # Imported here: `inferd.errors` imports this module for `redact`.
+        from inferd.control.follow import follow
+
+        await follow(feed, self._apply, self.load, what="token cache")
+
+    async def _apply(self, change: Change) -> None:
+        from inferd.control.model import ChangeKind
+
+        if change.kind is not ChangeKind.TOKEN:
+            return
+        endpoint_id = change.id
+        before = self._local.get(endpoint_id, 0)
+        digest = await self._source.active_token_hash(endpoint_id)
+        if self._local.get(endpoint_id, 0) != before:
+            return
+        if digest is None:
+            self._active.pop(endpoint_id, None)
+        else:
+            self._active[endpoint_id] = digest
 
     def set_active(self, endpoint_id: str, digest: bytes) -> None:
+        self._local[endpoint_id] = self._local.get(endpoint_id, 0) + 1
         self._active[endpoint_id] = digest
 
     def forget(self, endpoint_id: str) -> None:
+        self._local[endpoint_id] = self._local.get(endpoint_id, 0) + 1
         self._active.pop(endpoint_id, None)
 
     def verify(self, endpoint_id: str, token: str) -> bool:

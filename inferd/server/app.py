@@ -1,7 +1,9 @@
 """Composition of `inferd serve`: the control plane's parts and the ASGI app.
 
-`ControlPlane.open(settings)` wires store, catalog, token verifier, admin
-key and endpoint service; `create_app(plane)` puts the HTTP surface on top.
+`await ControlPlane.open(settings)` wires store, catalog, token verifier,
+admin key and endpoint service; `create_app(plane)` puts the HTTP surface
+on top, and its lifespan keeps the in-memory copies following the store's
+change feed.
 Later parts (registry, gateway, reconciler) join through `extra_routes` and
 the plane's `on_startup`/`on_shutdown` lists, which run in the app lifespan,
 in the same process and event loop.
@@ -9,8 +11,10 @@ in the same process and event loop.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,14 +26,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
 from inferd.catalog import Catalog, load_catalog
+from inferd.control.ports import Store
 from inferd.control.service import EndpointService
-from inferd.control.store import Store
+from inferd.control.stores import open_store
 from inferd.control.tokens import TokenVerifier
 from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server.auth import AdminAuth, RequireAdmin, provision_admin_key
 from inferd.server.management import ManagementRoutes
 from inferd.server.openapi import build_openapi
 from inferd.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -46,21 +53,30 @@ class ControlPlane:
     generated_admin_key: str | None = None
     on_startup: list[Hook] = field(default_factory=list)
     on_shutdown: list[Hook] = field(default_factory=list)
+    _followers: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
-    def open(
+    async def open(
         cls,
         settings: Settings,
         *,
         catalog: Catalog | None = None,
+        store: Store | None = None,
         rotate_admin_key: bool = False,
     ) -> ControlPlane:
+        """Open the store at `settings.database_url` (unless given one) and
+        load what the API serves from memory. Raises `StoreError`,
+        `StoreUnavailable` (database unreachable), `AdminKeyError`."""
         if catalog is None:
             catalog = load_catalog(settings.models_dir, settings.configs_dir)
-        store = Store.open(settings.db_path)
+        if store is None:
+            store = await asyncio.to_thread(open_store, settings.database_url)
         try:
-            admin = provision_admin_key(store, settings.admin_key_value(), rotate=rotate_admin_key)
+            admin = await provision_admin_key(
+                store, settings.admin_key_value(), rotate=rotate_admin_key
+            )
             verifier = TokenVerifier(store)
+            await verifier.load()
             service = EndpointService(
                 store,
                 catalog,
@@ -70,8 +86,9 @@ class ControlPlane:
                 max_replicas_cap=settings.max_replicas_cap,
                 max_endpoints=settings.max_endpoints,
             )
+            await service.load()
         except BaseException:
-            store.close()
+            await store.close()
             raise
         return cls(
             settings=settings,
@@ -83,8 +100,42 @@ class ControlPlane:
             generated_admin_key=admin.generated_key,
         )
 
-    def close(self) -> None:
-        self.store.close()
+    def start_following(self) -> None:
+        """Keep the service, token and admin-key copies fresh from the
+        store's change feed (in the serving event loop). Each subscribes,
+        then reloads, so nothing committed since `open` is missed."""
+
+        async def run(name: str, follow: Callable[[Any], Awaitable[None]], reload: Hook) -> None:
+            feed = self.store.changes()
+            try:
+                await reload()
+                await follow(feed)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("%s stopped following the store's changes", name)
+
+        self._followers = [
+            asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
+            asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
+            asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
+        ]
+
+    async def stop_following(self) -> None:
+        for task in self._followers:
+            task.cancel()
+        for task in self._followers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._followers = []
+
+    async def close(self) -> None:
+        await self.stop_following()
+        await self.store.close()
+
+
+async def _nothing() -> None:
+    return None
 
 
 def openapi_document(
@@ -133,6 +184,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        plane.start_following()
         await plane.service.finish_pending_deletions()
         for hook in plane.on_startup:
             await hook()
@@ -141,6 +193,7 @@ def create_app(
         finally:
             for hook in reversed(plane.on_shutdown):
                 await hook()
+            await plane.stop_following()
 
     app = Starlette(
         routes=[

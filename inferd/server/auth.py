@@ -9,12 +9,14 @@ printed once by `inferd serve`, and stored only as its SHA-256 digest (see
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd.control.store import Store, utc_now_text
+from inferd.control.follow import follow
+from inferd.control.model import Change, ChangeKind, utc_now
+from inferd.control.ports import AdminKeyStore
 from inferd.control.tokens import (
     ENDPOINT_TOKEN_PREFIX,
     hash_token,
@@ -43,8 +45,25 @@ class AdminProvisioning:
 
 
 class AdminAuth:
-    def __init__(self, digests: Sequence[bytes]) -> None:
+    def __init__(self, digests: Sequence[bytes], store: AdminKeyStore | None = None) -> None:
+        """`store`: where the keys come from (generated keys), to follow a
+        rotation made by another control plane on the same database; None
+        for an operator key, which no database changes."""
         self._digests = tuple(digests)
+        self._store = store
+
+    async def follow(self, feed: AsyncIterator[Change]) -> None:
+        if self._store is None:
+            return
+        await follow(feed, self._apply, self._reload, what="admin keys")
+
+    async def _apply(self, change: Change) -> None:
+        if change.kind is ChangeKind.ADMIN_KEY:
+            await self._reload()
+
+    async def _reload(self) -> None:
+        if self._store is not None:
+            self._digests = tuple(await self._store.admin_key_hashes())
 
     def is_valid(self, key: str) -> bool:
         digest = hash_token(key)
@@ -77,8 +96,8 @@ class AdminAuth:
             raise AdminUnauthorized("Invalid admin key.", code="invalid_api_key")
 
 
-def provision_admin_key(
-    store: Store, operator_key: str | None, *, rotate: bool = False
+async def provision_admin_key(
+    store: AdminKeyStore, operator_key: str | None, *, rotate: bool = False
 ) -> AdminProvisioning:
     """Decide which admin keys open the API in this run.
 
@@ -90,12 +109,12 @@ def provision_admin_key(
         if len(operator_key) < MIN_OPERATOR_KEY_LEN:
             raise AdminKeyError(f"the admin key must be at least {MIN_OPERATOR_KEY_LEN} characters")
         return AdminProvisioning(AdminAuth([hash_token(operator_key)]), None)
-    stored = store.admin_key_hashes()
+    stored = await store.admin_key_hashes()
     if stored and not rotate:
-        return AdminProvisioning(AdminAuth(stored), None)
+        return AdminProvisioning(AdminAuth(stored, store), None)
     key = new_admin_key()
-    store.add_admin_key(hash_token(key), utc_now_text(), revoke_others=rotate)
-    return AdminProvisioning(AdminAuth(store.admin_key_hashes()), key)
+    await store.add_admin_key(hash_token(key), utc_now(), revoke_others=rotate)
+    return AdminProvisioning(AdminAuth(await store.admin_key_hashes(), store), key)
 
 
 class RequireAdmin:

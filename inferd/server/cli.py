@@ -9,12 +9,12 @@ finishes in-flight requests, runs the lifespan shutdown, and returns.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import logging
 import logging.config
 import os
 import signal
-import sqlite3
 import sys
 from types import FrameType
 from typing import Any
@@ -67,13 +67,13 @@ def _log_config(level: str) -> dict[str, Any]:
     return config
 
 
-def _banner(settings: Settings, generated_key: str | None) -> str:
+def _banner(settings: Settings, state: str, generated_key: str | None) -> str:
     lines = [
         f"inferd {__version__} control plane",
         f"  management API  {settings.public_url}/inference  (OpenAPI: "
         f"{settings.public_url}/openapi.json)",
         f"  endpoint URLs   {settings.public_url}/endpoints/<id>",
-        f"  state           {settings.db_path}",
+        f"  state           {state}",
     ]
     if generated_key is not None:
         lines += [
@@ -93,15 +93,6 @@ def _stopped(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from inferd.catalog import CatalogError
-    from inferd.control.migrations import SchemaTooNew
-    from inferd.control.store import StoreError
-    from inferd.server.app import ControlPlane, create_app
-    from inferd.server.auth import AdminKeyError
-    from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
-
     overrides = {key: getattr(args, key, None) for key in setting_keys()}
     try:
         # The one place the real environment is read: at run time, passed in.
@@ -111,19 +102,38 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log_config = _log_config(settings.log_level)
     logging.config.dictConfig(log_config)
+    # One event loop for everything: the store's change-feed followers run
+    # in the loop that serves.
+    return asyncio.run(_serve(settings, log_config, rotate_admin_key=args.rotate_admin_key))
+
+
+async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin_key: bool) -> int:
+    import uvicorn
+
+    from inferd.catalog import CatalogError
+    from inferd.control.model import StoreError, StoreUnavailable
+    from inferd.control.stores import redact_url
+    from inferd.server.app import ControlPlane, create_app
+    from inferd.server.auth import AdminKeyError
+    from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
+
     try:
-        plane = ControlPlane.open(settings, rotate_admin_key=args.rotate_admin_key)
+        plane = await ControlPlane.open(settings, rotate_admin_key=rotate_admin_key)
     except AdminKeyError as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 2
-    except (SchemaTooNew, StoreError, CatalogError) as exc:
+    except StoreUnavailable as exc:
+        print(f"inferd serve: {exc.detail or exc.message}", file=sys.stderr)
+        return 1
+    except (StoreError, CatalogError) as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 1
-    except (OSError, sqlite3.Error) as exc:
-        print(f"inferd serve: cannot open the state in {settings.db_path}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        where = redact_url(settings.database_url)
+        print(f"inferd serve: cannot open the state in {where}: {exc}", file=sys.stderr)
         return 1
     try:
-        print(_banner(settings, plane.generated_admin_key), flush=True)
+        print(_banner(settings, plane.store.describe(), plane.generated_admin_key), flush=True)
         runtime = attach_runtime(plane)
         app = create_app(
             plane,
@@ -153,10 +163,10 @@ def run(args: argparse.Namespace) -> int:
         # store is closed) instead of dying by the signal.
         previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            server.run()
+            await server.serve()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 0 if server.started else 1
     finally:
-        plane.close()
+        await plane.close()

@@ -152,13 +152,17 @@ class _ReplicaCollector(Collector):
         return []
 
 
+def is_postgres(url: str) -> bool:
+    return url.partition(":")[0].lower() in ("postgresql", "postgres")
+
+
 def default_instance_id(settings: Settings) -> str:
     return f"{socket.gethostname()}:{settings.port}"
 
 
 def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -> Runtime:
     settings = plane.settings
-    cluster_url = settings.database_url
+    cluster_url = settings.database_url if is_postgres(settings.database_url) else None
     instance_id = settings.instance_id or default_instance_id(settings)
     # The reconciler is woken by the registry; it exists after the registry,
     # so the callbacks look it up late.
@@ -222,13 +226,13 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     holder["r"] = reconciler
 
     async def adopt() -> None:
-        rows = await asyncio.to_thread(plane.store.list_replicas)
+        rows = await plane.store.list_replicas()
         known = {replica.replica_id for replica in registry.all()}
         rows = [row for row in rows if row.id not in known]
         adopted = set(reconciler.adopt(rows, plane.service.rows()))
         for row in rows:
             if row.id not in adopted:
-                await asyncio.to_thread(plane.store.delete_replica, row.id)
+                await plane.store.delete_replica(row.id)
         if rows:
             logger.info("adopted %d of %d replicas", len(adopted), len(rows))
 
@@ -277,7 +281,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
         await asyncio.to_thread(launcher.shutdown, settings.replica_drain_timeout_seconds)
         for replica in registry.all():
             registry.remove(replica.replica_id)
-            await asyncio.to_thread(plane.store.delete_replica, replica.replica_id)
+            await plane.store.delete_replica(replica.replica_id)
 
     plane.on_startup.append(start)
     plane.on_shutdown.append(stop)

@@ -8,6 +8,7 @@ revoked token does. Replicas run the fake engine: this is about the store.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -22,7 +23,7 @@ from typing import Any
 import httpx
 
 from inferd.control.launchers.local import launched_processes
-from inferd.control.store import Store
+from inferd.control.stores.sqlite import SqliteStore
 from inferd.control.tokens import TokenVerifier
 from inferd.server.runtime import REGISTRY_PATH
 from inferd.testing import replica_processes
@@ -142,16 +143,17 @@ def check_gateway(
 
 
 def check_tokens(db: Path, valid: dict[str, str], revoked: dict[str, str]) -> None:
-    store = Store.open(db)
+    store = SqliteStore.open(db)
     try:
         assert store.integrity_check() == "ok"
         verifier = TokenVerifier(store)
+        asyncio.run(verifier.load())
         for endpoint_id, token in valid.items():
             assert verifier.verify(endpoint_id, token), endpoint_id
         for endpoint_id, token in revoked.items():
             assert not verifier.verify(endpoint_id, token), endpoint_id
     finally:
-        store.close()
+        asyncio.run(store.close())
 
 
 def test_records_and_tokens_survive_sigterm_and_sigkill(tmp_path: Path) -> None:

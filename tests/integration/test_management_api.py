@@ -50,9 +50,9 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
             "public_url": "http://inferd.test:8080",
         },
     )
-    p = ControlPlane.open(settings)
+    p = asyncio.run(ControlPlane.open(settings))
     yield p
-    p.close()
+    asyncio.run(p.close())
 
 
 @pytest.fixture
@@ -231,7 +231,8 @@ def test_reissue_revokes_previous_token_at_once(
     assert not plane.verifier.verify(endpoint_id, first)
     assert plane.verifier.verify(endpoint_id, second)
     # The stored state agrees (a fresh verifier loads from the database).
-    assert plane.store.active_token_hashes()[endpoint_id] == plane.verifier._active[endpoint_id]
+    stored = asyncio.run(plane.store.active_token_hashes())
+    assert stored[endpoint_id] == plane.verifier._active[endpoint_id]
 
 
 def test_token_opens_only_its_own_endpoint(client: TestClient, plane: ControlPlane) -> None:
@@ -270,7 +271,7 @@ def test_concurrent_creates_with_one_name(plane: ControlPlane) -> None:
         return sorted(a.status_code for a in answers)
 
     assert asyncio.run(run()) == [201] + [409] * 11
-    assert len(plane.store.list_endpoints()) == 1
+    assert len(asyncio.run(plane.store.list_endpoints())) == 1
 
 
 # --- validation ------------------------------------------------------------------------
@@ -453,7 +454,7 @@ def test_admin_key_required(
         )
     assert_error(resp, 401)
     assert resp.headers["www-authenticate"].startswith("Bearer")
-    assert plane.store.list_endpoints() == []
+    assert asyncio.run(plane.store.list_endpoints()) == []
 
 
 def test_endpoint_token_refused_on_management_api(client: TestClient) -> None:

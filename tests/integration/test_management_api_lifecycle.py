@@ -10,7 +10,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.control.store import EndpointRow, Store
+from inferd.control.model import Endpoint, parse_rfc3339
+from inferd.control.stores.sqlite import SqliteStore
 from inferd.control.tokens import ADMIN_KEY_PREFIX, hash_token, is_well_formed
 from inferd.server.app import ControlPlane, create_app
 from inferd.server.auth import AdminKeyError, provision_admin_key
@@ -21,41 +22,41 @@ AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(tmp_path / "inferd.db")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore.open(tmp_path / "inferd.db")
     yield s
-    s.close()
+    asyncio.run(s.close())
 
 
 # --- admin key -------------------------------------------------------------------------
 
 
-def test_generated_once_then_reused(store: Store) -> None:
-    first = provision_admin_key(store, None)
+def test_generated_once_then_reused(store: SqliteStore) -> None:
+    first = asyncio.run(provision_admin_key(store, None))
     assert first.generated_key is not None
     assert is_well_formed(first.generated_key, ADMIN_KEY_PREFIX)
-    assert store.admin_key_hashes() == [hash_token(first.generated_key)]
-    again = provision_admin_key(store, None)
+    assert asyncio.run(store.admin_key_hashes()) == [hash_token(first.generated_key)]
+    again = asyncio.run(provision_admin_key(store, None))
     assert again.generated_key is None  # not generated (nor printed) a second time
     assert again.auth.is_valid(first.generated_key)
 
 
-def test_rotation_revokes_the_old_key(store: Store) -> None:
-    old = provision_admin_key(store, None).generated_key
+def test_rotation_revokes_the_old_key(store: SqliteStore) -> None:
+    old = asyncio.run(provision_admin_key(store, None)).generated_key
     assert old is not None
-    rotated = provision_admin_key(store, None, rotate=True)
+    rotated = asyncio.run(provision_admin_key(store, None, rotate=True))
     assert rotated.generated_key is not None and rotated.generated_key != old
     assert rotated.auth.is_valid(rotated.generated_key)
     assert not rotated.auth.is_valid(old)
 
 
-def test_operator_key_is_used_and_not_stored(store: Store) -> None:
-    provisioned = provision_admin_key(store, ADMIN)
+def test_operator_key_is_used_and_not_stored(store: SqliteStore) -> None:
+    provisioned = asyncio.run(provision_admin_key(store, ADMIN))
     assert provisioned.generated_key is None
     assert provisioned.auth.is_valid(ADMIN)
-    assert store.admin_key_hashes() == []
+    assert asyncio.run(store.admin_key_hashes()) == []
     with pytest.raises(AdminKeyError):
-        provision_admin_key(store, "short")
+        asyncio.run(provision_admin_key(store, "short"))
 
 
 # --- deletion ----------------------------------------------------------------------------
@@ -63,18 +64,18 @@ def test_operator_key_is_used_and_not_stored(store: Store) -> None:
 
 def open_plane(tmp_path: Path) -> ControlPlane:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
-    return ControlPlane.open(settings)
+    return asyncio.run(ControlPlane.open(settings))
 
 
 def test_delete_waits_for_the_drain_hook(tmp_path: Path) -> None:
     plane = open_plane(tmp_path)
     app = create_app(plane)
-    drained: list[EndpointRow] = []
+    drained: list[Endpoint] = []
 
     async def scenario() -> None:
         release, started = asyncio.Event(), asyncio.Event()
 
-        async def slow_drain(row: EndpointRow) -> None:
+        async def slow_drain(row: Endpoint) -> None:
             drained.append(row)
             started.set()
             await release.wait()
@@ -105,7 +106,7 @@ def test_delete_waits_for_the_drain_hook(tmp_path: Path) -> None:
     try:
         asyncio.run(scenario())
     finally:
-        plane.close()
+        asyncio.run(plane.close())
     assert [row.name for row in drained] == ["demo"]
     assert drained[0].deleting_at is not None
 
@@ -117,14 +118,14 @@ def test_deletion_interrupted_by_a_crash_finishes_on_start(tmp_path: Path) -> No
             "/inference/endpoints", json={"name": "demo", "modelName": "tiny-chat"}, headers=AUTH
         ).json()
     # The process died after marking the endpoint deleting, before removing it.
-    plane.store.mark_deleting(created["id"], "2025-01-01T00:00:00.000Z")
-    plane.close()
+    asyncio.run(plane.store.mark_deleting(created["id"], parse_rfc3339("2025-01-01T00:00:00.000Z")))
+    asyncio.run(plane.close())
 
     plane = open_plane(tmp_path)
     try:
         assert not plane.verifier.verify(created["id"], created["accessToken"])
         with TestClient(create_app(plane)) as c:  # the lifespan finishes the deletion
             assert c.get(f"/inference/endpoints/{created['id']}", headers=AUTH).status_code == 404
-        assert plane.store.get_endpoint(created["id"]) is None
+        assert asyncio.run(plane.store.get_endpoint(created["id"])) is None
     finally:
-        plane.close()
+        asyncio.run(plane.close())

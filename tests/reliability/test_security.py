@@ -7,6 +7,7 @@ control plane and the gateway.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import signal
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inferd.control.store import Store
+from inferd.control.stores.sqlite import SqliteStore
 from inferd.control.tokens import TokenVerifier, new_admin_key, new_endpoint_token
 from inferd.testing import ServeHandle
 from tests.reliability.fault_support import CHAT, IMAGES, Endpoint, wait_until
@@ -383,12 +384,13 @@ def test_sigkill_during_create_and_reissue_loses_no_answered_call(tmp_path: Path
         assert answered < CALLS, "the kill came after the loop"
 
         # What is on disk, before anything else opens it.
-        store = Store.open(db)
+        store = SqliteStore.open(db)
         try:
             assert store.integrity_check() == "ok"
             verifier = TokenVerifier(store)
+            asyncio.run(verifier.load())
         finally:
-            store.close()
+            asyncio.run(store.close())
         check_tokens(ledger, lambda endpoint_id, token: verifier.verify(endpoint_id, token))
 
         # And what the restarted server says and does.

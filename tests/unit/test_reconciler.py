@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
+from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.registry import Registry
-from inferd.control.store import EndpointRow, ReplicaRow
 from inferd.gateway.traffic import TrafficSnapshot
 from inferd.vocab import ReplicaStatus as S
 
@@ -104,41 +105,54 @@ class FakeTraffic:
 
 
 class MemoryRecords:
-    def __init__(self) -> None:
-        self.rows: dict[str, ReplicaRow] = {}
+    """The replica half of a store; `yielding`: each call lets other tasks
+    run first, as a database round trip does."""
 
-    def insert_replica(self, row: ReplicaRow) -> None:
+    def __init__(self, yielding: bool = False) -> None:
+        self.rows: dict[str, ReplicaRecord] = {}
+        self.yielding = yielding
+
+    async def _pause(self) -> None:
+        if self.yielding:
+            await asyncio.sleep(0)
+
+    async def insert_replica(self, row: ReplicaRecord) -> None:
+        await self._pause()
         self.rows[row.id] = row
 
-    def update_replica(self, replica_id: str, **fields: Any) -> None:
-        fields.pop("at")
+    async def update_replica(self, replica_id: str, **fields: Any) -> None:
+        await self._pause()
+        fields["updated_at"] = fields.pop("at")
         self.rows[replica_id] = dataclasses.replace(self.rows[replica_id], **fields)
 
-    def delete_replica(self, replica_id: str) -> None:
+    async def delete_replica(self, replica_id: str) -> None:
+        await self._pause()
         self.rows.pop(replica_id, None)
 
+    async def list_replicas(self) -> list[ReplicaRecord]:
+        return list(self.rows.values())
 
-def endpoint(**changes: Any) -> EndpointRow:
-    row = EndpointRow(
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def endpoint(**changes: Any) -> Endpoint:
+    row = Endpoint(
         id="e1", name="demo", model_name="tiny-chat", model_kind="chat", gpu_type="cpu",
         gpu_count=1, location_name="local", min_replicas=0, max_replicas=3,
         retention_seconds=60, hourly_price=0.0, currency="USD",
-        created_at="t", updated_at="t",
+        created_at=T0, updated_at=T0,
     )  # fmt: skip
     return dataclasses.replace(row, **changes)
 
 
-async def _inline(func: Any, *args: Any) -> Any:
-    return func(*args)
-
-
 class World:
-    def __init__(self, row: EndpointRow, slots: int = 8, to_thread: Any = _inline) -> None:
+    def __init__(self, row: Endpoint, slots: int = 8, yielding: bool = False) -> None:
         self.clock = Clock()
         self.rows = [row]
         self.launcher = FakeLauncher(slots)
         self.traffic = FakeTraffic()
-        self.records = MemoryRecords()
+        self.records = MemoryRecords(yielding)
         self.registry = Registry(clock=self.clock, health_period_s=1, failure_periods=3)
         self.reconciler = Reconciler(
             registry=self.registry,
@@ -150,7 +164,6 @@ class World:
                 target_concurrency=4, upscale_delay_s=2, downscale_delay_s=10
             ),
             clock=self.clock,
-            to_thread=to_thread,
         )
 
     def tick(self, advance: float = 0.0, heartbeat: bool = True) -> None:
@@ -316,16 +329,12 @@ def test_delete_while_the_loop_ticks_forgets_each_replica_once() -> None:
     """DELETE's drain and the reconcile loop both write the store; with
     store calls that yield (as worker threads do), they must take turns."""
 
-    async def yielding(func: Any, *args: Any) -> Any:
-        await asyncio.sleep(0)
-        return func(*args)
-
-    w = World(endpoint(min_replicas=1), to_thread=yielding)
+    w = World(endpoint(min_replicas=1), yielding=True)
     w.tick()
     w.report_all()
     w.tick()
     (rid,) = w.live()
-    w.rows[0] = dataclasses.replace(w.rows[0], deleting_at="t")
+    w.rows[0] = dataclasses.replace(w.rows[0], deleting_at=T0)
 
     async def delete_while_ticking() -> None:
         w.launcher.exit(rid, 0)  # its process ended just now
@@ -358,5 +367,7 @@ def test_adopt_after_restart_keeps_replicas_and_counts_them_as_wanted() -> None:
 @pytest.mark.parametrize("status", ["stopped", "failed"])
 def test_adopt_skips_finished_replicas(status: str) -> None:
     w = World(endpoint())
-    row = ReplicaRow("r-x", "e1", 1, "cpu", 1, "", 5, b"d", status, None, None, "t", "t")
+    row = ReplicaRecord(
+        "r-x", "e1", 1, "cpu", 1, b"d", status, T0, T0, placement={"pid": "5", "gpu_ids": ""}
+    )
     assert w.reconciler.adopt([row], w.rows) == []

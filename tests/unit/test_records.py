@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from inferd.control.model import Endpoint, parse_rfc3339
 from inferd.control.records import (
     DerivedStatus,
     ReplicaView,
@@ -15,10 +16,9 @@ from inferd.control.records import (
     derive_status,
     example_command,
 )
-from inferd.control.store import EndpointRow
 from inferd.vocab import EndpointStatus, ReplicaStatus
 
-ROW = EndpointRow(
+ROW = Endpoint(
     id="0f8fad5b-d9cb-469f-a165-70867728950e",
     name="demo",
     model_name="tiny-chat",
@@ -31,8 +31,8 @@ ROW = EndpointRow(
     retention_seconds=600,
     hourly_price=2.5,
     currency="USD",
-    created_at="2025-01-01T00:00:00.000Z",
-    updated_at="2025-01-01T00:00:00.000Z",
+    created_at=parse_rfc3339("2025-01-01T00:00:00.000Z"),
+    updated_at=parse_rfc3339("2025-01-01T00:00:00.000Z"),
 )
 R = ReplicaStatus
 
@@ -68,7 +68,7 @@ def test_derive_status(
     expected: str,
     reason: str | None,
 ) -> None:
-    row = replace(ROW, min_replicas=min_replicas, deleting_at="x" if deleting else None)
+    row = replace(ROW, min_replicas=min_replicas, deleting_at=ROW.created_at if deleting else None)
     derived = derive_status(row, replicas)
     assert derived.status == EndpointStatus(expected)
     assert derived.reason == reason

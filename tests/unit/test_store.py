@@ -1,24 +1,28 @@
-"""SQLite store: pragmas, migrations, endpoints, tokens, admin keys."""
+"""SQLite store: what is SQLite's own (pragmas, migrations, the file).
+Behaviour shared by every store is in tests/contract/test_store.py."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from inferd.control import migrations
-from inferd.control.migrations import Migration, SchemaTooNew, latest_version, migrate
-from inferd.control.store import DuplicateName, EndpointRow, Store
+from inferd.control.model import Endpoint, EndpointChanges, SchemaTooNew, parse_rfc3339
+from inferd.control.stores import open_store, sqlite_path
+from inferd.control.stores.sqlite import SqliteStore, migrations
+from inferd.control.stores.sqlite.migrations import Migration, latest_version, migrate
 from inferd.control.tokens import hash_token, new_endpoint_token
 
 NOW = "2025-01-01T00:00:00.000Z"
+T0 = parse_rfc3339(NOW)
+LATER = parse_rfc3339("2025-01-01T00:05:00.000Z")
 
 
-def row(name: str = "ep", endpoint_id: str = "00000000-0000-4000-8000-000000000001") -> EndpointRow:
-    return EndpointRow(
+def row(name: str = "ep", endpoint_id: str = "00000000-0000-4000-8000-000000000001") -> Endpoint:
+    return Endpoint(
         id=endpoint_id,
         name=name,
         model_name="tiny-chat",
@@ -31,19 +35,27 @@ def row(name: str = "ep", endpoint_id: str = "00000000-0000-4000-8000-0000000000
         retention_seconds=600,
         hourly_price=0.0,
         currency="USD",
-        created_at=NOW,
-        updated_at=NOW,
+        created_at=T0,
+        updated_at=T0,
     )
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(tmp_path / "state" / "inferd.db")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore.open(tmp_path / "state" / "inferd.db")
     yield s
-    s.close()
+    asyncio.run(s.close())
 
 
-def test_pragmas(store: Store) -> None:
+def test_url_forms(tmp_path: Path) -> None:
+    assert sqlite_path("sqlite:////var/lib/inferd.db") == "/var/lib/inferd.db"
+    assert sqlite_path("sqlite:///inferd.db") == "inferd.db"
+    store = open_store(f"sqlite:///{tmp_path / 'a.db'}")
+    assert isinstance(store, SqliteStore) and store.path == tmp_path / "a.db"
+    asyncio.run(store.close())
+
+
+def test_pragmas(store: SqliteStore) -> None:
     assert store.pragma("journal_mode") == "wal"
     assert store.pragma("synchronous") == 2  # FULL
     assert store.pragma("foreign_keys") == 1
@@ -52,15 +64,15 @@ def test_pragmas(store: Store) -> None:
 
 def test_migrations_recorded_and_idempotent(tmp_path: Path) -> None:
     path = tmp_path / "inferd.db"
-    Store.open(path).close()
+    asyncio.run(SqliteStore.open(path).close())
     conn = sqlite3.connect(path, isolation_level=None)
     versions = conn.execute("SELECT version, name FROM schema_migrations").fetchall()
     assert [v for v, _ in versions] == list(range(1, latest_version() + 1))
     assert migrate(conn, lambda: NOW) == []  # nothing left to apply
     conn.close()
-    reopened = Store.open(path)
-    assert reopened.schema_version() == latest_version()
-    reopened.close()
+    reopened = SqliteStore.open(path)
+    assert asyncio.run(reopened.schema_version()) == latest_version()
+    asyncio.run(reopened.close())
 
 
 def test_migrations_are_numbered_in_order() -> None:
@@ -92,96 +104,99 @@ def test_failed_migration_rolls_back(tmp_path: Path) -> None:
 
 def test_refuses_newer_schema(tmp_path: Path) -> None:
     path = tmp_path / "inferd.db"
-    Store.open(path).close()
+    asyncio.run(SqliteStore.open(path).close())
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("INSERT INTO schema_migrations VALUES (999, 'future', ?)", (NOW,))
     conn.close()
     with pytest.raises(SchemaTooNew):
-        Store.open(path)
+        SqliteStore.open(path)
 
 
-def test_endpoint_roundtrip_and_durable_commit(store: Store) -> None:
-    token = new_endpoint_token()
-    store.insert_endpoint(row(), hash_token(token))
-    assert store.get_endpoint(row().id) == row()
-    assert store.list_endpoints() == [row()]
-    # Committed: a second, independent connection sees it.
-    assert store.path is not None
+def test_a_version_2_database_migrates_forward(tmp_path: Path) -> None:
+    """A database written before placement and projects existed keeps its
+    endpoints, tokens and replicas; pid and GPUs move into the placement."""
+    path = tmp_path / "inferd.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, lambda: NOW, migrations.MIGRATIONS[:2])
+    values = (row().id, "old", "tiny-chat", "chat", "cpu", 1, "local", 0, 1, 60, 0.0, "USD")
+    conn.execute(
+        "INSERT INTO endpoints (id, name, model_name, model_kind, gpu_type, gpu_count,"
+        " location_name, min_replicas, max_replicas, retention_seconds, hourly_price,"
+        " currency, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (*values, NOW, NOW),
+    )
+    digest = hash_token(new_endpoint_token())
+    conn.execute(
+        "INSERT INTO endpoint_tokens (endpoint_id, token_hash, created_at) VALUES (?, ?, ?)",
+        (row().id, digest, NOW),
+    )
+    conn.execute(
+        "INSERT INTO replicas VALUES ('r-1', ?, 1, 'A100', 2, '0,3', 4242, ?, 'ready',"
+        " NULL, 'http://127.0.0.1:9', ?, ?)",
+        (row().id, b"s" * 32, NOW, NOW),
+    )
+    conn.close()
+
+    store = SqliteStore.open(path)
+
+    async def check() -> None:
+        (endpoint,) = await store.list_endpoints()
+        assert endpoint.name == "old" and endpoint.project_id == "default"
+        assert endpoint.created_at == T0
+        assert await store.active_token_hashes() == {row().id: digest}
+        (replica,) = await store.list_replicas()
+        assert (replica.node, replica.placement) == ("local", {"pid": "4242", "gpu_ids": "0,3"})
+        assert (replica.status, replica.url) == ("ready", "http://127.0.0.1:9")
+        await store.close()
+
+    asyncio.run(check())
+
+
+def test_commits_are_durable_and_plain(store: SqliteStore) -> None:
+    first, second = new_endpoint_token(), new_endpoint_token()
+
+    async def writes() -> None:
+        await store.insert_endpoint(row(), hash_token(first))
+        await store.replace_token(row().id, hash_token(second), LATER)
+
+    asyncio.run(writes())
+    # Committed: a second, independent connection sees it, as plain values.
     other = sqlite3.connect(store.path)
-    assert other.execute("SELECT name FROM endpoints").fetchall() == [("ep",)]
+    assert other.execute("SELECT name, created_at FROM endpoints").fetchall() == [("ep", NOW)]
+    states = other.execute(
+        "SELECT token_hash, revoked_at FROM endpoint_tokens ORDER BY id"
+    ).fetchall()
+    # The old token is revoked in the transaction that adds the new one.
+    assert states == [(hash_token(first), "2025-01-01T00:05:00.000Z"), (hash_token(second), None)]
+    kinds = [r[0] for r in other.execute("SELECT kind FROM changes ORDER BY seq")]
+    assert kinds == ["endpoint", "token", "token"]
     other.close()
 
 
-def test_duplicate_name(store: Store) -> None:
-    store.insert_endpoint(row(), hash_token(new_endpoint_token()))
-    with pytest.raises(DuplicateName):
-        store.insert_endpoint(
-            row(endpoint_id="00000000-0000-4000-8000-000000000002"),
-            hash_token(new_endpoint_token()),
-        )
-    assert len(store.list_endpoints()) == 1
+def test_database_enforces_bounds(store: SqliteStore) -> None:
+    async def body() -> None:
+        await store.insert_endpoint(row(), hash_token(new_endpoint_token()))
+        with pytest.raises(sqlite3.IntegrityError):
+            await store.update_endpoint(row().id, EndpointChanges(updated_at=LATER, min_replicas=5))
 
-
-def test_update(store: Store) -> None:
-    store.insert_endpoint(row(), hash_token(new_endpoint_token()))
-    updated = store.update_endpoint(row().id, max_replicas=3, updated_at="later")
-    assert updated == replace(row(), max_replicas=3, updated_at="later")
-    assert store.get_endpoint(row().id) == updated
-    with pytest.raises(KeyError):
-        store.update_endpoint("missing", max_replicas=2)
-    with pytest.raises(ValueError):
-        store.update_endpoint(row().id, name="renamed")
-    # The database enforces the bounds too.
-    with pytest.raises(sqlite3.IntegrityError):
-        store.update_endpoint(row().id, min_replicas=5)
-
-
-def test_replace_token_revokes_previous_in_same_transaction(store: Store) -> None:
-    first, second = new_endpoint_token(), new_endpoint_token()
-    store.insert_endpoint(row(), hash_token(first))
-    store.replace_token(row().id, hash_token(second), "later")
-    assert store.active_token_hashes() == {row().id: hash_token(second)}
-    assert store.path is not None
-    conn = sqlite3.connect(store.path)
-    states = conn.execute(
-        "SELECT token_hash, revoked_at FROM endpoint_tokens ORDER BY id"
-    ).fetchall()
-    conn.close()
-    assert states == [(hash_token(first), "later"), (hash_token(second), None)]
-    with pytest.raises(KeyError):
-        store.replace_token("missing", hash_token(new_endpoint_token()), "later")
-
-
-def test_delete_cascades_to_tokens(store: Store) -> None:
-    store.insert_endpoint(row(), hash_token(new_endpoint_token()))
-    store.mark_deleting(row().id, "later")
-    assert store.active_token_hashes() == {}  # a deleting endpoint admits no one
-    assert store.delete_endpoint(row().id)
-    assert not store.delete_endpoint(row().id)
-    assert store.get_endpoint(row().id) is None
-    assert store._query("SELECT COUNT(*) FROM endpoint_tokens") == [(0,)]
-
-
-def test_admin_keys_and_meta(store: Store) -> None:
-    assert store.admin_key_hashes() == []
-    store.add_admin_key(b"a" * 32, NOW)
-    store.add_admin_key(b"b" * 32, NOW)
-    assert store.admin_key_hashes() == [b"a" * 32, b"b" * 32]
-    store.add_admin_key(b"c" * 32, NOW, revoke_others=True)
-    assert store.admin_key_hashes() == [b"c" * 32]
-    assert store.get_meta("k") is None
-    store.set_meta("k", "1")
-    store.set_meta("k", "2")
-    assert store.get_meta("k") == "2"
+    asyncio.run(body())
 
 
 def test_state_survives_reopen(tmp_path: Path) -> None:
     path = tmp_path / "inferd.db"
     token = new_endpoint_token()
-    s = Store.open(path)
-    s.insert_endpoint(row(), hash_token(token))
-    s.close()
-    s = Store.open(path)
-    assert s.get_endpoint(row().id) == row()
-    assert s.active_token_hashes() == {row().id: hash_token(token)}
-    s.close()
+
+    async def first() -> None:
+        s = SqliteStore.open(path)
+        await s.insert_endpoint(row(), hash_token(token))
+        await s.close()
+
+    async def second() -> None:
+        s = SqliteStore.open(path)
+        assert await s.get_endpoint(row().id) == row()
+        assert await s.active_token_hashes() == {row().id: hash_token(token)}
+        await s.close()
+
+    asyncio.run(first())
+    asyncio.run(second())
+    assert path.stat().st_mode & 0o777 == 0o600  # it holds token digests

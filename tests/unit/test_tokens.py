@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import logging
 import math
+from collections.abc import Callable
 
 import pytest
 
 from inferd.control import tokens
+from inferd.control.model import Change, ChangeKind, Endpoint, utc_now
+from inferd.control.stores.memory import MemoryStore
 from inferd.control.tokens import (
     ADMIN_KEY_PREFIX,
     ENDPOINT_TOKEN_PREFIX,
@@ -27,9 +31,19 @@ class CountingSource:
         self.hashes = hashes
         self.calls = 0
 
-    def active_token_hashes(self) -> dict[str, bytes]:
+    async def active_token_hashes(self) -> dict[str, bytes]:
         self.calls += 1
         return dict(self.hashes)
+
+    async def active_token_hash(self, endpoint_id: str) -> bytes | None:
+        self.calls += 1
+        return self.hashes.get(endpoint_id)
+
+
+def loaded(source: CountingSource) -> TokenVerifier:
+    verifier = TokenVerifier(source)  # type: ignore[arg-type]  # the read half only
+    asyncio.run(verifier.load())
+    return verifier
 
 
 def test_format_prefix_length_alphabet() -> None:
@@ -79,7 +93,7 @@ def test_hash_is_sha256_digest() -> None:
 
 def test_verify_scoped_to_one_endpoint() -> None:
     a, b = new_endpoint_token(), new_endpoint_token()
-    verifier = TokenVerifier(CountingSource({"ep-a": hash_token(a), "ep-b": hash_token(b)}))
+    verifier = loaded(CountingSource({"ep-a": hash_token(a), "ep-b": hash_token(b)}))
     assert verifier.verify("ep-a", a)
     assert verifier.verify("ep-b", b)
     assert not verifier.verify("ep-a", b)
@@ -90,8 +104,8 @@ def test_verify_scoped_to_one_endpoint() -> None:
 def test_malformed_token_rejected_without_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     token = new_endpoint_token()
     source = CountingSource({"ep": hash_token(token)})
-    verifier = TokenVerifier(source)
-    assert source.calls == 1  # the one load at construction
+    verifier = loaded(source)
+    assert source.calls == 1  # the one load at start
 
     compared: list[object] = []
     monkeypatch.setattr(tokens.hmac, "compare_digest", lambda a, b: compared.append(1) or False)
@@ -106,7 +120,7 @@ def test_malformed_token_rejected_without_lookup(monkeypatch: pytest.MonkeyPatch
 
 def test_verify_uses_constant_time_compare(monkeypatch: pytest.MonkeyPatch) -> None:
     token = new_endpoint_token()
-    verifier = TokenVerifier(CountingSource({"ep": hash_token(token)}))
+    verifier = loaded(CountingSource({"ep": hash_token(token)}))
     real = tokens.hmac.compare_digest
     calls: list[tuple[bytes, bytes]] = []
 
@@ -121,7 +135,7 @@ def test_verify_uses_constant_time_compare(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_set_active_and_forget_take_effect_at_once() -> None:
     old, new = new_endpoint_token(), new_endpoint_token()
-    verifier = TokenVerifier(CountingSource({"ep": hash_token(old)}))
+    verifier = loaded(CountingSource({"ep": hash_token(old)}))
     verifier.set_active("ep", hash_token(new))
     assert not verifier.verify("ep", old)
     assert verifier.verify("ep", new)
@@ -199,3 +213,73 @@ def test_install_redaction_on_root_handlers() -> None:
     finally:
         root.removeHandler(handler)
     assert token not in stream.getvalue()
+
+
+async def _settle(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+def test_follows_another_writers_token_changes() -> None:
+    """A token re-issued or an endpoint deleted by another control plane on
+    the same database: the change feed brings it into this cache."""
+
+    async def body() -> None:
+        store = MemoryStore()
+        await store.insert_endpoint(_endpoint("ep"), hash_token(first := new_endpoint_token()))
+        verifier = TokenVerifier(store)
+        feed = store.changes()
+        await verifier.load()
+        task = asyncio.ensure_future(verifier.follow(feed))
+        assert verifier.verify("ep", first)
+
+        second = new_endpoint_token()
+        await store.replace_token("ep", hash_token(second), utc_now())
+        await _settle(lambda: verifier.verify("ep", second))
+        assert not verifier.verify("ep", first)
+
+        await store.mark_deleting("ep", utc_now())
+        await _settle(lambda: len(verifier) == 0)
+        await store.close()
+        await task  # the feed ends with the store
+
+    asyncio.run(body())
+
+
+def test_a_stale_read_does_not_undo_a_local_update() -> None:
+    """The feed's read of a digest may predate this process's own commit
+    that followed it; the local update wins."""
+
+    async def body() -> None:
+        old, new = new_endpoint_token(), new_endpoint_token()
+        source = CountingSource({"ep": hash_token(old)})
+        verifier = TokenVerifier(source)  # type: ignore[arg-type]
+        await verifier.load()
+        gate = asyncio.Event()
+        real = source.active_token_hash
+
+        async def slow(endpoint_id: str) -> bytes | None:
+            digest = await real(endpoint_id)  # read now, answer later
+            await gate.wait()
+            return digest
+
+        source.active_token_hash = slow  # type: ignore[method-assign]
+        applying = asyncio.ensure_future(verifier._apply(Change(ChangeKind.TOKEN, "ep")))
+        await asyncio.sleep(0)
+        verifier.set_active("ep", hash_token(new))  # committed meanwhile
+        gate.set()
+        await applying
+        assert verifier.verify("ep", new) and not verifier.verify("ep", old)
+
+    asyncio.run(body())
+
+
+def _endpoint(endpoint_id: str) -> Endpoint:
+    now = utc_now()
+    return Endpoint(
+        endpoint_id, endpoint_id, "tiny-chat", "chat", "cpu", 1, "local", 0, 1, 60, 0.0, "USD",
+        now, now,
+    )  # fmt: skip

@@ -1,1 +1,54 @@
-"""Store adapters of the control plane (see `inferd.control.ports`)."""
+"""Store adapters of the control plane (see `inferd.control.ports`).
+
+`open_store(database_url)` picks one: `sqlite:///path` (the embedded
+default), `postgresql://...`, or `memory://` (tests).
+"""
+
+from __future__ import annotations
+
+from inferd.control.model import StoreError
+from inferd.control.ports import Store
+
+
+def open_store(database_url: str) -> Store:
+    """Open (and migrate) the store at `database_url`; blocking, for start-up.
+
+    Raises `StoreError` for a URL it does not understand, `StoreUnavailable`
+    when the database cannot be reached.
+    """
+    scheme = database_url.partition(":")[0].lower()
+    if scheme == "sqlite":
+        from inferd.control.stores.sqlite import SqliteStore
+
+        return SqliteStore.open(sqlite_path(database_url))
+    if scheme in ("postgresql", "postgres"):
+        from inferd.control.stores.postgres import PostgresStore
+
+        return PostgresStore.open(database_url)
+    if scheme == "memory":
+        from inferd.control.stores.memory import MemoryStore
+
+        return MemoryStore()
+    raise StoreError(
+        f"unsupported database URL {redact_url(database_url)!r}: "
+        "use sqlite:///path/to/inferd.db or postgresql://user@host/db"
+    )
+
+
+def sqlite_path(database_url: str) -> str:
+    """The file of a SQLite URL, SQLAlchemy's form: `sqlite:///inferd.db` is
+    relative to the working directory, `sqlite:////var/lib/inferd.db` absolute."""
+    prefix = "sqlite:///"
+    if not database_url.startswith(prefix) or len(database_url) == len(prefix):
+        raise StoreError(f"a SQLite URL reads sqlite:///path, not {database_url!r}")
+    return database_url[len(prefix) :]
+
+
+def redact_url(database_url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    scheme, sep, rest = database_url.partition("://")
+    if not sep or "@" not in rest:
+        return database_url
+    userinfo, _, host = rest.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}{':***' if ':' in userinfo else ''}@{host}"

@@ -12,16 +12,16 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inferd.control.model import SchemaTooNew
+
+__all__ = ["MIGRATIONS", "Migration", "SchemaTooNew", "latest_version", "migrate"]
+
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
-
-
-class SchemaTooNew(RuntimeError):
-    """The database was written by a newer inferd; refuse rather than guess."""
 
 
 _V1 = Migration(
@@ -113,7 +113,36 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "projects, replica placement as data, change log",
+    (
+        # Every endpoint belongs to a project; existing ones to the default.
+        "ALTER TABLE endpoints ADD COLUMN project_id TEXT NOT NULL DEFAULT 'default'",
+        # Where a replica runs is the launcher's business: a node name and
+        # an opaque placement (JSON object of strings). The local launcher
+        # keeps its process id and GPU indices there.
+        "ALTER TABLE replicas ADD COLUMN node TEXT NOT NULL DEFAULT 'local'",
+        "ALTER TABLE replicas ADD COLUMN placement TEXT NOT NULL DEFAULT '{}'",
+        """
+        UPDATE replicas SET placement = json_object(
+            'pid', CAST(pid AS TEXT), 'gpu_ids', gpu_ids)
+        """,
+        "ALTER TABLE replicas DROP COLUMN pid",
+        "ALTER TABLE replicas DROP COLUMN gpu_ids",
+        # Which record changed, in commit order (writers are serialised), so
+        # that every process on this file can follow the others' writes.
+        """
+        CREATE TABLE changes (
+            seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL,
+            key  TEXT NOT NULL
+        ) STRICT
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 
 
 def latest_version() -> int:

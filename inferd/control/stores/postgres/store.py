@@ -1,0 +1,480 @@
+"""PostgreSQL store of the control plane: several control planes, one database.
+
+psycopg 3 with a `psycopg_pool` connection pool; every call runs on the
+store's own worker threads, so callers just `await` (as with SQLite). Each
+write is one transaction committed before its coroutine returns. A write
+that cannot reach the database raises `StoreUnavailable` (an HTTP 503 with
+Retry-After); the pool checks each connection before lending it and opens
+new ones by itself, so the store recovers when the server is back.
+
+Change feed: each write appends (kind, id) to the `changes` table under one
+transaction-scoped advisory lock (so sequence order is commit order) and
+NOTIFYs `inferd_changes`. A watcher thread LISTENs, and on every
+notification, and every POLL_INTERVAL_S in any case, reads the log past
+the last sequence number it saw. NOTIFY has no replay; the log does, so
+nothing is missed across a lost connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from inferd.control.model import (
+    Change,
+    ChangeKind,
+    DuplicateName,
+    Endpoint,
+    EndpointChanges,
+    EndpointGone,
+    ReplicaRecord,
+    StoreUnavailable,
+)
+from inferd.control.stores.feed import ChangeHub
+from inferd.control.stores.postgres.migrations import migrate
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHANNEL = "inferd_changes"
+# pg_advisory_xact_lock key taken by every write just before it appends to
+# the change log: writers commit in the order of their sequence numbers.
+CHANGES_LOCK = 0x1F_E7D0_0002
+KEEP_CHANGES = 10_000
+POLL_INTERVAL_S = 0.5
+CONNECT_TIMEOUT_S = 3
+# How long a call waits for a pooled connection before answering 503.
+ACQUIRE_TIMEOUT_S = 3.0
+POOL_SIZE = 4
+UNIQUE_VIOLATION = "23505"
+FOREIGN_KEY_VIOLATION = "23503"
+
+_ENDPOINT_COLUMNS = (
+    "id", "name", "model_name", "model_kind", "gpu_type", "gpu_count", "location_name",
+    "min_replicas", "max_replicas", "retention_seconds", "hourly_price", "currency",
+    "created_at", "updated_at", "deleting_at", "generation", "project_id",
+)  # fmt: skip
+_REPLICA_COLUMNS = (
+    "id", "endpoint_id", "generation", "gpu_type", "gpu_count", "secret_hash", "status",
+    "created_at", "updated_at", "node", "placement", "reason", "url",
+)  # fmt: skip
+_UPDATABLE = frozenset(
+    {
+        "min_replicas", "max_replicas", "retention_seconds", "gpu_type", "gpu_count",
+        "hourly_price", "currency", "generation", "updated_at",
+    }
+)  # fmt: skip
+_ENDPOINT_LIST = sql.SQL(", ").join(map(sql.Identifier, _ENDPOINT_COLUMNS))
+_REPLICA_LIST = sql.SQL(", ").join(map(sql.Identifier, _REPLICA_COLUMNS))
+_SELECT_ENDPOINT = sql.SQL("SELECT {} FROM endpoints").format(_ENDPOINT_LIST)
+_ACTIVE_TOKENS: LiteralString = (
+    "SELECT t.endpoint_id, t.token_hash FROM endpoint_tokens t"
+    " JOIN endpoints e ON e.id = t.endpoint_id"
+    " WHERE t.revoked_at IS NULL AND e.deleting_at IS NULL"
+)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+def _endpoint(row: tuple[Any, ...]) -> Endpoint:
+    values = dict(zip(_ENDPOINT_COLUMNS, row, strict=True))
+    for key in ("created_at", "updated_at", "deleting_at"):
+        values[key] = _utc(values[key])
+    return Endpoint(**values)
+
+
+def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
+    values = dict(zip(_REPLICA_COLUMNS, row, strict=True))
+    values["secret_hash"] = bytes(values["secret_hash"])
+    values["created_at"] = _utc(values["created_at"])
+    values["updated_at"] = _utc(values["updated_at"])
+    values["placement"] = {str(k): str(v) for k, v in values["placement"].items()}
+    return ReplicaRecord(**values)
+
+
+def _redacted(url: str) -> str:
+    from inferd.control.stores import redact_url
+
+    return redact_url(url)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PostgresStore:
+    def __init__(self, url: str, pool: ConnectionPool) -> None:
+        self._url = url
+        self._pool = pool
+        self._executor = ThreadPoolExecutor(max_workers=POOL_SIZE, thread_name_prefix="inferd-pg")
+        self._hub = ChangeHub()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._cursor = self._call(self._last_seq)
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str) -> PostgresStore:
+        """Connect, migrate (under the migration lock) and open the pool.
+        `StoreUnavailable` if the server cannot be reached."""
+        try:
+            with psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+                migrate(conn)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"cannot reach PostgreSQL at {_redacted(url)}: {_first_line(exc)}"
+            ) from exc
+        pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=POOL_SIZE,
+            open=False,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
+            # A connection the server dropped (restart, failover) is found
+            # and replaced before it is lent, not by a failed write.
+            check=ConnectionPool.check_connection,
+            timeout=ACQUIRE_TIMEOUT_S,
+            name="inferd",
+        )
+        try:
+            pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+        except PoolTimeout as exc:
+            pool.close()
+            raise StoreUnavailable(f"cannot reach PostgreSQL at {_redacted(url)}") from exc
+        return cls(url, pool)
+
+    def describe(self) -> str:
+        return _redacted(self._url)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        self._closed.set()
+        self._hub.close()
+        if self._watcher is not None:
+            self._watcher.join(POLL_INTERVAL_S * 4)
+        self._executor.shutdown(wait=True)
+        self._pool.close()
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` in one transaction on a pooled connection."""
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                return fn(conn, *args)
+        except PoolTimeout as exc:
+            raise StoreUnavailable("no database connection") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(_first_line(exc)) from exc
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
+
+    @staticmethod
+    def _log(conn: psycopg.Connection, changes: list[tuple[ChangeKind, str]]) -> None:
+        """Append to the change log, last thing before the commit."""
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (CHANGES_LOCK,))
+        last = 0
+        for kind, key in changes:
+            row = conn.execute(
+                "INSERT INTO changes (kind, key) VALUES (%s, %s) RETURNING seq", (kind.value, key)
+            ).fetchone()
+            assert row is not None
+            last = int(row[0])
+            if last % 1000 == 0:
+                conn.execute("DELETE FROM changes WHERE seq <= %s", (last - KEEP_CHANGES,))
+        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(last)))
+
+    async def schema_version(self) -> int:
+        def query(conn: psycopg.Connection) -> int:
+            row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+            return int(row[0] or 0) if row else 0
+
+        return await self._run(query)
+
+    # --- endpoints -------------------------------------------------------------------
+
+    async def insert_endpoint(self, endpoint: Endpoint, token_hash: bytes) -> None:
+        await self._run(self._insert_endpoint, endpoint, token_hash)
+
+    def _insert_endpoint(self, conn: psycopg.Connection, endpoint: Endpoint, digest: bytes) -> None:
+        statement = sql.SQL("INSERT INTO endpoints ({}) VALUES ({})").format(
+            _ENDPOINT_LIST, sql.SQL(", ").join(sql.Placeholder() * len(_ENDPOINT_COLUMNS))
+        )
+        try:
+            with conn.transaction():  # a savepoint: the error leaves the outer one usable
+                conn.execute(statement, tuple(getattr(endpoint, c) for c in _ENDPOINT_COLUMNS))
+        except psycopg.errors.UniqueViolation as exc:
+            if (
+                exc.sqlstate == UNIQUE_VIOLATION
+                and exc.diag.constraint_name == "endpoints_name_key"
+            ):
+                raise DuplicateName(endpoint.name) from None
+            raise
+        conn.execute(
+            "INSERT INTO endpoint_tokens (endpoint_id, token_hash, created_at) VALUES (%s, %s, %s)",
+            (endpoint.id, digest, endpoint.created_at),
+        )
+        self._log(conn, [(ChangeKind.ENDPOINT, endpoint.id), (ChangeKind.TOKEN, endpoint.id)])
+
+    async def get_endpoint(self, endpoint_id: str) -> Endpoint | None:
+        def query(conn: psycopg.Connection) -> Endpoint | None:
+            row = conn.execute(
+                sql.SQL("{} WHERE id = %s").format(_SELECT_ENDPOINT), (endpoint_id,)
+            ).fetchone()
+            return _endpoint(row) if row else None
+
+        return await self._run(query)
+
+    async def list_endpoints(self) -> list[Endpoint]:
+        def query(conn: psycopg.Connection) -> list[Endpoint]:
+            rows = conn.execute(sql.SQL("{} ORDER BY seq").format(_SELECT_ENDPOINT)).fetchall()
+            return [_endpoint(r) for r in rows]
+
+        return await self._run(query)
+
+    async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:
+        def write(conn: psycopg.Connection) -> Endpoint:
+            values: dict[str, Any] = {**changes.settings(), "updated_at": changes.updated_at}
+            assert set(values) <= _UPDATABLE
+            statement = sql.SQL("UPDATE endpoints SET {} WHERE id = %s RETURNING {}").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values
+                ),
+                _ENDPOINT_LIST,
+            )
+            row = conn.execute(statement, (*values.values(), endpoint_id)).fetchone()
+            if row is None:
+                raise EndpointGone(endpoint_id)
+            self._log(conn, [(ChangeKind.ENDPOINT, endpoint_id)])
+            return _endpoint(row)
+
+        return await self._run(write)
+
+    async def mark_deleting(self, endpoint_id: str, at: datetime) -> Endpoint:
+        def write(conn: psycopg.Connection) -> Endpoint:
+            statement = sql.SQL(
+                "UPDATE endpoints SET deleting_at = COALESCE(deleting_at, %s), updated_at = %s"
+                " WHERE id = %s RETURNING {}"
+            ).format(_ENDPOINT_LIST)
+            row = conn.execute(statement, (at, at, endpoint_id)).fetchone()
+            if row is None:
+                raise EndpointGone(endpoint_id)
+            self._log(conn, [(ChangeKind.ENDPOINT, endpoint_id), (ChangeKind.TOKEN, endpoint_id)])
+            return _endpoint(row)
+
+        return await self._run(write)
+
+    async def delete_endpoint(self, endpoint_id: str) -> bool:
+        def write(conn: psycopg.Connection) -> bool:
+            replicas = conn.execute(
+                "SELECT id FROM replicas WHERE endpoint_id = %s", (endpoint_id,)
+            ).fetchall()
+            # Tokens and replicas go by cascade.
+            cur = conn.execute("DELETE FROM endpoints WHERE id = %s", (endpoint_id,))
+            if cur.rowcount == 0:
+                return False
+            self._log(
+                conn,
+                [(ChangeKind.REPLICA, r[0]) for r in replicas]
+                + [(ChangeKind.ENDPOINT, endpoint_id), (ChangeKind.TOKEN, endpoint_id)],
+            )
+            return True
+
+        return await self._run(write)
+
+    # --- endpoint tokens ---------------------------------------------------------------
+
+    async def replace_token(self, endpoint_id: str, token_hash: bytes, at: datetime) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            exists = conn.execute(
+                "SELECT 1 FROM endpoints WHERE id = %s AND deleting_at IS NULL FOR UPDATE",
+                (endpoint_id,),
+            ).fetchone()
+            if exists is None:
+                raise EndpointGone(endpoint_id)
+            conn.execute(
+                "UPDATE endpoint_tokens SET revoked_at = %s"
+                " WHERE endpoint_id = %s AND revoked_at IS NULL",
+                (at, endpoint_id),
+            )
+            conn.execute(
+                "INSERT INTO endpoint_tokens (endpoint_id, token_hash, created_at)"
+                " VALUES (%s, %s, %s)",
+                (endpoint_id, token_hash, at),
+            )
+            self._log(conn, [(ChangeKind.TOKEN, endpoint_id)])
+
+        await self._run(write)
+
+    async def active_token_hashes(self) -> dict[str, bytes]:
+        def query(conn: psycopg.Connection) -> dict[str, bytes]:
+            return {r[0]: bytes(r[1]) for r in conn.execute(_ACTIVE_TOKENS).fetchall()}
+
+        return await self._run(query)
+
+    async def active_token_hash(self, endpoint_id: str) -> bytes | None:
+        def query(conn: psycopg.Connection) -> bytes | None:
+            row = conn.execute(
+                _ACTIVE_TOKENS + " AND t.endpoint_id = %s", (endpoint_id,)
+            ).fetchone()
+            return bytes(row[1]) if row else None
+
+        return await self._run(query)
+
+    # --- admin keys --------------------------------------------------------------------
+
+    async def admin_key_hashes(self) -> list[bytes]:
+        def query(conn: psycopg.Connection) -> list[bytes]:
+            rows = conn.execute(
+                "SELECT key_hash FROM admin_keys WHERE revoked_at IS NULL ORDER BY id"
+            ).fetchall()
+            return [bytes(r[0]) for r in rows]
+
+        return await self._run(query)
+
+    async def add_admin_key(
+        self, key_hash: bytes, at: datetime, *, revoke_others: bool = False
+    ) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            if revoke_others:
+                conn.execute(
+                    "UPDATE admin_keys SET revoked_at = %s WHERE revoked_at IS NULL", (at,)
+                )
+            conn.execute(
+                "INSERT INTO admin_keys (key_hash, created_at) VALUES (%s, %s)", (key_hash, at)
+            )
+            self._log(conn, [(ChangeKind.ADMIN_KEY, "")])
+
+        await self._run(write)
+
+    # --- replicas -------------------------------------------------------------------------
+
+    async def insert_replica(self, record: ReplicaRecord) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            values = [getattr(record, c) for c in _REPLICA_COLUMNS]
+            values[_REPLICA_COLUMNS.index("placement")] = Jsonb(dict(record.placement))
+            statement = sql.SQL("INSERT INTO replicas ({}) VALUES ({})").format(
+                _REPLICA_LIST, sql.SQL(", ").join(sql.Placeholder() * len(_REPLICA_COLUMNS))
+            )
+            try:
+                with conn.transaction():
+                    conn.execute(statement, values)
+            except psycopg.errors.ForeignKeyViolation as exc:
+                if exc.sqlstate == FOREIGN_KEY_VIOLATION:
+                    raise EndpointGone(record.endpoint_id) from None
+                raise
+            self._log(conn, [(ChangeKind.REPLICA, record.id)])
+
+        await self._run(write)
+
+    async def update_replica(
+        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+    ) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            cur = conn.execute(
+                "UPDATE replicas SET status = %s, reason = %s, url = %s, updated_at = %s"
+                " WHERE id = %s",
+                (status, reason, url, at, replica_id),
+            )
+            if cur.rowcount:
+                self._log(conn, [(ChangeKind.REPLICA, replica_id)])
+
+        await self._run(write)
+
+    async def delete_replica(self, replica_id: str) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            cur = conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
+            if cur.rowcount:
+                self._log(conn, [(ChangeKind.REPLICA, replica_id)])
+
+        await self._run(write)
+
+    async def list_replicas(self) -> list[ReplicaRecord]:
+        def query(conn: psycopg.Connection) -> list[ReplicaRecord]:
+            statement = sql.SQL("SELECT {} FROM replicas ORDER BY seq").format(_REPLICA_LIST)
+            return [_replica(r) for r in conn.execute(statement).fetchall()]
+
+        return await self._run(query)
+
+    # --- change feed -----------------------------------------------------------------------
+
+    def changes(self) -> AsyncIterator[Change]:
+        subscription = self._hub.subscribe()
+        with self._lock:
+            if self._watcher is None and not self._closed.is_set():
+                self._watcher = threading.Thread(
+                    target=self._watch, name="inferd-pg-changes", daemon=True
+                )
+                self._watcher.start()
+        return subscription
+
+    @staticmethod
+    def _last_seq(conn: psycopg.Connection) -> int:
+        row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        return int(row[0]) if row else 0
+
+    def _watch(self) -> None:
+        conn: psycopg.Connection | None = None
+        backoff = POLL_INTERVAL_S
+        while not self._closed.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg.connect(
+                        self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                    )
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+                    if backoff > POLL_INTERVAL_S:
+                        logger.info("change feed: reconnected to PostgreSQL")
+                    backoff = POLL_INTERVAL_S
+                # Read first: what was committed before LISTEN took effect,
+                # or while the connection was down, is in the log.
+                self._publish_new(conn)
+                for _ in conn.notifies(timeout=POLL_INTERVAL_S, stop_after=1):
+                    pass
+            except psycopg.Error as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                    logger.warning("change feed: lost PostgreSQL (%s); polling", _first_line(exc))
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+        if conn is not None:
+            conn.close()
+
+    def _publish_new(self, conn: psycopg.Connection) -> None:
+        rows = conn.execute(
+            "SELECT seq, kind, key FROM changes WHERE seq > %s ORDER BY seq", (self._cursor,)
+        ).fetchall()
+        if not rows:
+            return
+        if rows[0][0] > self._cursor + 1 and not self._continuous(conn):
+            self._hub.publish(Change(ChangeKind.RESYNC))
+        for seq, kind, key in rows:
+            self._hub.publish(Change(ChangeKind(kind), key))
+            self._cursor = int(seq)
+
+    def _continuous(self, conn: psycopg.Connection) -> bool:
+        """A gap in sequence numbers is normal (a rolled-back write used one);
+        changes were lost only if the log was pruned past our cursor."""
+        row = conn.execute("SELECT MIN(seq) FROM changes").fetchone()
+        oldest = int(row[0]) if row and row[0] is not None else 0
+        return oldest <= self._cursor + 1 or self._cursor == 0

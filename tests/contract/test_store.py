@@ -1,0 +1,364 @@
+"""One contract for every store: in-memory, SQLite, and a real PostgreSQL server.
+
+Each test runs against each adapter; what differs between them (a second
+process writing the same database, a database server going away) is
+tested where it exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from inferd.control.model import (
+    Change,
+    ChangeKind,
+    DuplicateName,
+    Endpoint,
+    EndpointChanges,
+    EndpointGone,
+    ReplicaRecord,
+    StoreUnavailable,
+)
+from inferd.control.ports import Store
+from inferd.control.stores import open_store
+from inferd.testing_postgres import PostgresServer
+
+T0 = datetime(2025, 1, 1, 12, 0, 0, 123000, tzinfo=UTC)
+
+KINDS = ["memory", "sqlite", "postgres"]
+SHARED = ["sqlite", "postgres"]  # a second writer on the same database exists
+
+
+def endpoint(n: int = 1, name: str | None = None, at: datetime = T0) -> Endpoint:
+    return Endpoint(
+        id=f"00000000-0000-4000-8000-{n:012d}",
+        name=name or f"ep-{n}",
+        model_name="tiny-chat",
+        model_kind="chat",
+        gpu_type="cpu",
+        gpu_count=1,
+        location_name="local",
+        min_replicas=0,
+        max_replicas=2,
+        retention_seconds=600,
+        hourly_price=1.25,
+        currency="USD",
+        created_at=at,
+        updated_at=at,
+    )
+
+
+def replica(n: int, endpoint_id: str) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=f"r-{n:012x}",
+        endpoint_id=endpoint_id,
+        generation=1,
+        gpu_type="cpu",
+        gpu_count=1,
+        secret_hash=bytes([n]) * 32,
+        status="starting",
+        created_at=T0,
+        updated_at=T0,
+        node="local",
+        placement={"pid": str(1000 + n), "gpu_ids": ""},
+    )
+
+
+def digest(n: int) -> bytes:
+    return bytes([n % 256]) * 31 + bytes([n // 256])
+
+
+Opener = Callable[[], Store]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def opener(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Opener]:
+    """Opens a store on this test's database (a second call: a second writer)."""
+    if kind == "memory":
+        url = "memory://"
+    elif kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'inferd.db'}"
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database()
+    opened: list[Store] = []
+
+    def open_one() -> Store:
+        store = open_store(url)
+        opened.append(store)
+        return store
+
+    yield open_one
+    for store in opened:
+        asyncio.run(store.close())
+
+
+def run(body: Callable[..., Awaitable[None]], *args: object) -> None:
+    asyncio.run(body(*args))  # type: ignore[arg-type]
+
+
+async def collect(
+    feed: AsyncIterator[Change], until: Callable[[list[Change]], bool], timeout: float = 5.0
+) -> list[Change]:
+    seen: list[Change] = []
+
+    async def read() -> None:
+        async for change in feed:
+            seen.append(change)
+            if until(seen):
+                return
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except TimeoutError:
+        pytest.fail(f"change feed: expected more within {timeout}s; saw {seen}")
+    return seen
+
+
+# --- endpoints ------------------------------------------------------------------------
+
+
+def test_endpoint_crud(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        a, b = endpoint(1), endpoint(2, at=T0 + timedelta(seconds=1))
+        await store.insert_endpoint(b, digest(2))
+        await store.insert_endpoint(a, digest(1))
+        assert await store.get_endpoint(a.id) == a
+        assert await store.get_endpoint("no-such-id") is None
+        # Oldest first means the order of creation.
+        assert [e.id for e in await store.list_endpoints()] == [b.id, a.id]
+
+        later = T0 + timedelta(minutes=5)
+        changed = await store.update_endpoint(
+            a.id, EndpointChanges(updated_at=later, min_replicas=1, generation=2, gpu_count=2)
+        )
+        assert changed == replace(a, min_replicas=1, generation=2, gpu_count=2, updated_at=later)
+        assert await store.get_endpoint(a.id) == changed
+        with pytest.raises(EndpointGone):
+            await store.update_endpoint("gone", EndpointChanges(updated_at=later))
+
+        deleting = await store.mark_deleting(a.id, later)
+        assert deleting.deleting_at == later
+        again = await store.mark_deleting(a.id, later + timedelta(seconds=1))
+        assert again.deleting_at == later  # the first time it started counts
+        with pytest.raises(EndpointGone):
+            await store.mark_deleting("gone", later)
+
+        assert await store.delete_endpoint(a.id) is True
+        assert await store.delete_endpoint(a.id) is False
+        assert await store.get_endpoint(a.id) is None
+        assert [e.id for e in await store.list_endpoints()] == [b.id]
+
+    run(body, opener())
+
+
+def test_times_and_types_round_trip_exactly(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        e = replace(endpoint(1), hourly_price=0.1 + 0.2, retention_seconds=2**62, project_id="p1")
+        await store.insert_endpoint(e, digest(1))
+        got = await store.get_endpoint(e.id)
+        assert got == e
+        assert got is not None and got.created_at.tzinfo is not None
+        assert got.created_at.utcoffset() == timedelta(0)
+
+    run(body, opener())
+
+
+def test_duplicate_name_is_refused_and_writes_nothing(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        await store.insert_endpoint(endpoint(1, "same"), digest(1))
+        with pytest.raises(DuplicateName):
+            await store.insert_endpoint(endpoint(2, "same"), digest(2))
+        assert [e.id for e in await store.list_endpoints()] == [endpoint(1).id]
+        assert await store.active_token_hashes() == {endpoint(1).id: digest(1)}
+        # The name is free again once its endpoint is deleted.
+        await store.delete_endpoint(endpoint(1).id)
+        await store.insert_endpoint(endpoint(2, "same"), digest(2))
+
+    run(body, opener())
+
+
+# --- tokens and admin keys -------------------------------------------------------------
+
+
+def test_tokens(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        a, b = endpoint(1), endpoint(2)
+        await store.insert_endpoint(a, digest(1))
+        await store.insert_endpoint(b, digest(2))
+        assert await store.active_token_hashes() == {a.id: digest(1), b.id: digest(2)}
+        await store.replace_token(a.id, digest(3), T0)
+        assert await store.active_token_hash(a.id) == digest(3)
+        assert await store.active_token_hash("gone") is None
+        with pytest.raises(EndpointGone):
+            await store.replace_token("gone", digest(4), T0)
+        # Deletion started: the token stops working and cannot be re-issued.
+        await store.mark_deleting(b.id, T0)
+        assert await store.active_token_hashes() == {a.id: digest(3)}
+        with pytest.raises(EndpointGone):
+            await store.replace_token(b.id, digest(5), T0)
+        await store.delete_endpoint(a.id)
+        assert await store.active_token_hashes() == {}
+
+    run(body, opener())
+
+
+def test_admin_keys(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        assert await store.admin_key_hashes() == []
+        await store.add_admin_key(digest(1), T0)
+        await store.add_admin_key(digest(2), T0)
+        assert await store.admin_key_hashes() == [digest(1), digest(2)]
+        await store.add_admin_key(digest(3), T0, revoke_others=True)
+        assert await store.admin_key_hashes() == [digest(3)]
+
+    run(body, opener())
+
+
+# --- replicas ---------------------------------------------------------------------------
+
+
+def test_replicas(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        e = endpoint(1)
+        await store.insert_endpoint(e, digest(1))
+        r1, r2 = replica(1, e.id), replica(2, e.id)
+        await store.insert_replica(r1)
+        await store.insert_replica(r2)
+        assert await store.list_replicas() == [r1, r2]
+        later = T0 + timedelta(seconds=3)
+        await store.update_replica(
+            r1.id, status="ready", reason=None, url="http://127.0.0.1:9", at=later
+        )
+        await store.update_replica("r-gone", status="ready", reason=None, url=None, at=later)
+        got = await store.list_replicas()
+        assert got[0] == replace(r1, status="ready", url="http://127.0.0.1:9", updated_at=later)
+        assert got[0].placement == {"pid": "1001", "gpu_ids": ""}
+        await store.delete_replica(r2.id)
+        await store.delete_replica(r2.id)
+        assert [r.id for r in await store.list_replicas()] == [r1.id]
+        with pytest.raises(EndpointGone):
+            await store.insert_replica(replica(3, "no-such-endpoint"))
+        # An endpoint's replicas go with it.
+        await store.delete_endpoint(e.id)
+        assert await store.list_replicas() == []
+
+    run(body, opener())
+
+
+# --- change feed ---------------------------------------------------------------------------
+
+
+def test_change_feed_delivers_every_kind(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        feed = store.changes()
+        e = endpoint(1)
+        await store.insert_endpoint(e, digest(1))
+        await store.replace_token(e.id, digest(2), T0)
+        await store.add_admin_key(digest(3), T0)
+        await store.insert_replica(replica(1, e.id))
+        await store.update_endpoint(e.id, EndpointChanges(updated_at=T0, min_replicas=1))
+        await store.delete_endpoint(e.id)
+        expected = [
+            Change(ChangeKind.ENDPOINT, e.id),
+            Change(ChangeKind.TOKEN, e.id),
+            Change(ChangeKind.TOKEN, e.id),
+            Change(ChangeKind.ADMIN_KEY, ""),
+            Change(ChangeKind.REPLICA, replica(1, e.id).id),
+            Change(ChangeKind.ENDPOINT, e.id),
+        ]
+        seen = await collect(feed, lambda s: len(s) >= len(expected) + 3)
+        assert seen[: len(expected)] == expected
+        # Deletion names the endpoint, its token and its replicas.
+        assert set(seen[len(expected) :]) == {
+            Change(ChangeKind.ENDPOINT, e.id),
+            Change(ChangeKind.TOKEN, e.id),
+            Change(ChangeKind.REPLICA, replica(1, e.id).id),
+        }
+
+    run(body, opener())
+
+
+@pytest.mark.parametrize("kind", SHARED)
+def test_change_feed_sees_another_writer(opener: Opener) -> None:
+    async def body(reader: Store, writer: Store) -> None:
+        feed = reader.changes()
+        e = endpoint(7)
+        await writer.insert_endpoint(e, digest(7))
+        seen = await collect(feed, lambda s: Change(ChangeKind.TOKEN, e.id) in s)
+        assert Change(ChangeKind.ENDPOINT, e.id) in seen
+        assert await reader.get_endpoint(e.id) == e
+
+    run(body, opener(), opener())
+
+
+@pytest.mark.parametrize("kind", SHARED)
+def test_concurrent_writers(opener: Opener) -> None:
+    async def body(a: Store, b: Store) -> None:
+        # One name, two writers at once: exactly one wins.
+        results = await asyncio.gather(
+            a.insert_endpoint(endpoint(1, "contested"), digest(1)),
+            b.insert_endpoint(endpoint(2, "contested"), digest(2)),
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in results) == ["DuplicateName", "NoneType"]
+        # Many distinct writes from both: every one kept, none twice.
+        await asyncio.gather(
+            *((a if n % 2 else b).insert_endpoint(endpoint(n), digest(n)) for n in range(10, 40))
+        )
+        names = [e.name for e in await a.list_endpoints()]
+        assert len(names) == 31
+        assert sorted(names) == sorted({*names})
+        assert len(await b.active_token_hashes()) == 31
+
+    run(body, opener(), opener())
+
+
+# --- a database that goes away ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["postgres"])
+def test_postgres_restart_writes_unavailable_then_recover(
+    opener: Opener, postgres_server: PostgresServer
+) -> None:
+    async def body(store: Store) -> None:
+        feed = store.changes()
+        await store.insert_endpoint(endpoint(1), digest(1))
+        await collect(feed, lambda s: Change(ChangeKind.TOKEN, endpoint(1).id) in s)
+
+        postgres_server.stop()
+        try:
+            with pytest.raises(StoreUnavailable) as refused:
+                await store.insert_endpoint(endpoint(2), digest(2))
+            assert refused.value.status == 503
+            assert refused.value.headers()["Retry-After"]
+        finally:
+            postgres_server.start()
+
+        # Back by itself: no reopen, the first write after the restart works.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await store.insert_endpoint(endpoint(3), digest(3))
+                break
+            except StoreUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        assert [e.id for e in await store.list_endpoints()] == [endpoint(1).id, endpoint(3).id]
+        # The feed reconnected and replays from its log.
+        await collect(feed, lambda s: Change(ChangeKind.TOKEN, endpoint(3).id) in s, timeout=15)
+
+    run(body, opener())
