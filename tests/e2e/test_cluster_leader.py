@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from inferd.testing import ServeHandle
-from tests.pgserver import PostgresServer, pg_server  # noqa: F401
+from inferd.testing_postgres import PostgresServer
 
 FAILOVER_GOAL_S = 5.0
 
@@ -47,12 +47,12 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> float:
 
 @pytest.fixture(scope="module")
 def cluster(
-    pg_server: PostgresServer,  # noqa: F811
+    postgres_server: PostgresServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[PostgresServer, list[ServeHandle]]]:
     """Three instances, shared by this module's tests (each start costs
     seconds on a small machine); a test that kills one leaves two."""
-    url = pg_server.fresh_database("cluster_e2e")
+    url = postgres_server.create_database()
     root = tmp_path_factory.mktemp("cluster")
     instances = [
         ServeHandle(
@@ -69,7 +69,7 @@ def cluster(
     try:
         for instance in instances:
             instance.start()
-        yield pg_server, instances
+        yield postgres_server, instances
     finally:
         for instance in instances:
             instance.cleanup()

@@ -21,7 +21,7 @@ from inferd.server.cluster import (
     LeaderDutySet,
     LoadPublisher,
 )
-from tests.pgserver import PostgresServer, pg_server  # noqa: F401
+from inferd.testing_postgres import PostgresServer
 
 FAST = LeaseSettings(retry_s=0.1, check_s=0.2, check_timeout_s=1.0)
 INTERVAL = 0.2
@@ -82,8 +82,8 @@ class Instance:
 
 
 @pytest.fixture
-def db(pg_server: PostgresServer, request: pytest.FixtureRequest) -> str:  # noqa: F811
-    return pg_server.fresh_database("cluster_" + request.node.name.lower()[:40])
+def db(postgres_server: PostgresServer) -> str:
+    return postgres_server.create_database()
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> float:

@@ -17,7 +17,7 @@ from inferd.control.leader import (
     fenced,
     read_leader,
 )
-from tests.pgserver import PostgresServer, pg_server  # noqa: F401
+from inferd.testing_postgres import PostgresServer
 
 FAST = LeaseSettings(retry_s=0.1, check_s=0.2, check_timeout_s=1.0)
 
@@ -34,8 +34,8 @@ class Duties:
 
 
 @pytest.fixture
-def db(pg_server: PostgresServer, request: pytest.FixtureRequest) -> str:  # noqa: F811
-    return pg_server.fresh_database("leader_" + request.node.name.lower()[:40])
+def db(postgres_server: PostgresServer) -> str:
+    return postgres_server.create_database()
 
 
 async def until(predicate: object, timeout: float = 10.0) -> float:
@@ -141,17 +141,17 @@ def test_a_new_term_waits_for_a_fenced_write_in_progress(db: str) -> None:
     asyncio.run(scenario())
 
 
-def test_leadership_returns_after_a_postgres_restart(pg_server: PostgresServer) -> None:  # noqa: F811
-    db = pg_server.fresh_database("leader_restart")
+def test_leadership_returns_after_a_postgres_restart(postgres_server: PostgresServer) -> None:
+    db = postgres_server.create_database()
 
     async def scenario() -> None:
         duties = Duties()
         a = PostgresElection(db, "a", duties, FAST)
         a.start()
         await until(lambda: a.leading)
-        await asyncio.to_thread(pg_server.stop, "fast")
+        await asyncio.to_thread(postgres_server.stop, "fast")
         await until(lambda: not a.leading, timeout=FAST.lease_s + 1)
-        await asyncio.to_thread(pg_server.start)
+        await asyncio.to_thread(postgres_server.start)
         await until(lambda: a.leading, timeout=15)
         assert a.term == 2
         assert duties.events == [("start", 1), ("stop", None), ("start", 2)]

@@ -17,12 +17,12 @@ from inferd.control.loadshare import (
     max_age,
     merge_load,
 )
-from tests.pgserver import PostgresServer, pg_server  # noqa: F401
+from inferd.testing_postgres import PostgresServer
 
 
 @pytest.fixture
-def db(pg_server: PostgresServer, request: pytest.FixtureRequest) -> str:  # noqa: F811
-    return pg_server.fresh_database("load_" + request.node.name.lower()[:40])
+def db(postgres_server: PostgresServer) -> str:
+    return postgres_server.create_database()
 
 
 async def connect(url: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
