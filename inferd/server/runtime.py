@@ -12,6 +12,7 @@ import asyncio
 import logging
 import shlex
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +28,11 @@ from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.leader import LeaderInfo, PostgresElection
 from inferd.control.loadshare import max_age
+from inferd.control.model import Endpoint
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.records import EndpointRuntime, ReplicaView
 from inferd.control.registry import Registry, ReportRejected
+from inferd.control.replica_mirror import ReplicaMirror
 from inferd.errors import error_body
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute
@@ -59,6 +62,7 @@ class ClusterMember:
     instance_id: str
     election: PostgresElection
     publisher: LoadPublisher
+    mirror: ReplicaMirror
 
     def health(self) -> dict[str, Any]:
         info: LeaderInfo | None = self.election.info
@@ -227,8 +231,10 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
 
     async def adopt() -> None:
         rows = await plane.store.list_replicas()
-        known = {replica.replica_id for replica in registry.all()}
-        rows = [row for row in rows if row.id not in known]
+        # A new leader takes over the launcher's side of every replica it
+        # does not watch yet (the registry may know them from the store).
+        watched = set(launcher.running())
+        rows = [row for row in rows if row.id not in watched]
         adopted = set(reconciler.adopt(rows, plane.service.rows()))
         for row in rows:
             if row.id not in adopted:
@@ -239,6 +245,8 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
     async def lead(term: int) -> None:
         await adopt()
         reconciler.start()
+
+    mirror_task: list[asyncio.Task[None]] = []
 
     cluster: ClusterMember | None = None
     if cluster_url:
@@ -251,12 +259,34 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
                 CallbackDuty(lead, reconciler.stop),
             ]
         )
-        cluster = ClusterMember(
-            instance_id, PostgresElection(cluster_url, instance_id, duties), publisher
+        election = PostgresElection(cluster_url, instance_id, duties)
+        mirror = ReplicaMirror(
+            plane.store,
+            registry,
+            settings.health_period_seconds,
+            heartbeats_needed=lambda: not election.leading,
         )
+        cluster = ClusterMember(instance_id, election, publisher, mirror)
     runtime = Runtime(registry, launcher, gateway, reconciler, cluster)
     plane.service.runtime_of = runtime.endpoint_runtime
-    plane.service.drain = reconciler.drain_endpoint
+
+    async def drain(row: Endpoint) -> None:
+        if cluster is None or cluster.election.leading:
+            await reconciler.drain_endpoint(row)
+            return
+        # The leader drains (the endpoint is marked deleting in the store);
+        # this instance waits for its replicas' rows to go.
+        deadline = time.monotonic() + settings.replica_drain_timeout_seconds + 30
+        while time.monotonic() < deadline:
+            if cluster.election.leading:
+                await reconciler.drain_endpoint(row)
+                return
+            rows = await plane.store.list_replicas()
+            if not any(r.endpoint_id == row.id for r in rows):
+                return
+            await asyncio.sleep(0.2)
+
+    plane.service.drain = drain
 
     async def start() -> None:
         await gateway.startup()
@@ -264,6 +294,7 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             await lead(0)
             return
         cluster.publisher.start()
+        mirror_task.append(asyncio.ensure_future(cluster.mirror.follow()))
         cluster.election.start()
 
     async def stop() -> None:
@@ -273,6 +304,9 @@ def attach_runtime(plane: ControlPlane, launcher: LocalLauncher | None = None) -
             # running (they are not this instance's alone).
             await cluster.election.stop()
             await cluster.publisher.stop()
+            for task in mirror_task:
+                task.cancel()
+            await asyncio.gather(*mirror_task, return_exceptions=True)
             await gateway.shutdown()
             return
         await reconciler.stop()
@@ -315,13 +349,17 @@ def runtime_routes(runtime: Runtime) -> Sequence[BaseRoute]:
         auth = request.headers.get("authorization", "")
         secret = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
         payload = parse_json_object(await read_body(request, _MAX_REPORT_BYTES))
+        replica_id = request.path_params["replica_id"]
         try:
-            registry.report(request.path_params["replica_id"], secret, payload)
+            registry.report(replica_id, secret, payload)
         except ReportRejected as exc:
             return JSONResponse(
                 error_body(str(exc), "invalid_request_error", None, "report_rejected"),
                 status_code=exc.status,
             )
+        if runtime.cluster is not None:
+            # The leader and the other instances learn it through the store.
+            await runtime.cluster.mirror.reported(replica_id)
         return Response(status_code=204)
 
     metrics_registry = CollectorRegistry(auto_describe=True)
