@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -116,6 +117,8 @@ def cluster(
                     "reconcile_period_seconds": "0.2",
                     "autoscale_upscale_delay_seconds": "1",
                     "replica_drain_timeout_seconds": "5",
+                    # Every replica of the module's endpoints fits at once.
+                    "cpu_replica_slots": "8",
                 },
             )
         )
@@ -202,7 +205,8 @@ def test_two_instances_racing_for_one_name_give_one_201_and_one_409(cluster: Clu
             start.wait()
             statuses.append(
                 api.post(
-                    "/inference/endpoints", json={"name": "race", "modelName": "tiny-chat"}
+                    "/inference/endpoints",
+                    json={"name": "race", "modelName": "tiny-chat", "minReplicas": 0},
                 ).status_code
             )
 
@@ -226,3 +230,121 @@ def test_a_request_held_at_zero_on_a_follower_wakes_the_leader(cluster: Cluster)
     # Exactly one replica was launched for it, by the leader.
     record = cluster.admin(follower).get(f"/inference/endpoints/{endpoint_id}").json()
     assert len([r for r in record["replicas"] if r["status"] == "ready"]) == 1
+
+
+async def open_loop(
+    targets: list[str], token: str, rate: float, duration: float
+) -> list[tuple[float, int, float]]:
+    """Requests sent at fixed times (`rate` a second, round robin over
+    `targets`) whatever the answers: (sent at, status, latency) each; a
+    connection error counts as status 0."""
+    results: list[tuple[float, int, float]] = []
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def one(url: str, at: float) -> None:
+            try:
+                response = await client.post(
+                    url, json=CHAT, headers={"Authorization": f"Bearer {token}"}
+                )
+                status = response.status_code
+            except httpx.HTTPError:
+                status = 0
+            results.append((at, status, time.monotonic() - at))
+
+        start = time.monotonic()
+        tasks = []
+        for n in range(int(rate * duration)):
+            at = start + n / rate
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            tasks.append(asyncio.ensure_future(one(targets[n % len(targets)], at)))
+        await asyncio.gather(*tasks)
+    return results
+
+
+def test_leader_sigkilled_under_load_no_request_fails(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    followers = cluster.followers()
+    created = create(cluster, followers[0], "steady", minReplicas=1, maxReplicas=1)
+    endpoint_id, token = created["id"], created["accessToken"]
+    for follower in followers:
+        wait_for(lambda f=follower: chat(f, endpoint_id, token, 5).status_code == 200, 60)
+    before = cluster.admin(followers[0]).get(f"/inference/endpoints/{endpoint_id}").json()
+    replica_ids = {r["id"] for r in before["replicas"]}
+    assert len(replica_ids) == 1
+    term = health(leader)["leader"]["term"]
+    targets = [f"{f.url}/endpoints/{endpoint_id}/openai/v1/chat/completions" for f in followers]
+    killed: dict[str, float] = {}
+
+    def kill_then_watch() -> None:
+        time.sleep(2.0)
+        killed["at"] = time.monotonic()
+        leader.stop(signal.SIGKILL)
+        took = wait_for(lambda: any(health(f)["leader"]["self"] for f in followers), 5.0)
+        killed["new_leader_after"] = took
+
+    killer = threading.Thread(target=kill_then_watch)
+    killer.start()
+    results = asyncio.run(open_loop(targets, token, rate=20, duration=8))
+    killer.join(10)
+    failed = [r for r in results if r[1] != 200]
+    during = sorted(lat for at, _, lat in results if at >= killed["at"] - 0.5)
+    p99 = during[int(0.99 * (len(during) - 1))]
+    print(
+        f"new leader {killed['new_leader_after']:.2f}s after SIGKILL; "
+        f"{len(results)} requests, {len(failed)} failed, p99 during hand-over {p99 * 1000:.0f} ms"
+    )
+    assert failed == []
+    assert killed["new_leader_after"] < 5.0
+    new_leader = cluster.leader()
+    assert health(new_leader)["leader"]["term"] > term
+    # The replica was adopted, not replaced: the same one, and only it.
+    time.sleep(2.0)  # a few reconcile periods of the new leader
+    after = cluster.admin(new_leader).get(f"/inference/endpoints/{endpoint_id}").json()
+    assert {r["id"] for r in after["replicas"]} == replica_ids
+    assert [r["status"] for r in after["replicas"]] == ["ready"]
+    assert chat(new_leader, endpoint_id, token).status_code == 200
+
+
+def test_a_postgres_restart_keeps_ready_endpoints_serving(cluster: Cluster) -> None:
+    live = cluster.live()
+    first = live[0]
+    created = create(cluster, first, "through-restart", minReplicas=1, maxReplicas=1)
+    endpoint_id, token = created["id"], created["accessToken"]
+    for instance in live:
+        wait_for(lambda i=instance: chat(i, endpoint_id, token, 5).status_code == 200, 60)
+    cluster.server.stop("fast")
+    try:
+        for instance in live:
+            sent = time.monotonic()
+            assert chat(instance, endpoint_id, token, 10).status_code == 200
+            print(f"chat while PostgreSQL is down: {time.monotonic() - sent:.2f}s")
+            sent = time.monotonic()
+            with cluster.admin(instance) as api:
+                refused = api.post(
+                    "/inference/endpoints", json={"name": "while-down", "modelName": "tiny-chat"}
+                )
+            print(f"create while PostgreSQL is down: {time.monotonic() - sent:.2f}s")
+            assert refused.status_code == 503, refused.text
+            assert int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["error"]["type"]
+        # Nobody leads without the database (the lock went with it).
+        wait_for(lambda: not any(health(i)["leader"]["self"] for i in live), 5)
+        for instance in live:
+            assert chat(instance, endpoint_id, token).status_code == 200
+    finally:
+        cluster.server.start()
+    # Back by themselves: a leader again, and writes go through.
+    wait_for(lambda: sum(health(i)["leader"]["self"] for i in live) == 1, 15)
+    with cluster.admin(live[-1]) as api:
+        wait_for(
+            lambda: (
+                api.post(
+                    "/inference/endpoints", json={"name": "after-restart", "modelName": "tiny-chat"}
+                ).status_code
+                == 201
+            ),
+            15,
+            interval=0.5,
+        )
+    for instance in live:
+        assert chat(instance, endpoint_id, token).status_code == 200
