@@ -124,6 +124,13 @@ def _resolve_source(source: str, ref: str, cache_dir: Path | None) -> tuple[Path
     )
 
 
+def resolve_source(source: str, ref: str, cache_dir: Path | None = None) -> Path:
+    """A directory for an already resolved model `source` (what a catalog
+    entry names): built, found locally, or taken from the Hugging Face cache."""
+    path, _ = _resolve_source(source, ref, cache_dir)
+    return path
+
+
 def resolve_model(
     ref: str, catalog: ModelCatalog | None = None, cache_dir: Path | None = None
 ) -> ResolvedModel:

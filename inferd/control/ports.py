@@ -8,11 +8,14 @@ write has committed durably when its coroutine returns.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from inferd.control.model import Change, Endpoint, EndpointChanges, ReplicaRecord
+from inferd.replica.config import ReplicaSpec
 
 # --- stores ---------------------------------------------------------------------------
 
@@ -106,3 +109,160 @@ class Store(EndpointStore, TokenStore, AdminKeyStore, ReplicaStore, ChangeFeed, 
 
 
 # --- end of the store ports ---------------------------------------------------------
+
+
+# --- launching and scaling replicas ---------------------------------------------------
+#
+# The reconciler is the only caller of `Launcher` and `Placer`; the gateway and
+# the endpoint service call `ScaleSignals`; the reconciler reads
+# `LoadObservations`. Types a launcher shares with the replica (`ReplicaSpec`,
+# `config_for`, `to_argv`) live in `inferd.replica.config`.
+
+
+@dataclass(frozen=True)
+class ReplicaHandle:
+    """A launched replica as its launcher knows it, opaque to everyone else.
+
+    `node` names where it runs (for people and for `adopt`); `placement` is the
+    launcher's own data (the local launcher: process id and GPU indices; a
+    cluster launcher: actor and placement group), persisted as is with the
+    replica record so that a restarted control plane can `adopt` it.
+    """
+
+    replica_id: str
+    node: str
+    placement: Mapping[str, str] = field(default_factory=dict)
+
+
+class ExitReason(str, Enum):
+    EXITED = "exited"  # ended by itself (crash, failed load, orphaned)
+    STOPPED = "stopped"  # after `stop`: drained and ended within its grace period
+    KILLED = "killed"  # `kill`, or a stop past its grace period
+    LOST = "lost"  # no longer found (its node went away, an adopted one vanished)
+
+
+@dataclass(frozen=True)
+class ReplicaExit:
+    """A replica whose process (actor, ...) has ended: its GPUs are free again."""
+
+    replica_id: str
+    reason: ExitReason
+    returncode: int | None = None  # None where unknown (adopted, lost)
+    detail: str = ""  # the end of its log, for the failure reason
+
+
+@dataclass(frozen=True)
+class PlacementKey:
+    location: str
+    gpu_type: str  # "cpu": replica slots rather than GPUs
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Free and total placement units per location and GPU type."""
+
+    free: Mapping[PlacementKey, int] = field(default_factory=dict)
+    total: Mapping[PlacementKey, int] = field(default_factory=dict)
+
+
+class Placer(Protocol):
+    async def capacity(self) -> Capacity: ...
+
+    async def cannot_place(self, location: str, gpu_type: str, gpu_count: int) -> str | None:
+        """None when a replica of this shape can start now, else why not (for
+        people: it becomes the endpoint's `statusReason`)."""
+        ...
+
+
+class Launcher(Placer, Protocol):
+    """Starts, stops and watches replicas somewhere. Knows processes and
+    GPUs, not replica status (the registry has that, from the replicas)."""
+
+    async def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
+        """Start it; returns once it is started (not ready). Raises on refusal
+        (no capacity left, the machine refused); nothing is left running then."""
+        ...
+
+    async def stop(self, handle: ReplicaHandle, grace_s: float) -> None:
+        """Ask it to drain and exit; kill it after `grace_s` seconds. Returns
+        at once; its end comes through `exits()`. Idempotent."""
+        ...
+
+    async def kill(self, handle: ReplicaHandle) -> None:
+        """End it now, with everything it started. Idempotent."""
+        ...
+
+    def exits(self) -> AsyncIterator[ReplicaExit]:
+        """Every replica end, each once, as it happens (for launched and adopted
+        replicas alike). One consumer; ends after `shutdown`."""
+        ...
+
+    async def adopt(self, handle: ReplicaHandle) -> bool:
+        """After a control-plane restart: take over a replica still running
+        (True: it is watched as if launched here), or say it is gone (False)."""
+        ...
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop every replica (drain, then kill past `grace_s`) and wait for
+        them to end."""
+        ...
+
+
+class ScaleSignals(Protocol):
+    """What should make the reconciler act now rather than at its next tick.
+    Implemented by the reconciler; called by the gateway and the service.
+    Cheap and synchronous: a signal only wakes the reconciler."""
+
+    def capacity_wanted(self, endpoint_id: str) -> None:
+        """A request waits and no replica is ready: scale up now."""
+        ...
+
+    def endpoint_changed(self, endpoint_id: str) -> None:
+        """The endpoint was created, changed or is being deleted."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """One source's view of one endpoint's load (a gateway instance's traffic).
+    Times are the reconciler's clock (a remote publisher converts)."""
+
+    source: str  # which gateway instance
+    endpoint_id: str
+    in_flight: int
+    held: int
+    in_flight_by_replica: Mapping[str, int]
+    last_request_at: float | None
+    at: float  # when it was taken
+
+
+@dataclass(frozen=True)
+class EndpointLoad:
+    """An endpoint's load merged over every source: all gateways, and the
+    replicas' own reports (which see requests from every gateway)."""
+
+    endpoint_id: str
+    in_flight: int
+    held: int
+    in_flight_by_replica: Mapping[str, int]
+    last_request_at: float | None
+
+
+class LoadObservations(Protocol):
+    def load(self, endpoint_id: str) -> EndpointLoad: ...
+
+    def forget(self, endpoint_id: str) -> None:
+        """The endpoint is gone: drop what is known about it."""
+        ...
+
+
+class RequestAborter(Protocol):
+    """The gateway's side of a replica's end: requests it has in flight there
+    fail now (an SSE error or a retry) instead of waiting for a timeout."""
+
+    def abort_replica(self, replica_id: str, reason: str) -> int: ...
+
+    def forget_endpoint(self, endpoint_id: str) -> None: ...
+
+
+# --- end of the launch ports ----------------------------------------------------------

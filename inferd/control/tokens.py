@@ -20,11 +20,10 @@ import hmac
 import secrets
 import zlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inferd.control.model import Change
-    from inferd.control.ports import TokenStore
+from inferd.control.follow import follow
+from inferd.control.model import Change, ChangeKind
+from inferd.control.ports import TokenStore
 
 ENDPOINT_TOKEN_PREFIX = "infd_ep_"
 ADMIN_KEY_PREFIX = "infd_admin_"
@@ -111,14 +110,9 @@ class TokenVerifier:
 
     async def follow(self, feed: AsyncIterator[Change]) -> None:
         """Keep the cache fresh from `feed` (subscribed before `load`)."""
-        # Imported here: `inferd.errors` imports this module for `redact`.
-        from inferd.control.follow import follow
-
         await follow(feed, self._apply, self.load, what="token cache")
 
     async def _apply(self, change: Change) -> None:
-        from inferd.control.model import ChangeKind
-
         if change.kind is not ChangeKind.TOKEN:
             return
         endpoint_id = change.id

@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
@@ -25,7 +25,6 @@ import uvicorn
 from inferd.engines.base import (
     ChatMessage,
     Engine,
-    EngineOptions,
     ImageEngine,
     ImageRequest,
     SamplingOptions,
@@ -34,40 +33,15 @@ from inferd.engines.base import (
     TextRequest,
 )
 from inferd.engines.factory import create_engine
-from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.replica.app import build_app
 from inferd.replica.chat import ServedModel
+from inferd.replica.config import ReplicaConfig, serving_defaults
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.reporter import StatusReporter
 from inferd.replica.state import ReplicaState
 from inferd.vocab import ModelKind, ReplicaStatus
 
 logger = logging.getLogger("inferd.replica")
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    model: str
-    served_names: tuple[str, ...] = ()
-    engine: EngineOptions = field(default_factory=EngineOptions)
-    host: str = "127.0.0.1"
-    port: int = 0
-    port_file: Path | None = None
-    registry_url: str | None = None
-    # Other control-plane instances (or their load balancer): a replica
-    # outlives the instance that launched it, and keeps reporting.
-    registry_fallback_urls: tuple[str, ...] = ()
-    replica_id: str = ""
-    endpoint_id: str | None = None
-    secret: str | None = None
-    report_interval: float = 2.0
-    orphan_timeout: float | None = None
-    drain_timeout: float = 60.0
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    warmup: bool = True
-    models_dir: Path | None = None
-    cache_dir: Path | None = None
-    log_level: str = "info"
 
 
 class _DrainingServer(uvicorn.Server):
@@ -188,13 +162,18 @@ class ReplicaProcess:
             return 1
         self._model_name = config.served_names[0] if config.served_names else name
         options = replace(config.engine, serving=defaults)
-        self._engine = create_engine(self._model_name, kind, path, options)
+        try:
+            self._engine = create_engine(self._model_name, kind, path, options)
+        except ValueError as exc:  # an unknown engine or engine option
+            self.state.set(ReplicaStatus.FAILED, f"bad engine settings: {exc}")
+            logger.error("bad engine settings: %s", exc)
+            return 1
         metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
         app = build_app(self._engine, self.state, metrics, served, config.max_body_bytes)
         sock = bind_socket(config.host, config.port)
         port = sock.getsockname()[1]
-        self.url = f"http://{config.host}:{port}"
+        self.url = f"http://{_url_host(config.advertise_host or config.host)}:{port}"
         server = _DrainingServer(
             uvicorn.Config(
                 app,
@@ -251,38 +230,39 @@ class ReplicaProcess:
             await warm_up(self._engine)
 
 
+def _url_host(host: str) -> str:
+    # A wildcard bind address is not something the gateway can dial.
+    dial = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"[{dial}]" if ":" in dial and not dial.startswith("[") else dial
+
+
 def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, ServingDefaults]:
+    """The model to load: the resolved one the launcher passed (no catalog
+    read), else `config.model` looked up in the catalog (a replica started
+    by hand)."""
+    if config.model_source is not None and config.model_kind is not None:
+        if config.engine.engine == "fake":
+            return config.model, config.model_kind, Path("."), config.engine.serving
+        from inferd.catalog.resolve import resolve_source
+
+        path = resolve_source(config.model_source, config.model, config.cache_dir)
+        return config.model, config.model_kind, path, config.engine.serving
     from inferd.catalog import load_catalog, resolve_model
 
     catalog = load_catalog(models_dir=config.models_dir)
     if config.engine.engine == "fake":
         # The fake engine loads nothing: take the kind from the catalog (or
         # `--engine-arg kind=image`) and never build or download weights.
-        kind = config.engine.extra.get("kind")
+        kind = config.model_kind or config.engine.extra.get("kind")
         if kind is None and config.model in catalog.models:
             kind = catalog.models.get(config.model).kind
-        return config.model, ModelKind(kind or "chat"), Path("."), ServingDefaults()
+        return config.model, ModelKind(kind or "chat"), Path("."), config.engine.serving
     resolved = resolve_model(config.model, catalog.models, cache_dir=config.cache_dir)
     return (
         resolved.name,
         ModelKind(resolved.kind),
         resolved.path,
-        catalog_engine_defaults(resolved.spec),
-    )
-
-
-def catalog_engine_defaults(spec: Any) -> ServingDefaults:
-    """Serving defaults the catalog knows for a model (an image model's steps,
-    guidance and size limits)."""
-    if spec is None or spec.kind != ModelKind.IMAGE:
-        return ServingDefaults()
-    return ServingDefaults(
-        default_steps=spec.default_steps,
-        default_guidance_scale=spec.default_guidance_scale,
-        max_n=spec.max_n,
-        min_side=spec.min_side,
-        max_side=spec.max_side,
-        default_size=tuple(spec.default_size) if spec.default_size else None,
+        serving_defaults(resolved.spec),
     )
 
 

@@ -26,24 +26,45 @@ pytestmark = [needs_vllm, needs_diffusers, pytest.mark.slow]
 RETENTION_S = 4
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeHandle]:
-    handle = ServeHandle(
-        tmp_path_factory.mktemp("serve"),
-        settings={
-            "health_period_seconds": "0.5",
-            "reconcile_period_seconds": "0.2",
-            "autoscale_upscale_delay_seconds": "1",
-            "autoscale_downscale_delay_seconds": "2",
-            "replica_drain_timeout_seconds": "20",
-            "replica_args": "--cpu-kv-cache-gib 1",
-        },
-    ).start()
+SETTINGS = {
+    "health_period_seconds": "0.5",
+    "reconcile_period_seconds": "0.2",
+    "autoscale_upscale_delay_seconds": "1",
+    "autoscale_downscale_delay_seconds": "2",
+    "replica_drain_timeout_seconds": "20",
+    "replica_args": "--cpu-kv-cache-gib 1",
+    # vLLM's start on a busy 2-core machine can pass the default 180 s; a
+    # held request must outlast it here.
+    "gateway_hold_timeout_seconds": "600",
+}
+
+
+def _serving(handle: ServeHandle) -> Iterator[ServeHandle]:
+    handle.start()
     try:
         yield handle
     finally:
         handle.cleanup()
         assert handle.launched_pids() == []
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeHandle]:
+    """`inferd serve` on its embedded default store (SQLite)."""
+    yield from _serving(ServeHandle(tmp_path_factory.mktemp("serve"), settings=SETTINGS))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_store_serve(request: pytest.FixtureRequest) -> Iterator[ServeHandle]:
+    """`inferd serve` on each store: the SQLite one is the shared `serve`;
+    the PostgreSQL one gets a fresh database on the session's server."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("serve")
+        return
+    server = request.getfixturevalue("postgres_server")
+    settings = {**SETTINGS, "database_url": server.create_database()}
+    tmp = request.getfixturevalue("tmp_path")
+    yield from _serving(ServeHandle(tmp, settings=settings))
 
 
 def chat_client(record: dict[str, Any], token: str) -> openai.OpenAI:
@@ -71,7 +92,8 @@ def held_while_waking(serve: ServeHandle, endpoint_id: str, call: Callable[[], T
     return result
 
 
-def test_chat_endpoint_lifecycle(serve: ServeHandle) -> None:
+def test_chat_endpoint_lifecycle(any_store_serve: ServeHandle) -> None:
+    serve = any_store_serve
     created = serve.create_endpoint(
         name="chat",
         modelName="tiny-chat",

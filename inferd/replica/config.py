@@ -1,0 +1,240 @@
+"""What a replica is told to be, and the one mapping from a launch request to it.
+
+`ReplicaSpec` is what the control plane decides (which endpoint, which model,
+how many GPUs, where to report); `ReplicaSettings` is what every replica of
+one control plane shares; `config_for(spec, settings)` is the pure mapping to
+the replica's `ReplicaConfig`, and `to_argv(config)` the command line that
+starts it. Every launcher (local processes, Ray actors) goes through these
+two functions, so a replica is configured the same way wherever it runs.
+
+The spec carries the resolved model (its source, kind and serving defaults):
+a replica never reads the model catalog, so a node needs no catalog files.
+Secrets never appear in argv: `to_argv` leaves `secret` out, and launchers
+pass it in the environment (`SECRET_ENV`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inferd.engines.base import EngineOptions, ServingDefaults
+from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.vocab import ModelKind
+
+if TYPE_CHECKING:
+    from inferd.catalog.models import ModelSpec
+
+SECRET_ENV = "INFERD_REPLICA_SECRET"
+# Longest a replica drains in-flight work after a stop, unless told otherwise.
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model as the catalog resolved it, before any weights are fetched: the
+    replica materialises `source` (builds `builtin:NAME`, finds a local
+    directory, or reads the Hugging Face cache) on its own machine."""
+
+    name: str
+    kind: ModelKind
+    source: str  # HF repo id, builtin:NAME or a directory
+    serving: ServingDefaults = field(default_factory=ServingDefaults)
+
+
+def serving_defaults(spec: ModelSpec | None) -> ServingDefaults:
+    """Serving defaults the catalog knows for a model (an image model's steps,
+    guidance and size limits)."""
+    if spec is None or spec.kind != ModelKind.IMAGE:
+        return ServingDefaults()
+    return ServingDefaults(
+        default_steps=spec.default_steps,
+        default_guidance_scale=spec.default_guidance_scale,
+        max_n=spec.max_n,
+        min_side=spec.min_side,
+        max_side=spec.max_side,
+        default_size=spec.default_size,
+    )
+
+
+def model_source(spec: ModelSpec) -> ModelSource:
+    """A catalog entry as the replica needs it."""
+    return ModelSource(spec.name, ModelKind(spec.kind), spec.source, serving_defaults(spec))
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One replica to launch, as the reconciler decides it."""
+
+    replica_id: str
+    endpoint_id: str
+    model: ModelSource
+    gpu_type: str  # "cpu" for a CPU replica
+    gpu_count: int
+    # The replica authenticates its reports with this, and the gateway
+    # authenticates to the replica with it; it travels by environment only.
+    secret: str = field(repr=False)
+    location: str = "local"
+    served_names: tuple[str, ...] = ()
+    generation: int = 1
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """What every replica of one control plane shares (the launcher section
+    of the settings, plus where the registry listens)."""
+
+    registry_url: str
+    # Other control-plane instances (or their load balancer), where a
+    # replica reports when the instance that launched it is gone.
+    registry_fallback_urls: tuple[str, ...] = ()
+    report_interval_s: float = 2.0
+    orphan_timeout_s: float | None = 60.0
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    log_level: str = "info"
+    cache_dir: Path | None = None
+    # Extra `inferd replica` flags for every replica (operator's shell syntax),
+    # e.g. "--engine fake" or "--cpu-kv-cache-gib 2".
+    replica_args: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    model: str
+    served_names: tuple[str, ...] = ()
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    # The resolved model; None: resolve `model` with the catalog (a replica
+    # started by hand).
+    model_source: str | None = None
+    model_kind: ModelKind | None = None
+    host: str = "127.0.0.1"
+    # Address the replica reports as its URL; None: the bind address.
+    advertise_host: str | None = None
+    port: int = 0
+    port_file: Path | None = None
+    registry_url: str | None = None
+    # A replica outlives the instance that launched it (the next leader
+    # adopts it) and keeps reporting, to these.
+    registry_fallback_urls: tuple[str, ...] = ()
+    replica_id: str = ""
+    endpoint_id: str | None = None
+    secret: str | None = field(default=None, repr=False)
+    report_interval: float = 2.0
+    orphan_timeout: float | None = None
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    warmup: bool = True
+    models_dir: Path | None = None
+    cache_dir: Path | None = None
+    log_level: str = "info"
+
+
+def config_for(
+    spec: ReplicaSpec,
+    settings: ReplicaSettings,
+    *,
+    host: str = "127.0.0.1",
+    advertise_host: str | None = None,
+    gpu_ids: tuple[int, ...] = (),
+) -> ReplicaConfig:
+    """The replica's configuration for `spec` (pure: no I/O).
+
+    `host` is where the replica binds and `advertise_host` what it reports
+    (a launcher on another machine binds 0.0.0.0 and advertises the node's
+    address). `gpu_ids` are the GPU indices as the replica will see them.
+    The operator's `replica_args` apply last, as they would on a command line.
+    """
+    from inferd.replica.cli import config_from_argv
+
+    device = "cpu" if spec.gpu_type == "cpu" else "cuda"
+    base = ReplicaConfig(
+        model=spec.model.name,
+        served_names=spec.served_names or (spec.model.name,),
+        engine=EngineOptions(device=device, gpu_ids=gpu_ids, serving=spec.model.serving),
+        model_source=spec.model.source,
+        model_kind=spec.model.kind,
+        host=host,
+        advertise_host=advertise_host,
+        registry_url=settings.registry_url,
+        registry_fallback_urls=settings.registry_fallback_urls,
+        replica_id=spec.replica_id,
+        endpoint_id=spec.endpoint_id,
+        report_interval=settings.report_interval_s,
+        orphan_timeout=settings.orphan_timeout_s,
+        drain_timeout=settings.drain_timeout_s,
+        cache_dir=settings.cache_dir,
+        log_level=settings.log_level,
+    )
+    config = config_from_argv(to_argv(base) + shlex.split(settings.replica_args), env={})
+    return replace(config, secret=spec.secret)
+
+
+def _serving_json(serving: ServingDefaults) -> str | None:
+    given = serving.given()
+    return json.dumps(given, sort_keys=True) if given else None
+
+
+def serving_from_json(text: str | None) -> ServingDefaults:
+    if not text:
+        return ServingDefaults()
+    data = json.loads(text)
+    if not isinstance(data, Mapping):
+        raise ValueError("--serving-defaults must be a JSON object")
+    if "default_size" in data and data["default_size"] is not None:
+        data = {**data, "default_size": tuple(data["default_size"])}
+    return ServingDefaults(**data)
+
+
+def to_argv(config: ReplicaConfig) -> list[str]:
+    """`inferd replica` arguments that give back `config` (less its secret)."""
+    e = config.engine
+    argv = ["--model", config.model]
+    for name in config.served_names:
+        argv += ["--served-model-name", name]
+    if config.model_source is not None:
+        argv += ["--model-source", config.model_source]
+    if config.model_kind is not None:
+        argv += ["--model-kind", config.model_kind.value]
+    serving = _serving_json(e.serving)
+    if serving is not None:
+        argv += ["--serving-defaults", serving]
+    argv += ["--engine", e.engine, "--device", e.device, "--dtype", e.dtype]
+    if e.gpu_ids:
+        argv += ["--gpus", ",".join(str(i) for i in e.gpu_ids)]
+    if e.max_model_len is not None:
+        argv += ["--max-model-len", str(e.max_model_len)]
+    argv += ["--cpu-kv-cache-gib", str(e.cpu_kv_cache_gib)]
+    argv += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
+    if e.optimize:
+        argv.append("--optimize")
+    for key, value in e.extra.items():
+        argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    argv += ["--host", config.host, "--port", str(config.port)]
+    if config.advertise_host is not None:
+        argv += ["--advertise-host", config.advertise_host]
+    if config.port_file is not None:
+        argv += ["--port-file", str(config.port_file)]
+    if config.registry_url is not None:
+        argv += ["--registry-url", config.registry_url]
+    for url in config.registry_fallback_urls:
+        argv += ["--registry-fallback-url", url]
+    argv += ["--replica-id", config.replica_id]
+    if config.endpoint_id is not None:
+        argv += ["--endpoint-id", config.endpoint_id]
+    argv += ["--report-interval", str(config.report_interval)]
+    if config.orphan_timeout is not None:
+        argv += ["--orphan-timeout", str(config.orphan_timeout)]
+    argv += ["--drain-timeout", str(config.drain_timeout)]
+    argv += ["--max-body-bytes", str(config.max_body_bytes)]
+    if not config.warmup:
+        argv.append("--no-warmup")
+    if config.models_dir is not None:
+        argv += ["--models-dir", str(config.models_dir)]
+    if config.cache_dir is not None:
+        argv += ["--cache-dir", str(config.cache_dir)]
+    argv += ["--log-level", config.log_level]
+    return argv

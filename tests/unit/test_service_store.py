@@ -1,0 +1,103 @@
+"""The endpoint service over the in-memory store: its copy follows another
+writer's changes through the change feed, and a store that is away makes
+writes answer 503 while reads go on from memory. No sleeps: the feed is
+drained by yielding to the loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
+from inferd.catalog import load_catalog
+from inferd.control.model import StoreUnavailable
+from inferd.control.service import EndpointService
+from inferd.control.stores.memory import MemoryStore
+from inferd.control.tokens import TokenVerifier
+
+CATALOG = load_catalog()
+
+
+def service(store: MemoryStore) -> EndpointService:
+    return EndpointService(
+        store,
+        CATALOG,
+        TokenVerifier(store),
+        public_url="http://inferd.test",
+        default_location="local",
+        max_replicas_cap=4,
+    )
+
+
+async def settle(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+def test_a_second_service_on_the_same_store_follows_the_first() -> None:
+    async def body() -> None:
+        store = MemoryStore()
+        writer, reader = service(store), service(store)
+        feeds = [store.changes(), store.changes()]
+        await reader.load()
+        await reader.verifier.load()
+        following = [
+            asyncio.ensure_future(reader.follow(feeds[0])),
+            asyncio.ensure_future(reader.verifier.follow(feeds[1])),
+        ]
+
+        record, token = await writer.create(
+            CreateEndpointRequest(name="shared", modelName="tiny-chat", minReplicas=0)
+        )
+        endpoint_id = record["id"]
+        await settle(lambda: reader.find(endpoint_id) is not None)
+        assert reader.find_by_name("shared") is not None
+        await settle(lambda: reader.verifier.verify(endpoint_id, token))
+
+        await writer.update(endpoint_id, UpdateEndpointRequest(maxReplicas=3))
+        await settle(lambda: reader.row(endpoint_id).max_replicas == 3)
+        assert reader.record(endpoint_id)["maxReplicas"] == 3
+
+        new_token = await writer.reissue_token(endpoint_id)
+        await settle(lambda: reader.verifier.verify(endpoint_id, new_token))
+        assert not reader.verifier.verify(endpoint_id, token)
+
+        await writer.delete(endpoint_id)
+        await settle(lambda: reader.find(endpoint_id) is None)
+        assert reader.find_by_name("shared") is None
+        assert not reader.verifier.verify(endpoint_id, new_token)
+
+        await store.close()
+        await asyncio.gather(*following)  # the feeds end with the store
+
+    asyncio.run(body())
+
+
+def test_store_away_writes_refused_reads_served_then_back() -> None:
+    async def body() -> None:
+        store = MemoryStore()
+        svc = service(store)
+        record, _ = await svc.create(CreateEndpointRequest(name="kept", modelName="tiny-chat"))
+
+        store.unavailable = True
+        assert svc.record(record["id"])["name"] == "kept"
+        assert svc.records_json().startswith(b'{"data":[')
+        with pytest.raises(StoreUnavailable) as refused:
+            await svc.create(CreateEndpointRequest(name="later", modelName="tiny-chat"))
+        assert refused.value.status == 503 and "Retry-After" in refused.value.headers()
+        with pytest.raises(StoreUnavailable):
+            await svc.update(record["id"], UpdateEndpointRequest(maxReplicas=2))
+        # Nothing half-applied in memory either.
+        assert svc.record(record["id"])["maxReplicas"] == 1
+        assert svc.find_by_name("later") is None
+
+        store.unavailable = False
+        await svc.create(CreateEndpointRequest(name="later", modelName="tiny-chat"))
+        assert [e.name for e in await store.list_endpoints()] == ["kept", "later"]
+
+    asyncio.run(body())
