@@ -61,17 +61,13 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from inferd.control.tokens import TokenVerifier, hash_token
     from inferd.gateway.app import Gateway, gateway_routes
     from inferd.gateway.directory import EndpointRoute, RoutableReplica
     from inferd.gateway.settings import GatewaySettings
     from inferd.gateway.static import StaticDirectory
     from inferd.gateway.upstream import HttpxUpstream
     from inferd.http_errors import EXCEPTION_HANDLERS
-
-    class OneToken:
-        def active_token_hashes(self) -> dict[str, bytes]:
-            return {ENDPOINT_ID: hash_token(token)}
+    from inferd.testing import verifier_for
 
     directory = StaticDirectory()
     directory.add_endpoint(
@@ -79,7 +75,7 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
     )
     settings = GatewaySettings(max_in_flight_per_replica=256)
     client = HttpxUpstream() if upstream == "httpx" else None
-    gateway = Gateway(directory, TokenVerifier(OneToken()), settings, upstream=client)
+    gateway = Gateway(directory, verifier_for({ENDPOINT_ID: token}), settings, upstream=client)
 
     async def health(request: Request) -> Response:
         return Response(b"ok")

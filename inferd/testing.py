@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import os
 import re
 import signal
@@ -17,13 +19,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
 from inferd import procfs
+from inferd.api.replica import ReplicaReport
+from inferd.control.stores.memory import MemoryStore
+from inferd.control.tokens import TokenVerifier, hash_token
 
 T = TypeVar("T")
 
@@ -239,7 +244,7 @@ class ServeHandle:
         """Every live process this server launched or its replicas started
         (vLLM's engine core and workers included): [] once all are gone."""
         from inferd.control.launchers.local import launched_processes
-        from inferd.server.runtime import REGISTRY_PATH
+        from inferd.control.registry_api import REGISTRY_PATH
 
         self.replica_pids()
         return launched_processes(f"http://127.0.0.1:{self.port}{REGISTRY_PATH}", self._groups_seen)
@@ -263,3 +268,23 @@ class ServeHandle:
         for pid in self.launched_pids():  # children that left their group
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+_report_seq = itertools.count(1)
+
+
+def replica_report(replica_id: str, fields: Mapping[str, Any]) -> ReplicaReport:
+    """A replica's status report as it arrives on the wire: `fields` in the
+    report's JSON spelling (`{"status": "ready", "url": ...}`), numbered after
+    every earlier one (a registry drops reports older than one it applied)."""
+    body = {"replicaId": replica_id, "seq": next(_report_seq), **fields}
+    return ReplicaReport.model_validate_json(json.dumps(body))
+
+
+def verifier_for(tokens: Mapping[str, str]) -> TokenVerifier:
+    """A token verifier that knows exactly these endpoint tokens (endpoint id ->
+    token), for gateways built without a control plane (tests, benchmarks)."""
+    verifier = TokenVerifier(MemoryStore())
+    for endpoint_id, token in tokens.items():
+        verifier.set_active(endpoint_id, hash_token(token))
+    return verifier

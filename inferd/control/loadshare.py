@@ -11,6 +11,8 @@ Freshness: a row counts only while younger than `max_age_s` (twice the
 publishing interval, at least 3 s), so an instance that died stops holding
 load up; its `last_request_at` still counts, so an endpoint does not scale
 to zero earlier because the instance that saw its last request is gone.
+The leader hands the other instances' rows to its `MergedLoad` as samples,
+which adds them to its own gateway's live counts.
 Times in rows are the database's clock (`now()`), never a process's
 monotonic clock, which does not compare across machines.
 
@@ -28,7 +30,10 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
+
+from inferd.control.ports import LoadSample
 
 logger = logging.getLogger(__name__)
 
@@ -62,53 +67,43 @@ class LoadReport:
     reported_at: float
 
 
-@dataclass(frozen=True)
-class ClusterLoad:
-    """One endpoint's load summed over the instances whose report is fresh."""
-
-    endpoint_id: str
-    in_flight: int
-    held: int
-    last_request_at: float | None
-    instances: int  # fresh reports counted
-
-
 def max_age(interval_s: float) -> float:
     """How old a report may be and still count: two missed intervals, and
     never under 3 s (a busy instance's event loop can be late a second)."""
     return max(3.0, 2.0 * interval_s)
 
 
-def merge_load(
+def remote_samples(
     reports: Iterable[LoadReport],
-    now: float,
+    own_instance: str,
+    db_now: float,
+    mono_now: float,
     max_age_s: float,
-    own: Sequence[LoadReport] = (),
-) -> dict[str, ClusterLoad]:
-    """Sum the fresh reports per endpoint. `own`: this instance's live
-    numbers, which replace its published (older) rows."""
-    own_instances = {report.instance_id for report in own}
-    merged: dict[str, ClusterLoad] = {}
-    for report in [*(r for r in reports if r.instance_id not in own_instances), *own]:
-        fresh = now - report.reported_at <= max_age_s
-        seen = merged.get(report.endpoint_id)
-        last = _latest(seen.last_request_at if seen else None, report.last_request_at)
-        merged[report.endpoint_id] = ClusterLoad(
-            endpoint_id=report.endpoint_id,
-            in_flight=(seen.in_flight if seen else 0) + (report.in_flight if fresh else 0),
-            held=(seen.held if seen else 0) + (report.held if fresh else 0),
-            last_request_at=last,
-            instances=(seen.instances if seen else 0) + int(fresh),
+) -> list[LoadSample]:
+    """The other instances' reports as load samples on this process's clock
+    (for `MergedLoad.publish`, which adds them to this gateway's own counts).
+    A stale report adds no load but keeps its last request: an endpoint
+    must not scale to zero early because the instance that saw its last
+    request died. Every sample is taken `mono_now`: staleness is judged
+    here, against the database's clock."""
+    samples = []
+    for report in reports:
+        if report.instance_id == own_instance:
+            continue
+        fresh = db_now - report.reported_at <= max_age_s
+        last = report.last_request_at
+        samples.append(
+            LoadSample(
+                source=report.instance_id,
+                endpoint_id=report.endpoint_id,
+                in_flight=report.in_flight if fresh else 0,
+                held=report.held if fresh else 0,
+                in_flight_by_replica=MappingProxyType({}),
+                last_request_at=None if last is None else mono_now - (db_now - last),
+                at=mono_now,
+            )
         )
-    return merged
-
-
-def _latest(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)
+    return samples
 
 
 @dataclass(frozen=True)
@@ -121,12 +116,6 @@ class LocalLoad:
     in_flight: int
     held: int
     last_request_at: float | None
-
-
-def as_report(load: LocalLoad, instance_id: str, mono_now: float, db_now: float) -> LoadReport:
-    """This instance's live numbers as a report on the database's clock."""
-    last = None if load.last_request_at is None else db_now - (mono_now - load.last_request_at)
-    return LoadReport(instance_id, load.endpoint_id, load.in_flight, load.held, last, db_now)
 
 
 def rows_to_publish(

@@ -1,10 +1,12 @@
 """The reconciler: makes each endpoint's replicas match what it should have.
 
-Every tick (and at once when woken: a request waits for capacity, a replica
-changed) it reaps ended processes, fails replicas that went quiet, asks the
+Every tick (and at once when woken: a request waits for capacity, an
+endpoint or a replica changed) it fails replicas that went quiet, asks the
 autoscaler how many replicas each endpoint wants, and applies the difference
-through the launcher: launch, or drain-then-stop. The launcher, registry,
-gateway traffic and store are injected; the policy lives in `autoscaler`.
+through the launcher: launch, or drain-then-stop. Replica ends arrive from
+the launcher's `exits()` as they happen. The launcher, registry, load source
+and store are injected (ports); the policy lives in `autoscaler`. It is the
+`ScaleSignals` of the gateway and the endpoint service.
 
 Rules it keeps:
 - A replica leaves routing (status `draining`) before it is stopped.
@@ -24,16 +26,33 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings, decide
-from inferd.control.launchers.base import Launcher, ReplicaSpec
-from inferd.control.model import Endpoint, ReplicaRecord, rfc3339, utc_now, utc_now_text
-from inferd.control.ports import ReplicaStore
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    UPSCALE_DELAY_S,
+    Observations,
+    ScalerState,
+    ScalingSettings,
+    decide,
+)
+from inferd.control.model import ReplicaRecord, utc_now
+from inferd.control.ports import (
+    EndpointLoad,
+    ExitReason,
+    Launcher,
+    LoadObservations,
+    ReplicaExit,
+    ReplicaHandle,
+    ReplicaStore,
+    RequestAborter,
+)
 from inferd.control.registry import Registry, Replica, secret_digest
-from inferd.gateway.traffic import TrafficSnapshot
+from inferd.control.signals import Wakeup
+from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
 from inferd.vocab import ReplicaStatus
 
 logger = logging.getLogger(__name__)
@@ -43,21 +62,38 @@ MAX_BACKOFF_S = 60.0
 KEEP_FAILED = 3
 
 
-class TrafficSource(Protocol):
-    def traffic(self, endpoint_id: str) -> TrafficSnapshot: ...
+class EndpointFacts(Protocol):
+    """What the reconciler reads of an endpoint (`inferd.control.model.Endpoint`)."""
 
-    def abort_replica(self, replica_id: str, reason: str = ...) -> int: ...
-
-    def forget_endpoint(self, endpoint_id: str) -> None: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def gpu_count(self) -> int: ...
+    @property
+    def location_name(self) -> str: ...
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def retention_seconds(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def deleting_at(self) -> object | None: ...
 
 
 @dataclass(frozen=True)
 class ReconcilerSettings:
     period_s: float = 1.0
-    drain_timeout_s: float = 30.0
-    target_concurrency: float = 8.0
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 60.0
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    target_concurrency: float = TARGET_CONCURRENCY
+    upscale_delay_s: float = UPSCALE_DELAY_S
+    downscale_delay_s: float = DOWNSCALE_DELAY_S
 
 
 @dataclass
@@ -79,24 +115,38 @@ class Reconciler:
         *,
         registry: Registry,
         launcher: Launcher,
-        traffic: TrafficSource,
+        load: LoadObservations,
+        aborter: RequestAborter,
         records: ReplicaStore,
-        endpoints: Callable[[], Sequence[Endpoint]],
+        endpoints: Callable[[], Awaitable[Sequence[EndpointFacts]]],
+        models: Callable[[str], ModelSource],
         settings: ReconcilerSettings,
+        wakeup: Wakeup | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`endpoints`: every endpoint as stored now (read each tick, so any
+        control plane's writes count); `models`: a catalog model name
+        resolved for a replica; `wakeup`: rung by whatever should make the
+        reconciler act at once (the registry shares it)."""
         self.registry = registry
         self.launcher = launcher
-        self.traffic = traffic
+        self.load = load
+        self.aborter = aborter
         self.records = records
         self.endpoints = endpoints
+        self.models = models
         self.settings = settings
         self.clock = clock
         self._plans: dict[str, _Plan] = {}
-        self._wake = asyncio.Event()
+        self._wake = wakeup or Wakeup()
         self._task: asyncio.Task[None] | None = None
+        self._exit_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tick_lock = asyncio.Lock()
+        # Replicas whose process has not ended, by id: what to stop or kill.
+        self._handles: dict[str, ReplicaHandle] = {}
+        # Set when a replica of the endpoint ends (deletion waits on it).
+        self._ended: dict[str, asyncio.Event] = {}
         # What the store holds per replica: (status, reason, url).
         self._persisted: dict[str, tuple[str, str | None, str | None]] = {}
 
@@ -106,17 +156,29 @@ class Reconciler:
         """Start ticking; again after `stop` as well (a leader that lost its
         leadership and won it back)."""
         self._stopping = False
+        self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
 
-    def wake(self, endpoint_id: str | None = None) -> None:
-        self._wake.set()
+    def wake(self, endpoint_id: str = "") -> None:
+        self._wake.ring(endpoint_id)
+
+    # ScaleSignals: both only wake the loop; the tick reads what changed.
+    def capacity_wanted(self, endpoint_id: str) -> None:
+        self.wake(endpoint_id)
+
+    def endpoint_changed(self, endpoint_id: str) -> None:
+        self.wake(endpoint_id)
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake.ring()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._exit_task is not None:
+            self._exit_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._exit_task
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -125,8 +187,14 @@ class Reconciler:
                 await self.tick()
             except Exception:  # one bad tick must not stop reconciling
                 logger.exception("reconcile tick failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
+            await self._wake.wait(self.settings.period_s)
+
+    async def _follow_exits(self) -> None:
+        async for exited in self.launcher.exits():
+            try:
+                await self.replica_exited(exited)
+            except Exception:
+                logger.exception("handling the end of replica %s failed", exited.replica_id)
 
     def plan(self, endpoint_id: str) -> _Plan:
         return self._plans.setdefault(endpoint_id, _Plan())
@@ -135,25 +203,25 @@ class Reconciler:
         plan = self._plans.get(endpoint_id)
         return plan.capacity_reason if plan else None
 
-    def note_activity(self, endpoint_id: str, at: float) -> None:
-        self.plan(endpoint_id).activity_at = at
+    def running(self) -> list[str]:
+        """Replica ids whose process has not ended."""
+        return list(self._handles)
 
     # -- one pass -------------------------------------------------------------------
 
     async def tick(self) -> None:
         async with self._tick_lock:
-            await self._reap()
             for replica in self.registry.check_liveness():
                 logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
-                self.launcher.kill(replica.replica_id)
-                self.traffic.abort_replica(replica.replica_id, replica.reason or "replica failed")
-            rows = list(self.endpoints())
+                await self._kill(replica.replica_id)
+                self.aborter.abort_replica(replica.replica_id, replica.reason or "replica failed")
+            rows = list(await self.endpoints())
             known = {row.id for row in rows}
             for row in rows:
                 if row.deleting_at is None:
                     await self._reconcile(row)
                 else:
-                    self._stop_all(row.id)
+                    await self._stop_all(row.id)
             for endpoint_id in list(self._plans):
                 if endpoint_id not in known:
                     self._forget(endpoint_id)
@@ -173,39 +241,40 @@ class Reconciler:
                 )
                 self._persisted[replica_id] = state
 
-    def adopt(self, rows: Sequence[ReplicaRecord], endpoints: Sequence[Endpoint]) -> list[str]:
+    async def adopt(
+        self, records: Sequence[ReplicaRecord], endpoints: Sequence[EndpointFacts]
+    ) -> list[str]:
         """After a restart: take over the replicas that are still running.
         Returns the ids adopted; the rest are forgotten (and replaced as the
         endpoints need)."""
         by_id = {row.id: row for row in endpoints}
         adopted = []
         now = self.clock()
-        for row in rows:
-            endpoint = by_id.get(row.endpoint_id)
-            pid, gpu_ids = _local_placement(row)
-            alive = endpoint is not None and self.launcher.adopt(row.id, pid, gpu_ids)
-            if not alive or row.status in ("stopped", "failed"):
+        for record in records:
+            handle = ReplicaHandle(record.id, record.node, dict(record.placement))
+            endpoint = by_id.get(record.endpoint_id)
+            alive = endpoint is not None and await self.launcher.adopt(handle)
+            if not alive or record.status in ("stopped", "failed"):
                 if alive:
-                    self.launcher.kill(row.id)
+                    await self.launcher.kill(handle)
                 continue
-            status = ReplicaStatus(row.status)
+            self._handles[record.id] = handle
             self.registry.add(
                 Replica(
-                    replica_id=row.id,
-                    endpoint_id=row.endpoint_id,
-                    generation=row.generation,
-                    gpu_type=row.gpu_type,
-                    gpu_ids=gpu_ids,
-                    gpu_count=row.gpu_count,
-                    secret_digest=row.secret_hash,
-                    status=status,
-                    pid=pid,
-                    url=row.url,
-                    created_wall=rfc3339(row.created_at),
+                    replica_id=record.id,
+                    endpoint_id=record.endpoint_id,
+                    generation=record.generation,
+                    gpu_type=record.gpu_type,
+                    gpu_count=record.gpu_count,
+                    secret_digest=record.secret_hash,
+                    handle=handle,
+                    status=ReplicaStatus(record.status),
+                    url=record.url,
+                    created_wall=record.created_at.isoformat(),
                 )
             )
-            self._persisted[row.id] = (row.status, row.reason, row.url)
-            adopted.append(row.id)
+            self._persisted[record.id] = (record.status, record.reason, record.url)
+            adopted.append(record.id)
         # Adopted replicas count as recent activity (the gateway's memory of
         # requests is gone) and as what each endpoint currently wants.
         for endpoint_id in {self.registry.get(rid).endpoint_id for rid in adopted}:  # type: ignore[union-attr]
@@ -215,30 +284,46 @@ class Reconciler:
             plan.scaler = ScalerState(desired=len(live))
         return adopted
 
-    async def _reap(self) -> None:
-        for exited in self.launcher.reap():
+    async def replica_exited(self, exited: ReplicaExit) -> None:
+        """A replica's process ended (from the launcher's `exits()`)."""
+        async with self._tick_lock:
+            self._handles.pop(exited.replica_id, None)
             replica = self.registry.get(exited.replica_id)
             if replica is None:
-                continue
-            clean = exited.returncode == 0 and replica.status in (
-                ReplicaStatus.DRAINING,
-                ReplicaStatus.STOPPED,
+                return
+            event = self._ended.get(replica.endpoint_id)
+            if event is not None:
+                event.set()
+            self.aborter.abort_replica(replica.replica_id, "the replica exited")
+            clean = (
+                exited.reason is ExitReason.STOPPED
+                and exited.returncode == 0
+                and replica.status in (ReplicaStatus.DRAINING, ReplicaStatus.STOPPED)
             )
-            self.traffic.abort_replica(replica.replica_id, "the replica exited")
             if clean or replica.status is ReplicaStatus.STOPPED:
                 self.registry.remove(replica.replica_id)
-                continue
-            if replica.status is not ReplicaStatus.FAILED:
-                last_line = _last_line(exited.log_tail)
-                self.registry.set_status(
-                    replica.replica_id,
-                    ReplicaStatus.FAILED,
-                    f"process exited with code {exited.returncode}"
-                    + (f": {last_line}" if last_line else ""),
-                )
-            failed = self.registry.get(replica.replica_id)
-            assert failed is not None
-            self._note_failure(failed)
+            elif replica.status is ReplicaStatus.DRAINING and exited.reason is ExitReason.KILLED:
+                # Stopped on purpose, past its grace period: gone, not failed.
+                self.registry.remove(replica.replica_id)
+            else:
+                if replica.status is not ReplicaStatus.FAILED:
+                    last_line = _last_line(exited.detail)
+                    code = exited.returncode
+                    why = (
+                        f"process exited with code {code}"
+                        if exited.reason is not ExitReason.LOST
+                        else "the replica's process was lost"
+                    )
+                    self.registry.set_status(
+                        replica.replica_id,
+                        ReplicaStatus.FAILED,
+                        why + (f": {last_line}" if last_line else ""),
+                    )
+                failed = self.registry.get(replica.replica_id)
+                assert failed is not None
+                self._note_failure(failed)
+            await self._sync_records()
+        self.wake(exited.replica_id)
 
     def _note_failure(self, replica: Replica) -> None:
         plan = self.plan(replica.endpoint_id)
@@ -253,7 +338,7 @@ class Reconciler:
             backoff,
         )
 
-    async def _reconcile(self, row: Endpoint) -> None:
+    async def _reconcile(self, row: EndpointFacts) -> None:
         now = self.clock()
         plan = self.plan(row.id)
         replicas = self.registry.of_endpoint(row.id)
@@ -265,7 +350,7 @@ class Reconciler:
         else:
             self._prune_failed(replicas, keep=KEEP_FAILED)
 
-        traffic = self.traffic.traffic(row.id)
+        traffic = self.load.load(row.id)
         last = traffic.last_request_at
         if plan.activity_at is not None and (last is None or plan.activity_at > last):
             last = plan.activity_at
@@ -289,14 +374,14 @@ class Reconciler:
             plan.capacity_reason = None
         if missing < 0:
             for victim in _victims(current, -missing, traffic):
-                self._drain(victim, "scaled down")
+                await self._drain(victim, "scaled down")
         # Rolling replacement: old replicas go once the new ones carry the load.
         ready_current = sum(r.status is ReplicaStatus.READY for r in current)
         if old and (ready_current >= desired or desired == 0):
             for replica in old:
-                self._drain(replica, "replaced by a replica with the new settings")
+                await self._drain(replica, "replaced by a replica with the new settings")
 
-    def _scaling(self, row: Endpoint) -> ScalingSettings:
+    def _scaling(self, row: EndpointFacts) -> ScalingSettings:
         s = self.settings
         return ScalingSettings(
             min_replicas=row.min_replicas,
@@ -307,45 +392,54 @@ class Reconciler:
             downscale_delay_s=s.downscale_delay_s,
         )
 
-    async def _launch(self, row: Endpoint, plan: _Plan, count: int, now: float) -> None:
+    async def _launch(self, row: EndpointFacts, plan: _Plan, count: int, now: float) -> None:
         if now < plan.next_launch_at:
             return
         for _ in range(count):
-            reason = self.launcher.cannot_place(row.gpu_type, row.gpu_count)
+            reason = await self.launcher.cannot_place(
+                row.location_name, row.gpu_type, row.gpu_count
+            )
             plan.capacity_reason = reason
             if reason is not None:
                 return
             replica_id = f"r-{uuid.uuid4().hex[:12]}"
             secret = secrets.token_urlsafe(32)
+            try:
+                model = self.models(row.model_name)
+            except Exception as exc:  # not in the catalog any more
+                plan.capacity_reason = f"model unavailable: {exc}"
+                return
             spec = ReplicaSpec(
                 replica_id=replica_id,
                 endpoint_id=row.id,
-                model_name=row.model_name,
+                model=model,
                 gpu_type=row.gpu_type,
                 gpu_count=row.gpu_count,
                 secret=secret,
+                location=row.location_name,
                 served_names=(row.model_name,),
+                generation=row.generation,
             )
             try:
-                launched = self.launcher.launch(spec)
+                handle = await self.launcher.launch(spec)
             except Exception as exc:  # the machine refused (fork failed, ...)
                 plan.capacity_reason = f"launch failed: {exc}"
                 logger.exception("launching a replica for %s failed", row.id)
                 return
+            self._handles[replica_id] = handle
             replica = self.registry.add(
                 Replica(
                     replica_id=replica_id,
                     endpoint_id=row.id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
-                    gpu_ids=launched.gpu_ids,
                     gpu_count=row.gpu_count,
                     secret_digest=secret_digest(secret),
-                    pid=launched.pid,
-                    created_wall=utc_now_text(),
+                    handle=handle,
+                    created_wall=utc_now().isoformat(),
                 )
             )
-            row_now = utc_now()
+            at = utc_now()
             await self.records.insert_replica(
                 ReplicaRecord(
                     id=replica_id,
@@ -353,76 +447,89 @@ class Reconciler:
                     generation=row.generation,
                     gpu_type=row.gpu_type,
                     gpu_count=row.gpu_count,
-                    node=launched.host,
-                    placement={
-                        "pid": str(launched.pid),
-                        "gpu_ids": ",".join(str(i) for i in launched.gpu_ids),
-                    },
                     secret_hash=replica.secret_digest,
                     status=replica.status.value,
-                    created_at=row_now,
-                    updated_at=row_now,
-                ),
+                    created_at=at,
+                    updated_at=at,
+                    node=handle.node,
+                    placement=dict(handle.placement),
+                )
             )
             self._persisted[replica_id] = (replica.status.value, None, None)
 
-    def _drain(self, replica: Replica, why: str) -> None:
+    async def _drain(self, replica: Replica, why: str) -> None:
         logger.info("draining replica %s of %s: %s", replica.replica_id, replica.endpoint_id, why)
         self.registry.set_status(replica.replica_id, ReplicaStatus.DRAINING, why)
-        self.launcher.stop(replica.replica_id, self.settings.drain_timeout_s)
+        handle = self._handles.get(replica.replica_id)
+        if handle is not None:
+            await self.launcher.stop(handle, self.settings.drain_timeout_s)
 
-    def _stop_all(self, endpoint_id: str) -> None:
+    async def _kill(self, replica_id: str) -> None:
+        handle = self._handles.get(replica_id)
+        if handle is not None:
+            await self.launcher.kill(handle)
+
+    async def _stop_all(self, endpoint_id: str) -> None:
         for replica in self.registry.of_endpoint(endpoint_id):
             if replica.live and replica.status is not ReplicaStatus.DRAINING:
-                self._drain(replica, "endpoint deleted")
-            elif not replica.live and replica.replica_id not in self.launcher.running():
+                await self._drain(replica, "endpoint deleted")
+            elif not replica.live and replica.replica_id not in self._handles:
                 self.registry.remove(replica.replica_id)
 
     def _prune_failed(self, replicas: Sequence[Replica], keep: int) -> None:
         failed = [
             r
             for r in replicas
-            if r.status is ReplicaStatus.FAILED and r.replica_id not in self.launcher.running()
+            if r.status is ReplicaStatus.FAILED and r.replica_id not in self._handles
         ]
         for replica in sorted(failed, key=lambda r: r.status_since)[: max(0, len(failed) - keep)]:
             self.registry.remove(replica.replica_id)
 
     def _forget(self, endpoint_id: str) -> None:
         self._plans.pop(endpoint_id, None)
-        self.traffic.forget_endpoint(endpoint_id)
+        self._ended.pop(endpoint_id, None)
+        self.load.forget(endpoint_id)
+        self.aborter.forget_endpoint(endpoint_id)
 
     # -- deletion -------------------------------------------------------------------
 
-    async def drain_endpoint(self, row: Endpoint, timeout_s: float | None = None) -> None:
+    async def drain_endpoint(self, endpoint_id: str, timeout_s: float | None = None) -> None:
         """Stop every replica of a deleted endpoint and wait until their
-        processes have ended (DELETE answers only then)."""
+        processes have ended (DELETE answers only then); past `timeout_s`,
+        kill what is left. Woken by each replica end, never by polling."""
         timeout = timeout_s if timeout_s is not None else self.settings.drain_timeout_s + 10
-        deadline = self.clock() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        killed = False
         while True:
             async with self._tick_lock:
-                self._stop_all(row.id)
-                await self._reap()
+                await self._stop_all(endpoint_id)
                 remaining = [
                     r.replica_id
-                    for r in self.registry.of_endpoint(row.id)
-                    if r.replica_id in self.launcher.running()
+                    for r in self.registry.of_endpoint(endpoint_id)
+                    if r.replica_id in self._handles
                 ]
+                ended = self._ended.setdefault(endpoint_id, asyncio.Event())
+                ended.clear()
             if not remaining:
                 break
-            if self.clock() > deadline:
+            left = deadline - loop.time()
+            if left <= 0 and not killed:
+                killed = True
                 for replica_id in remaining:
-                    self.launcher.kill(replica_id)
-            await asyncio.sleep(0.05)
+                    await self._kill(replica_id)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ended.wait(), max(left, 0) if not killed else None)
         # Under the lock: a tick's store writes in progress must not see
         # the same replicas go (each would delete them, the second fails).
         async with self._tick_lock:
-            for replica in self.registry.of_endpoint(row.id):
+            for replica in self.registry.of_endpoint(endpoint_id):
                 self.registry.remove(replica.replica_id)
-            self._forget(row.id)
+            self._forget(endpoint_id)
             await self._sync_records()
 
 
-def _victims(replicas: Sequence[Replica], count: int, traffic: TrafficSnapshot) -> list[Replica]:
+def _victims(replicas: Sequence[Replica], count: int, traffic: EndpointLoad) -> list[Replica]:
     """Replicas to remove: still coming up first (no traffic yet), then the
     ones with the least in flight, newest first among equals."""
 
@@ -432,13 +539,6 @@ def _victims(replicas: Sequence[Replica], count: int, traffic: TrafficSnapshot) 
         return (0 if coming_up else 1, in_flight, -replica.created_at)
 
     return sorted(replicas, key=cost)[:count]
-
-
-def _local_placement(record: ReplicaRecord) -> tuple[int, tuple[int, ...]]:
-    """The process id and GPU indices the local launcher stored (0, () if none)."""
-    pid = record.placement.get("pid", "0")
-    gpu_ids = record.placement.get("gpu_ids", "")
-    return (int(pid) if pid.isdigit() else 0), tuple(int(i) for i in gpu_ids.split(",") if i)
 
 
 def _last_line(text: str) -> str:

@@ -2,7 +2,8 @@
 
 Replicas push status and load (`report`); the reconciler adds replicas it
 launched, marks the ones it stops, and removes the ones whose process ended.
-The gateway reads it through `ReplicaDirectory`. A replica that stops
+The gateway reads it through `ReplicaDirectory` (with the endpoints, see
+`inferd.control.views.EndpointDirectory`). A replica that stops
 reporting is failed after `failure_periods` health periods (or, while it
 loads, after `start_timeout_s`), which is how a hung (SIGSTOPped) replica is
 ejected without any probe from our side.
@@ -19,12 +20,14 @@ import contextlib
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from inferd.api.replica import ReplicaReport
+from inferd.control.load import ReplicaCount
 from inferd.control.model import utc_now_text
-from inferd.gateway.directory import EndpointRoute, RoutableReplica
+from inferd.control.ports import ReplicaHandle
+from inferd.gateway.directory import RoutableReplica
 from inferd.vocab import ReplicaStatus
 
 _FORWARD = {
@@ -62,17 +65,18 @@ class Replica:
     endpoint_id: str
     generation: int
     gpu_type: str
-    gpu_ids: tuple[int, ...]
     gpu_count: int
     secret_digest: bytes = field(repr=False)
+    # Where it runs, as its launcher knows it (opaque here).
+    handle: ReplicaHandle | None = None
     status: ReplicaStatus = ReplicaStatus.STARTING
     reason: str | None = None
-    pid: int | None = None
     url: str | None = None
     load: ReplicaLoad = ReplicaLoad()
     created_at: float = 0.0  # clock
     status_since: float = 0.0  # clock
     last_report_at: float | None = None  # clock
+    last_seq: int = -1  # of the last report applied
     # The gateway could not connect: out of routing until the next report.
     unreachable: bool = False
     # Wall-clock times for the API (RFC 3339 text).
@@ -88,6 +92,17 @@ class Replica:
         return self.status is ReplicaStatus.READY and not self.unreachable and bool(self.url)
 
 
+@dataclass(frozen=True)
+class RegistrySettings:
+    # Replicas report this often; silence for `failure_periods` of them (or,
+    # while loading, `start_timeout_s` in all) fails a replica.
+    health_period_s: float = 2.0
+    # 2: a hung replica is out of routing within two periods of its last
+    # report, and one late report is still tolerated.
+    failure_periods: int = 2
+    start_timeout_s: float = 900.0
+
+
 class ReportRejected(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -100,28 +115,23 @@ class Registry:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], str] = utc_now_text,
-        health_period_s: float = 2.0,
-        failure_periods: int = 2,
-        start_timeout_s: float = 900.0,
+        health_period_s: float = RegistrySettings.health_period_s,
+        failure_periods: int = RegistrySettings.failure_periods,
+        start_timeout_s: float = RegistrySettings.start_timeout_s,
         on_change: Callable[[str], None] | None = None,
-        on_capacity_request: Callable[[str], None] | None = None,
-        endpoints: Callable[[str], EndpointRoute | None] = lambda endpoint_id: None,
     ) -> None:
-        """`endpoints`: looks an endpoint up for the gateway (the service's
-        in-memory rows: an endpoint is routable the moment it is created)."""
+        """`on_change`: called with an endpoint id when one of its replicas
+        changed (a `Wakeup`'s `ring`: the reconciler acts on it)."""
         self._clock = clock
         self._wall = wall
         self._health_period = health_period_s
         self._failure_periods = failure_periods
         self._start_timeout = start_timeout_s
         self._replicas: dict[str, Replica] = {}
-        self._lookup_endpoint = endpoints
         self._ready_events: dict[str, asyncio.Event] = {}
         # Called with an endpoint id when one of its replicas changed (the
-        # reconciler persists and re-derives), or when a request waits for
-        # capacity (the reconciler scales up now).
+        # reconciler persists and re-derives).
         self._on_change = on_change or (lambda endpoint_id: None)
-        self._on_capacity_request = on_capacity_request or (lambda endpoint_id: None)
 
     # -- replicas (fed by the reconciler) ---------------------------------------
 
@@ -164,41 +174,43 @@ class Registry:
 
     # -- reports from replicas ------------------------------------------------------
 
-    def report(self, replica_id: str, secret: str | None, payload: Mapping[str, Any]) -> None:
-        """Apply one status report. Raises ReportRejected(401|404|410)."""
+    def report(self, replica_id: str, secret: str | None, report: ReplicaReport) -> bool:
+        """Apply one status report; False when it was older than one already
+        applied (dropped). Raises ReportRejected(400|401|404|410)."""
         replica = self._replicas.get(replica_id)
         if replica is None:
             # Not ours (any more): the replica drains and exits on 404.
             raise ReportRejected(404, "unknown replica")
         if secret is None or not hmac.compare_digest(secret_digest(secret), replica.secret_digest):
             raise ReportRejected(401, "bad replica secret")
+        if report.replica_id != replica_id:
+            raise ReportRejected(400, "the report names another replica")
         if replica.status is ReplicaStatus.FAILED:
             raise ReportRejected(410, "replica was failed by the control plane")
-        try:
-            reported = ReplicaStatus(str(payload.get("status")))
-        except ValueError:
-            raise ReportRejected(400, "unknown status") from None
-        load = payload.get("load") or {}
+        if report.seq <= replica.last_seq:
+            return False  # crossed on the wire with a newer one
+        reported = report.status
         now = self._clock()
         status: ReplicaStatus = replica.status
         reason = replica.reason
         # Forward only, and the control plane's own verdicts stand.
         if replica.status not in _STICKY and _FORWARD[reported] >= _FORWARD[replica.status]:
-            status, reason = reported, payload.get("reason")
+            status, reason = reported, report.reason
         elif reported in ReplicaStatus.gone():
-            status, reason = reported, payload.get("reason") or replica.reason
+            status, reason = reported, report.reason or replica.reason
+        load = report.load
         updated = replace(
             replica,
             status=status,
             reason=reason,
-            url=payload.get("url") or replica.url,
-            pid=payload.get("pid") or replica.pid,
+            url=report.url or replica.url,
             load=ReplicaLoad(
-                in_flight=int(load.get("inFlight") or 0),
-                running=int(load.get("running") or 0),
-                waiting=int(load.get("waiting") or 0),
-                kv_cache_usage=load.get("kvCacheUsage"),
+                in_flight=load.in_flight,
+                running=load.running,
+                waiting=load.waiting,
+                kv_cache_usage=load.kv_cache_usage,
             ),
+            last_seq=report.seq,
             last_report_at=now,
             unreachable=False,
             status_since=replica.status_since if status == replica.status else now,
@@ -209,6 +221,16 @@ class Registry:
         self._replicas[replica_id] = updated
         if status != replica.status or replica.unreachable:
             self._changed(updated)
+        return True
+
+    def reported_in_flight(self, endpoint_id: str) -> list[ReplicaCount]:
+        """What each live replica of the endpoint last said it has in flight
+        (requests from every gateway)."""
+        return [
+            ReplicaCount(r.replica_id, r.load.in_flight)
+            for r in self._replicas.values()
+            if r.endpoint_id == endpoint_id and r.live and r.last_report_at is not None
+        ]
 
     def observe(
         self,
@@ -294,18 +316,12 @@ class Registry:
 
     # -- ReplicaDirectory (the gateway's view) ---------------------------------------
 
-    def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
-        return self._lookup_endpoint(endpoint_id)
-
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return [
             RoutableReplica(r.replica_id, r.url or "", r.load.waiting)
             for r in self._replicas.values()
             if r.endpoint_id == endpoint_id and r.routable
         ]
-
-    def request_capacity(self, endpoint_id: str) -> None:
-        self._on_capacity_request(endpoint_id)
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         replica = self._replicas.get(replica_id)

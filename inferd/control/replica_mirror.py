@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Protocol
 
 from inferd.control.model import Change, ChangeKind, ReplicaRecord, StoreUnavailable, utc_now
+from inferd.control.ports import ReplicaHandle
 from inferd.control.registry import Registry, Replica
 from inferd.vocab import ReplicaStatus
 
@@ -47,19 +48,16 @@ class ReplicaSource(Protocol):
 
 
 def replica_from_record(record: ReplicaRecord) -> Replica:
-    pid = record.placement.get("pid", "")
-    gpu_ids = record.placement.get("gpu_ids", "")
     return Replica(
         replica_id=record.id,
         endpoint_id=record.endpoint_id,
         generation=record.generation,
         gpu_type=record.gpu_type,
-        gpu_ids=tuple(int(i) for i in gpu_ids.split(",") if i),
         gpu_count=record.gpu_count,
         secret_digest=record.secret_hash,
+        handle=ReplicaHandle(record.id, record.node, dict(record.placement)),
         status=ReplicaStatus(record.status),
         reason=record.reason,
-        pid=int(pid) if pid.isdigit() else None,
         url=record.url,
     )
 

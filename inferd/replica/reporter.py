@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+
+from inferd.api.replica import ReplicaReport
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class StatusReporter:
         registry_url: str,
         replica_id: str,
         secret: str | None,
-        snapshot: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], ReplicaReport],
         on_orphaned: Callable[[], None],
         interval: float = 2.0,
         orphan_timeout: float | None = None,
@@ -59,7 +60,7 @@ class StatusReporter:
         # Snapshots taken when the status changed, not yet sent: each change
         # is reported as it was, so a quick succession (starting -> loading
         # before the first report goes out) is not collapsed into its end.
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[ReplicaReport] = []
 
     def start(self) -> None:
         self._pending.append(self._snapshot())  # the first status: starting
@@ -70,10 +71,10 @@ class StatusReporter:
         self._pending.append(self._snapshot())
         self._wake.set()
 
-    async def report_now(self, snapshot: dict[str, Any] | None = None) -> bool:
+    async def report_now(self, snapshot: ReplicaReport | None = None) -> bool:
         self._seq += 1
-        payload = {**(snapshot or self._snapshot()), "seq": self._seq, "pid": os.getpid()}
-        response = await self._post(payload)
+        report = (snapshot or self._snapshot()).model_copy(update={"seq": self._seq})
+        response = await self._post(report.to_wire())
         if response is None:
             return False
         if response.status_code in (404, 410):
@@ -111,7 +112,7 @@ class StatusReporter:
         # `wait_for` can swallow a cancel that races with the event it waits on.
         while not self._closing:
             self._wake.clear()
-            pending: list[dict[str, Any] | None] = [*self._pending] or [None]
+            pending: list[ReplicaReport | None] = [*self._pending] or [None]
             self._pending = []
             for snapshot in pending:  # None: a heartbeat, the state as it is now
                 await self.report_now(snapshot)

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import uvicorn
 
+from inferd.api.replica import ReplicaLoadReport, ReplicaReport
 from inferd.engines.base import (
     ChatMessage,
     Engine,
@@ -108,25 +109,24 @@ class ReplicaProcess:
         self._drain_requested = asyncio.Event()
         self._model_name = config.served_names[0] if config.served_names else config.model
         self._reporter: StatusReporter | None = None
+        self._engine: Engine | None = None
 
-    def _snapshot(self) -> dict[str, Any]:
-        load = self._engine.load() if hasattr(self, "_engine") else None
-        return {
-            "replicaId": self.config.replica_id,
-            "endpointId": self.config.endpoint_id,
-            "status": self.state.status.value,
-            "reason": self.state.reason,
-            "url": self.url,
-            "model": self._model_name,
-            "gpus": list(self.config.engine.gpu_ids),
-            "startedAt": self.started_at,
-            "load": {
-                "inFlight": self.state.in_flight,
-                "running": load.running if load else 0,
-                "waiting": load.waiting if load else 0,
-                "kvCacheUsage": load.kv_cache_usage if load else None,
-            },
-        }
+    def _snapshot(self) -> ReplicaReport:
+        load = self._engine.load() if self._engine is not None else None
+        return ReplicaReport(
+            replica_id=self.config.replica_id,
+            endpoint_id=self.config.endpoint_id,
+            status=self.state.status,
+            reason=self.state.reason,
+            url=self.url or None,
+            seq=0,  # numbered by the reporter as it sends
+            load=ReplicaLoadReport(
+                in_flight=self.state.in_flight,
+                running=load.running if load else 0,
+                waiting=load.waiting if load else 0,
+                kv_cache_usage=load.kv_cache_usage if load else None,
+            ),
+        )
 
     def request_drain(self) -> None:
         self._drain_requested.set()
@@ -225,9 +225,11 @@ class ReplicaProcess:
         return exit_code
 
     async def _load(self) -> None:
-        await self._engine.start()
+        engine = self._engine
+        assert engine is not None  # created before loading starts
+        await engine.start()
         if self.config.warmup:
-            await warm_up(self._engine)
+            await warm_up(engine)
 
 
 def _url_host(host: str) -> str:

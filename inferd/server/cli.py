@@ -113,12 +113,12 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
     from inferd.catalog import CatalogError
     from inferd.control.model import StoreError, StoreUnavailable
     from inferd.control.stores import redact_url
-    from inferd.server.app import ControlPlane, create_app
+    from inferd.server.app import create_app
     from inferd.server.auth import AdminKeyError
-    from inferd.server.runtime import attach_runtime, runtime_openapi, runtime_routes
+    from inferd.server.compose import build
 
     try:
-        plane = await ControlPlane.open(settings, rotate_admin_key=rotate_admin_key)
+        built = await build(settings, rotate_admin_key=rotate_admin_key)
     except AdminKeyError as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 2
@@ -133,14 +133,8 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
         print(f"inferd serve: cannot open the state in {where}: {exc}", file=sys.stderr)
         return 1
     try:
-        print(_banner(settings, plane.store.describe(), plane.generated_admin_key), flush=True)
-        runtime = attach_runtime(plane)
-        app = create_app(
-            plane,
-            extra_routes=runtime_routes(runtime),
-            openapi_parts=[runtime_openapi()],
-            health=runtime.health,
-        )
+        print(_banner(settings, built.store.describe(), built.generated_admin_key), flush=True)
+        app = create_app(built)
         config = uvicorn.Config(
             app,
             host=settings.host,
@@ -169,4 +163,4 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
                 signal.signal(sig, handler)
         return 0 if server.started else 1
     finally:
-        await plane.close()
+        await built.close()

@@ -9,8 +9,8 @@ Every instance:
 
 The leader alone, while it leads (`LeaderDutySet` started by the election):
 - listens for wake-ups and re-reads the shared load every interval
-  (`ClusterLoadFeed`), which feeds `ClusterTraffic`, the reconciler's view of
-  the traffic of every instance;
+  (`ClusterLoadFeed`), handing the other instances' load to its
+  `MergedLoad`, so that the autoscaler sees the traffic of every instance;
 - runs the reconciler, the autoscaler, the launcher and the liveness sweep.
 
 Leadership lost means those duties stop at once; the gateway, the management
@@ -23,40 +23,32 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from inferd.control import loadshare
 from inferd.control.leader import LeaderDuties
 from inferd.control.loadshare import (
     WAKE_CHANNEL,
-    ClusterLoad,
     Listener,
     LocalLoad,
-    as_report,
-    merge_load,
+    remote_samples,
     rows_to_publish,
 )
+from inferd.control.model import ReplicaRecord
+from inferd.control.ports import LoadSample
+from inferd.control.service import Drain
 from inferd.gateway.traffic import TrafficSnapshot
 
 logger = logging.getLogger(__name__)
 
 
-class GatewayTraffic(Protocol):
-    def traffic(self, endpoint_id: str) -> TrafficSnapshot: ...
-
-    def traffic_all(self) -> dict[str, TrafficSnapshot]: ...
-
-    def abort_replica(self, replica_id: str, reason: str = ...) -> int: ...
-
-    def forget_endpoint(self, endpoint_id: str) -> None: ...
-
-
-def local_loads(gateway: GatewayTraffic) -> dict[str, LocalLoad]:
+def local_loads(snapshots: Iterable[TrafficSnapshot]) -> dict[str, LocalLoad]:
     return {
-        endpoint_id: LocalLoad(endpoint_id, snap.in_flight, snap.held, snap.last_request_at)
-        for endpoint_id, snap in gateway.traffic_all().items()
+        snap.endpoint_id: LocalLoad(
+            snap.endpoint_id, snap.in_flight, snap.held, snap.last_request_at
+        )
+        for snap in snapshots
     }
 
 
@@ -77,14 +69,15 @@ class LoadPublisher:
         self,
         url: str,
         instance_id: str,
-        gateway: GatewayTraffic,
+        traffic: Callable[[], Iterable[TrafficSnapshot]],
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`traffic`: this gateway's per-endpoint snapshots, now."""
         self.url = url
         self.instance_id = instance_id
         self.interval_s = interval_s
-        self._gateway = gateway
+        self._traffic = traffic
         self._clock = clock
         self._published: dict[str, LocalLoad] = {}
         self._conn: Any = None
@@ -117,7 +110,7 @@ class LoadPublisher:
         task.add_done_callback(self._wakes.discard)
 
     async def publish_now(self) -> None:
-        loads = local_loads(self._gateway)
+        loads = local_loads(self._traffic())
         rows = rows_to_publish(loads, self._published)
         if not rows:
             return
@@ -127,8 +120,13 @@ class LoadPublisher:
         self._published.update({row.endpoint_id: row for row in rows})
 
     async def _wake(self, endpoint_id: str) -> None:
-        snap = self._gateway.traffic(endpoint_id)
-        load = LocalLoad(endpoint_id, snap.in_flight, max(1, snap.held), snap.last_request_at)
+        snap = local_loads(self._traffic()).get(endpoint_id)
+        load = LocalLoad(
+            endpoint_id,
+            snap.in_flight if snap else 0,
+            max(1, snap.held if snap else 0),
+            snap.last_request_at if snap else self._clock(),
+        )
         try:
             async with self._lock:
                 conn = await self._connection()
@@ -164,86 +162,29 @@ class LoadPublisher:
                 await conn.close()
 
 
-@dataclass(frozen=True)
-class _Merged:
-    loads: Mapping[str, ClusterLoad]
-    db_now: float
-    mono_now: float
-
-
-class ClusterTraffic:
-    """The reconciler's traffic source on the leader: its own gateway's
-    snapshot, with the load counts and last request summed over every
-    instance's fresh report. Per-replica counts stay this gateway's own (they
-    only order scale-down victims)."""
-
-    def __init__(
-        self,
-        gateway: GatewayTraffic,
-        instance_id: str,
-        max_age_s: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._gateway = gateway
-        self.instance_id = instance_id
-        self.max_age_s = max_age_s
-        self._clock = clock
-        self._reports: list[loadshare.LoadReport] = []
-        self._db_now: float | None = None
-        self._mono_at_read = 0.0
-
-    def update(self, reports: Sequence[loadshare.LoadReport], db_now: float) -> None:
-        self._reports = list(reports)
-        self._db_now = db_now
-        self._mono_at_read = self._clock()
-
-    def merged(self) -> _Merged:
-        mono_now = self._clock()
-        # The database's clock now, advanced by the time since the last read.
-        db_now = (self._db_now or 0.0) + (mono_now - self._mono_at_read)
-        own = [
-            as_report(load, self.instance_id, mono_now, db_now)
-            for load in local_loads(self._gateway).values()
-        ]
-        reports = self._reports if self._db_now is not None else []
-        return _Merged(merge_load(reports, db_now, self.max_age_s, own=own), db_now, mono_now)
-
-    def traffic(self, endpoint_id: str) -> TrafficSnapshot:
-        local = self._gateway.traffic(endpoint_id)
-        merged = self.merged()
-        load = merged.loads.get(endpoint_id)
-        if load is None:
-            return local
-        last = (
-            None
-            if load.last_request_at is None
-            else merged.mono_now - (merged.db_now - load.last_request_at)
-        )
-        return replace(local, in_flight=load.in_flight, held=load.held, last_request_at=last)
-
-    def abort_replica(self, replica_id: str, reason: str = "the replica failed") -> int:
-        return self._gateway.abort_replica(replica_id, reason)
-
-    def forget_endpoint(self, endpoint_id: str) -> None:
-        self._gateway.forget_endpoint(endpoint_id)
-
-
 class ClusterLoadFeed:
-    """A leader duty: re-reads the shared load every `interval_s` into
-    `ClusterTraffic`, and on a wake-up notification re-reads at once and
-    calls `wake(endpoint_id)` (the reconciler)."""
+    """A leader duty: every `interval_s`, hands the other instances' load
+    (`inferd_gateway_load`) to `publish` (the leader's `MergedLoad`); on a
+    wake-up notification, re-reads at once and calls `wake(endpoint_id)`
+    (the reconciler)."""
 
     def __init__(
         self,
         url: str,
-        traffic: ClusterTraffic,
+        instance_id: str,
+        publish: Callable[[LoadSample], None],
         wake: Callable[[str], None],
         interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
+        self.instance_id = instance_id
         self.interval_s = interval_s
-        self._traffic = traffic
+        self._publish = publish
         self._wake = wake
+        self._clock = clock
+        self._max_age = loadshare.max_age(interval_s)
+        self.last_samples: list[LoadSample] = []
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._listener: Listener | None = None
@@ -272,7 +213,11 @@ class ClusterLoadFeed:
             self._conn = await _connect(self.url)
             await loadshare.ensure_schema(self._conn)
         reports, db_now = await loadshare.read_reports(self._conn)
-        self._traffic.update(reports, db_now)
+        self.last_samples = remote_samples(
+            reports, self.instance_id, db_now, self._clock(), self._max_age
+        )
+        for sample in self.last_samples:
+            self._publish(sample)
 
     async def _on_wake(self, channel: str, endpoint_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -284,9 +229,9 @@ class ClusterLoadFeed:
         # the reconciler look at every endpoint.
         with contextlib.suppress(Exception):
             await self.refresh()
-        for endpoint_id, load in self._traffic.merged().loads.items():
-            if load.held:
-                self._wake(endpoint_id)
+        for sample in self.last_samples:
+            if sample.held:
+                self._wake(sample.endpoint_id)
 
     async def _run(self) -> None:
         while True:
@@ -339,3 +284,72 @@ class CallbackDuty:
 
     async def stop(self) -> None:
         await self._stop()
+
+
+class ClusterSignals:
+    """`ScaleSignals` for an instance of a cluster: the local reconciler
+    (which acts only while this instance leads) and, for a request waiting
+    for capacity, the leader wherever it runs (through the database)."""
+
+    def __init__(self, reconciler: Any, publisher: LoadPublisher) -> None:
+        self._reconciler = reconciler
+        self._publisher = publisher
+
+    def capacity_wanted(self, endpoint_id: str) -> None:
+        self._reconciler.capacity_wanted(endpoint_id)
+        self._publisher.wake(endpoint_id)
+
+    def endpoint_changed(self, endpoint_id: str) -> None:
+        self._reconciler.endpoint_changed(endpoint_id)
+
+
+class ReplicaRows(Protocol):
+    async def list_replicas(self) -> list[ReplicaRecord]: ...
+
+
+class ClusterDrain:
+    """Deleting an endpoint through any instance: the leader stops its
+    replicas (the endpoint is marked deleting in the store, which every
+    instance follows); another instance waits until their rows are gone."""
+
+    def __init__(
+        self,
+        reconciler: Drain,
+        leading: Callable[[], bool],
+        replicas: ReplicaRows,
+        timeout_s: float,
+        poll_s: float = 0.2,
+    ) -> None:
+        self._reconciler = reconciler
+        self._leading = leading
+        self._replicas = replicas
+        self._timeout_s = timeout_s
+        self._poll_s = poll_s
+
+    async def drain_endpoint(self, endpoint_id: str) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            if self._leading():
+                await self._reconciler.drain_endpoint(endpoint_id)
+                return
+            rows = await self._replicas.list_replicas()
+            if not any(row.endpoint_id == endpoint_id for row in rows):
+                return
+            await asyncio.sleep(self._poll_s)
+
+
+class LeaderFlag:
+    """A leader duty that only records whether the duties run: what the
+    parts built before the election (the drain, the replica mirror) ask."""
+
+    def __init__(self) -> None:
+        self.term: int | None = None
+
+    async def start(self, term: int) -> None:
+        self.term = term
+
+    async def stop(self) -> None:
+        self.term = None
+
+    def leading(self) -> bool:
+        return self.term is not None

@@ -65,7 +65,8 @@ def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegis
         wait_until(lambda: "ready" in registry.statuses(), 5)
         ready = next(r for r in registry.reports if r["status"] == "ready")
         assert ready["replicaId"] == "r-1" and ready["endpointId"] == "e-1"
-        assert ready["url"] == replica.url and ready["pid"] == replica.pid
+        assert ready["url"] == replica.url and "pid" not in ready  # process ids stay local
+        assert [r["seq"] for r in registry.reports] == sorted({r["seq"] for r in registry.reports})
         assert set(ready["load"]) >= {"inFlight", "running", "waiting", "kvCacheUsage"}
         assert registry.auth[-1] == "Bearer s3cret"
 

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 
 from inferd.control.leader import LeaseSettings, PostgresElection
+from inferd.control.load import MergedLoad, ReplicaCount
 from inferd.control.loadshare import max_age
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.server.cluster import (
     CallbackDuty,
     ClusterLoadFeed,
-    ClusterTraffic,
     LeaderDutySet,
     LoadPublisher,
 )
@@ -38,14 +38,13 @@ class FakeGateway:
         in_flight, held, last = self.loads.get(endpoint_id, (0, 0, None))
         return replace(snap, in_flight=in_flight, held=held, last_request_at=last)
 
-    def traffic_all(self) -> dict[str, TrafficSnapshot]:
-        return {endpoint_id: self.traffic(endpoint_id) for endpoint_id in self.loads}
+    def snapshots(self) -> list[TrafficSnapshot]:
+        return [self.traffic(endpoint_id) for endpoint_id in self.loads]
 
-    def abort_replica(self, replica_id: str, reason: str = "") -> int:
-        return 0
 
-    def forget_endpoint(self, endpoint_id: str) -> None:
-        self.loads.pop(endpoint_id, None)
+class NoReplicaReports:
+    def reported_in_flight(self, endpoint_id: str) -> list[ReplicaCount]:
+        return []
 
 
 class Instance:
@@ -54,12 +53,19 @@ class Instance:
     def __init__(self, url: str, name: str) -> None:
         self.name = name
         self.gateway = FakeGateway()
-        self.publisher = LoadPublisher(url, name, self.gateway, INTERVAL)
-        self.traffic = ClusterTraffic(self.gateway, name, max_age(INTERVAL))
+        self.publisher = LoadPublisher(url, name, self.gateway.snapshots, INTERVAL)
+        # The leader's view, as the reconciler reads it.
+        self.load = MergedLoad(
+            self.gateway, NoReplicaReports(), clock=time.monotonic, stale_after_s=max_age(INTERVAL)
+        )
         self.woken: list[tuple[str, float]] = []
         self.reconciling: list[int] = []
         feed = ClusterLoadFeed(
-            url, self.traffic, lambda e: self.woken.append((e, time.monotonic())), INTERVAL
+            url,
+            name,
+            self.load.publish,
+            lambda e: self.woken.append((e, time.monotonic())),
+            INTERVAL,
         )
 
         async def start(term: int) -> None:
@@ -104,15 +110,15 @@ def test_the_leader_sees_every_instances_load(db: str) -> None:
         now = time.monotonic()
         a.gateway.loads["e1"] = (1, 0, now - 30.0)
         b.gateway.loads["e1"] = (4, 2, now - 2.0)
-        await until(lambda: a.traffic.traffic("e1").in_flight == 5)
-        seen = a.traffic.traffic("e1")
+        await until(lambda: a.load.load("e1").in_flight == 5)
+        seen = a.load.load("e1")
         assert seen.held == 2
         # b's last request, on the leader's own clock, about 2 s ago.
         assert seen.last_request_at is not None
         assert abs((time.monotonic() - seen.last_request_at) - 2.0) < 0.5
         # b stops cleanly: its load leaves the sum at once.
         await b.stop()
-        await until(lambda: a.traffic.traffic("e1").in_flight == 1)
+        await until(lambda: a.load.load("e1").in_flight == 1)
         await a.stop()
 
     asyncio.run(scenario())
@@ -132,7 +138,7 @@ def test_a_request_held_on_a_follower_wakes_the_leader_at_once(db: str) -> None:
         woke_at = next(t for e, t in a.woken if e == "cold")
         assert woke_at - asked < INTERVAL  # sooner than any publishing round
         # The leader's view already says a request waits.
-        assert a.traffic.traffic("cold").held == 1
+        assert a.load.load("cold").held == 1
         assert not b.woken  # followers run no reconciler
         await b.stop()
         await a.stop()

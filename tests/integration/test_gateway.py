@@ -24,13 +24,13 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
+from inferd.control.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.http_errors import EXCEPTION_HANDLERS
-from inferd.testing import ReplicaHandle, free_port
+from inferd.testing import ReplicaHandle, free_port, verifier_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,14 +41,6 @@ HELLO = [{"role": "user", "content": "Hello"}]
 CHAT_EP = "0b5a1c7e-chat"
 OTHER_EP = "9f3e2d1c-other"
 IMAGE_EP = "5d6e7f80-image"
-
-
-class Tokens:
-    def __init__(self, tokens: dict[str, str]) -> None:
-        self.tokens = tokens
-
-    def active_token_hashes(self) -> dict[str, bytes]:
-        return {eid: hash_token(token) for eid, token in self.tokens.items()}
 
 
 TOKENS = {eid: new_endpoint_token() for eid in (CHAT_EP, OTHER_EP, IMAGE_EP)}
@@ -104,7 +96,7 @@ class GatewayServer:
     ) -> None:
         self.directory = directory
         self.gateway = Gateway(
-            directory, TokenVerifier(Tokens(TOKENS)), settings, upstream=upstream
+            directory, verifier_for(TOKENS), settings, upstream=upstream, signals=directory
         )
 
         @contextlib.asynccontextmanager

@@ -17,14 +17,14 @@ import uvicorn
 from schemathesis import GenerationMode
 from starlette.applications import Starlette
 
-from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
+from inferd.control.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.openapi import gateway_openapi
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.http_errors import EXCEPTION_HANDLERS
-from inferd.testing import ReplicaHandle, free_port
+from inferd.testing import ReplicaHandle, free_port, verifier_for
 
 CHAT_EP = "fuzz-chat"
 IMAGE_EP = "fuzz-image"
@@ -56,11 +56,6 @@ _rejection.expected_statuses = [*_rejection.expected_statuses, "413"]
 schema.config.checks.update(excluded_check_names=["positive_data_acceptance"])
 
 
-class Tokens:
-    def active_token_hashes(self) -> dict[str, bytes]:
-        return {eid: hash_token(token) for eid, token in TOKENS.items()}
-
-
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
     chat = ReplicaHandle("tiny-chat", ["--engine", "fake", "--engine-arg", "token_delay_s=0"])
@@ -79,7 +74,7 @@ def base_url() -> Iterator[str]:
         directory.add_endpoint(
             EndpointRoute(IMAGE_EP, "image", "tiny-sdxl"), [RoutableReplica("i", image.url)]
         )
-        gateway = Gateway(directory, TokenVerifier(Tokens()), GatewaySettings())
+        gateway = Gateway(directory, verifier_for(TOKENS), GatewaySettings())
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -11,11 +11,10 @@ import pytest
 from inferd.control import loadshare
 from inferd.control.loadshare import (
     WAKE_CHANNEL,
-    ClusterLoad,
     Listener,
     LocalLoad,
     max_age,
-    merge_load,
+    remote_samples,
 )
 from inferd.testing_postgres import PostgresServer
 
@@ -40,18 +39,21 @@ def test_the_leader_sums_what_every_instance_published(db: str) -> None:
             b, "b", [LocalLoad("e1", 3, 0, mono - 1.0), LocalLoad("e2", 0, 0, None)], mono
         )
         reports, db_now = await loadshare.read_reports(a)
-        merged = merge_load(reports, db_now, max_age(1.0))
-        assert set(merged) == {"e1", "e2"}
-        e1 = merged["e1"]
-        assert (e1.in_flight, e1.held, e1.instances) == (5, 1, 2)
-        # b's last request, one second ago, on the database's clock.
-        assert e1.last_request_at is not None
-        assert abs((db_now - e1.last_request_at) - 1.0) < 0.5
-        assert merged["e2"] == ClusterLoad("e2", 0, 0, None, 1)
+        # As the leader (a third instance) reads them, on its own clock.
+        samples = remote_samples(reports, "leader", db_now, 100.0, max_age(1.0))
+        by_key = {(s.source, s.endpoint_id): s for s in samples}
+        assert set(by_key) == {("a", "e1"), ("b", "e1"), ("b", "e2")}
+        assert (by_key["a", "e1"].in_flight, by_key["a", "e1"].held) == (2, 1)
+        assert by_key["b", "e1"].in_flight == 3
+        # b's last request, one second before the read.
+        last = by_key["b", "e1"].last_request_at
+        assert last is not None and abs((100.0 - last) - 1.0) < 0.5
+        assert by_key["b", "e2"].last_request_at is None
         # A second round replaces the rows instead of adding to them.
         await loadshare.publish(a, "a", [LocalLoad("e1", 0, 0, mono - 5.0)], mono)
         reports, db_now = await loadshare.read_reports(a)
-        assert merge_load(reports, db_now, 3.0)["e1"].in_flight == 3
+        samples = remote_samples(reports, "leader", db_now, 100.0, 3.0)
+        assert sum(s.in_flight for s in samples if s.endpoint_id == "e1") == 3
         await loadshare.forget_instance(b, "b")
         reports, _ = await loadshare.read_reports(a)
         assert {r.instance_id for r in reports} == {"a"}

@@ -1,22 +1,28 @@
-"""The local launcher with real replica processes (fake engine): placement,
-drain on stop, forced kill past the grace period, adoption by PID, and no
-orphan processes."""
+"""What only the local launcher does, with real replica processes (fake
+engine): GPU placement, a forced kill past the grace period, adoption by
+process id, the environment allow-list, and no orphan processes. The
+behaviour every launcher shares is in `tests/contract/test_launcher.py`."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from inferd import procfs
-from inferd.control.launchers.base import ReplicaSpec
 from inferd.control.launchers.inventory import LocalGpu
-from inferd.control.launchers.local import LocalLauncher
+from inferd.control.launchers.local import LocalLauncher, replica_environment
+from inferd.control.ports import ExitReason, PlacementKey, ReplicaExit, ReplicaHandle
+from inferd.replica.config import ModelSource, ReplicaSettings, ReplicaSpec
+from inferd.vocab import ModelKind
 from tests.support import FakeRegistry
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
@@ -28,102 +34,145 @@ def registry() -> Iterator[FakeRegistry]:
 
 def make_launcher(registry: FakeRegistry, tmp_path: Path, **kwargs: object) -> LocalLauncher:
     return LocalLauncher(
-        registry_url=registry.url,
+        settings=ReplicaSettings(
+            registry_url=registry.url, report_interval_s=0.2, replica_args="--engine fake"
+        ),
         log_dir=tmp_path / "logs",
-        replica_args=["--engine", "fake", "--report-interval", "0.2"],
+        poll_s=0.05,
         **kwargs,  # type: ignore[arg-type]
     )
 
 
 def spec(rid: str, gpu_type: str = "cpu", count: int = 1) -> ReplicaSpec:
-    return ReplicaSpec(rid, "ep-1", "tiny-chat", gpu_type, count, secret=f"secret-{rid}")
+    model = ModelSource("tiny-chat", ModelKind.CHAT, "builtin:tiny-chat")
+    return ReplicaSpec(rid, "ep-1", model, gpu_type, count, secret=f"secret-{rid}")
 
 
 alive = procfs.alive  # a zombie is dead for our purposes
 
 
-def wait_for(predicate: object, timeout: float) -> None:
+def pid_of(handle: ReplicaHandle) -> int:
+    return int(handle.placement["pid"])
+
+
+async def wait_for(predicate: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     raise AssertionError("timed out")
 
 
-def test_capacity_and_placement_refusals(registry: FakeRegistry, tmp_path: Path) -> None:
+async def ready(registry: FakeRegistry, rid: str) -> None:
+    await wait_for(
+        lambda: any(r["replicaId"] == rid and r["status"] == "ready" for r in registry.reports), 30
+    )
+
+
+async def test_capacity_and_placement_refusals(registry: FakeRegistry, tmp_path: Path) -> None:
     gpus = [(LocalGpu(0, "NVIDIA L4", 23034), "L4"), (LocalGpu(1, "NVIDIA L4", 23034), "L4")]
     launcher = make_launcher(registry, tmp_path, gpus=gpus, cpu_slots=1)
-    assert launcher.capacity().total == {"cpu": 1, "L4": 2}
-    assert launcher.cannot_place("L4", 2) is None
-    assert "has 2 L4" in (launcher.cannot_place("L4", 4) or "")
-    assert "has 0 H100-80GB" in (launcher.cannot_place("H100-80GB", 1) or "")
-    assert launcher.command(spec("x", "L4", 2), (0, 1))[-6:-4] == ["--gpus", "0,1"]
+    capacity = await launcher.capacity()
+    assert capacity.total == {PlacementKey("local", "cpu"): 1, PlacementKey("local", "L4"): 2}
+    assert await launcher.cannot_place("local", "L4", 2) is None
+    assert "has 2 L4" in (await launcher.cannot_place("local", "L4", 4) or "")
+    assert "has 0 H100-80GB" in (await launcher.cannot_place("local", "H100-80GB", 1) or "")
+    argv = launcher.command(spec("x", "L4", 2), (0, 1))
+    assert argv[argv.index("--gpus") + 1] == "0,1"  # as the replica sees them
+    assert argv[argv.index("--device") + 1] == "cuda"
+    assert argv[argv.index("--model-source") + 1] == "builtin:tiny-chat"
+    assert not any("secret" in a for a in argv)  # secrets go by environment only
 
 
-def test_launch_report_stop_drains_and_frees_the_slot(
-    registry: FakeRegistry, tmp_path: Path
-) -> None:
-    launcher = make_launcher(registry, tmp_path, cpu_slots=1)
-    launched = launcher.launch(spec("r-a"))
-    try:
-        assert launcher.cannot_place("cpu", 1) is not None  # the one slot is taken
-        wait_for(lambda: any(r["status"] == "ready" for r in registry.reports), 30)
-        ready = next(r for r in registry.reports if r["status"] == "ready")
-        assert ready["replicaId"] == "r-a" and ready["pid"] == launched.pid
-        assert registry.auth[-1] == "Bearer secret-r-a"  # the secret, by environment
-        launcher.stop("r-a", grace_s=20)
-        exited: list[object] = []
-        wait_for(lambda: exited.extend(launcher.reap()) or exited, 20)
-        assert exited[0].returncode == 0  # type: ignore[attr-defined]
-        assert registry.statuses()[-2:] == ["draining", "stopped"]
-        assert launcher.cannot_place("cpu", 1) is None
-        assert not alive(launched.pid)
-    finally:
-        launcher.shutdown(5)
-
-
-def test_a_replica_that_will_not_drain_is_killed_after_the_grace(
+async def test_the_replica_reports_with_its_secret_and_no_process_id(
     registry: FakeRegistry, tmp_path: Path
 ) -> None:
     launcher = make_launcher(registry, tmp_path)
-    launched = launcher.launch(spec("r-b"))
     try:
-        wait_for(lambda: any(r["status"] == "ready" for r in registry.reports), 30)
-        os.kill(launched.pid, signal.SIGSTOP)  # hangs: SIGTERM will not be handled
-        launcher.stop("r-b", grace_s=0.5)
-        exited: list[object] = []
-        wait_for(lambda: exited.extend(launcher.reap()) or exited, 10)
-        assert exited[0].returncode == -signal.SIGKILL  # type: ignore[attr-defined]
-        assert not alive(launched.pid)
+        await launcher.launch(spec("r-a"))
+        await ready(registry, "r-a")
+        assert registry.auth[-1] == "Bearer secret-r-a"
+        assert "pid" not in registry.reports[-1]
     finally:
-        launcher.shutdown(5)
+        await launcher.shutdown(5)
 
 
-def test_adopt_after_restart_and_refuse_a_stranger(registry: FakeRegistry, tmp_path: Path) -> None:
-    first = make_launcher(registry, tmp_path)
-    launched = first.launch(spec("r-c"))
+async def test_a_replica_that_will_not_drain_is_killed_after_the_grace(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    launcher = make_launcher(registry, tmp_path)
+    exits = launcher.exits()
     try:
-        wait_for(lambda: any(r["status"] == "ready" for r in registry.reports), 30)
+        handle = await launcher.launch(spec("r-b"))
+        await ready(registry, "r-b")
+        os.kill(pid_of(handle), signal.SIGSTOP)  # hangs: SIGTERM will not be handled
+        await launcher.stop(handle, grace_s=0.5)
+        exited: ReplicaExit = await asyncio.wait_for(anext(exits), 10)
+        assert (exited.reason, exited.returncode) == (ExitReason.KILLED, -signal.SIGKILL)
+        assert not alive(pid_of(handle))
+    finally:
+        await launcher.shutdown(5)
+
+
+async def test_adopt_after_restart_and_refuse_a_stranger(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    first = make_launcher(registry, tmp_path)
+    handle = await first.launch(spec("r-c"))
+    try:
+        await ready(registry, "r-c")
         # A new launcher (the control plane restarted) takes the process over.
         second = make_launcher(registry, tmp_path)
-        assert second.adopt("r-c", launched.pid, ()) is True
-        assert second.adopt("r-other", launched.pid, ()) is False  # PID is not that replica
-        assert second.adopt("r-gone", 2**22 - 1, ()) is False
+        exits = second.exits()
+        assert await second.adopt(handle) is True
+        stranger = ReplicaHandle("r-other", handle.node, handle.placement)
+        assert await second.adopt(stranger) is False  # that PID is not this replica
+        gone = ReplicaHandle("r-gone", "local", {"pid": str(2**22 - 1), "gpu_ids": ""})
+        assert await second.adopt(gone) is False
         assert second.running() == ["r-c"]
-        second.stop("r-c", grace_s=10)
-        exited: list[object] = []
-        wait_for(lambda: exited.extend(second.reap()) or exited, 20)
-        assert exited[0].returncode is None  # not our child: code unknown  # type: ignore[attr-defined]
-        assert not alive(launched.pid)
+        await second.stop(handle, grace_s=10)
+        exited = await asyncio.wait_for(anext(exits), 20)
+        assert exited.reason is ExitReason.STOPPED
+        assert exited.returncode is None  # not our child: code unknown
+        assert not alive(pid_of(handle))
+        await second.shutdown(2)
     finally:
-        first.shutdown(2)
+        await first.shutdown(2)
 
 
-def test_shutdown_leaves_no_process(registry: FakeRegistry, tmp_path: Path) -> None:
+async def test_a_replica_does_not_inherit_the_control_planes_secrets(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/root"),
+        "INFERD_ADMIN_KEY": "infd_admin_secretsecretsecret",
+        "INFERD_DATABASE_URL": "postgresql://u:password@db/inferd",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "HF_HOME": "/tmp/hf",
+    }
+    env.update({k: v for k, v in os.environ.items() if k in ("VIRTUAL_ENV", "PYTHONPATH")})
+    launcher = make_launcher(registry, tmp_path, env=env)
+    try:
+        handle = await launcher.launch(spec("r-d"))
+        await ready(registry, "r-d")
+        environ = procfs.environment(pid_of(handle)) or []
+        names = {item.split(b"=", 1)[0] for item in environ if item}
+        assert b"INFERD_ADMIN_KEY" not in names
+        assert b"INFERD_DATABASE_URL" not in names
+        assert b"AWS_SECRET_ACCESS_KEY" not in names
+        assert b"HF_HOME" in names and b"INFERD_REPLICA_SECRET" in names
+    finally:
+        await launcher.shutdown(5)
+    assert replica_environment({"INFERD_ADMIN_KEY": "k", "LC_ALL": "C"}) == {"LC_ALL": "C"}
+
+
+async def test_shutdown_leaves_no_process(registry: FakeRegistry, tmp_path: Path) -> None:
     launcher = make_launcher(registry, tmp_path)
-    pids = [launcher.launch(spec(f"r-{i}")).pid for i in range(2)]
-    wait_for(lambda: sum(r["status"] == "ready" for r in registry.reports) >= 2, 30)
-    launcher.shutdown(10)
+    handles = [await launcher.launch(spec(f"r-{i}")) for i in range(2)]
+    for handle in handles:
+        await ready(registry, handle.replica_id)
+    await launcher.shutdown(10)
     assert launcher.running() == []
-    assert not any(alive(pid) for pid in pids)
+    assert not any(alive(pid_of(h)) for h in handles)

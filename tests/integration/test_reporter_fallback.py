@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from inferd.replica.reporter import StatusReporter
-from inferd.testing import free_port
+from inferd.testing import free_port, replica_report
 from tests.support import FakeRegistry
 
 
@@ -20,7 +20,7 @@ def test_reports_move_to_a_fallback_registry_when_the_first_is_unreachable() -> 
             dead,
             "r1",
             "s3cret",
-            lambda: {"status": "ready", "url": "http://127.0.0.1:1"},
+            lambda: replica_report("r1", {"status": "ready", "url": "http://127.0.0.1:1"}),
             on_orphaned=lambda: orphaned.append(True),
             interval=0.05,
             orphan_timeout=5.0,
@@ -45,7 +45,7 @@ def test_with_no_registry_reachable_a_report_fails() -> None:
             f"http://127.0.0.1:{free_port()}",
             "r1",
             None,
-            lambda: {"status": "ready"},
+            lambda: replica_report("r1", {"status": "ready"}),
             on_orphaned=lambda: None,
             fallback_urls=[f"http://127.0.0.1:{free_port()}"],
         )

@@ -24,13 +24,13 @@ import uvicorn
 from starlette.applications import Starlette
 
 from inferd import procfs
-from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
+from inferd.control.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.http_errors import EXCEPTION_HANDLERS
-from inferd.testing import ReplicaHandle, ServeHandle, free_port
+from inferd.testing import ReplicaHandle, ServeHandle, free_port, verifier_for
 from tests.support import metrics_text
 
 CHAT = "/openai/v1/chat/completions"
@@ -288,18 +288,14 @@ class GatewayInFront:
         self, kind: str, model: str, replicas: list[ReplicaHandle], settings: GatewaySettings
     ) -> None:
         self.token = new_endpoint_token()
-        token_hash = hash_token(self.token)
-
-        class Tokens:
-            def active_token_hashes(self) -> dict[str, bytes]:
-                return {GATEWAY_ENDPOINT: token_hash}
-
         self.directory = StaticDirectory()
         self.directory.add_endpoint(
             EndpointRoute(GATEWAY_ENDPOINT, kind, model),
             [RoutableReplica(f"r-{i}", r.url) for i, r in enumerate(replicas)],
         )
-        self.gateway = Gateway(self.directory, TokenVerifier(Tokens()), settings)
+        self.gateway = Gateway(
+            self.directory, verifier_for({GATEWAY_ENDPOINT: self.token}), settings
+        )
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -15,7 +15,7 @@ from inferd.control.registry import (
     ReportRejected,
     secret_digest,
 )
-from inferd.gateway.directory import EndpointRoute
+from inferd.testing import replica_report
 from inferd.vocab import ReplicaStatus as S
 
 
@@ -35,19 +35,18 @@ def make(clock: Clock, **kwargs: Any) -> tuple[Registry, list[str]]:
         failure_periods=3,
         start_timeout_s=60.0,
         on_change=changes.append,
-        endpoints=lambda eid: EndpointRoute(eid, "chat", "tiny-chat") if eid == "e1" else None,
         **kwargs,
     )
     return registry, changes
 
 
 def replica(rid: str = "r1", endpoint: str = "e1") -> Replica:
-    return Replica(rid, endpoint, 1, "cpu", (), 1, secret_digest(f"s-{rid}"))
+    return Replica(rid, endpoint, 1, "cpu", 1, secret_digest(f"s-{rid}"))
 
 
 def report(registry: Registry, status: str, rid: str = "r1", **extra: Any) -> None:
     payload = {"status": status, "url": "http://127.0.0.1:9", "load": {"inFlight": 2}, **extra}
-    registry.report(rid, f"s-{rid}", payload)
+    registry.report(rid, f"s-{rid}", replica_report(rid, payload))
 
 
 def test_reports_move_a_replica_forward_and_into_routing() -> None:
@@ -74,7 +73,7 @@ def test_reports_are_authenticated(rid: str, secret: str | None, status: int) ->
     registry, _ = make(Clock())
     registry.add(replica())
     with pytest.raises(ReportRejected) as info:
-        registry.report(rid, secret, {"status": "ready"})
+        registry.report(rid, secret, replica_report(rid, {"status": "ready"}))
     assert info.value.status == status
 
 
@@ -152,15 +151,6 @@ def test_unreachable_leaves_routing_until_the_next_report() -> None:
     assert len(registry.ready_replicas("e1")) == 1
 
 
-def test_endpoint_lookup_and_capacity_request() -> None:
-    asked: list[str] = []
-    registry, _ = make(Clock(), on_capacity_request=asked.append)
-    assert registry.endpoint("e1") == EndpointRoute("e1", "chat", "tiny-chat")
-    assert registry.endpoint("nope") is None
-    registry.request_capacity("e1")
-    assert asked == ["e1"]
-
-
 def test_wait_ready_wakes_when_a_replica_turns_ready() -> None:
     async def scenario() -> tuple[bool, bool]:
         registry, _ = make(Clock())
@@ -172,3 +162,60 @@ def test_wait_ready_wakes_when_a_replica_turns_ready() -> None:
         return timed_out, await asyncio.wait_for(waiter, 1)
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def test_a_report_older_than_one_applied_is_dropped() -> None:
+    registry, _ = make(Clock())
+    registry.add(replica())
+    newer = replica_report("r1", {"status": "ready", "url": "http://127.0.0.1:9"})
+    older = newer.model_copy(update={"seq": newer.seq - 1, "status": S.LOADING})
+    assert registry.report("r1", "s-r1", newer) is True
+    assert registry.report("r1", "s-r1", older) is False
+    assert registry.get("r1").status is S.READY  # type: ignore[union-attr]
+
+
+def test_a_report_for_another_replica_is_refused() -> None:
+    registry, _ = make(Clock())
+    registry.add(replica("r1"))
+    with pytest.raises(ReportRejected) as info:
+        registry.report("r1", "s-r1", replica_report("r2", {"status": "ready"}))
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"replicaId": "r1", "seq": 1}',  # no status
+        b'{"replicaId": "r1", "seq": 1, "status": "dancing"}',
+        b'{"replicaId": "r1", "seq": "1", "status": "ready"}',  # a string is not a number
+        b'{"replicaId": "r1", "seq": 1, "status": "ready", "load": {"inFlight": "many"}}',
+        b'{"replicaId": "r1", "seq": 1, "status": "ready", "load": {"inFlight": -1}}',
+        b'{"replicaId": "r1", "seq": 1, "status": "ready", "load": []}',
+    ],
+)
+def test_a_malformed_report_is_a_400_in_the_error_shape(body: bytes) -> None:
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from inferd.control.registry_api import REGISTRY_PATH, report_route
+    from inferd.http_errors import EXCEPTION_HANDLERS
+
+    registry, _ = make(Clock())
+    registry.add(replica("r1"))
+    app = Starlette(routes=[report_route(registry)], exception_handlers=EXCEPTION_HANDLERS)
+    with TestClient(app) as client:
+        response = client.post(
+            f"{REGISTRY_PATH}/replicas/r1",
+            content=body,
+            headers={"Authorization": "Bearer s-r1", "Content-Type": "application/json"},
+        )
+    assert response.status_code == 400, response.text
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    ok = b'{"replicaId": "r1", "seq": 9, "status": "ready", "url": "http://127.0.0.1:9"}'
+    with TestClient(app) as client:
+        response = client.post(
+            f"{REGISTRY_PATH}/replicas/r1", content=ok, headers={"Authorization": "Bearer s-r1"}
+        )
+    assert response.status_code == 204 and registry.ready_replicas("e1")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from inferd.replica.cli import config_from_argv
-from inferd.replica.config import ReplicaConfig, to_argv
+from inferd.replica.config import ReplicaConfig, config_from_argv, to_argv
 
 
 def test_fallback_urls_round_trip_through_argv() -> None:

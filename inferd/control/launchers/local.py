@@ -10,10 +10,17 @@ Replicas survive a crash of the control plane on purpose (in-flight requests
 finish); after a restart `adopt` takes them over by PID, checking that the
 process really is that replica. A replica whose control plane never comes
 back exits by itself (its `--orphan-timeout`).
+
+Process ids and host GPU indices exist only here: the rest of the control
+plane sees a `ReplicaHandle` whose `placement` carries them as opaque text.
+A replica inherits only an allow-list of the control plane's environment
+(`ALLOWED_ENV`): model code runs in it, and the control plane's environment
+holds secrets (`INFERD_ADMIN_KEY`, a database password).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -21,18 +28,51 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from inferd import procfs
-from inferd.control.launchers.base import Capacity, ExitedReplica, LaunchedReplica, ReplicaSpec
 from inferd.control.launchers.inventory import LocalGpu
+from inferd.control.ports import (
+    Capacity,
+    ExitReason,
+    PlacementKey,
+    ReplicaExit,
+    ReplicaHandle,
+)
+from inferd.replica.config import SECRET_ENV, ReplicaSettings, ReplicaSpec, config_for, to_argv
 
 logger = logging.getLogger(__name__)
 
 CPU = "cpu"
+NODE = "local"
+# How often replica processes are checked for having ended. A child's end
+# could be awaited instead, but an adopted replica is not our child.
+POLL_S = 0.1
+
+# What a replica inherits from the control plane's environment: what finds
+# programs, libraries, caches and devices, never the control plane's own
+# settings or secrets.
+ALLOWED_ENV = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+        "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD",
+        "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "INFERD_CACHE_DIR",
+        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_HOME", "CUDA_PATH",
+    }
+)  # fmt: skip
+ALLOWED_ENV_PREFIXES = ("LC_", "HF_", "VLLM_", "NCCL_", "TORCH", "TRITON_", "NVIDIA_", "HIP_")
+
+
+def replica_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of `env` a replica may see (see `ALLOWED_ENV`)."""
+    return {
+        key: value
+        for key, value in env.items()
+        if key in ALLOWED_ENV or key.startswith(ALLOWED_ENV_PREFIXES)
+    }
 
 
 @dataclass
@@ -45,6 +85,12 @@ class _Process:
     log_path: Path | None
     kill_at: float | None = None  # monotonic deadline of a pending stop
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    # Why it will have ended: set by stop (STOPPED) and kill (KILLED).
+    ending: ExitReason | None = None
+
+
+def _placement(pid: int, gpu_ids: tuple[int, ...]) -> dict[str, str]:
+    return {"pid": str(pid), "gpu_ids": ",".join(str(i) for i in gpu_ids)}
 
 
 def _runs_replica(cmdline: list[bytes], replica_id: str) -> bool:
@@ -82,26 +128,32 @@ class LocalLauncher:
     def __init__(
         self,
         *,
-        registry_url: str,
+        settings: ReplicaSettings,
         log_dir: Path,
         gpus: Sequence[tuple[LocalGpu, str | None]] = (),
         cpu_slots: int = 4,
-        replica_args: Sequence[str] = (),
+        location: str = "local",
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         clock: Callable[[], float] = time.monotonic,
+        poll_s: float = POLL_S,
     ) -> None:
         """`gpus`: this machine's GPUs with their catalog type (None when no
-        catalog type matches; such a GPU is never assigned)."""
-        self._registry_url = registry_url
+        catalog type matches; such a GPU is never assigned). `env`: the
+        environment replicas inherit from, through the allow-list."""
+        self._settings = settings
         self._log_dir = log_dir
-        self._replica_args = list(replica_args)
-        self._env = dict(os.environ if env is None else env)
+        self._location = location
+        self._env = replica_environment(os.environ if env is None else env)
         self._python = python
         self._clock = clock
+        self._poll_s = poll_s
         self._gpu_type_of = {gpu.index: t for gpu, t in gpus if t is not None}
         self._cpu_slots = cpu_slots
         self._processes: dict[str, _Process] = {}
+        self._exits: asyncio.Queue[ReplicaExit | None] = asyncio.Queue()
+        self._watcher: asyncio.Task[None] | None = None
+        self._closed = False
 
     # -- capacity ---------------------------------------------------------------
 
@@ -112,28 +164,40 @@ class LocalLauncher:
         used = self._used_gpus()
         return sorted(i for i, t in self._gpu_type_of.items() if t == gpu_type and i not in used)
 
-    def capacity(self) -> Capacity:
+    def _capacity(self) -> tuple[dict[str, int], dict[str, int]]:
         total: dict[str, int] = {CPU: self._cpu_slots}
         for gpu_type in self._gpu_type_of.values():
             total[gpu_type] = total.get(gpu_type, 0) + 1
         cpu_used = sum(1 for p in self._processes.values() if p.gpu_type == CPU)
         free = {t: len(self._free_gpus(t)) for t in total if t != CPU}
         free[CPU] = self._cpu_slots - cpu_used
-        return Capacity(free=free, total=total)
+        return free, total
 
-    def cannot_place(self, gpu_type: str, gpu_count: int) -> str | None:
-        capacity = self.capacity()
+    async def capacity(self) -> Capacity:
+        free, total = self._capacity()
+        return Capacity(
+            free={PlacementKey(self._location, t): n for t, n in free.items()},
+            total={PlacementKey(self._location, t): n for t, n in total.items()},
+        )
+
+    async def cannot_place(self, location: str, gpu_type: str, gpu_count: int) -> str | None:
+        return self._cannot_place(location, gpu_type, gpu_count)
+
+    def _cannot_place(self, location: str, gpu_type: str, gpu_count: int) -> str | None:
+        if location != self._location:
+            return f"this machine is location {self._location!r}, not {location!r}"
+        free, total = self._capacity()
         if gpu_type == CPU:
-            if capacity.free[CPU] >= 1:
+            if free[CPU] >= 1:
                 return None
             return f"all {self._cpu_slots} CPU replica slots of this machine are in use"
-        total = capacity.total.get(gpu_type, 0)
-        if total < gpu_count:
-            return f"this machine has {total} {gpu_type} GPU(s); a replica needs {gpu_count}"
-        free = capacity.free.get(gpu_type, 0)
-        if free < gpu_count:
+        have = total.get(gpu_type, 0)
+        if have < gpu_count:
+            return f"this machine has {have} {gpu_type} GPU(s); a replica needs {gpu_count}"
+        available = free.get(gpu_type, 0)
+        if available < gpu_count:
             return (
-                f"{free} of this machine's {total} {gpu_type} GPU(s) are free; "
+                f"{available} of this machine's {have} {gpu_type} GPU(s) are free; "
                 f"a replica needs {gpu_count}"
             )
         return None
@@ -141,96 +205,119 @@ class LocalLauncher:
     # -- lifecycle ----------------------------------------------------------------
 
     def command(self, spec: ReplicaSpec, gpu_ids: tuple[int, ...]) -> list[str]:
-        names = spec.served_names or (spec.model_name,)
-        command = [
-            self._python, "-m", "inferd.replica",
-            "--model", spec.model_name,
-            "--replica-id", spec.replica_id,
-            "--endpoint-id", spec.endpoint_id,
-            "--registry-url", self._registry_url,
-            "--host", "127.0.0.1",
-            "--port", "0",
-            "--device", "cpu" if spec.gpu_type == CPU else "cuda",
-        ]  # fmt: skip
-        for name in names:
-            command += ["--served-model-name", name]
-        if gpu_ids:
-            # Indices as the replica sees them under CUDA_VISIBLE_DEVICES.
-            command += ["--gpus", ",".join(str(i) for i in range(len(gpu_ids)))]
-        return command + self._replica_args
+        # Indices as the replica sees them under CUDA_VISIBLE_DEVICES.
+        visible = tuple(range(len(gpu_ids)))
+        config = config_for(spec, self._settings, host="127.0.0.1", gpu_ids=visible)
+        return [self._python, "-m", "inferd.replica", *to_argv(config)]
 
-    def launch(self, spec: ReplicaSpec) -> LaunchedReplica:
-        reason = self.cannot_place(spec.gpu_type, spec.gpu_count)
+    async def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
+        if self._closed:
+            raise RuntimeError("the launcher is shut down")
+        reason = self._cannot_place(spec.location, spec.gpu_type, spec.gpu_count)
         if reason is not None:
             raise RuntimeError(reason)
         gpu_ids = (
             () if spec.gpu_type == CPU else tuple(self._free_gpus(spec.gpu_type)[: spec.gpu_count])
         )
+        # Forking takes milliseconds: not worth a thread hop.
+        self._processes[spec.replica_id] = process = self._spawn(spec, gpu_ids)
+        self._watch()
+        logger.info("launched replica %s (pid %d, gpus %s)", spec.replica_id, process.pid, gpu_ids)
+        return ReplicaHandle(spec.replica_id, NODE, _placement(process.pid, gpu_ids))
+
+    def _spawn(self, spec: ReplicaSpec, gpu_ids: tuple[int, ...]) -> _Process:
         env = {
             **self._env,
-            "INFERD_REPLICA_SECRET": spec.secret,
+            SECRET_ENV: spec.secret,
             # Inherited by every process of the replica, vLLM's engine core
             # and workers included (which rename themselves and may outlive a
             # crashed parent): `launched_processes` finds them all by it.
-            LAUNCHED_BY_ENV: self._registry_url,
+            LAUNCHED_BY_ENV: self._settings.registry_url,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids),
         }
-        if gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ""
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"replica-{spec.replica_id}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed when the process is reaped
-        popen = subprocess.Popen(
-            self.command(spec, gpu_ids),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-        self._processes[spec.replica_id] = _Process(
+        try:
+            popen = subprocess.Popen(
+                self.command(spec, gpu_ids),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            log_file.close()
+            raise
+        return _Process(
             spec.replica_id, popen.pid, spec.gpu_type, gpu_ids, popen, log_path, log_file=log_file
         )
-        logger.info("launched replica %s (pid %d, gpus %s)", spec.replica_id, popen.pid, gpu_ids)
-        return LaunchedReplica(spec.replica_id, popen.pid, gpu_ids, log_path=str(log_path))
 
-    def adopt(self, replica_id: str, pid: int, gpu_ids: tuple[int, ...]) -> bool:
-        if not _runs_replica(procfs.command_line(pid) or [], replica_id):
+    async def adopt(self, handle: ReplicaHandle) -> bool:
+        if self._closed or handle.node != NODE:
+            return False
+        try:
+            pid = int(handle.placement["pid"])
+            gpus = handle.placement.get("gpu_ids", "")
+            gpu_ids = tuple(int(i) for i in gpus.split(",") if i)
+        except (KeyError, ValueError):
+            return False
+        if not _runs_replica(procfs.command_line(pid) or [], handle.replica_id):
             return False
         gpu_type = self._gpu_type_of.get(gpu_ids[0], CPU) if gpu_ids else CPU
-        self._processes[replica_id] = _Process(replica_id, pid, gpu_type, gpu_ids, None, None)
-        logger.info("adopted replica %s (pid %d)", replica_id, pid)
+        self._processes[handle.replica_id] = _Process(
+            handle.replica_id, pid, gpu_type, gpu_ids, None, None
+        )
+        self._watch()
+        logger.info("adopted replica %s (pid %d)", handle.replica_id, pid)
         return True
 
-    def stop(self, replica_id: str, grace_s: float) -> None:
-        process = self._processes.get(replica_id)
-        if process is None:
+    async def stop(self, handle: ReplicaHandle, grace_s: float) -> None:
+        process = self._processes.get(handle.replica_id)
+        if process is None or process.kill_at is not None:
             return
-        if process.kill_at is None:
-            process.kill_at = self._clock() + grace_s
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)  # the replica itself: it drains
+        process.kill_at = self._clock() + grace_s
+        process.ending = process.ending or ExitReason.STOPPED
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)  # the replica itself: it drains
 
-    def kill(self, replica_id: str) -> None:
-        process = self._processes.get(replica_id)
+    async def kill(self, handle: ReplicaHandle) -> None:
+        process = self._processes.get(handle.replica_id)
         if process is not None:
+            process.ending = ExitReason.KILLED
             _kill_group(process.pid)
+            self._poll_once()
+
+    async def exits(self) -> AsyncIterator[ReplicaExit]:
+        while True:
+            exited = await self._exits.get()
+            if exited is None:
+                return
+            yield exited
 
     def running(self) -> list[str]:
+        """Replica ids whose process has not been seen to end (for tests)."""
         return list(self._processes)
 
-    def pid(self, replica_id: str) -> int | None:
-        process = self._processes.get(replica_id)
-        return process.pid if process else None
+    # -- watching -------------------------------------------------------------------
 
-    def reap(self) -> list[ExitedReplica]:
-        exited = []
+    def _watch(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        while self._processes:
+            await asyncio.sleep(self._poll_s)
+            self._poll_once()
+
+    def _poll_once(self) -> None:
         now = self._clock()
         for replica_id, process in list(self._processes.items()):
             returncode = self._poll(process)
             if returncode is False and process.kill_at is not None and now >= process.kill_at:
                 logger.warning("replica %s did not drain in time; killing it", replica_id)
+                process.ending = ExitReason.KILLED
                 _kill_group(process.pid)
                 returncode = self._poll(process)
             if returncode is False:
@@ -240,8 +327,12 @@ class LocalLauncher:
             del self._processes[replica_id]
             if process.log_file is not None:
                 process.log_file.close()
-            exited.append(ExitedReplica(replica_id, returncode, _tail(process.log_path)))
-        return exited
+            if process.ending is not None:
+                reason = process.ending
+            else:
+                reason = ExitReason.LOST if process.popen is None else ExitReason.EXITED
+            code = None if returncode is None else int(returncode)
+            self._exits.put_nowait(ReplicaExit(replica_id, reason, code, _tail(process.log_path)))
 
     def _poll(self, process: _Process) -> int | bool | None:
         """Exit code, None (adopted, exited, code unknown), or False (alive)."""
@@ -261,16 +352,23 @@ class LocalLauncher:
             return False
         return False if _runs_replica(cmdline, process.replica_id) else None
 
-    def shutdown(self, grace_s: float) -> None:
+    async def shutdown(self, grace_s: float) -> None:
         for replica_id in list(self._processes):
-            self.stop(replica_id, grace_s)
+            await self.stop(ReplicaHandle(replica_id, NODE), grace_s)
         deadline = self._clock() + grace_s + 5
         while self._processes and self._clock() < deadline:
-            self.reap()
-            time.sleep(0.05)
+            self._poll_once()
+            if self._processes:
+                await asyncio.sleep(self._poll_s)
         for replica_id in list(self._processes):
-            self.kill(replica_id)
-        self.reap()
+            await self.kill(ReplicaHandle(replica_id, NODE))
+        self._poll_once()
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        self._exits.put_nowait(None)
 
 
 def _kill_group(pid: int) -> None:

@@ -107,7 +107,7 @@ def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
 
 
 def _redacted(url: str) -> str:
-    from inferd.control.stores import redact_url
+    from inferd.redact import redact_url
 
     return redact_url(url)
 

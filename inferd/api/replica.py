@@ -1,0 +1,55 @@
+"""The replica -> registry wire contract: what a replica reports, typed once.
+
+Both sides use these models: the replica builds its reports with them
+(`inferd.replica.reporter`) and the registry's route parses them
+(`inferd.control.registry_api`), so a field cannot mean one thing on one side
+and another on the other. Strict: a count that is a string, a status not in
+the vocabulary, a negative number is refused (400), never coerced. Fields a
+newer replica adds are ignored, so replicas and control plane can be upgraded
+one after the other (this is the one contract that crosses machines).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from inferd.vocab import ReplicaStatus
+
+MAX_REASON_CHARS = 2000
+MAX_URL_CHARS = 2048
+
+_STRICT = ConfigDict(
+    strict=True, extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True
+)
+
+
+class ReplicaLoadReport(BaseModel):
+    model_config = _STRICT
+
+    # Requests the replica has admitted and not finished (from every gateway).
+    in_flight: int = Field(default=0, ge=0)
+    # The engine's own counts: running now, queued inside the engine.
+    running: int = Field(default=0, ge=0)
+    waiting: int = Field(default=0, ge=0)
+    kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
+
+
+class ReplicaReport(BaseModel):
+    model_config = _STRICT
+
+    replica_id: str = Field(max_length=200)
+    endpoint_id: str | None = Field(default=None, max_length=200)
+    # Not strict: the JSON text "ready" is the enum's value (unknown words
+    # are still refused).
+    status: ReplicaStatus = Field(strict=False)
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    # Where the gateway reaches it; None until it listens.
+    url: str | None = Field(default=None, max_length=MAX_URL_CHARS)
+    # Increases with every report a replica sends: the registry ignores a
+    # report older than one it has applied (they can cross on the wire).
+    seq: int = Field(ge=0)
+    load: ReplicaLoadReport = ReplicaLoadReport()
+
+    def to_wire(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)

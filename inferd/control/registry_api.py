@@ -1,0 +1,80 @@
+"""The registry's HTTP side: the route replicas report to, and the replica
+gauge on `/metrics`.
+
+A report is authenticated with the replica's own secret (a bearer token, the
+same header parser as the gateway's) and parsed with the typed wire model
+shared with the replica (`inferd.api.replica`): whatever a replica sends,
+the answer is 204, or an error in the one error shape (400 for a malformed
+report, never a 500).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd.api.replica import ReplicaReport
+from inferd.control.registry import Registry, ReportRejected
+from inferd.errors import error_body
+from inferd.gateway.auth import bearer_token
+from inferd.http import read_body, validation_error_to_bad_request
+from inferd.http_errors import error_response
+
+REGISTRY_PATH = "/internal/registry"
+MAX_REPORT_BYTES = 64 * 1024
+
+
+def report_route(
+    registry: Registry, after_report: Callable[[str], Awaitable[None]] | None = None
+) -> Route:
+    """`after_report`: called with the replica's id once its report was
+    applied (with several instances: to record it where the others read)."""
+
+    async def report(request: Request) -> Response:
+        secret = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
+        raw = await read_body(request, MAX_REPORT_BYTES)
+        try:
+            parsed = ReplicaReport.model_validate_json(raw)
+        except ValidationError as exc:
+            return error_response(validation_error_to_bad_request(exc))
+        replica_id = request.path_params["replica_id"]
+        try:
+            registry.report(replica_id, secret, parsed)
+        except ReportRejected as exc:
+            return JSONResponse(
+                error_body(str(exc), "invalid_request_error", None, "report_rejected"),
+                status_code=exc.status,
+            )
+        if after_report is not None:
+            await after_report(replica_id)
+        return Response(status_code=204)
+
+    return Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"])
+
+
+class ReplicaCollector(Collector):
+    """`inferd_replicas{endpoint, status}`: replicas by endpoint and status."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "inferd_replicas", "Replicas by endpoint and status.", labels=["endpoint", "status"]
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for replica in self._registry.all():
+            key = (replica.endpoint_id, replica.status.value)
+            counts[key] = counts.get(key, 0) + 1
+        for (endpoint, status), count in sorted(counts.items()):
+            family.add_metric([endpoint, status], count)
+        return [family]
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
