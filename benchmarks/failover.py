@@ -61,8 +61,11 @@ def leads(instance: ServeHandle) -> bool:
 def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> float | None:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
+        try:
+            if predicate():
+                return time.monotonic() - start
+        except httpx.HTTPError:  # a busy machine: try again
+            pass
         time.sleep(interval)
     return None
 
