@@ -20,6 +20,7 @@ _SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inferd.replica.cli",  # replica
     "inferd.client.cli",  # endpoints ...
     "inferd.catalog.cli",  # recommend, models
+    "inferd.node.cli",  # node start
 )
 
 

@@ -162,6 +162,20 @@ class Settings(BaseModel):
         description="a replica that cannot reach the control plane this long exits",
     )
 
+    # --- Where replicas run -------------------------------------------------------
+    launcher: Literal["local", "ray"] = Field(
+        "local", description="local (processes on this machine) | ray (actors on a Ray cluster)"
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster to place replicas on (HOST:PORT of its head), for ray"
+    )
+    ray_namespace: str = Field(
+        "inferd", description="Ray namespace of this control plane's replica actors"
+    )
+    ray_node_ip_address: str | None = Field(
+        None, description="this machine's address as the Ray cluster sees it (default: detected)"
+    )
+
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
 
@@ -212,7 +226,7 @@ class Settings(BaseModel):
         return f"{_dialable(self.host, self.port)}/internal/registry"
 
     @property
-    def launcher(self) -> ReplicaSettings:
+    def replica_settings(self) -> ReplicaSettings:
         return ReplicaSettings(
             registry_url=self.registry_url,
             registry_fallback_urls=tuple(

@@ -270,6 +270,15 @@ class ServeHandle:
                 os.kill(pid, signal.SIGKILL)
 
 
+def verifier_for(tokens: Mapping[str, str]) -> TokenVerifier:
+    """A token verifier that knows exactly these endpoint tokens (endpoint id ->
+    token), for gateways built without a control plane (tests, benchmarks)."""
+    verifier = TokenVerifier(MemoryStore())
+    for endpoint_id, token in tokens.items():
+        verifier.set_active(endpoint_id, hash_token(token))
+    return verifier
+
+
 _report_seq = itertools.count(1)
 
 
@@ -279,12 +288,3 @@ def replica_report(replica_id: str, fields: Mapping[str, Any]) -> ReplicaReport:
     every earlier one (a registry drops reports older than one it applied)."""
     body = {"replicaId": replica_id, "seq": next(_report_seq), **fields}
     return ReplicaReport.model_validate_json(json.dumps(body))
-
-
-def verifier_for(tokens: Mapping[str, str]) -> TokenVerifier:
-    """A token verifier that knows exactly these endpoint tokens (endpoint id ->
-    token), for gateways built without a control plane (tests, benchmarks)."""
-    verifier = TokenVerifier(MemoryStore())
-    for endpoint_id, token in tokens.items():
-        verifier.set_active(endpoint_id, hash_token(token))
-    return verifier

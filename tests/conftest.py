@@ -22,7 +22,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support import HAS_DIFFUSERS, HAS_VLLM  # noqa: E402
+from tests.support import HAS_DIFFUSERS, HAS_VLLM, require_module  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +88,29 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.destroy()
+
+
+# -- a local Ray cluster ------------------------------------------------------------------
+
+# One for the whole session (starting one costs 10-30 s and about 1 GB
+# here): a head that takes no work and three nodes with fake GPUs in two
+# locations. Tests that remove a node put it back; tests that add one
+# remove it.
+RAY_NODES = {
+    # name: (location, GPU type, GPUs, CPU replica slots)
+    "east-a": ("us-east", "H100-80GB", 2, 1),
+    "east-b": ("us-east", "H100-80GB", 1, 1),
+    "west": ("eu-west", "L4", 1, 1),
+}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    require_module("ray", "the Ray launcher's tests need Ray (pip install 'inferd[ray]')")
+    from inferd.testing_cluster import FakeNode, start_cluster
+
+    cluster = start_cluster({name: FakeNode(*spec) for name, spec in RAY_NODES.items()})
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()

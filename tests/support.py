@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import re
 import threading
 import time
@@ -125,3 +126,13 @@ def until_mid_generation(attempt: Any, attempts: int = 4) -> None:
         if attempt(index):
             return
     pytest.fail(f"no attempt in {attempts} caught the engine mid-generation")
+
+
+def require_module(name: str, why: str) -> None:
+    """Skip when an optional component is missing on a developer's machine;
+    with `CI` set (where the project's setup installs it) fail instead."""
+    if importlib.util.find_spec(name) is not None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}: '{name}' is not installed (CI is set)")
+    pytest.skip(f"{why}: '{name}' is not installed")

@@ -226,6 +226,13 @@ class ModelList(_Response):
     data: list[ModelInfo]
 
 
+class GpuCapacity(_CatalogResponse):
+    """GPUs of one type in one location, as the launcher sees them now."""
+
+    total: int = Field(description="GPUs (for cpu: CPU replica slots) the nodes declare.")
+    free: int = Field(description="Of those, not held by a replica.")
+
+
 class GpuTypeInfo(_CatalogResponse):
     name: str = Field(description="The identifier used as gpuType.")
     displayName: str
@@ -236,6 +243,10 @@ class GpuTypeInfo(_CatalogResponse):
     memoryMib: int | None
     totalMemoryGb: float
     allowedCounts: list[int] = Field(description="GPUs per replica allowed for this type.")
+    capacity: dict[str, GpuCapacity] = Field(
+        default_factory=dict,
+        description="Live: location -> this type's GPUs there (locations with none are left out).",
+    )
 
 
 class GpuTypeList(_Response):
@@ -246,6 +257,10 @@ class LocationInfo(_CatalogResponse):
     name: str
     description: str
     offers: dict[str, float] = Field(description="GPU type -> price per GPU-hour.")
+    capacity: dict[str, GpuCapacity] = Field(
+        default_factory=dict,
+        description="Live: GPU type -> GPUs of that type here (empty: no node in this location).",
+    )
 
 
 class LocationList(_Response):

@@ -309,11 +309,12 @@ class Reconciler:
                 if replica.status is not ReplicaStatus.FAILED:
                     last_line = _last_line(exited.detail)
                     code = exited.returncode
-                    why = (
-                        f"process exited with code {code}"
-                        if exited.reason is not ExitReason.LOST
-                        else "the replica's process was lost"
-                    )
+                    if exited.reason is ExitReason.LOST:
+                        why = "the replica's process was lost"
+                    elif code is None:
+                        why = "the replica did not start"  # the detail says why
+                    else:
+                        why = f"process exited with code {code}"
                     self.registry.set_status(
                         replica.replica_id,
                         ReplicaStatus.FAILED,

@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ from inferd.control.model import (
     utc_now,
 )
 from inferd.control.placement import Placement, resolve_placement
-from inferd.control.ports import EndpointStore, TokenStore
+from inferd.control.ports import Capacity, EndpointStore, TokenStore
 from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
@@ -74,6 +74,10 @@ class NoReplicas:
 NO_REPLICAS = NoReplicas()
 
 
+async def _no_capacity() -> Capacity:
+    return Capacity()
+
+
 def render_json(value: Any) -> bytes:
     """The bytes Starlette's JSONResponse would send for `value`."""
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
@@ -97,6 +101,7 @@ class EndpointService:
         runtime_of: RuntimeOf = NO_REPLICAS,
         drain: Drain = NO_REPLICAS,
         signals: EndpointSignals = NO_REPLICAS,
+        capacity_of: Callable[[], Awaitable[Capacity]] = _no_capacity,
         clock: Callable[[], datetime] = utc_now,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
@@ -123,6 +128,8 @@ class EndpointService:
         self.runtime_of = runtime_of
         self._drain = drain
         self._signals = signals
+        # The launcher's live capacity by location and GPU type.
+        self.capacity_of = capacity_of
 
     # --- the in-memory copy ---------------------------------------------------------
 

@@ -115,11 +115,11 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
     from inferd.control.stores import redact_url
     from inferd.server.app import create_app
     from inferd.server.auth import AdminKeyError
-    from inferd.server.compose import build
+    from inferd.server.compose import LauncherUnavailable, build
 
     try:
         built = await build(settings, rotate_admin_key=rotate_admin_key)
-    except AdminKeyError as exc:
+    except (AdminKeyError, LauncherUnavailable) as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 2
     except StoreUnavailable as exc:

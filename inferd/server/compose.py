@@ -62,13 +62,47 @@ from inferd.settings import Settings
 logger = logging.getLogger(__name__)
 
 
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting,
+    an unreachable cluster)."""
+
+
+def build_launcher(settings: Settings, catalog: Catalog) -> Launcher:
+    if settings.launcher == "ray":
+        return ray_launcher(settings)
+    return local_launcher(settings, catalog)
+
+
+def ray_launcher(settings: Settings) -> Launcher:
+    """Imports Ray: only when it was chosen."""
+    try:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise LauncherUnavailable(
+            f"--launcher ray needs Ray (pip install 'inferd[ray]'): {exc}"
+        ) from None
+    if not settings.ray_address:
+        raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
+    try:
+        return RayLauncher(
+            address=settings.ray_address,
+            namespace=settings.ray_namespace,
+            settings=settings.replica_settings,
+            node_ip_address=settings.ray_node_ip_address,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        raise LauncherUnavailable(
+            f"cannot reach the Ray cluster at {settings.ray_address}: {exc}"
+        ) from None
+
+
 def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
     gpu_types = catalog.gpus.gpu_types
     gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
     for gpu, gpu_type in gpus:
         logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
     return LocalLauncher(
-        settings=settings.launcher,
+        settings=settings.replica_settings,
         log_dir=settings.state_dir / "logs",
         gpus=gpus,
         cpu_slots=settings.cpu_replica_slots,
@@ -98,11 +132,13 @@ class ReplicaDuty:
     def __init__(
         self,
         store: Store,
+        launcher: Launcher,
         reconciler: Reconciler,
         service: EndpointService,
         clustered: bool,
     ) -> None:
         self._store = store
+        self._launcher = launcher
         self._reconciler = reconciler
         self._service = service
         self._clustered = clustered
@@ -117,6 +153,9 @@ class ReplicaDuty:
         records = [record for record in records if record.id not in watched]
         endpoints = await self._store.list_endpoints()
         adopted = set(await self._reconciler.adopt(records, endpoints))
+        sweep = getattr(self._launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted | watched)
         for record in records:
             if record.id not in adopted:
                 await self._store.delete_replica(record.id)
@@ -286,7 +325,7 @@ async def build(
             start_timeout_s=health.start_timeout_s,
             on_change=wakeup.ring,
         )
-        launcher = launcher or local_launcher(settings, catalog)
+        launcher = launcher or build_launcher(settings, catalog)
         gateway_knobs = settings.gateway
         gateway_state = GatewayState(gateway_knobs)
         interval = settings.cluster_load_interval_seconds
@@ -334,6 +373,7 @@ async def build(
             runtime_of=ReplicaViews(registry, reconciler),
             drain=drain,
             signals=signals,
+            capacity_of=launcher.capacity,
         )
         await service.load()
         gateway = Gateway(
@@ -344,7 +384,7 @@ async def build(
             signals=signals,
             state=gateway_state,
         )
-        replica_duty = ReplicaDuty(store, reconciler, service, settings.clustered)
+        replica_duty = ReplicaDuty(store, launcher, reconciler, service, settings.clustered)
         if publisher is not None:
             cluster = _cluster_member(
                 settings, store, registry, load, reconciler, publisher, flag, replica_duty, clock

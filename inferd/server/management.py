@@ -7,6 +7,7 @@ in the one error shape), call the service, map the result to a response.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,6 +22,7 @@ from inferd.api.management import (
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.control.ports import Capacity
 from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
@@ -46,9 +48,7 @@ class ManagementRoutes:
     def __init__(self, service: EndpointService, max_body_bytes: int) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
-        self._models_json, self._gpu_types_json, self._locations_json = _catalog_documents(
-            service.catalog
-        )
+        self._models_json, self._gpu_types, self._locations = _catalog_documents(service.catalog)
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -100,10 +100,19 @@ class ManagementRoutes:
         return Response(self._models_json, media_type="application/json")
 
     async def list_gpu_types(self, request: Request) -> Response:
-        return Response(self._gpu_types_json, media_type="application/json")
+        live = _by_location(await self.service.capacity_of())
+        data = [
+            {**g, "capacity": {loc: types[g["name"]] for loc, types in live.items()
+                               if g["name"] in types}}
+            for g in self._gpu_types
+        ]  # fmt: skip
+        return Response(render_json({"data": data}), media_type="application/json")
 
     async def list_locations(self, request: Request) -> Response:
-        return Response(self._locations_json, media_type="application/json")
+        live = _by_location(await self.service.capacity_of())
+        data = [{**loc, "capacity": live.get(loc["name"], {})} for loc in self._locations]
+        body = {"currency": self.service.catalog.gpus.currency, "data": data}
+        return Response(render_json(body), media_type="application/json")
 
     async def recommendations(self, request: Request) -> Response:
         params = request.query_params
@@ -129,10 +138,24 @@ class ManagementRoutes:
         return JSONResponse(body)
 
 
-def _catalog_documents(catalog: Catalog) -> tuple[bytes, bytes, bytes]:
-    """The three catalog listings, rendered once: the catalog does not change
-    while the server runs. Passing through the wire models keeps each answer
-    to exactly its documented fields."""
+def _by_location(capacity: Capacity) -> dict[str, dict[str, dict[str, int]]]:
+    """location -> GPU type -> {total, free}, as the wire shows it."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for key, total in capacity.total.items():
+        out.setdefault(key.location, {})[key.gpu_type] = {
+            "total": total,
+            "free": capacity.free.get(key, 0),
+        }
+    return out
+
+
+def _catalog_documents(
+    catalog: Catalog,
+) -> tuple[bytes, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The catalog listings, built once: the catalog does not change while
+    the server runs (the live capacity is added per request). Passing
+    through the wire models keeps each answer to exactly its documented
+    fields."""
     gpus = catalog.gpus
     models = [ModelInfo.model_validate(m.to_dict()).model_dump(mode="json")
               for m in catalog.models.all()]  # fmt: skip
@@ -144,8 +167,4 @@ def _catalog_documents(catalog: Catalog) -> tuple[bytes, bytes, bytes]:
     ]
     locations = [LocationInfo.model_validate(loc.to_dict()).model_dump(mode="json")
                  for loc in gpus.locations.values()]  # fmt: skip
-    return (
-        render_json({"data": models}),
-        render_json({"data": gpu_types}),
-        render_json({"currency": gpus.currency, "data": locations}),
-    )
+    return render_json({"data": models}), gpu_types, locations

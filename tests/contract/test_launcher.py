@@ -1,7 +1,8 @@
 """One behaviour for every launcher: the `Launcher` port's contract.
 
-Run against the shipped `FakeLauncher` and the `LocalLauncher` (real replica
-processes on the fake engine); a cluster launcher joins by adding a harness.
+Run against the shipped `FakeLauncher`, the `LocalLauncher` (real replica
+processes on the fake engine) and the `RayLauncher` (replicas as actors on a
+local Ray cluster); a launcher joins by adding a harness.
 A harness plays what differs: how to build the launcher, and how to wait for
 a replica to be up (a real replica reports to a registry; a fake one is up
 at once). The fake launcher's replicas obey a stop at once (`drains_on_stop`),
@@ -76,14 +77,54 @@ class LocalHarness(Harness):
         raise AssertionError(f"replica {handle.replica_id} never became ready")
 
 
-@pytest.fixture(params=["fake", "local"])
+class RayHarness(LocalHarness):
+    """Replicas as actors on the session's local Ray cluster: each launcher
+    gets a node of its own in location `local` with `slots` CPU replica
+    slots (removed after the test), and a namespace of its own."""
+
+    name = "ray"
+
+    def __init__(self, registry: FakeRegistry, tmp_path: Path, cluster: Any) -> None:
+        super().__init__(registry, tmp_path)
+        self.cluster = cluster
+        self.node: str | None = None
+
+    def launcher(self, slots: int) -> Launcher:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+        from inferd.testing_cluster import FakeNode
+
+        self.node = f"contract-{self.tmp_path.name}"
+        self.cluster.add(self.node, FakeNode("local", None, 0, cpu_slots=slots))
+        return RayLauncher(
+            address=self.cluster.address,
+            namespace=f"inferd-contract-{self.tmp_path.name}",
+            settings=ReplicaSettings(
+                registry_url=self.registry.url,
+                report_interval_s=0.2,
+                replica_args="--engine fake --no-warmup",
+            ),
+        )
+
+    def close(self) -> None:
+        if self.node is not None:
+            self.cluster.remove(self.node)
+
+
+@pytest.fixture(params=["fake", "local", "ray"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     if request.param == "fake":
         yield FakeHarness()
         return
     registry = FakeRegistry()
     try:
-        yield LocalHarness(registry, tmp_path)
+        if request.param == "local":
+            yield LocalHarness(registry, tmp_path)
+            return
+        ray_harness = RayHarness(registry, tmp_path, request.getfixturevalue("ray_cluster"))
+        try:
+            yield ray_harness
+        finally:
+            ray_harness.close()
     finally:
         registry.stop()
 

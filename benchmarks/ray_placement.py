@@ -1,0 +1,330 @@
+"""Replicas on a Ray cluster against replicas as local processes, and faults
+on the cluster. One run, one machine: a local Ray cluster
+(`ray.cluster_utils`: a head that takes no work and three us-east nodes,
+each with one fake H100 and one CPU replica slot, all on 127.0.0.2).
+
+    .venv/bin/python benchmarks/ray_placement.py [--rounds 2] [--engine vllm]
+        [--load-seconds 4] [--concurrency 4]
+
+1. create -> first token: `inferd serve` with the local launcher and with
+   `--launcher ray`, each with a CPU endpoint (minReplicas 1) created, a
+   streamed chat request sent at once (the gateway holds it until the
+   replica is ready) and timed to its first content token from the create
+   call; then the endpoint is deleted. Rounds alternate the launchers.
+   `--engine vllm` (default): tiny-chat on vLLM, what users wait for;
+   `fake`: the launch path alone. Goal: ray median <= 1.15 x local median.
+2. faults under load (fake engine, `--launcher ray`): an endpoint with two
+   1-GPU replicas on two nodes and `--concurrency` clients in a closed loop
+   (non-streamed chats). Then, one at a time: the replica process SIGKILLed,
+   the replica's actor SIGKILLed, the replica's node removed from the
+   cluster. Each is timed to "noticed" (the replica leaves the record) and
+   to "replacement ready" (the endpoint is back to two ready replicas), and
+   the requests that failed are counted, against those that were in flight
+   when the fault hit. Goal: no failed request beyond those in flight on the
+   lost replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from common import chat_body, load_average, one_chat, print_table, write_report
+
+from inferd import procfs
+from inferd.testing import ServeHandle
+from inferd.testing_cluster import NODE_IP, FakeNode, LocalCluster, start_cluster
+
+GOAL_RATIO = 1.15
+NAMESPACE = "inferd-bench"
+NODES = {f"east-{c}": FakeNode("us-east", "H100-80GB", 1, 1) for c in "abc"}
+FAST = {
+    "health_period_seconds": "0.5",
+    "reconcile_period_seconds": "0.2",
+    "replica_drain_timeout_seconds": "10",
+    "autoscale_upscale_delay_seconds": "0.5",
+    # A vLLM replica loads for minutes on a busy 2-core machine: the request
+    # sent at create time must be held that long, not answered 503.
+    "gateway_hold_timeout_seconds": "900",
+    "replica_start_timeout_seconds": "900",
+}
+
+
+def serve_for(launcher: str, cluster: LocalCluster, state: Path, engine_args: str) -> ServeHandle:
+    settings = {**FAST, "replica_args": engine_args}
+    if launcher == "ray":
+        settings.update(
+            launcher="ray",
+            ray_address=cluster.address,
+            ray_namespace=NAMESPACE,
+            ray_node_ip_address=NODE_IP,
+        )
+    handle = ServeHandle(state / launcher, settings=settings)
+    handle.env.update(cluster.env())
+    return handle.start(timeout=120)
+
+
+# -- 1. create -> first token ---------------------------------------------------------
+
+
+async def create_to_first_token(serve: ServeHandle, location: str, name: str) -> float:
+    headers = {"Authorization": f"Bearer {serve.admin_key}"}
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        response = await client.post(
+            f"{serve.url}/inference/endpoints",
+            headers=headers,
+            json={
+                "name": name,
+                "modelName": "tiny-chat",
+                "locationName": location,
+                "gpuType": "cpu",
+                "minReplicas": 1,
+                "maxReplicas": 1,
+            },
+        )
+        response.raise_for_status()
+        created = response.json()
+        body = chat_body("tiny-chat", 8, True, "Say something.")
+        token = {"Authorization": f"Bearer {created['accessToken']}"}
+        ttft, _, _ = await one_chat(
+            client, f"{created['url']}/openai/v1/chat/completions", body, token
+        )
+        elapsed = time.perf_counter() - start
+        assert ttft is not None, "no content token"
+        deleted = await client.delete(
+            f"{serve.url}/inference/endpoints/{created['id']}", headers=headers
+        )
+        deleted.raise_for_status()
+    return elapsed
+
+
+def part_create(cluster: LocalCluster, state: Path, rounds: int, engine: str) -> dict[str, Any]:
+    engine_args = "--engine fake" if engine == "fake" else "--cpu-kv-cache-gib 1"
+    serves = {name: serve_for(name, cluster, state, engine_args) for name in ("local", "ray")}
+    location = {"local": "local", "ray": "us-east"}
+    times: dict[str, list[float]] = {"local": [], "ray": []}
+    try:
+        for i in range(rounds):
+            order = ("local", "ray") if i % 2 == 0 else ("ray", "local")
+            for name in order:
+                elapsed = asyncio.run(
+                    create_to_first_token(serves[name], location[name], f"b-{name}-{i}")
+                )
+                times[name].append(elapsed)
+                print(f"  round {i} {name}: create -> first token {elapsed:.2f} s", flush=True)
+    finally:
+        for serve in serves.values():
+            serve.stop()
+    local, ray_ = statistics.median(times["local"]), statistics.median(times["ray"])
+    return {"engine": engine, "seconds": times, "ratio": ray_ / local, "goal": GOAL_RATIO}
+
+
+# -- 2. faults under load ---------------------------------------------------------------
+
+
+class Load:
+    """`concurrency` clients in a closed loop, on a thread of their own; every
+    request's (start, end, ok)."""
+
+    def __init__(self, url: str, token: str, concurrency: int) -> None:
+        self.url = f"{url}/openai/v1/chat/completions"
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.concurrency = concurrency
+        self.records: list[tuple[float, float, bool, str]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        body = chat_body("tiny-chat", 16, False, "Hello.")
+        async with httpx.AsyncClient(timeout=60) as client:
+
+            async def worker() -> None:
+                while not self._stop:
+                    start = time.monotonic()
+                    try:
+                        response = await client.post(self.url, json=body, headers=self.headers)
+                        ok, why = response.status_code == 200, str(response.status_code)
+                    except httpx.HTTPError as exc:
+                        ok, why = False, type(exc).__name__
+                    self.records.append((start, time.monotonic(), ok, why))
+
+            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join(60)
+
+    def between(self, t0: float, t1: float) -> list[tuple[float, float, bool, str]]:
+        return [r for r in self.records if r[0] >= t0 and r[0] < t1]
+
+
+def ready(serve: ServeHandle, endpoint_id: str) -> list[str]:
+    return [r["id"] for r in serve.record(endpoint_id)["replicas"] if r["status"] == "ready"]
+
+
+def poll_until(predicate: Any, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.02)
+    raise TimeoutError("fault not handled in time")
+
+
+def actor_info(replica_id: str) -> dict[str, Any]:
+    import ray
+
+    actor = ray.get_actor(f"inferd-replica-{replica_id}", namespace=NAMESPACE)
+    return dict(ray.get(actor.info.remote(), timeout=10))
+
+
+def part_faults(
+    cluster: LocalCluster, state: Path, load_s: float, concurrency: int
+) -> list[dict[str, Any]]:
+    serve = serve_for(
+        "ray", cluster, state, "--engine fake --engine-arg token_delay_s=0.02 --no-warmup"
+    )
+    rows = []
+    try:
+        created = serve.create_endpoint(
+            name="faults",
+            modelName="tiny-chat",
+            locationName="us-east",
+            gpuType="H100-80GB",
+            gpuCount=1,
+            minReplicas=2,
+            maxReplicas=2,
+        )
+        endpoint_id = created["id"]
+        serve.wait_record(endpoint_id, lambda r: len(ready_ids(r)) == 2, timeout=120)
+        load = Load(created["url"], created["accessToken"], concurrency)
+        load.start()
+        time.sleep(load_s)
+        for fault in ("replica process SIGKILL", "actor SIGKILL", "node removed"):
+            victim = ready(serve, endpoint_id)[0]
+            where = actor_info(victim)
+            hit = time.monotonic()
+            if fault == "replica process SIGKILL":
+                os.kill(where["pid"], signal.SIGKILL)
+            elif fault == "actor SIGKILL":
+                stat = procfs.process_stat(where["pid"])
+                assert stat is not None
+                os.kill(stat.ppid, signal.SIGKILL)
+            else:
+                name = next(n for n in cluster.nodes if cluster.node_id(n) == where["nodeId"])
+                cluster.remove(name)
+            in_flight_now = _in_flight(load, hit)
+            noticed = poll_until(lambda v=victim: v not in _current(serve, endpoint_id), 60)
+            back = poll_until(lambda: len(ready(serve, endpoint_id)) == 2, 120)
+            time.sleep(load_s)
+            window = load.between(hit - 1, time.monotonic())
+            failed = [r for r in window if not r[2]]
+            rows.append(
+                {
+                    "fault": fault,
+                    "noticed_s": noticed - hit,
+                    "replacement_ready_s": back - hit,
+                    "requests": len(window),
+                    "failed": len(failed),
+                    "in_flight_at_fault": in_flight_now,
+                    "failures": sorted({r[3] for r in failed}),
+                }
+            )
+            print(f"  {rows[-1]}", flush=True)
+        load.stop()
+        total = len(load.records)
+        print(f"  load: {total} requests, {sum(1 for r in load.records if not r[2])} failed")
+    finally:
+        serve.stop()
+    return rows
+
+
+def _in_flight(load: Load, at: float) -> int:
+    """Requests started before `at` that had not ended then (read once they
+    end; an approximation from the client's side)."""
+    time.sleep(0.5)
+    started = [r for r in load.records if r[0] < at and r[1] > at]
+    return len(started)
+
+
+def _current(serve: ServeHandle, endpoint_id: str) -> list[str]:
+    return [r["id"] for r in serve.record(endpoint_id)["replicas"]]
+
+
+def ready_ids(record: dict[str, Any]) -> list[str]:
+    return [r["id"] for r in record["replicas"] if r["status"] == "ready"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--engine", choices=("vllm", "fake"), default="vllm")
+    parser.add_argument("--load-seconds", type=float, default=4.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--skip-create", action="store_true")
+    parser.add_argument("--skip-faults", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(load_average(), flush=True)
+    started = time.monotonic()
+    cluster = start_cluster(NODES)
+    print(f"cluster of {len(NODES)} nodes up in {time.monotonic() - started:.1f} s", flush=True)
+    report: dict[str, Any] = {"nodes": {n: vars(s) for n, s in NODES.items()}}
+    with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
+        try:
+            if not args.skip_create:
+                report["create"] = part_create(cluster, Path(tmp), args.rounds, args.engine)
+            if not args.skip_faults:
+                report["faults"] = part_faults(
+                    cluster, Path(tmp), args.load_seconds, args.concurrency
+                )
+        finally:
+            cluster.shutdown()
+    if "create" in report:
+        c = report["create"]
+        rows = [
+            {
+                "launcher": name,
+                "engine": c["engine"],
+                "rounds": len(c["seconds"][name]),
+                "median_s": statistics.median(c["seconds"][name]),
+                "min_s": min(c["seconds"][name]),
+                "max_s": max(c["seconds"][name]),
+            }
+            for name in ("local", "ray")
+        ]
+        print_table("create -> first token", rows, list(rows[0]))
+        verdict = "met" if c["ratio"] <= GOAL_RATIO else "NOT met"
+        print(f"ray / local = {c['ratio']:.3f} (goal <= {GOAL_RATIO}: {verdict})")
+    if "faults" in report:
+        columns = [
+            "fault",
+            "noticed_s",
+            "replacement_ready_s",
+            "requests",
+            "failed",
+            "in_flight_at_fault",
+        ]
+        print_table("faults under load (2 replicas, closed loop)", report["faults"], columns)
+    print(load_average())
+    write_report("ray_placement", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

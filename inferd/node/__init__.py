@@ -1,0 +1,1 @@
+"""`inferd node`: start a Ray node that declares its location and GPUs."""
