@@ -226,7 +226,8 @@ class Settings(BaseModel):
         return f"{_dialable(self.host, self.port)}/internal/registry"
 
     @property
-    def replica_settings(self) -> ReplicaSettings:
+    def replicas(self) -> ReplicaSettings:
+        """What every launcher gives each replica (`launcher` names which one)."""
         return ReplicaSettings(
             registry_url=self.registry_url,
             registry_fallback_urls=tuple(

@@ -70,12 +70,11 @@ class NoReplicas:
     def endpoint_changed(self, endpoint_id: str) -> None:
         return None
 
+    async def capacity(self) -> Capacity:
+        return Capacity()
+
 
 NO_REPLICAS = NoReplicas()
-
-
-async def _no_capacity() -> Capacity:
-    return Capacity()
 
 
 def render_json(value: Any) -> bytes:
@@ -101,12 +100,13 @@ class EndpointService:
         runtime_of: RuntimeOf = NO_REPLICAS,
         drain: Drain = NO_REPLICAS,
         signals: EndpointSignals = NO_REPLICAS,
-        capacity_of: Callable[[], Awaitable[Capacity]] = _no_capacity,
+        capacity_of: Callable[[], Awaitable[Capacity]] = NO_REPLICAS.capacity,
         clock: Callable[[], datetime] = utc_now,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
-        """`runtime_of`, `drain`, `signals`: the serving side (the registry's
-        replicas, the reconciler); left out, the service runs no replicas."""
+        """`runtime_of`, `drain`, `signals`, `capacity_of`: the serving side (the
+        registry's replicas, the reconciler, the launcher's live capacity by
+        location and GPU type); left out, the service runs no replicas."""
         self._store = store
         self.catalog = catalog
         self.verifier = verifier
@@ -128,7 +128,6 @@ class EndpointService:
         self.runtime_of = runtime_of
         self._drain = drain
         self._signals = signals
-        # The launcher's live capacity by location and GPU type.
         self.capacity_of = capacity_of
 
     # --- the in-memory copy ---------------------------------------------------------

@@ -161,7 +161,10 @@ class Gateway:
             body = await self._read_body(receive, content_length)
             ep = self._book.endpoint(endpoint_id)
             ep.arrived(self.clock())
-            status = await self._serve(ep, route, headers, body, receive, send)
+            try:
+                status = await self._serve(ep, route, headers, body, receive, send)
+            finally:
+                ep.ended(self.clock())
         except InferdError as exc:
             status = exc.status
             await self._send_error(exc, scope, receive, send)

@@ -22,8 +22,9 @@ class TrafficSnapshot:
     in_flight_by_replica: Mapping[str, int]
     # Requests waiting in the gateway for a replica (scale from zero or busy).
     held: int
-    # Clock value of the last authenticated request's arrival; None if none
-    # arrived since the gateway started.
+    # Clock value of the last authenticated request's arrival, or of its end
+    # once answered (whichever is later); None if none arrived since the
+    # gateway started.
     last_request_at: float | None
     # Recent times from forwarding to the last byte, oldest first (seconds).
     service_times: tuple[float, ...]
@@ -59,6 +60,12 @@ class EndpointTraffic:
     def arrived(self, now: float) -> None:
         self.last_request_at = now
         self.requests_total += 1
+
+    def ended(self, now: float) -> None:
+        # Idle counts from the end of the last request: one that was held
+        # while a replica loaded, or that streamed for minutes, must not
+        # leave its replica past retention the moment it ends.
+        self.last_request_at = now
 
     def reserve(self, replica_id: str) -> None:
         self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1

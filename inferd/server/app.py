@@ -105,7 +105,7 @@ def create_app(server: Server) -> Starlette:
         # In a cluster: which instance answered, and which one leads.
         return JSONResponse({"status": "ok", **server.health()})
 
-    management = ManagementRoutes(server.service, settings.max_body_bytes)
+    management = ManagementRoutes(server.service, server.models, settings.max_body_bytes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and
     # every path here is exact.
     inference = Router(management.routes(), redirect_slashes=False)

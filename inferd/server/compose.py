@@ -36,6 +36,7 @@ from inferd.control.launchers.local import LocalLauncher
 from inferd.control.leader import LeaderInfo, PostgresElection
 from inferd.control.load import STALE_AFTER_S, MergedLoad
 from inferd.control.loadshare import max_age
+from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
 from inferd.control.reconciler import Reconciler
 from inferd.control.registry import Registry
@@ -67,7 +68,7 @@ class LauncherUnavailable(RuntimeError):
     an unreachable cluster)."""
 
 
-def build_launcher(settings: Settings, catalog: Catalog) -> Launcher:
+def configured_launcher(settings: Settings, catalog: Catalog) -> Launcher:
     if settings.launcher == "ray":
         return ray_launcher(settings)
     return local_launcher(settings, catalog)
@@ -87,7 +88,7 @@ def ray_launcher(settings: Settings) -> Launcher:
         return RayLauncher(
             address=settings.ray_address,
             namespace=settings.ray_namespace,
-            settings=settings.replica_settings,
+            settings=settings.replicas,
             node_ip_address=settings.ray_node_ip_address,
         )
     except (ConnectionError, RuntimeError) as exc:
@@ -102,7 +103,7 @@ def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
     for gpu, gpu_type in gpus:
         logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
     return LocalLauncher(
-        settings=settings.replica_settings,
+        settings=settings.replicas,
         log_dir=settings.state_dir / "logs",
         gpus=gpus,
         cpu_slots=settings.cpu_replica_slots,
@@ -201,6 +202,7 @@ class Server:
     gateway_state: GatewayState
     reconciler: Reconciler
     service: EndpointService
+    models: ModelService
     gateway: Gateway
     replica_duty: ReplicaDuty
     # Plaintext of an admin key generated at the first start: print once.
@@ -273,6 +275,7 @@ class Server:
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
             asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
             asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
+            asyncio.ensure_future(run("registered models", self.models.follow, self.models.load)),
         ]
 
     async def stop_following(self) -> None:
@@ -305,7 +308,7 @@ async def build(
     """Every part of the server, in dependency order. `store`, `launcher`,
     `catalog`: given ones replace the configured ones (tests, embedding).
     Raises `StoreError`, `StoreUnavailable` (database unreachable),
-    `AdminKeyError`, `CatalogError`."""
+    `AdminKeyError`, `CatalogError`, `LauncherUnavailable`."""
     if catalog is None:
         catalog = load_catalog(settings.models_dir, settings.configs_dir)
     if store is None:
@@ -325,7 +328,7 @@ async def build(
             start_timeout_s=health.start_timeout_s,
             on_change=wakeup.ring,
         )
-        launcher = launcher or build_launcher(settings, catalog)
+        launcher = launcher or configured_launcher(settings, catalog)
         gateway_knobs = settings.gateway
         gateway_state = GatewayState(gateway_knobs)
         interval = settings.cluster_load_interval_seconds
@@ -376,6 +379,9 @@ async def build(
             capacity_of=launcher.capacity,
         )
         await service.load()
+        # Registered models join the catalog before anything uses them.
+        models = ModelService(store, catalog, service.rows)
+        await models.load()
         gateway = Gateway(
             EndpointDirectory(service, registry),
             verifier,
@@ -403,6 +409,7 @@ async def build(
         gateway_state=gateway_state,
         reconciler=reconciler,
         service=service,
+        models=models,
         gateway=gateway,
         generated_admin_key=admin.generated_key,
         run_replicas=run_replicas,
