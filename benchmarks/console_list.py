@@ -33,10 +33,10 @@ import httpx
 from common import ms, percentile, print_table, write_report
 
 from inferd.api.management import CreateEndpointRequest
-from inferd.console.app import Console
+from inferd.control.fakes import FakeLauncher
 from inferd.control.records import EndpointRuntime, ReplicaStatus, ReplicaView
-from inferd.server.app import ControlPlane, create_app
-from inferd.server.console import console_sources
+from inferd.server.app import create_app
+from inferd.server.compose import build
 from inferd.settings import load_settings
 
 ADMIN_KEY = "bench-admin-key-0123456789"
@@ -65,7 +65,7 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
     settings = load_settings(
         env={}, overrides={"state_dir": state_dir, "admin_key": ADMIN_KEY, "public_url": BASE}
     )
-    plane = await ControlPlane.open(settings)
+    plane = await build(settings, launcher=FakeLauncher(), run_replicas=False)
     runtimes: dict[str, EndpointRuntime] = {}
     plane.service.runtime_of = lambda endpoint_id: runtimes.get(endpoint_id, EndpointRuntime())
     try:
@@ -78,7 +78,7 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
         ids = [row.id for row in plane.service.rows()]
         for endpoint_id in ids:  # every endpoint running one replica
             runtimes[endpoint_id] = EndpointRuntime((ReplicaView(1, ReplicaStatus.READY),))
-        timed = Timed(create_app(plane, extra_routes=[Console(console_sources(plane)).mount()]))
+        timed = Timed(create_app(plane))
         transport = httpx.ASGITransport(app=timed)
         async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
             form = await client.get("/console/signin")
