@@ -55,9 +55,14 @@ def _uvicorn(app: Any, port: int) -> None:
 
 
 def serve_inferd(state_dir: str, port: int, database_url: str | None) -> None:
-    from inferd.server.app import ControlPlane, create_app
+    from inferd.control.fakes import FakeLauncher
+    from inferd.server.app import create_app
+    from inferd.server.compose import build
 
-    plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir, database_url)))
+    # Management reads only: no replica is ever started.
+    plane = asyncio.run(
+        build(inferd_settings(state_dir, database_url), launcher=FakeLauncher(), run_replicas=False)
+    )
     _uvicorn(create_app(plane), port)
 
 
@@ -107,9 +112,10 @@ def inferd_settings(state_dir: str, database_url: str | None = None) -> Any:
 
 async def _populate(state_dir: str, count: int) -> list[dict[str, Any]]:
     from inferd.api.management import CreateEndpointRequest
-    from inferd.server.app import ControlPlane
+    from inferd.control.fakes import FakeLauncher
+    from inferd.server.compose import build
 
-    plane = await ControlPlane.open(inferd_settings(state_dir))
+    plane = await build(inferd_settings(state_dir), launcher=FakeLauncher(), run_replicas=False)
     try:
         models = [m.name for m in plane.catalog.models.all() if m.name.startswith("tiny-")]
         for i in range(count):
@@ -239,10 +245,16 @@ def _in_process(
     headers: dict[str, str],
     count: int,
 ) -> list[dict[str, Any]]:
-    from inferd.server.app import ControlPlane, create_app
+    from inferd.control.fakes import FakeLauncher
+    from inferd.server.app import create_app
+    from inferd.server.compose import build
 
-    plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir)))
-    pg_plane = asyncio.run(ControlPlane.open(inferd_settings(state_dir, database_url)))
+    plane = asyncio.run(
+        build(inferd_settings(state_dir), launcher=FakeLauncher(), run_replicas=False)
+    )
+    pg_plane = asyncio.run(
+        build(inferd_settings(state_dir, database_url), launcher=FakeLauncher(), run_replicas=False)
+    )
     apps = {
         "inferd": create_app(plane),
         "inferd-pg": create_app(pg_plane),

@@ -69,3 +69,13 @@ def install_redaction(loggers: Mapping[str, logging.Logger] | None = None) -> No
         for handler in logger.handlers:
             if not any(isinstance(f, RedactingFilter) for f in handler.filters):
                 handler.addFilter(RedactingFilter())
+
+
+def redact_url(database_url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    scheme, sep, rest = database_url.partition("://")
+    if not sep or "@" not in rest:
+        return database_url
+    userinfo, _, host = rest.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}{':***' if ':' in userinfo else ''}@{host}"

@@ -21,7 +21,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from inferd.control.autoscaler import DOWNSCALE_DELAY_S, TARGET_CONCURRENCY, UPSCALE_DELAY_S
+from inferd.control.reconciler import ReconcilerSettings
+from inferd.control.registry import RegistrySettings
+from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir
+from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ReplicaSettings
+
+_GATEWAY = GatewaySettings()
+_REGISTRY = RegistrySettings()
 
 ENV_PREFIX = "INFERD_"
 CONFIG_ENV = "INFERD_CONFIG"
@@ -74,40 +82,52 @@ class Settings(BaseModel):
     max_replicas_cap: int = Field(8, ge=1, le=1024, description="highest maxReplicas allowed")
     max_endpoints: int = Field(10_000, ge=1, description="endpoints one server holds")
 
-    # --- Gateway (issue 4): holding requests while scaling from zero ---------
+    # --- Gateway: holding requests while scaling from zero -------------------
     gateway_max_queued_per_endpoint: int = Field(
-        64, ge=0, description="requests held per endpoint while no replica is ready"
+        _GATEWAY.max_held_requests,
+        ge=0,
+        description="requests held per endpoint while no replica is ready",
     )
     gateway_max_in_flight_per_replica: int = Field(
-        128, ge=1, description="requests forwarded to one replica at once; more are held"
+        _GATEWAY.max_in_flight_per_replica,
+        ge=1,
+        description="requests forwarded to one replica at once; more are held",
     )
     gateway_hold_timeout_seconds: float = Field(
-        180.0, gt=0, description="longest a request is held waiting for a replica"
+        _GATEWAY.max_hold_seconds,
+        gt=0,
+        description="longest a request is held waiting for a replica",
     )
 
-    # --- Registry and health (issue 4) ---------------------------------------
-    health_period_seconds: float = Field(2.0, gt=0, description="replica report period")
-    # 2: a hung replica is out of routing within two periods of its last
-    # report, and one late report is still tolerated.
+    # --- Registry and health ------------------------------------------------
+    health_period_seconds: float = Field(
+        _REGISTRY.health_period_s, gt=0, description="replica report period"
+    )
     health_failure_periods: int = Field(
-        2, ge=1, description="missed reports before a replica is failed"
+        _REGISTRY.failure_periods,
+        ge=1,
+        description="missed reports before a replica is failed",
     )
     replica_start_timeout_seconds: float = Field(
-        900.0, gt=0, description="longest a replica may take to become ready"
+        _REGISTRY.start_timeout_s,
+        gt=0,
+        description="longest a replica may take to become ready",
     )
     replica_drain_timeout_seconds: float = Field(
-        30.0, ge=0, description="longest a stopping replica drains in-flight work"
+        DEFAULT_DRAIN_TIMEOUT_S,
+        ge=0,
+        description="longest a stopping replica drains in-flight work",
     )
 
-    # --- Autoscaler (issue 4) ------------------------------------------------
+    # --- Autoscaler ---------------------------------------------------------
     autoscale_target_concurrency: float = Field(
-        8.0, gt=0, description="in-flight requests per replica to aim for"
+        TARGET_CONCURRENCY, gt=0, description="in-flight requests per replica to aim for"
     )
     autoscale_upscale_delay_seconds: float = Field(
-        5.0, ge=0, description="sustained load before adding a replica"
+        UPSCALE_DELAY_S, ge=0, description="sustained load before adding a replica"
     )
     autoscale_downscale_delay_seconds: float = Field(
-        60.0, ge=0, description="sustained low load before removing a replica"
+        DOWNSCALE_DELAY_S, ge=0, description="sustained low load before removing a replica"
     )
     reconcile_period_seconds: float = Field(
         1.0, gt=0, description="how often desired replicas are applied"
@@ -123,7 +143,9 @@ class Settings(BaseModel):
         4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"
     )
     replica_orphan_timeout_seconds: float = Field(
-        60.0, gt=0, description="a replica that cannot reach the control plane this long exits"
+        60.0,
+        gt=0,
+        description="a replica that cannot reach the control plane this long exits",
     )
 
     # --- Where replicas run -------------------------------------------------------
@@ -142,6 +164,63 @@ class Settings(BaseModel):
 
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
+
+    # --- Sections: what each part is built with ---------------------------------
+    # The keys above stay flat (they are the flags, environment variables and
+    # config file keys); each part takes its section, and a knob's default is
+    # defined once, by the part (the fields above take theirs from it).
+
+    @property
+    def gateway(self) -> GatewaySettings:
+        return GatewaySettings(
+            max_body_bytes=self.max_body_bytes,
+            max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
+            max_held_requests=self.gateway_max_queued_per_endpoint,
+            max_hold_seconds=self.gateway_hold_timeout_seconds,
+        )
+
+    @property
+    def autoscale(self) -> ReconcilerSettings:
+        return ReconcilerSettings(
+            period_s=self.reconcile_period_seconds,
+            drain_timeout_s=self.replica_drain_timeout_seconds,
+            target_concurrency=self.autoscale_target_concurrency,
+            upscale_delay_s=self.autoscale_upscale_delay_seconds,
+            downscale_delay_s=self.autoscale_downscale_delay_seconds,
+        )
+
+    @property
+    def registry(self) -> RegistrySettings:
+        return RegistrySettings(
+            health_period_s=self.health_period_seconds,
+            failure_periods=self.health_failure_periods,
+            start_timeout_s=self.replica_start_timeout_seconds,
+        )
+
+    @property
+    def registry_url(self) -> str:
+        """Where replicas report: this server's listener, dialable."""
+        return f"{_dialable(self.host, self.port)}/internal/registry"
+
+    @property
+    def replicas(self) -> ReplicaSettings:
+        """What every launcher gives each replica (`launcher` names which one)."""
+        return ReplicaSettings(
+            registry_url=self.registry_url,
+            report_interval_s=self.health_period_seconds,
+            orphan_timeout_s=self.replica_orphan_timeout_seconds,
+            drain_timeout_s=self.replica_drain_timeout_seconds,
+            log_level=self.log_level,
+            replica_args=self.replica_args,
+        )
+
+
+def _dialable(host: str, port: int | str) -> str:
+    """http://HOST:PORT a client can dial (a wildcard bind address is not)."""
+    dial = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    if ":" in dial and not dial.startswith("["):
+        dial = f"[{dial}]"
+    return f"http://{dial}:{port}"
 
 
 # Keys whose default is computed from other values (see `_derive`).
@@ -188,11 +267,7 @@ def _derive(values: dict[str, Any], env: Mapping[str, str]) -> None:
     host = str(values.get("host", Settings.model_fields["host"].default))
     port = values.get("port", Settings.model_fields["port"].default)
     if "public_url" not in values:
-        # A wildcard bind address is not something a client can dial.
-        dial = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-        if ":" in dial and not dial.startswith("["):
-            dial = f"[{dial}]"
-        values["public_url"] = f"http://{dial}:{port}"
+        values["public_url"] = _dialable(host, port)
     values["public_url"] = str(values["public_url"]).rstrip("/")
     if "state_dir" not in values:
         values["state_dir"] = default_state_dir(env)

@@ -91,6 +91,50 @@ class CreateEndpointRequest(_Request):
     )
 
 
+class RegisterModelRequest(_Request):
+    """Body of `POST /inference/models`."""
+
+    source: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="A Hugging Face repository id (org/name) or an absolute directory on "
+        "the server holding config.json (a transformers checkpoint) or model_index.json "
+        "(a diffusers pipeline).",
+        examples=["Qwen/Qwen2.5-7B-Instruct"],
+    )
+    revision: str | None = Field(
+        None, min_length=1, max_length=100, description="Branch, tag or commit of a repository."
+    )
+    name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        description="Name endpoints use as modelName. Omitted: the source's last part, lowercased.",
+    )
+    description: str | None = Field(None, max_length=500)
+
+
+class ProfilePointBody(_Request):
+    concurrency: int = Field(ge=1, le=4096)
+    requests: int = Field(ge=1, le=10_000_000)
+    outputTokensPerS: float = Field(0.0, ge=0)
+    ttftP95S: float = Field(0.0, ge=0)
+    tpotP95S: float = Field(0.0, ge=0)
+    imagesPerS: float = Field(0.0, ge=0)
+    secondsPerImageP95: float = Field(0.0, ge=0)
+
+
+class RecordProfileRequest(_Request):
+    """Body of `POST /inference/models/{name}/profiles`: what `inferd bench` measured."""
+
+    gpuType: str = Field(min_length=1, max_length=128)
+    gpuCount: int = Field(ge=1, le=MAX_GPU_COUNT)
+    promptTokens: int = Field(0, ge=0, le=10_000_000)
+    outputTokens: int = Field(ge=1, le=10_000_000)
+    imageSize: str = Field("", max_length=16)
+    endpoint: str = Field("", max_length=256)
+    points: list[ProfilePointBody] = Field(min_length=1, max_length=64)
+
+
 class UpdateEndpointRequest(_Request):
     """Body of `PATCH /inference/endpoints/{id}`: omitted or null fields stay as they are."""
 
@@ -200,10 +244,6 @@ class ModelInfo(_CatalogResponse):
     architecture: dict[str, Any] = Field(
         description="Architecture facts the GPU recommender uses (layers, heads, dtype, ...)."
     )
-    # Chat models only: vLLM's parsers for tool calls and reasoning (null:
-    # requests with tools, or reasoning output, are not supported).
-    toolCallParser: str | None = None
-    reasoningParser: str | None = None
     # Image models only; null for chat models.
     defaultSize: str | None = None
     defaultSteps: int | None = None
@@ -212,6 +252,22 @@ class ModelInfo(_CatalogResponse):
     minSide: int | None = None
     maxSide: int | None = None
     sideMultiple: int | None = None
+    registered: bool = Field(
+        False, description="True: added through POST /inference/models (deletable)."
+    )
+    projectId: str | None = Field(None, description="Owning project; null: global.")
+    revision: str | None = None
+    architectureClass: str | None = Field(
+        None, description="The model class its files name (vLLM architecture or pipeline)."
+    )
+    chatTemplate: str | None = Field(None, description="Where its chat template was found.")
+    toolCallParser: str | None = Field(
+        None,
+        description="vLLM tool-call parser (catalog entry, or inferred for a registered model); "
+        "null: requests with tools are refused.",
+    )
+    reasoningParser: str | None = Field(None, description="vLLM reasoning parser, if any.")
+    createdAt: str | None = None
 
 
 class ModelList(_Response):
@@ -283,3 +339,58 @@ class RecommendationInfo(_CatalogResponse):
     options: list[GpuOptionInfo] = Field(description="Fitting options, best first.")
     rejected: list[GpuOptionInfo]
     assumptions: dict[str, Any]
+
+
+class WorkloadOptionInfo(_CatalogResponse):
+    location: str
+    gpuType: str
+    gpuCount: int
+    fits: bool
+    reasons: list[str] = Field(description="How it serves the load, or why it was rejected.")
+    basis: str = Field(description="'estimated', or 'measured on N x TYPE, DATE'.")
+    hourlyPrice: float = Field(description="One replica-hour.")
+    memoryAvailableGb: float
+    memoryNeededGb: float | None
+    batch: int | None = Field(description="Largest batch meeting the targets and fitting.")
+    outputTokensPerS: float | None = Field(
+        description="Per replica at that batch, prefill counted."
+    )
+    requestsPerS: float | None = Field(description="Requests (or images) per second per replica.")
+    ttftP95Ms: float | None
+    tpotP95Ms: float | None
+    imagesPerMinute: float | None
+    secondsPerImageP95: float | None
+    replicas: int = Field(description="Replicas the stated load needs.")
+    totalHourlyPrice: float = Field(description="All those replicas, per hour.")
+    costPerMillionTokens: float | None
+    costPerImage: float | None
+    minReplicas: int = Field(description="Suggested minReplicas.")
+    maxReplicas: int = Field(description="Suggested maxReplicas.")
+
+
+class WorkloadRecommendationInfo(_CatalogResponse):
+    model: str
+    location: str | None
+    currency: str
+    workload: dict[str, Any] = Field(description="The load and targets the answer is for.")
+    best: WorkloadOptionInfo | None
+    options: list[WorkloadOptionInfo] = Field(description="Fitting options, cheapest total first.")
+    rejected: list[WorkloadOptionInfo]
+    assumptions: dict[str, Any]
+
+
+class ProfileInfo(_CatalogResponse):
+    modelName: str
+    gpuType: str
+    gpuCount: int
+    kind: Literal["chat", "image"]
+    promptTokens: int
+    outputTokens: int
+    imageSize: str
+    points: list[dict[str, Any]]
+    measuredAt: str
+    endpoint: str
+
+
+class ProfileList(_Response):
+    data: list[ProfileInfo]

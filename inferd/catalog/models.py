@@ -147,10 +147,25 @@ class ChatArchitecture:
     context_length: int
     dtype: str
     tie_word_embeddings: bool
+    # Weight-only quantization (AWQ, GPTQ, FP8): the method, bits per
+    # quantized weight (group scales included), and the weights it leaves in
+    # `dtype` (embeddings, LM head). None: every weight is in `dtype`.
+    quantization: str | None = None
+    weight_bits: float | None = None
+    unquantized_parameters: int = 0
 
     @property
     def bytes_per_param(self) -> int:
+        """Bytes of an activation or KV-cache element (and of an unquantized weight)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of all weights as loaded: quantized ones at their bit width."""
+        if self.weight_bits is None:
+            return float(self.parameters * self.bytes_per_param)
+        quantized = self.parameters - self.unquantized_parameters
+        return quantized * self.weight_bits / 8 + self.unquantized_parameters * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -292,6 +307,16 @@ class ModelCatalog:
     def all(self) -> list[ModelSpec]:
         return list(self._specs.values())
 
+    def add(self, spec: ModelSpec) -> None:
+        """A model registered at run time joins the catalog (placement and
+        the recommender then find it like any other)."""
+        if spec.name in self._specs:
+            raise CatalogError(f"duplicate model name {spec.name!r} in the catalog")
+        self._specs[spec.name] = spec
+
+    def remove(self, name: str) -> None:
+        self._specs.pop(name, None)
+
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 
@@ -323,6 +348,9 @@ def _chat_architecture(e: Entry) -> ChatArchitecture:
         context_length=e.integer("contextLength"),
         dtype=e.choice("dtype", DTYPE_BYTES),
         tie_word_embeddings=e.flag("tieWordEmbeddings", False),
+        quantization=e.text("quantization") if e.data.get("quantization") else None,
+        weight_bits=e.number("weightBits") if e.data.get("weightBits") else None,
+        unquantized_parameters=e.integer("unquantizedParameters", 0),
     )
     if arch.kv_heads == 0 or arch.attention_heads % arch.kv_heads:
         raise CatalogError(f"{e.where}: attentionHeads must be a multiple of kvHeads")

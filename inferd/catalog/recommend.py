@@ -176,7 +176,7 @@ def _kv_replication(arch: ChatArchitecture, count: int) -> float:
 
 
 def chat_memory(arch: ChatArchitecture, count: int, concurrency: int, seq_tokens: int) -> _Memory:
-    weights = arch.parameters * arch.bytes_per_param / 1e9
+    weights = arch.weight_bytes / 1e9
     kv = arch.kv_bytes_per_token * seq_tokens * concurrency * _kv_replication(arch, count) / 1e9
     return _Memory(weights, kv, _overhead_gb(weights, count), "KV cache")
 
@@ -195,13 +195,22 @@ def image_memory(spec: ModelSpec) -> _Memory:
 
 
 def decode_tokens_per_s(
-    arch: ChatArchitecture, gpu: GpuType, count: int, concurrency: int, seq_tokens: int
+    arch: ChatArchitecture,
+    gpu: GpuType,
+    count: int,
+    concurrency: int,
+    seq_tokens: int,
+    avg_context: float | None = None,
 ) -> tuple[float, str]:
-    """Output tokens/s of the whole batch, and which roof bounds it."""
-    avg_context = seq_tokens / 2
+    """Output tokens/s of the whole batch, and which roof bounds it.
+
+    `avg_context`: the tokens each sequence attends to on average (default:
+    half of `seq_tokens`, a window filled from empty)."""
+    if avg_context is None:
+        avg_context = seq_tokens / 2
     scale = count * tp_efficiency(gpu, count)
     kv_read = concurrency * avg_context * arch.kv_bytes_per_token * _kv_replication(arch, count)
-    bytes_per_step = arch.parameters * arch.bytes_per_param + kv_read
+    bytes_per_step = arch.weight_bytes + kv_read
     t_memory = bytes_per_step / (
         gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY * scale
     )

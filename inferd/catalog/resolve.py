@@ -78,7 +78,7 @@ def _builtin(name: str, ref: str, cache_dir: Path | None) -> Path:
         ) from exc
 
 
-def _hugging_face(repo_id: str, ref: str) -> Path:
+def _hugging_face(repo_id: str, ref: str, revision: str | None = None) -> Path:
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
     advice = (
         "No network access to the Hugging Face Hub and no copy in the local Hugging Face "
@@ -97,7 +97,7 @@ def _hugging_face(repo_id: str, ref: str) -> Path:
     try:
         # The env var is read here, not only at huggingface_hub's import, so a
         # setting made after import (tests, a supervisor) is honoured too.
-        path = snapshot_download(repo_id, local_files_only=offline)
+        path = snapshot_download(repo_id, revision=revision, local_files_only=offline)
     except Exception as exc:  # offline, unknown repo, gated, timeouts: all "unavailable"
         mode = " (HF_HUB_OFFLINE is set: cache only)" if offline else ""
         raise ModelUnavailable(
@@ -115,8 +115,9 @@ def _resolve_source(source: str, ref: str, cache_dir: Path | None) -> tuple[Path
     path = Path(source).expanduser()
     if path.is_absolute() or source.startswith(".") or path.is_dir():
         return _local_dir(path, ref)
-    if _HF_REPO_ID.match(source):
-        path = _hugging_face(source, ref)
+    repo_id, _, revision = source.partition("@")  # org/name@revision: a pinned registration
+    if _HF_REPO_ID.match(repo_id):
+        path = _hugging_face(repo_id, ref, revision or None)
         return path, detect_kind(path)
     raise ModelUnavailable(
         f"Model {ref!r} is not a catalog model, a built-in model (builtin:NAME), an existing "
@@ -158,7 +159,8 @@ def resolve_model(
         raise ModelUnavailable(
             f"Model {ref!r}: {path} holds neither model_index.json nor config.json."
         )
-    name = ref if _HF_REPO_ID.match(ref) and not Path(ref).is_dir() else path.name
+    repo_id = ref.partition("@")[0]
+    name = repo_id if _HF_REPO_ID.match(repo_id) and not Path(ref).is_dir() else path.name
     if ref.startswith(BUILTIN_PREFIX):
         name = ref[len(BUILTIN_PREFIX) :]
     return ResolvedModel(name=name, kind=kind, path=path, spec=None)

@@ -112,6 +112,31 @@ class ManagementClient:
         result: dict[str, Any] = self._call("POST", f"/endpoints/{endpoint_id}/access-token")
         return str(result["accessToken"])
 
+    # --- models ----------------------------------------------------------------------
+
+    def register_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/models", json=body)
+        return result
+
+    def list_models(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/models")["data"]
+        return result
+
+    def get_model(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/models/{name}")
+        return result
+
+    def delete_model(self, name: str) -> None:
+        self._call("DELETE", f"/models/{name}")
+
+    def record_profile(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/models/{name}/profiles", json=body)
+        return result
+
+    def recommendations(self, params: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/recommendations", params=params)
+        return result
+
     def resolve(self, id_or_name: str) -> str:
         """An endpoint id from an id or a name."""
         if _UUID_RE.match(id_or_name):

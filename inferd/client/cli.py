@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import httpx
+
 from inferd.client.api import DEFAULT_API_URL, ApiError, ManagementClient
 
 LIST_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -52,13 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     sub = parser.add_subparsers(dest="endpoints_command", metavar="ACTION", required=True)
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--api-url", help=f"management API base URL (default: $INFERD_API_URL or {DEFAULT_API_URL})"
-    )
-    common.add_argument("--admin-key", help="admin key (default: $INFERD_ADMIN_KEY)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    common.add_argument("--timeout", type=float, default=30.0, help="seconds per API call")
+    common = api_args()
 
     create = sub.add_parser("create", parents=[common], help="create an endpoint")
     create.add_argument("name")
@@ -67,32 +63,63 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     create.add_argument("--gpu-count", type=int, help="GPUs per replica (default: recommended)")
     create.add_argument("--location", help="location (default: the server's default)")
     _scaling_args(create)
-    create.set_defaults(func=_command(_create))
+    create.set_defaults(func=command(_create))
 
     sub.add_parser("list", parents=[common], help="list endpoints").set_defaults(
-        func=_command(_list)
+        func=command(_list)
     )
 
     get = sub.add_parser("get", parents=[common], help="show one endpoint")
     get.add_argument("endpoint", metavar="ID_OR_NAME")
-    get.set_defaults(func=_command(_get))
+    get.set_defaults(func=command(_get))
 
     update = sub.add_parser("update", parents=[common], help="change scaling or GPU settings")
     update.add_argument("endpoint", metavar="ID_OR_NAME")
     _scaling_args(update)
     update.add_argument("--gpu-type", help="new GPU type (replicas are replaced)")
     update.add_argument("--gpu-count", type=int, help="new GPUs per replica")
-    update.set_defaults(func=_command(_update))
+    update.set_defaults(func=command(_update))
 
     delete = sub.add_parser("delete", parents=[common], help="delete an endpoint")
     delete.add_argument("endpoint", metavar="ID_OR_NAME")
-    delete.set_defaults(func=_command(_delete))
+    delete.set_defaults(func=command(_delete))
 
     token = sub.add_parser(
         "token", parents=[common], help="issue a new access token (the old one stops working)"
     )
     token.add_argument("endpoint", metavar="ID_OR_NAME")
-    token.set_defaults(func=_command(_token))
+    token.set_defaults(func=command(_token))
+
+    bench = subparsers.add_parser(
+        "bench",
+        parents=[common],
+        help="measure an endpoint at a few concurrencies and record the model's profile",
+        description="Bounded load against a live endpoint: at each concurrency, that many "
+        "clients send requests back to back until --requests have completed. Throughput, "
+        "TTFT and TPOT (p95) are recorded as the profile of the endpoint's model on its GPU "
+        "type and count; recommendations then use it ('measured on ...').",
+    )
+    bench.add_argument("endpoint", metavar="ID_OR_NAME")
+    bench.add_argument("--token", help="the endpoint's access token (default: $INFERD_TOKEN)")
+    bench.add_argument("--concurrency", default="1,4,16", help="levels (default 1,4,16)")
+    bench.add_argument("--requests", type=int, default=32, help="requests per level")
+    bench.add_argument("--prompt-tokens", type=int, default=256)
+    bench.add_argument("--output-tokens", type=int, default=64)
+    bench.add_argument("--image-size", default="", help="WxH for image endpoints")
+    bench.add_argument("--no-record", action="store_true", help="measure only, store nothing")
+    bench.set_defaults(func=command(_bench))
+
+
+def api_args() -> argparse.ArgumentParser:
+    """The flags every management API command takes."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--api-url", help=f"management API base URL (default: $INFERD_API_URL or {DEFAULT_API_URL})"
+    )
+    common.add_argument("--admin-key", help="admin key (default: $INFERD_ADMIN_KEY)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    common.add_argument("--timeout", type=float, default=30.0, help="seconds per API call")
+    return common
 
 
 def _scaling_args(parser: argparse.ArgumentParser) -> None:
@@ -197,10 +224,62 @@ def _token(client: ManagementClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(client: ManagementClient, args: argparse.Namespace) -> int:
+    from inferd.client.bench import BenchError, BenchPlan, profile_body, run_bench
+
+    token = args.token or os.environ.get("INFERD_TOKEN")
+    if not token:
+        print("error: pass --token or set INFERD_TOKEN (the endpoint's access token)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        levels = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        print(f"error: --concurrency {args.concurrency!r}: integers, comma-separated",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not levels or min(levels) < 1 or args.requests < 1:
+        print("error: concurrencies and --requests must be at least 1", file=sys.stderr)
+        return 2
+    record = client.get_endpoint(client.resolve(args.endpoint))
+    plan = BenchPlan(
+        concurrencies=levels,
+        requests=args.requests,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        image_size=args.image_size,
+        timeout_s=max(args.timeout, 60.0),
+    )
+    try:
+        points = run_bench(record, token, plan)
+    except (BenchError, httpx.HTTPError) as exc:
+        print(f"error: benchmark request failed: {exc}", file=sys.stderr)
+        return 1
+    body = profile_body(record, plan, points)
+    if not args.no_record:
+        body = client.record_profile(record["modelName"], body)
+    if args.json:
+        _print_json(body)
+        return 0
+    print(f"{record['modelName']} on {record['gpuCount']} x {record['gpuType']} "
+          f"({record['name']}):")  # fmt: skip
+    for p in points:
+        if p.images_per_s:
+            print(f"  concurrency {p.concurrency:>3}: {p.images_per_s * 60:8.2f} images/min, "
+                  f"p95 {p.seconds_per_image_p95:.2f} s/image ({p.requests} requests)")  # fmt: skip
+        else:
+            print(f"  concurrency {p.concurrency:>3}: {p.output_tokens_per_s:8.1f} tokens/s, "
+                  f"TTFT p95 {p.ttft_p95_s * 1000:.0f} ms, TPOT p95 {p.tpot_p95_s * 1000:.1f} ms "
+                  f"({p.requests} requests)")  # fmt: skip
+    if not args.no_record:
+        print("Recorded: recommendations for this model now use it on this GPU type and count.")
+    return 0
+
+
 Action = Callable[[ManagementClient, argparse.Namespace], int]
 
 
-def _command(action: Action) -> Callable[[argparse.Namespace], int]:
+def command(action: Action) -> Callable[[argparse.Namespace], int]:
     """The argparse `func`: build the client, run the action, report API errors."""
 
     def run(args: argparse.Namespace) -> int:

@@ -18,15 +18,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+# The one default of each autoscaling knob (`inferd.settings` and the
+# reconciler take theirs from here).
+TARGET_CONCURRENCY = 8.0
+UPSCALE_DELAY_S = 5.0
+DOWNSCALE_DELAY_S = 60.0
+
 
 @dataclass(frozen=True)
 class ScalingSettings:
     min_replicas: int
     max_replicas: int
     retention_s: float
-    target_concurrency: float = 4.0
-    upscale_delay_s: float = 1.0
-    downscale_delay_s: float = 30.0
+    target_concurrency: float = TARGET_CONCURRENCY
+    upscale_delay_s: float = UPSCALE_DELAY_S
+    downscale_delay_s: float = DOWNSCALE_DELAY_S
 
 
 @dataclass(frozen=True)

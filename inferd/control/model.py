@@ -131,6 +131,7 @@ class ChangeKind(str, Enum):
     TOKEN = "token"  # id: the endpoint whose active token changed
     ADMIN_KEY = "admin_key"  # id: "" (the set of admin keys changed)
     REPLICA = "replica"  # id: the replica's id
+    MODEL = "model"  # id: a registered model's name, or "" when a profile changed
     # Changes may have been missed (the feed fell too far behind): reload all.
     RESYNC = "resync"
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
+from inferd.catalog.registered import ModelStore, ProfileStore
 from inferd.control.model import Change, Endpoint, EndpointChanges, ReplicaRecord
 from inferd.replica.config import ReplicaSpec
 
@@ -96,7 +97,22 @@ class ChangeFeed(Protocol):
 
 
 @runtime_checkable
-class Store(EndpointStore, TokenStore, AdminKeyStore, ReplicaStore, ChangeFeed, Protocol):
+# --- registered models and measured profiles -------------------------------------------
+# Defined beside their records in `inferd.catalog.registered` (ModelStore:
+# add/get/list/delete a RegisteredModel; ProfileStore: put/list a
+# MeasuredProfile); every store below implements them.
+
+
+class Store(
+    EndpointStore,
+    TokenStore,
+    AdminKeyStore,
+    ReplicaStore,
+    ModelStore,
+    ProfileStore,
+    ChangeFeed,
+    Protocol,
+):
     """Everything the control plane keeps, in one database."""
 
     def describe(self) -> str:

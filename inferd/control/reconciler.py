@@ -26,11 +26,19 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferd.control.autoscaler import Observations, ScalerState, ScalingSettings, decide
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    UPSCALE_DELAY_S,
+    Observations,
+    ScalerState,
+    ScalingSettings,
+    decide,
+)
 from inferd.control.model import ReplicaRecord, utc_now
 from inferd.control.ports import (
     EndpointLoad,
@@ -43,6 +51,7 @@ from inferd.control.ports import (
     RequestAborter,
 )
 from inferd.control.registry import Registry, Replica, secret_digest
+from inferd.control.signals import Wakeup
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
 from inferd.vocab import ReplicaStatus
 
@@ -82,9 +91,9 @@ class EndpointFacts(Protocol):
 class ReconcilerSettings:
     period_s: float = 1.0
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    target_concurrency: float = 8.0
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 60.0
+    target_concurrency: float = TARGET_CONCURRENCY
+    upscale_delay_s: float = UPSCALE_DELAY_S
+    downscale_delay_s: float = DOWNSCALE_DELAY_S
 
 
 @dataclass
@@ -109,13 +118,16 @@ class Reconciler:
         load: LoadObservations,
         aborter: RequestAborter,
         records: ReplicaStore,
-        endpoints: Callable[[], Sequence[EndpointFacts]],
+        endpoints: Callable[[], Awaitable[Sequence[EndpointFacts]]],
         models: Callable[[str], ModelSource],
         settings: ReconcilerSettings,
+        wakeup: Wakeup | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`endpoints`: every endpoint as the service knows it now;
-        `models`: a catalog model name resolved for a replica."""
+        """`endpoints`: every endpoint as stored now (read each tick, so any
+        control plane's writes count); `models`: a catalog model name
+        resolved for a replica; `wakeup`: rung by whatever should make the
+        reconciler act at once (the registry shares it)."""
         self.registry = registry
         self.launcher = launcher
         self.load = load
@@ -126,7 +138,7 @@ class Reconciler:
         self.settings = settings
         self.clock = clock
         self._plans: dict[str, _Plan] = {}
-        self._wake = asyncio.Event()
+        self._wake = wakeup or Wakeup()
         self._task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -144,8 +156,8 @@ class Reconciler:
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
 
-    def wake(self, endpoint_id: str | None = None) -> None:
-        self._wake.set()
+    def wake(self, endpoint_id: str = "") -> None:
+        self._wake.ring(endpoint_id)
 
     # ScaleSignals: both only wake the loop; the tick reads what changed.
     def capacity_wanted(self, endpoint_id: str) -> None:
@@ -156,7 +168,7 @@ class Reconciler:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._wake.ring()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -172,8 +184,7 @@ class Reconciler:
                 await self.tick()
             except Exception:  # one bad tick must not stop reconciling
                 logger.exception("reconcile tick failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
+            await self._wake.wait(self.settings.period_s)
 
     async def _follow_exits(self) -> None:
         async for exited in self.launcher.exits():
@@ -201,7 +212,7 @@ class Reconciler:
                 logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
                 await self._kill(replica.replica_id)
                 self.aborter.abort_replica(replica.replica_id, replica.reason or "replica failed")
-            rows = list(self.endpoints())
+            rows = list(await self.endpoints())
             known = {row.id for row in rows}
             for row in rows:
                 if row.deleting_at is None:

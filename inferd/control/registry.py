@@ -2,7 +2,8 @@
 
 Replicas push status and load (`report`); the reconciler adds replicas it
 launched, marks the ones it stops, and removes the ones whose process ended.
-The gateway reads it through `ReplicaDirectory`. A replica that stops
+The gateway reads it through `ReplicaDirectory` (with the endpoints, see
+`inferd.control.views.EndpointDirectory`). A replica that stops
 reporting is failed after `failure_periods` health periods (or, while it
 loads, after `start_timeout_s`), which is how a hung (SIGSTOPped) replica is
 ejected without any probe from our side.
@@ -26,7 +27,7 @@ from inferd.api.replica import ReplicaReport
 from inferd.control.load import ReplicaCount
 from inferd.control.model import utc_now_text
 from inferd.control.ports import ReplicaHandle
-from inferd.gateway.directory import EndpointRoute, RoutableReplica
+from inferd.gateway.directory import RoutableReplica
 from inferd.vocab import ReplicaStatus
 
 _FORWARD = {
@@ -91,6 +92,17 @@ class Replica:
         return self.status is ReplicaStatus.READY and not self.unreachable and bool(self.url)
 
 
+@dataclass(frozen=True)
+class RegistrySettings:
+    # Replicas report this often; silence for `failure_periods` of them (or,
+    # while loading, `start_timeout_s` in all) fails a replica.
+    health_period_s: float = 2.0
+    # 2: a hung replica is out of routing within two periods of its last
+    # report, and one late report is still tolerated.
+    failure_periods: int = 2
+    start_timeout_s: float = 900.0
+
+
 class ReportRejected(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -103,28 +115,23 @@ class Registry:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], str] = utc_now_text,
-        health_period_s: float = 2.0,
-        failure_periods: int = 2,
-        start_timeout_s: float = 900.0,
+        health_period_s: float = RegistrySettings.health_period_s,
+        failure_periods: int = RegistrySettings.failure_periods,
+        start_timeout_s: float = RegistrySettings.start_timeout_s,
         on_change: Callable[[str], None] | None = None,
-        on_capacity_request: Callable[[str], None] | None = None,
-        endpoints: Callable[[str], EndpointRoute | None] = lambda endpoint_id: None,
     ) -> None:
-        """`endpoints`: looks an endpoint up for the gateway (the service's
-        in-memory rows: an endpoint is routable the moment it is created)."""
+        """`on_change`: called with an endpoint id when one of its replicas
+        changed (a `Wakeup`'s `ring`: the reconciler acts on it)."""
         self._clock = clock
         self._wall = wall
         self._health_period = health_period_s
         self._failure_periods = failure_periods
         self._start_timeout = start_timeout_s
         self._replicas: dict[str, Replica] = {}
-        self._lookup_endpoint = endpoints
         self._ready_events: dict[str, asyncio.Event] = {}
         # Called with an endpoint id when one of its replicas changed (the
-        # reconciler persists and re-derives), or when a request waits for
-        # capacity (the reconciler scales up now).
+        # reconciler persists and re-derives).
         self._on_change = on_change or (lambda endpoint_id: None)
-        self._on_capacity_request = on_capacity_request or (lambda endpoint_id: None)
 
     # -- replicas (fed by the reconciler) ---------------------------------------
 
@@ -270,18 +277,12 @@ class Registry:
 
     # -- ReplicaDirectory (the gateway's view) ---------------------------------------
 
-    def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
-        return self._lookup_endpoint(endpoint_id)
-
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return [
             RoutableReplica(r.replica_id, r.url or "", r.load.waiting)
             for r in self._replicas.values()
             if r.endpoint_id == endpoint_id and r.routable
         ]
-
-    def request_capacity(self, endpoint_id: str) -> None:
-        self._on_capacity_request(endpoint_id)
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         replica = self._replicas.get(replica_id)

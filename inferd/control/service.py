@@ -41,22 +41,40 @@ from inferd.errors import BadRequest, Conflict, NotFound
 
 logger = logging.getLogger(__name__)
 
-# Hooks issue 4 fills in: the replicas the registry knows for an endpoint,
-# and the drain that must finish before a deleted endpoint's row goes.
+# What the service learns from the serving side, given at construction: the
+# replicas of an endpoint (for its record), and the drain that must finish
+# before a deleted endpoint's row goes.
 RuntimeOf = Callable[[str], EndpointRuntime]
-Drain = Callable[[Endpoint], Awaitable[None]]
 
 
-def _no_runtime(endpoint_id: str) -> EndpointRuntime:
-    return EndpointRuntime()
+class Drain(Protocol):
+    async def drain_endpoint(self, endpoint_id: str) -> None: ...
 
 
-async def _no_capacity() -> Capacity:
-    return Capacity()
+class EndpointSignals(Protocol):
+    """`ScaleSignals.endpoint_changed`: the reconciler acts at once."""
+
+    def endpoint_changed(self, endpoint_id: str) -> None: ...
 
 
-async def _no_drain(row: Endpoint) -> None:
-    return None
+class NoReplicas:
+    """The serving side of a control plane that runs no replicas (the
+    management API alone): no replicas to show, none to drain, nobody to tell."""
+
+    def __call__(self, endpoint_id: str) -> EndpointRuntime:
+        return EndpointRuntime()
+
+    async def drain_endpoint(self, endpoint_id: str) -> None:
+        return None
+
+    def endpoint_changed(self, endpoint_id: str) -> None:
+        return None
+
+    async def capacity(self) -> Capacity:
+        return Capacity()
+
+
+NO_REPLICAS = NoReplicas()
 
 
 def render_json(value: Any) -> bytes:
@@ -79,9 +97,16 @@ class EndpointService:
         default_location: str,
         max_replicas_cap: int,
         max_endpoints: int = 10_000,
+        runtime_of: RuntimeOf = NO_REPLICAS,
+        drain: Drain = NO_REPLICAS,
+        signals: EndpointSignals = NO_REPLICAS,
+        capacity_of: Callable[[], Awaitable[Capacity]] = NO_REPLICAS.capacity,
         clock: Callable[[], datetime] = utc_now,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
+        """`runtime_of`, `drain`, `signals`, `capacity_of`: the serving side (the
+        registry's replicas, the reconciler, the launcher's live capacity by
+        location and GPU type); left out, the service runs no replicas."""
         self._store = store
         self.catalog = catalog
         self.verifier = verifier
@@ -100,10 +125,10 @@ class EndpointService:
         # renders a thousand records; a hit costs a tuple comparison.
         self._rendered: dict[str, tuple[Endpoint, EndpointRuntime, bytes]] = {}
         self._write_lock = asyncio.Lock()
-        self.runtime_of: RuntimeOf = _no_runtime
-        self.drain: Drain = _no_drain
-        # The launcher's live capacity by location and GPU type.
-        self.capacity_of: Callable[[], Awaitable[Capacity]] = _no_capacity
+        self.runtime_of = runtime_of
+        self._drain = drain
+        self._signals = signals
+        self.capacity_of = capacity_of
 
     # --- the in-memory copy ---------------------------------------------------------
 
@@ -295,6 +320,7 @@ class EndpointService:
             self._rows[row.id] = row
             self._names[row.name] = row.id
             self.verifier.set_active(row.id, digest)
+        self._signals.endpoint_changed(row.id)
         logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
         return self._build(row), token
 
@@ -334,6 +360,7 @@ class EndpointService:
                 except EndpointGone:
                     raise self._gone(endpoint_id) from None
                 self._rows[endpoint_id] = row
+                self._signals.endpoint_changed(endpoint_id)
         return self._build(row)
 
     async def reissue_token(self, endpoint_id: str) -> str:
@@ -360,10 +387,11 @@ class EndpointService:
                 raise self._gone(endpoint_id) from None
             self._rows[endpoint_id] = row
             self.verifier.forget(endpoint_id)
+        self._signals.endpoint_changed(endpoint_id)
         await self._finish_delete(row)
 
     async def _finish_delete(self, row: Endpoint) -> None:
-        await self.drain(row)
+        await self._drain.drain_endpoint(row.id)
         async with self._write_lock:
             await self._store.delete_endpoint(row.id)
             self._rows.pop(row.id, None)

@@ -25,14 +25,14 @@ from inferd.errors import (
     InferdError,
     NotFound,
     PayloadTooLarge,
-    ServiceUnavailable,
 )
 from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
-from inferd.gateway.hold import Dispatcher, endpoint_gone, retry_after
-from inferd.gateway.metrics import UNAUTHENTICATED, GatewayMetrics
+from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
+from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.proxy import Relayed, forward
 from inferd.gateway.settings import GatewaySettings
+from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.gateway.upstream import HttpxUpstream, Upstream
 from inferd.http_errors import error_response
@@ -79,14 +79,6 @@ class _ClientGone(Exception):
     pass
 
 
-def _default_upstream(settings: GatewaySettings) -> Upstream:
-    try:
-        from inferd.gateway.pool import ConnectionPool
-    except ImportError:  # httptools is absent on some platforms
-        return HttpxUpstream(connect_timeout=settings.connect_timeout_seconds)
-    return ConnectionPool(connect_timeout=settings.connect_timeout_seconds)
-
-
 class Gateway:
     def __init__(
         self,
@@ -96,11 +88,17 @@ class Gateway:
         *,
         clock: Callable[[], float] = time.monotonic,
         upstream: Upstream | httpx.AsyncClient | None = None,
+        signals: CapacitySignal = NO_SCALING,
+        state: GatewayState | None = None,
     ) -> None:
         """`clock`: monotonic seconds; `TrafficSnapshot` times are its values.
         `upstream`: the HTTP client to replicas; by default the lean pool
         (`pool.ConnectionPool`); an `httpx.AsyncClient` (or `HttpxUpstream`)
-        works too, at several times the CPU per request.
+        works too, at several times the CPU per request. `signals`: told
+        when a request waits with no ready replica (the reconciler); a
+        gateway in front of fixed replicas has nothing to scale. `state`:
+        what the control plane reads of this gateway (built first; see
+        `inferd.gateway.state`); `upstream` is ignored when it is given.
 
         Everything here runs on the server's event loop: call `traffic()`,
         `abort_replica()` and `forget_endpoint()` from it too."""
@@ -110,11 +108,12 @@ class Gateway:
         self.clock = clock
         if isinstance(upstream, httpx.AsyncClient):
             upstream = HttpxUpstream(upstream)
-        self.upstream = upstream or _default_upstream(self.settings)
-        self._endpoints: dict[str, EndpointTraffic] = {}
-        self._dispatcher = Dispatcher(directory, self.settings, clock)
-        self._replica_urls: dict[str, str] = {}
-        self.metrics = GatewayMetrics(lambda: self._endpoints.values())
+        self.state = state or GatewayState(self.settings, upstream)
+        self.upstream = self.state.upstream
+        self.metrics = self.state.metrics
+        self._book = self.state.book
+        self._replica_urls = self.state.replica_urls
+        self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
 
     # -- lifecycle and what the control plane reads -----------------------
 
@@ -123,40 +122,21 @@ class Gateway:
 
     async def shutdown(self) -> None:
         """Answer held requests with 503 and close the connections."""
-        await self._dispatcher.close(list(self._endpoints.values()))
+        await self._dispatcher.close()
         await self.upstream.aclose()
 
     def traffic(self, endpoint_id: str) -> TrafficSnapshot:
-        ep = self._endpoints.get(endpoint_id)
-        if ep is None:
-            return EndpointTraffic(endpoint_id, 1).snapshot()
-        return ep.snapshot()
-
-    def traffic_all(self) -> dict[str, TrafficSnapshot]:
-        return {eid: ep.snapshot() for eid, ep in self._endpoints.items()}
+        return self.state.traffic(endpoint_id)
 
     def abort_replica(self, replica_id: str, reason: str = "the replica failed") -> int:
-        """Fail what is in progress on a replica the registry gave up on (for
-        example one that hangs): requests that had no byte yet are retried
-        elsewhere, streams end with an SSE error event. Returns the count."""
-        url = self._replica_urls.get(replica_id)
-        return 0 if url is None else self.upstream.abort_host(url, reason)
+        return self.state.abort_replica(replica_id, reason)
 
     def forget_endpoint(self, endpoint_id: str) -> None:
-        """Drop the bookkeeping of a deleted endpoint (once nothing is in flight)."""
-        ep = self._endpoints.get(endpoint_id)
-        if ep is not None and ep.idle():
-            del self._endpoints[endpoint_id]
-            self.metrics.forget(endpoint_id)
+        if self._dispatcher.idle(endpoint_id):
+            self._dispatcher.forget(endpoint_id)
+            self.state.forget_endpoint(endpoint_id)
 
     # -- the request path ---------------------------------------------------
-
-    def _endpoint(self, endpoint_id: str) -> EndpointTraffic:
-        ep = self._endpoints.get(endpoint_id)
-        if ep is None:
-            ep = EndpointTraffic(endpoint_id, self.settings.service_time_window)
-            self._endpoints[endpoint_id] = ep
-        return ep
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, route: GatewayRoute) -> None:
         started = time.perf_counter()
@@ -179,10 +159,12 @@ class Gateway:
             endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
             body = await self._read_body(receive, content_length)
-            ep = self._endpoint(endpoint_id)
-            ep.last_request_at = self.clock()
-            ep.requests_total += 1
-            status = await self._serve(ep, route, headers, body, receive, send)
+            ep = self._book.endpoint(endpoint_id)
+            ep.arrived(self.clock())
+            try:
+                status = await self._serve(ep, route, headers, body, receive, send)
+            finally:
+                ep.ended(self.clock())
         except InferdError as exc:
             status = exc.status
             await self._send_error(exc, scope, receive, send)
@@ -291,7 +273,7 @@ class Gateway:
                 if rid not in ep.in_flight:
                     self._replica_urls.pop(rid, None)
             if isinstance(result, Relayed):
-                ep.service_times.append(self.clock() - begun)
+                ep.finished(self.clock() - begun)
                 if result.broken:
                     metrics.upstream_errors.labels(ep.endpoint_id, "broken_stream").inc()
                 return result.status
@@ -306,20 +288,7 @@ class Gateway:
                 self.directory.report_unreachable(rid, result.detail)
             metrics.retries.labels(ep.endpoint_id, result.reason).inc()
             exclude = exclude | {rid}
-        ready = len(self.directory.ready_replicas(ep.endpoint_id))
-        raise ServiceUnavailable(
-            f"No replica of this endpoint could take the request after "
-            f"{settings.max_attempts} attempts; retry later.",
-            code="no_replica_available",
-            retry_after=retry_after(
-                scaling=False,
-                ahead=len(ep.queue) + 1,
-                slots=max(1, ready) * settings.max_in_flight_per_replica,
-                mean_service_s=ep.mean_service_time(),
-                cold_start_s=0.0,
-                scaling_for_s=0.0,
-            ),
-        )
+        raise dispatcher.no_replica_could_take_it(ep, settings.max_attempts)
 
     async def _send_error(
         self, exc: InferdError, scope: Scope, receive: Receive, send: Send

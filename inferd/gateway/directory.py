@@ -1,9 +1,10 @@
 """What the gateway needs to know about endpoints and replicas, and nothing more.
 
-The control plane's registry implements `ReplicaDirectory`; the gateway only
-reads it and signals back. Keeping this interface narrow is what lets a
-cluster-backed launcher or another registry replace the local one without
-touching the gateway.
+The control plane implements `ReplicaDirectory`; the gateway only reads it
+and reports unreachable replicas back. Asking for capacity is a separate
+signal (`hold.CapacitySignal`), answered by the reconciler. Keeping this
+interface narrow is what lets a cluster-backed launcher or another registry
+replace the local one without touching the gateway.
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ class ReplicaDirectory(Protocol):
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         """Replicas in status `ready` only; draining ones are excluded."""
-        ...
-
-    def request_capacity(self, endpoint_id: str) -> None:
-        """A request is waiting with no ready replica: scale up now."""
         ...
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:

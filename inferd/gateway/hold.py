@@ -15,8 +15,10 @@ import contextlib
 import enum
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from inferd.errors import InferdError, NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import ReplicaDirectory, RoutableReplica
@@ -25,6 +27,22 @@ from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.traffic import EndpointTraffic
 
 logger = logging.getLogger(__name__)
+
+
+class CapacitySignal(Protocol):
+    """Told when a request waits and no replica is ready (the control plane's
+    `ScaleSignals.capacity_wanted`; the gateway never imports the control plane)."""
+
+    def capacity_wanted(self, endpoint_id: str) -> None: ...
+
+
+class _NoScaling:
+    def capacity_wanted(self, endpoint_id: str) -> None:
+        return None
+
+
+# For a gateway in front of fixed replicas: nothing to scale.
+NO_SCALING: CapacitySignal = _NoScaling()
 
 # Directory re-asked for capacity at most this often while requests wait.
 _CAPACITY_REPEAT_S = 1.0
@@ -121,20 +139,93 @@ class Waiter:
         self.exclude = exclude
 
 
+class _HeldRequests:
+    """One endpoint's held requests and what the hold machinery remembers
+    about it between requests."""
+
+    __slots__ = ("cold_start_s", "queue", "scale_requested_at", "traffic", "turn", "watcher")
+
+    def __init__(self, traffic: EndpointTraffic) -> None:
+        self.traffic = traffic
+        # Held requests in arrival order; change it only through the methods,
+        # which keep the endpoint's accounting of held requests current.
+        self.queue: deque[Waiter] = deque()
+        self.watcher: asyncio.Task[None] | None = None
+        # Round-robin position among equally loaded replicas.
+        self.turn = 0
+        # Scale from zero: when capacity was first asked for, and how long the
+        # last cold start took (for an honest Retry-After).
+        self.scale_requested_at: float | None = None
+        self.cold_start_s: float | None = None
+
+    def add(self, waiter: Waiter) -> None:
+        self.queue.append(waiter)
+        self.traffic.held = len(self.queue)
+
+    def discard(self, waiter: Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            self.queue.remove(waiter)
+        self.traffic.held = len(self.queue)
+
+    def clear(self) -> None:
+        self.queue.clear()
+        self.traffic.held = 0
+
+
+@dataclass(frozen=True)
+class HoldView:
+    """What the hold machinery knows about one endpoint (for tests, metrics)."""
+
+    held: int
+    watching: bool
+    scale_requested_at: float | None
+    cold_start_s: float | None
+
+
 class Dispatcher:
-    """Replica slots for one gateway, over all endpoints."""
+    """Replica slots for one gateway, over all endpoints. The only producer
+    of refusals (429/503) and their Retry-After."""
 
     def __init__(
         self,
         directory: ReplicaDirectory,
         settings: GatewaySettings,
         clock: Callable[[], float],
+        signals: CapacitySignal,
     ) -> None:
         self._directory = directory
+        self._signals = signals
         self._settings = settings
         self._clock = clock
         self._cap = settings.max_in_flight_per_replica
         self._closed = False
+        self._held: dict[str, _HeldRequests] = {}
+
+    def _state(self, ep: EndpointTraffic) -> _HeldRequests:
+        state = self._held.get(ep.endpoint_id)
+        if state is None:
+            state = self._held[ep.endpoint_id] = _HeldRequests(ep)
+        return state
+
+    def held(self, endpoint_id: str) -> int:
+        state = self._held.get(endpoint_id)
+        return len(state.queue) if state else 0
+
+    def view(self, endpoint_id: str) -> HoldView:
+        state = self._held.get(endpoint_id) or _HeldRequests(EndpointTraffic(endpoint_id, 1))
+        return HoldView(
+            len(state.queue), state.watcher is not None, state.scale_requested_at,
+            state.cold_start_s,
+        )  # fmt: skip
+
+    def idle(self, endpoint_id: str) -> bool:
+        state = self._held.get(endpoint_id)
+        return state is None or (not state.queue and state.watcher is None)
+
+    def forget(self, endpoint_id: str) -> None:
+        """Drop an idle endpoint's memory (it was deleted)."""
+        if self.idle(endpoint_id):
+            self._held.pop(endpoint_id, None)
 
     async def acquire(
         self, ep: EndpointTraffic, exclude: frozenset[str], deadline: float
@@ -142,25 +233,26 @@ class Dispatcher:
         """A replica slot for one request (release it with `release`), at once
         or after holding; raises 429/503 past the bounds."""
         directory = self._directory
+        held = self._state(ep)
         replicas = directory.ready_replicas(ep.endpoint_id)
-        if ep.scale_requested_at is not None and replicas:
-            self._cold_start_done(ep)
+        if held.scale_requested_at is not None and replicas:
+            self._cold_start_done(held)
         choice = choose_replica(
-            replicas, ep.in_flight, max_in_flight=self._cap, turn=ep.turn, exclude=exclude
+            replicas, ep.in_flight, max_in_flight=self._cap, turn=held.turn, exclude=exclude
         )
-        admission = admit(choice.outcome, len(ep.queue), self._settings.max_held_requests)
+        admission = admit(choice.outcome, len(held.queue), self._settings.max_held_requests)
         if admission.verdict is Verdict.FORWARD:
             assert choice.replica is not None
-            ep.turn += 1
+            held.turn += 1
             ep.reserve(choice.replica.replica_id)
             return choice.replica
         if self._closed:
             raise ServiceUnavailable("The gateway is shutting down.", code="shutting_down")
         now = self._clock()
         if choice.outcome is Outcome.NO_REPLICA:
-            if ep.scale_requested_at is None and not replicas:
-                ep.scale_requested_at = now
-            directory.request_capacity(ep.endpoint_id)
+            if held.scale_requested_at is None and not replicas:
+                held.scale_requested_at = now
+            self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
             raise self._refusal(ep, admission.status == 503, len(replicas))
         return await self._hold(ep, exclude, deadline - now)
@@ -170,10 +262,11 @@ class Dispatcher:
     ) -> RoutableReplica:
         loop = asyncio.get_running_loop()
         waiter = Waiter(loop.create_future(), exclude)
-        ep.queue.append(waiter)
+        held = self._state(ep)
+        held.add(waiter)
         self.pump(ep)
         if not waiter.future.done():
-            self._ensure_watcher(ep)
+            self._ensure_watcher(ep, held)
         timer = loop.call_later(max(0.0, timeout), self._expire, ep, waiter)
         try:
             return await waiter.future
@@ -186,59 +279,58 @@ class Dispatcher:
             raise
         finally:
             timer.cancel()
-            with contextlib.suppress(ValueError):
-                ep.queue.remove(waiter)
+            held.discard(waiter)
 
     def _expire(self, ep: EndpointTraffic, waiter: Waiter) -> None:
         if waiter.future.done():
             return
-        with contextlib.suppress(ValueError):
-            ep.queue.remove(waiter)
+        self._state(ep).discard(waiter)
         replicas = self._directory.ready_replicas(ep.endpoint_id)
         error = self._refusal(ep, not replicas, len(replicas), timed_out=True)
         waiter.future.set_exception(error)
 
     def release(self, ep: EndpointTraffic, replica_id: str) -> None:
         ep.unreserve(replica_id)
-        if ep.queue:
+        if self.held(ep.endpoint_id):
             self.pump(ep)
 
     def pump(self, ep: EndpointTraffic) -> None:
         """Hand free slots to held requests, oldest first."""
-        queue = ep.queue
+        held = self._state(ep)
+        queue = held.queue
         if not queue:
             return
         replicas = self._directory.ready_replicas(ep.endpoint_id)
         if not replicas:
             return
-        if ep.scale_requested_at is not None:
-            self._cold_start_done(ep)
+        if held.scale_requested_at is not None:
+            self._cold_start_done(held)
         waiters = list(queue)
-        placements, ep.turn = plan_release(
+        placements, held.turn = plan_release(
             [w.exclude for w in waiters],
             replicas,
             ep.in_flight,
             max_in_flight=self._cap,
-            turn=ep.turn,
+            turn=held.turn,
         )
         for placement in placements:
             waiter = waiters[placement.index]
-            queue.remove(waiter)
+            held.discard(waiter)
             if waiter.future.done():  # cancelled in this very loop turn
                 continue
             ep.reserve(placement.replica.replica_id)
             waiter.future.set_result(placement.replica)
 
-    def _cold_start_done(self, ep: EndpointTraffic) -> None:
-        assert ep.scale_requested_at is not None
-        ep.cold_start_s = self._clock() - ep.scale_requested_at
-        ep.scale_requested_at = None
+    def _cold_start_done(self, held: _HeldRequests) -> None:
+        assert held.scale_requested_at is not None
+        held.cold_start_s = self._clock() - held.scale_requested_at
+        held.scale_requested_at = None
 
-    def _ensure_watcher(self, ep: EndpointTraffic) -> None:
-        if ep.watcher is None:
-            ep.watcher = asyncio.ensure_future(self._watch(ep))
+    def _ensure_watcher(self, ep: EndpointTraffic, held: _HeldRequests) -> None:
+        if held.watcher is None:
+            held.watcher = asyncio.ensure_future(self._watch(ep, held))
 
-    async def _watch(self, ep: EndpointTraffic) -> None:
+    async def _watch(self, ep: EndpointTraffic, held: _HeldRequests) -> None:
         """While requests are held: wait for a ready replica (scale from zero)
         or re-read the directory now and then (a replica added while the
         others are busy), and pump."""
@@ -246,21 +338,21 @@ class Dispatcher:
         poll = self._settings.hold_poll_seconds
         asked = self._clock()
         try:
-            while ep.queue:
+            while held.queue:
                 gone = _gone(directory, ep.endpoint_id)
                 if gone is not None:
-                    self._fail_held(ep, gone)
+                    self._fail_held(held, gone)
                     break
                 if directory.ready_replicas(ep.endpoint_id):
                     self.pump(ep)
-                    if not ep.queue:
+                    if not held.queue:
                         break
                     await asyncio.sleep(poll)
                     continue
                 now = self._clock()
                 if now - asked >= _CAPACITY_REPEAT_S:
                     asked = now
-                    directory.request_capacity(ep.endpoint_id)
+                    self._signals.capacity_wanted(ep.endpoint_id)
                 await directory.wait_ready(ep.endpoint_id, poll)
         except asyncio.CancelledError:
             raise
@@ -268,27 +360,46 @@ class Dispatcher:
             # Held requests still time out on their own; log the directory bug.
             logger.exception("hold watcher for endpoint %s failed", ep.endpoint_id)
         finally:
-            ep.watcher = None
+            held.watcher = None
 
-    def _fail_held(self, ep: EndpointTraffic, error: InferdError) -> None:
-        for waiter in list(ep.queue):
+    def _fail_held(self, held: _HeldRequests, error: InferdError) -> None:
+        for waiter in list(held.queue):
             if not waiter.future.done():
                 waiter.future.set_exception(error)
-        ep.queue.clear()
+        held.clear()
+
+    def no_replica_could_take_it(self, ep: EndpointTraffic, attempts: int) -> InferdError:
+        """The answer after every attempt failed before a byte was sent."""
+        ready = len(self._directory.ready_replicas(ep.endpoint_id))
+        seconds = retry_after(
+            scaling=False,
+            ahead=self.held(ep.endpoint_id) + 1,
+            slots=max(1, ready) * self._cap,
+            mean_service_s=ep.mean_service_time(),
+            cold_start_s=0.0,
+            scaling_for_s=0.0,
+        )
+        return ServiceUnavailable(
+            f"No replica of this endpoint could take the request after "
+            f"{attempts} attempts; retry later.",
+            code="no_replica_available",
+            retry_after=seconds,
+        )
 
     def _refusal(
         self, ep: EndpointTraffic, scaling: bool, ready: int, *, timed_out: bool = False
     ) -> InferdError:
         now = self._clock()
-        started = ep.scale_requested_at
+        held = self._state(ep)
+        started = held.scale_requested_at
         seconds = retry_after(
             scaling=scaling,
-            ahead=len(ep.queue) + 1,
+            ahead=len(held.queue) + 1,
             slots=max(1, ready) * self._cap,
             mean_service_s=ep.mean_service_time(),
             cold_start_s=(
-                ep.cold_start_s
-                if ep.cold_start_s is not None
+                held.cold_start_s
+                if held.cold_start_s is not None
                 else self._settings.cold_start_estimate_seconds
             ),
             scaling_for_s=0.0 if started is None else now - started,
@@ -311,20 +422,20 @@ class Dispatcher:
             retry_after=seconds,
         )
 
-    async def close(self, endpoints: Sequence[EndpointTraffic]) -> None:
+    async def close(self) -> None:
         """Refuse what is still held (503) and stop the watchers."""
         self._closed = True
         watchers = []
-        for ep in endpoints:
+        for held in self._held.values():
             self._fail_held(
-                ep,
+                held,
                 ServiceUnavailable(
                     "The gateway is shutting down.", code="shutting_down", retry_after=1
                 ),
             )
-            if ep.watcher is not None:
-                ep.watcher.cancel()
-                watchers.append(ep.watcher)
+            if held.watcher is not None:
+                held.watcher.cancel()
+                watchers.append(held.watcher)
         await asyncio.gather(*watchers, return_exceptions=True)
 
 

@@ -42,7 +42,7 @@ class _TrafficCollector(Collector):
         )
         for ep in list(self._endpoints()):
             in_flight.add_metric([ep.endpoint_id], ep.in_flight_total)
-            held.add_metric([ep.endpoint_id], len(ep.queue))
+            held.add_metric([ep.endpoint_id], ep.held)
         yield in_flight
         yield held
 

@@ -13,7 +13,7 @@ class GatewaySettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # The gateway's own in-flight requests per replica; at this bound the
     # replica takes no more and further requests are held (or refused 429).
-    max_in_flight_per_replica: int = 32
+    max_in_flight_per_replica: int = 128
     # Requests held per endpoint, while scaling from zero or while every
     # ready replica is at `max_in_flight_per_replica`.
     max_held_requests: int = 64

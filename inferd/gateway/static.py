@@ -1,5 +1,5 @@
-"""An in-memory `ReplicaDirectory`: for tests, benchmarks and a gateway in
-front of fixed replicas. Safe to change from another thread than the
+"""An in-memory `ReplicaDirectory` (and capacity signal sink): for tests,
+benchmarks and a gateway in front of fixed replicas. Safe to change from another thread than the
 gateway's event loop (tests drive it from theirs)."""
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ class StaticDirectory:
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return self._ready.get(endpoint_id, ())
 
-    def request_capacity(self, endpoint_id: str) -> None:
+    # -- CapacitySignal (what the control plane's ScaleSignals receive) -------
+
+    def capacity_wanted(self, endpoint_id: str) -> None:
         self.capacity_requests.append(endpoint_id)
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:

@@ -15,14 +15,17 @@ pass it in the environment (`SECRET_ENV`).
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inferd.engines.base import EngineOptions, ServingDefaults
+from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
 from inferd.vocab import ModelKind
@@ -151,8 +154,6 @@ def config_for(
     address). `gpu_ids` are the GPU indices as the replica will see them.
     The operator's `replica_args` apply last, as they would on a command line.
     """
-    from inferd.replica.cli import config_from_argv
-
     device = "cpu" if spec.gpu_type == "cpu" else "cuda"
     base = ReplicaConfig(
         model=spec.model.name,
@@ -241,3 +242,167 @@ def to_argv(config: ReplicaConfig) -> list[str]:
         argv += ["--cache-dir", str(config.cache_dir)]
     argv += ["--log-level", config.log_level]
     return argv
+
+
+# -- the command line -----------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="catalog name, local directory or HF repo id"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="name clients use in 'model' (repeatable; the first is reported back)",
+    )
+    parser.add_argument(
+        "--model-source",
+        default=None,
+        help="the resolved model (HF repo id, builtin:NAME or a directory); with "
+        "--model-kind, the catalog is not read",
+    )
+    parser.add_argument("--model-kind", choices=[k.value for k in ModelKind], default=None)
+    parser.add_argument(
+        "--serving-defaults", default=None, help="the catalog's serving defaults (JSON object)"
+    )
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default="auto")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine-specific option; VALUE is parsed as JSON when it can be",
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--gpus", default="", help="comma-separated GPU indices for this replica")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--cpu-kv-cache-gib", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--optimize", action="store_true", help="engine's fastest settings")
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM tool parser (hermes, llama3_json, ...); default: the model's catalog entry",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="vLLM reasoning parser (deepseek_r1, qwen3, ...); default: the catalog entry",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--advertise-host", default=None, help="address reported to the registry (default: --host)"
+    )
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
+    parser.add_argument("--registry-url", default=None)
+    parser.add_argument("--replica-id", default="")
+    parser.add_argument("--endpoint-id", default=None)
+    parser.add_argument("--report-interval", type=float, default=2.0)
+    parser.add_argument(
+        "--orphan-timeout",
+        type=float,
+        default=None,
+        help="drain and exit when the registry is unreachable this long (seconds)",
+    )
+    parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S)
+    parser.add_argument(
+        "--health-interval", type=float, default=1.0, help="seconds between engine health checks"
+    )
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help="seconds to receive a request's headers and body",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most; one more is refused with 503",
+    )
+    parser.add_argument("--no-warmup", action="store_true")
+    parser.add_argument("--models-dir", type=Path, default=None)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--log-level", default="info")
+
+
+def parse_engine_args(items: list[str]) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine-arg needs KEY=VALUE, got {item!r}")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[key] = value
+    return extra
+
+
+def with_parsers(serving: ServingDefaults, args: argparse.Namespace) -> ServingDefaults:
+    """The catalog's parser names, unless the command line names others."""
+    return replace(
+        serving,
+        tool_call_parser=args.tool_call_parser or serving.tool_call_parser,
+        reasoning_parser=args.reasoning_parser or serving.reasoning_parser,
+    )
+
+
+def config_from_args(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> ReplicaConfig:
+    env = os.environ if env is None else env
+    gpu_ids = tuple(int(g) for g in args.gpus.split(",") if g.strip())
+    try:
+        serving = with_parsers(serving_from_json(args.serving_defaults), args)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"--serving-defaults: {exc}") from None
+    return ReplicaConfig(
+        model=args.model,
+        served_names=tuple(args.served_model_name),
+        engine=EngineOptions(
+            engine=args.engine,
+            device=args.device,
+            gpu_ids=gpu_ids,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            cpu_kv_cache_gib=args.cpu_kv_cache_gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            optimize=args.optimize,
+            serving=serving,
+            extra=parse_engine_args(args.engine_arg),
+        ),
+        model_source=args.model_source,
+        model_kind=None if args.model_kind is None else ModelKind(args.model_kind),
+        host=args.host,
+        advertise_host=args.advertise_host,
+        port=args.port,
+        port_file=args.port_file,
+        registry_url=args.registry_url,
+        replica_id=args.replica_id,
+        endpoint_id=args.endpoint_id,
+        # Secrets travel by environment, never on a command line that `ps` shows.
+        secret=env.get(SECRET_ENV),
+        report_interval=args.report_interval,
+        orphan_timeout=args.orphan_timeout,
+        drain_timeout=args.drain_timeout,
+        health_interval=args.health_interval,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+        max_connections=args.max_connections,
+        warmup=not args.no_warmup,
+        models_dir=args.models_dir,
+        cache_dir=args.cache_dir,
+        log_level=args.log_level,
+    )
+
+
+def config_from_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ReplicaConfig:
+    parser = argparse.ArgumentParser(prog="python -m inferd.replica")
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)), env)

@@ -114,18 +114,13 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
     from inferd.control.model import StoreError, StoreUnavailable
     from inferd.control.stores import redact_url
     from inferd.http_limits import limited_protocol
-    from inferd.server.app import ControlPlane, create_app
+    from inferd.server.app import create_app
     from inferd.server.auth import AdminKeyError
-    from inferd.server.runtime import (
-        LauncherUnavailable,
-        attach_runtime,
-        runtime_openapi,
-        runtime_routes,
-    )
+    from inferd.server.compose import LauncherUnavailable, build
 
     try:
-        plane = await ControlPlane.open(settings, rotate_admin_key=rotate_admin_key)
-    except AdminKeyError as exc:
+        built = await build(settings, rotate_admin_key=rotate_admin_key)
+    except (AdminKeyError, LauncherUnavailable) as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 2
     except StoreUnavailable as exc:
@@ -139,15 +134,8 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
         print(f"inferd serve: cannot open the state in {where}: {exc}", file=sys.stderr)
         return 1
     try:
-        print(_banner(settings, plane.store.describe(), plane.generated_admin_key), flush=True)
-        try:
-            runtime = attach_runtime(plane)
-        except LauncherUnavailable as exc:
-            print(f"inferd serve: {exc}", file=sys.stderr)
-            return 2
-        app = create_app(
-            plane, extra_routes=runtime_routes(runtime), openapi_parts=[runtime_openapi()]
-        )
+        print(_banner(settings, built.store.describe(), built.generated_admin_key), flush=True)
+        app = create_app(built)
         config = uvicorn.Config(
             app,
             host=settings.host,
@@ -177,4 +165,4 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
                 signal.signal(sig, handler)
         return 0 if server.started else 1
     finally:
-        await plane.close()
+        await built.close()

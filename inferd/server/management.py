@@ -6,7 +6,8 @@ in the one error shape), call the service, map the result to a response.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -19,9 +20,16 @@ from inferd.api.management import (
     LocationInfo,
     ModelInfo,
     RecommendationInfo,
+    RecordProfileRequest,
+    RegisterModelRequest,
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.models import CatalogError, parse_size
+from inferd.catalog.registered import MeasuredProfile, ProfilePoint
+from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
+from inferd.control.model import utc_now_text
+from inferd.control.model_service import ModelService
 from inferd.control.ports import Capacity
 from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
@@ -45,10 +53,11 @@ def _resource(path: str, **handlers: Handler) -> Route:
 
 
 class ManagementRoutes:
-    def __init__(self, service: EndpointService, max_body_bytes: int) -> None:
+    def __init__(self, service: EndpointService, models: ModelService, max_body_bytes: int) -> None:
         self.service = service
+        self.models = models
         self.max_body_bytes = max_body_bytes
-        self._models_json, self._gpu_types, self._locations = _catalog_documents(service.catalog)
+        self._gpu_types, self._locations = _catalog_documents(service.catalog)
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -60,7 +69,9 @@ class ManagementRoutes:
                 DELETE=self.delete_endpoint,
             ),
             _resource("/endpoints/{id}/access-token", POST=self.reissue_token),
-            _resource("/models", GET=self.list_models),
+            _resource("/models", GET=self.list_models, POST=self.register_model),
+            _resource("/models/{name}", GET=self.get_model, DELETE=self.delete_model),
+            _resource("/models/{name}/profiles", GET=self.list_profiles, POST=self.record_profile),
             _resource("/gpu-types", GET=self.list_gpu_types),
             _resource("/locations", GET=self.list_locations),
             _resource("/recommendations", GET=self.recommendations),
@@ -97,7 +108,47 @@ class ManagementRoutes:
     # --- catalog -----------------------------------------------------------------------
 
     async def list_models(self, request: Request) -> Response:
-        return Response(self._models_json, media_type="application/json")
+        # Registered models come and go: rendered per call (tens of entries).
+        models = [_model_info(m) for m in self.models.listing()]
+        return Response(render_json({"data": models}), media_type="application/json")
+
+    async def register_model(self, request: Request) -> Response:
+        req = await read_model(request, RegisterModelRequest, self.max_body_bytes)
+        # The operator's key registers global models; project keys arrive
+        # with accounts and pass their project here.
+        return JSONResponse(_model_info(await self.models.register(req)), status_code=201)
+
+    async def get_model(self, request: Request) -> Response:
+        return JSONResponse(_model_info(self.models.describe(request.path_params["name"])))
+
+    async def delete_model(self, request: Request) -> Response:
+        await self.models.delete(request.path_params["name"])
+        return Response(status_code=204)
+
+    async def list_profiles(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        self.models.describe(name)  # 404 for an unknown model
+        data = [p.to_dict() for p in self.models.profiles() if p.model_name == name]
+        return JSONResponse({"data": data})
+
+    async def record_profile(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        kind = self.models.describe(name)["kind"]
+        req = await read_model(request, RecordProfileRequest, self.max_body_bytes)
+        profile = MeasuredProfile(
+            model_name=name,
+            gpu_type=req.gpuType,
+            gpu_count=req.gpuCount,
+            kind=kind,
+            prompt_tokens=req.promptTokens,
+            output_tokens=req.outputTokens,
+            image_size=req.imageSize,
+            endpoint=req.endpoint,
+            points=tuple(ProfilePoint.from_dict(p.model_dump()) for p in req.points),
+            measured_at=utc_now_text(),
+        )
+        await self.models.record_profile(profile)
+        return JSONResponse(profile.to_dict(), status_code=201)
 
     async def list_gpu_types(self, request: Request) -> Response:
         live = _by_location(await self.service.capacity_of())
@@ -133,9 +184,86 @@ class ManagementRoutes:
             raise BadRequest(
                 f"Unknown location '{location}'.", param="locationName", code="location_not_found"
             )
-        rec = recommend(catalog.models.get(model_name), catalog.gpus, location)
-        body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
-        return JSONResponse(body)
+        work = workload_from_query(params, catalog.models.get(model_name).kind)
+        if work is None:
+            rec = recommend(catalog.models.get(model_name), catalog.gpus, location)
+            body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
+            return JSONResponse(body)
+        try:
+            sized = self.models.recommend(model_name, work, location)
+        except ValueError as exc:  # a workload the model cannot take
+            raise BadRequest(f"{exc}.", param="modelName", code="invalid_value") from None
+        return JSONResponse(sized.to_dict())
+
+
+def _model_info(data: dict[str, Any]) -> dict[str, Any]:
+    """Exactly the documented fields of a model."""
+    return ModelInfo.model_validate(data).model_dump(mode="json")
+
+
+_CHAT_PARAMS = ("requestsPerSecond", "promptTokens", "outputTokens", "ttftP95Ms", "tpotP95Ms")
+_IMAGE_PARAMS = ("imagesPerMinute", "size", "steps", "secondsPerImageP95")
+
+
+def _number(params: Mapping[str, str], name: str, *, integer: bool = False) -> float | None:
+    raw = params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(int(raw)) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise BadRequest(f"'{name}' must be {kind}.", param=name, code="invalid_value") from None
+    if not math.isfinite(value) or value <= 0 or value > 1e9:
+        raise BadRequest(f"'{name}' must be positive.", param=name, code="invalid_value")
+    return value
+
+
+def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None:
+    """The workload named by the query, or None (the fixed-concurrency ranking)."""
+    given = [p for p in (*_CHAT_PARAMS, *_IMAGE_PARAMS) if p in params]
+    if not given:
+        return None
+    needed: tuple[str, ...]
+    if kind == "chat":
+        wrong = [p for p in given if p in _IMAGE_PARAMS]
+        lead, needed = "requestsPerSecond", _CHAT_PARAMS[:3]
+    else:
+        wrong = [p for p in given if p in _CHAT_PARAMS]
+        lead, needed = "imagesPerMinute", _IMAGE_PARAMS[:1]
+    if wrong:
+        raise BadRequest(
+            f"'{wrong[0]}' does not apply to a {kind} model.", param=wrong[0], code="invalid_value"
+        )
+    for name in needed:
+        if name not in params:
+            raise BadRequest(
+                f"A workload needs '{name}' (with '{lead}').",
+                param=name,
+                code="missing_required_parameter",
+            )
+    if kind == "chat":
+        ttft, tpot = _number(params, "ttftP95Ms"), _number(params, "tpotP95Ms")
+        return ChatWorkload(
+            requests_per_s=_number(params, "requestsPerSecond") or 0.0,
+            prompt_tokens=int(_number(params, "promptTokens", integer=True) or 0),
+            output_tokens=int(_number(params, "outputTokens", integer=True) or 0),
+            ttft_p95_s=None if ttft is None else ttft / 1000,
+            tpot_p95_s=None if tpot is None else tpot / 1000,
+        )
+    size = None
+    if "size" in params:
+        try:
+            size = parse_size(params["size"], "size")
+        except CatalogError as exc:
+            raise BadRequest(str(exc), param="size", code="invalid_value") from None
+    steps = _number(params, "steps", integer=True)
+    return ImageWorkload(
+        images_per_minute=_number(params, "imagesPerMinute") or 0.0,
+        size=size,
+        steps=None if steps is None else int(steps),
+        seconds_per_image_p95=_number(params, "secondsPerImageP95"),
+    )
 
 
 def _by_location(capacity: Capacity) -> dict[str, dict[str, dict[str, int]]]:
@@ -149,16 +277,12 @@ def _by_location(capacity: Capacity) -> dict[str, dict[str, dict[str, int]]]:
     return out
 
 
-def _catalog_documents(
-    catalog: Catalog,
-) -> tuple[bytes, list[dict[str, Any]], list[dict[str, Any]]]:
-    """The catalog listings, built once: the catalog does not change while
-    the server runs (the live capacity is added per request). Passing
-    through the wire models keeps each answer to exactly its documented
-    fields."""
+def _catalog_documents(catalog: Catalog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The GPU type and location listings, built once: they do not change
+    while the server runs (the live capacity is added per request; models
+    are listed per request, as registrations come and go). Passing through
+    the wire models keeps each answer to exactly its documented fields."""
     gpus = catalog.gpus
-    models = [ModelInfo.model_validate(m.to_dict()).model_dump(mode="json")
-              for m in catalog.models.all()]  # fmt: skip
     gpu_types = [
         GpuTypeInfo.model_validate(
             {**g.to_dict(), "allowedCounts": list(gpus.allowed_counts_for(g.name))}
@@ -167,4 +291,4 @@ def _catalog_documents(
     ]
     locations = [LocationInfo.model_validate(loc.to_dict()).model_dump(mode="json")
                  for loc in gpus.locations.values()]  # fmt: skip
-    return render_json({"data": models}), gpu_types, locations
+    return gpu_types, locations

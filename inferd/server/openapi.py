@@ -46,6 +46,12 @@ def _component_schemas() -> dict[str, Any]:
         (wire.GpuTypeList, "serialization"),
         (wire.LocationList, "serialization"),
         (wire.RecommendationInfo, "serialization"),
+        (wire.WorkloadRecommendationInfo, "serialization"),
+        (wire.RegisterModelRequest, "validation"),
+        (wire.RecordProfileRequest, "validation"),
+        (wire.ModelInfo, "serialization"),
+        (wire.ProfileInfo, "serialization"),
+        (wire.ProfileList, "serialization"),
     ]
     _, top = models_json_schema(models, ref_template=_REF)
     schemas: dict[str, Any] = dict(top.get("$defs", {}))
@@ -101,6 +107,42 @@ _ID_PARAM = {
     "description": "Endpoint id (UUID).",
     "schema": {"type": "string"},
 }
+
+
+_NAME_PARAM = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "Model name.",
+    "schema": {"type": "string"},
+}
+
+
+def _query_number(name: str, description: str, integer: bool = False) -> dict[str, Any]:
+    schema = {"type": "integer" if integer else "number", "exclusiveMinimum": 0, "maximum": 1e9}
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": schema}  # fmt: skip
+
+
+# With these, the answer is a WorkloadRecommendationInfo: per option the
+# batch, replicas and total cost for the load.
+_WORKLOAD_PARAMS = [
+    _query_number("requestsPerSecond", "Chat load; with promptTokens and outputTokens."),
+    _query_number("promptTokens", "Prompt tokens per request.", integer=True),
+    _query_number("outputTokens", "Output tokens per request.", integer=True),
+    _query_number("ttftP95Ms", "Time-to-first-token target at p95, ms."),
+    _query_number("tpotP95Ms", "Time-per-output-token target at p95, ms."),
+    _query_number("imagesPerMinute", "Image load."),
+    {
+        "name": "size",
+        "in": "query",
+        "required": False,
+        "description": "Image size WxH.",
+        "schema": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"},
+    },
+    _query_number("steps", "Denoising steps.", integer=True),
+    _query_number("secondsPerImageP95", "Seconds-per-image target at p95."),
+]
 
 
 def _constrain(prop: dict[str, Any], type_: str, key: str, value: Any) -> None:
@@ -163,8 +205,8 @@ def build_openapi(
             _constrain(props["gpuType"], "string", "enum", list(gpu_types))
         if gpu_counts:
             _constrain(props["gpuCount"], "integer", "enum", sorted(gpu_counts))
-    if model_names:
-        _constrain(create["modelName"], "string", "enum", list(model_names))
+    # modelName is not an enum: models registered while the server runs
+    # are valid names too.
     if locations:
         _constrain(create["locationName"], "string", "enum", list(locations))
     paths: dict[str, Any] = {
@@ -232,7 +274,52 @@ def build_openapi(
             ),
         },
         "/inference/models": {
-            "get": _op("listModels", "Models of the catalog", (200, "ModelList", "Models."), ())
+            "get": _op(
+                "listModels",
+                "Models: the catalog's and the registered ones",
+                (200, "ModelList", "Models."),
+                (),
+            ),
+            "post": _op(
+                "registerModel",
+                "Register a model from a Hugging Face repository or a server directory",
+                (201, "ModelInfo", "The model as read from its own files."),
+                (400, 409, 413),
+                body="RegisterModelRequest",
+            ),
+        },
+        "/inference/models/{name}": {
+            "get": _op(
+                "getModel",
+                "Get a model",
+                (200, "ModelInfo", "The model."),
+                (404,),
+                params=[_NAME_PARAM],
+            ),
+            "delete": _op(
+                "deleteModel",
+                "Delete a registered model (refused while an endpoint uses it)",
+                (204, None, "Deleted."),
+                (404, 409),
+                params=[_NAME_PARAM],
+            ),
+        },
+        "/inference/models/{name}/profiles": {
+            "get": _op(
+                "listProfiles",
+                "Measured profiles of a model",
+                (200, "ProfileList", "Profiles."),
+                (404,),
+                params=[_NAME_PARAM],
+            ),
+            "post": _op(
+                "recordProfile",
+                "Record a measured profile (what `inferd bench` posts)",
+                (201, "ProfileInfo", "The profile as stored."),
+                (400, 404, 413),
+                body="RecordProfileRequest",
+                params=[_NAME_PARAM],
+            ),
         },
         "/inference/gpu-types": {
             "get": _op("listGpuTypes", "GPU types", (200, "GpuTypeList", "GPU types."), ())
@@ -252,11 +339,12 @@ def build_openapi(
                 (200, "RecommendationInfo", "Ranked options and rejected ones with reasons."),
                 (400,),
                 params=[
+                    *_WORKLOAD_PARAMS,
                     {
                         "name": "modelName",
                         "in": "query",
                         "required": True,
-                        "schema": _enum_or_string(model_names),
+                        "schema": {"type": "string", "minLength": 1},
                     },
                     {
                         "name": "locationName",
@@ -295,6 +383,13 @@ def build_openapi(
         "security": [{"adminKey": []}],
     }
     doc["paths"]["/inference/endpoints"]["post"]["responses"]["201"]["links"] = _CREATED_LINKS
+    rec_ok = doc["paths"]["/inference/recommendations"]["get"]["responses"]["200"]
+    rec_ok["content"]["application/json"]["schema"] = {
+        "oneOf": [
+            {"$ref": _REF.format(model="RecommendationInfo")},
+            {"$ref": _REF.format(model="WorkloadRecommendationInfo")},
+        ]
+    }
     for part in parts:
         merge_part(doc, part)
     if server_url:

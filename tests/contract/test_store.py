@@ -16,6 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from inferd.catalog import load_catalog
+from inferd.catalog.inspect import ServingHints
+from inferd.catalog.registered import (
+    DuplicateModel,
+    MeasuredProfile,
+    ProfilePoint,
+    RegisteredModel,
+)
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -360,5 +368,72 @@ def test_postgres_restart_writes_unavailable_then_recover(
         assert [e.id for e in await store.list_endpoints()] == [endpoint(1).id, endpoint(3).id]
         # The feed reconnected and replays from its log.
         await collect(feed, lambda s: Change(ChangeKind.TOKEN, endpoint(3).id) in s, timeout=15)
+
+    run(body, opener())
+
+
+# --- registered models and measured profiles --------------------------------------------
+
+
+def registered(name: str, project: str | None = None) -> RegisteredModel:
+    spec = load_catalog().models.get("qwen2.5-0.5b-instruct")
+    return RegisteredModel(
+        spec=replace(spec, name=name, source="/models/" + name),
+        project_id=project,
+        revision=None,
+        architecture_class="Qwen2ForCausalLM",
+        hints=ServingHints("tokenizer_config.json", "hermes", None),
+        created_at="2026-11-23T10:00:00.000Z",
+    )
+
+
+def test_registered_models(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        a, b = registered("a"), registered("bb", project="p1")
+        await store.add_model(a)
+        await store.add_model(b)
+        with pytest.raises(DuplicateModel):
+            await store.add_model(registered("a", project="p2"))
+        assert await store.get_model("a") == a
+        assert await store.get_model("bb") == b
+        assert await store.get_model("missing") is None
+        assert [m.name for m in await store.list_models()] == ["a", "bb"]
+        assert await store.delete_model("a") is True
+        assert await store.delete_model("a") is False
+        assert [m.name for m in await store.list_models()] == ["bb"]
+
+    run(body, opener())
+
+
+def test_profiles_replace_per_model_gpu_type_and_count(opener: Opener) -> None:
+    def profile(gpu: str, point: ProfilePoint, at: str) -> MeasuredProfile:
+        return MeasuredProfile("m", gpu, 1, "chat", 512, 128, (point,), at)
+
+    async def body(store: Store) -> None:
+        first = profile("H100-80GB", ProfilePoint(1, 8, 90.0, 0.05, 0.011), "2026-11-23T10:00Z")
+        second = profile("H100-80GB", ProfilePoint(4, 8, 300.0, 0.08, 0.013), "2026-11-23T11:00Z")
+        other = profile("L4", ProfilePoint(1, 8, 20.0, 0.2, 0.05), "2026-11-23T11:00Z")
+        for p in (first, second, other):
+            await store.put_profile(p)
+        assert sorted(await store.list_profiles(), key=lambda p: p.gpu_type) == [second, other]
+
+    run(body, opener())
+
+
+def test_model_changes_reach_the_feed(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        feed = store.changes()
+        await store.add_model(registered("a"))
+        await store.put_profile(
+            MeasuredProfile("a", "L4", 1, "chat", 1, 1, (ProfilePoint(1, 1, 1.0, 0.1, 0.1),))
+        )
+        await store.delete_model("a")
+        await store.delete_model("a")  # nothing deleted: nothing to tell
+        expected = [
+            Change(ChangeKind.MODEL, "a"),
+            Change(ChangeKind.MODEL, ""),
+            Change(ChangeKind.MODEL, "a"),
+        ]
+        assert await collect(feed, lambda s: len(s) >= len(expected)) == expected
 
     run(body, opener())

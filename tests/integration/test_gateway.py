@@ -95,7 +95,9 @@ class GatewayServer:
         self, directory: StaticDirectory, settings: GatewaySettings, upstream: Any = None
     ) -> None:
         self.directory = directory
-        self.gateway = Gateway(directory, verifier_for(TOKENS), settings, upstream=upstream)
+        self.gateway = Gateway(
+            directory, verifier_for(TOKENS), settings, upstream=upstream, signals=directory
+        )
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:

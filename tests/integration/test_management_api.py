@@ -27,8 +27,10 @@ from inferd.api.management import (
     ReplicaStatusName,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.control.fakes import FakeLauncher
 from inferd.control.tokens import is_well_formed
-from inferd.server.app import ControlPlane, create_app
+from inferd.server.app import create_app
+from inferd.server.compose import Server, build
 from inferd.settings import load_settings
 from inferd.vocab import EndpointStatus, ReplicaStatus
 
@@ -39,7 +41,7 @@ MISSING_ID = "00000000-0000-4000-8000-000000000000"
 
 
 @pytest.fixture
-def plane(tmp_path: Path) -> Iterator[ControlPlane]:
+def plane(tmp_path: Path) -> Iterator[Server]:
     settings = load_settings(
         env={},
         overrides={
@@ -50,13 +52,14 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
             "public_url": "http://inferd.test:8080",
         },
     )
-    p = asyncio.run(ControlPlane.open(settings))
+    # The management API alone: records show what it decides, no replicas.
+    p = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     yield p
     asyncio.run(p.close())
 
 
 @pytest.fixture
-def client(plane: ControlPlane) -> Iterator[TestClient]:
+def client(plane: Server) -> Iterator[TestClient]:
     with TestClient(create_app(plane)) as c:
         c.headers.update(AUTH)
         yield c
@@ -135,7 +138,7 @@ def test_create_returns_full_record_and_token_once(client: TestClient) -> None:
     assert created["accessToken"] not in got.text
 
 
-def test_recommended_gpu_is_used_when_omitted(client: TestClient, plane: ControlPlane) -> None:
+def test_recommended_gpu_is_used_when_omitted(client: TestClient, plane: Server) -> None:
     created = create(client, minReplicas=0)
     best = recommend(plane.catalog.models.get("tiny-chat"), plane.catalog.gpus, "local").best()
     assert best is not None
@@ -203,7 +206,7 @@ def test_patch_scaling(client: TestClient, openapi: dict[str, Any]) -> None:
     assert_error(client.patch(path, json={"minReplicas": 4}), 400, "minReplicas", "min_above_max")
 
 
-def test_delete(client: TestClient, plane: ControlPlane, openapi: dict[str, Any]) -> None:
+def test_delete(client: TestClient, plane: Server, openapi: dict[str, Any]) -> None:
     created = create(client)
     path = f"/inference/endpoints/{created['id']}"
     resp = client.delete(path)
@@ -218,7 +221,7 @@ def test_delete(client: TestClient, plane: ControlPlane, openapi: dict[str, Any]
 
 
 def test_reissue_revokes_previous_token_at_once(
-    client: TestClient, plane: ControlPlane, openapi: dict[str, Any]
+    client: TestClient, plane: Server, openapi: dict[str, Any]
 ) -> None:
     created = create(client)
     endpoint_id, first = created["id"], created["accessToken"]
@@ -235,14 +238,14 @@ def test_reissue_revokes_previous_token_at_once(
     assert stored[endpoint_id] == plane.verifier._active[endpoint_id]
 
 
-def test_token_opens_only_its_own_endpoint(client: TestClient, plane: ControlPlane) -> None:
+def test_token_opens_only_its_own_endpoint(client: TestClient, plane: Server) -> None:
     a, b = create(client, "a"), create(client, "b")
     assert plane.verifier.verify(a["id"], a["accessToken"])
     assert not plane.verifier.verify(b["id"], a["accessToken"])
     assert not plane.verifier.verify(a["id"], b["accessToken"])
 
 
-def test_tokens_stored_only_as_hashes(client: TestClient, plane: ControlPlane) -> None:
+def test_tokens_stored_only_as_hashes(client: TestClient, plane: Server) -> None:
     secrets = [ADMIN]
     for i in range(3):
         created = create(client, f"ep-{i}")
@@ -258,7 +261,7 @@ def test_tokens_stored_only_as_hashes(client: TestClient, plane: ControlPlane) -
         assert secret.encode()[-38:] not in raw
 
 
-def test_concurrent_creates_with_one_name(plane: ControlPlane) -> None:
+def test_concurrent_creates_with_one_name(plane: Server) -> None:
     app = create_app(plane)
 
     async def run() -> list[int]:
@@ -357,7 +360,7 @@ def test_create_validation(
     assert client.get("/inference/endpoints").json() == {"data": []}
 
 
-def test_create_validation_against_catalog(client: TestClient, plane: ControlPlane) -> None:
+def test_create_validation_against_catalog(client: TestClient, plane: Server) -> None:
     cases = catalog_cases(plane.catalog)
     assert "model does not fit type and count" in cases
     for label, (fields, param, code) in cases.items():
@@ -445,7 +448,7 @@ ROUTES = [
     [None, "", "Bearer", "Basic dGVzdDp0ZXN0", f"Bearer {ADMIN}x", f"Token {ADMIN}", "Bearer  "],
 )
 def test_admin_key_required(
-    plane: ControlPlane, method: str, path: str, authorization: str | None
+    plane: Server, method: str, path: str, authorization: str | None
 ) -> None:
     with TestClient(create_app(plane)) as c:
         headers = {} if authorization is None else {"Authorization": authorization}
@@ -469,7 +472,7 @@ def test_bearer_scheme_is_case_insensitive(client: TestClient) -> None:
     assert resp.status_code == 200
 
 
-def test_public_routes(plane: ControlPlane) -> None:
+def test_public_routes(plane: Server) -> None:
     with TestClient(create_app(plane)) as c:
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/openapi.json").status_code == 200
@@ -486,7 +489,7 @@ def test_unknown_route_and_method(client: TestClient) -> None:
 # --- catalog routes ----------------------------------------------------------------------
 
 
-def test_catalog_routes(client: TestClient, plane: ControlPlane, openapi: dict[str, Any]) -> None:
+def test_catalog_routes(client: TestClient, plane: Server, openapi: dict[str, Any]) -> None:
     models = client.get("/inference/models")
     conforms(openapi, "/inference/models", "get", models)
     names = {m["name"] for m in models.json()["data"]}
@@ -574,7 +577,7 @@ def test_status_vocabularies_agree() -> None:
     assert set(ReplicaStatusName.__args__) == {s.value for s in ReplicaStatus}  # type: ignore[attr-defined]
 
 
-def test_catalog_wire_models_cover_the_catalog(plane: ControlPlane) -> None:
+def test_catalog_wire_models_cover_the_catalog(plane: Server) -> None:
     """A field the catalog adds must be documented before clients see it."""
     catalog = plane.catalog
     for m in catalog.models.all():
@@ -589,7 +592,7 @@ def test_catalog_wire_models_cover_the_catalog(plane: ControlPlane) -> None:
         assert set(option) <= set(GpuOptionInfo.model_fields)
 
 
-def test_patch_gpu_type_and_count(client: TestClient, plane: ControlPlane) -> None:
+def test_patch_gpu_type_and_count(client: TestClient, plane: Server) -> None:
     gpus = plane.catalog.gpus
     assert "H200" not in gpus.locations["us-west"].offers
     created = create(client, locationName="us-west", gpuType="L4", gpuCount=1)
@@ -612,7 +615,7 @@ def test_patch_gpu_type_and_count(client: TestClient, plane: ControlPlane) -> No
     assert plane.verifier.verify(created["id"], created["accessToken"])
 
 
-def test_image_example_uses_the_model_default_size(client: TestClient, plane: ControlPlane) -> None:
+def test_image_example_uses_the_model_default_size(client: TestClient, plane: Server) -> None:
     spec = plane.catalog.models.get("sdxl-turbo")
     assert spec.default_size is not None
     created = create(client, "turbo", modelName="sdxl-turbo", locationName="us-east")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,10 @@ from starlette.testclient import TestClient
 from inferd.cli import main
 from inferd.client import cli as client_cli
 from inferd.client.api import ManagementClient
+from inferd.control.fakes import FakeLauncher
 from inferd.control.tokens import is_well_formed
-from inferd.server.app import ControlPlane, create_app
+from inferd.server.app import create_app
+from inferd.server.compose import build
 from inferd.settings import load_settings
 
 ADMIN = "cli-admin-key-0123456789"
@@ -23,7 +26,7 @@ ADMIN = "cli-admin-key-0123456789"
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
-    plane = ControlPlane.open(settings)
+    plane = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     with TestClient(create_app(plane)) as http:
 
         def client_from_args(args: argparse.Namespace, env: object = None) -> ManagementClient:
@@ -32,7 +35,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]
 
         monkeypatch.setattr(client_cli, "client_from_args", client_from_args)
         yield http
-    plane.close()
+    asyncio.run(plane.close())
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.control.model import Endpoint, parse_rfc3339
+from inferd.control.fakes import FakeLauncher
+from inferd.control.model import parse_rfc3339
 from inferd.control.stores.sqlite import SqliteStore
 from inferd.control.tokens import ADMIN_KEY_PREFIX, hash_token, is_well_formed
-from inferd.server.app import ControlPlane, create_app
+from inferd.server.app import create_app
 from inferd.server.auth import AdminKeyError, provision_admin_key
+from inferd.server.compose import Server, build
 from inferd.settings import load_settings
 
 ADMIN = "lifecycle-admin-key-0123456789"
@@ -62,34 +64,43 @@ def test_operator_key_is_used_and_not_stored(store: SqliteStore) -> None:
 # --- deletion ----------------------------------------------------------------------------
 
 
-def open_plane(tmp_path: Path) -> ControlPlane:
+def open_plane(tmp_path: Path, launcher: FakeLauncher | None = None) -> Server:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
-    return asyncio.run(ControlPlane.open(settings))
+    if launcher is None:
+        return asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
+    return asyncio.run(build(settings, launcher=launcher))
 
 
-def test_delete_waits_for_the_drain_hook(tmp_path: Path) -> None:
-    plane = open_plane(tmp_path)
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def test_delete_waits_for_the_replicas_to_end(tmp_path: Path) -> None:
+    launcher = FakeLauncher(slots=2)
+    plane = open_plane(tmp_path, launcher)
     app = create_app(plane)
-    drained: list[Endpoint] = []
 
     async def scenario() -> None:
-        release, started = asyncio.Event(), asyncio.Event()
-
-        async def slow_drain(row: Endpoint) -> None:
-            drained.append(row)
-            started.set()
-            await release.wait()
-
-        plane.service.drain = slow_drain
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c,
+        ):
             created = await c.post(
-                "/inference/endpoints", json={"name": "demo", "modelName": "tiny-chat"}
+                "/inference/endpoints",
+                json={"name": "demo", "modelName": "tiny-chat", "minReplicas": 1},
             )
             endpoint_id, token = created.json()["id"], created.json()["accessToken"]
+            # Creating it woke the reconciler: a replica starts at once.
+            await until(lambda: len(launcher.alive) == 1)
+            (replica_id,) = launcher.alive
             path = f"/inference/endpoints/{endpoint_id}"
             deleting = asyncio.create_task(c.delete(path))
-            await asyncio.wait_for(started.wait(), timeout=10)
+            await until(lambda: replica_id in launcher.stopping)
             # While draining: visible as deleting, closed to change, token dead.
             record = (await c.get(path)).json()
             assert record["status"] == "deleting"
@@ -99,16 +110,16 @@ def test_delete_waits_for_the_drain_hook(tmp_path: Path) -> None:
             assert patch.json()["error"]["code"] == "endpoint_deleting"
             reissue = await c.post(path + "/access-token")
             assert reissue.status_code == 409
-            release.set()
+            assert not deleting.done()  # its replica is still draining
+            launcher.exit(replica_id, 0)  # drained and ended
             assert (await deleting).status_code == 204
             assert (await c.get(path)).status_code == 404
+            assert await plane.store.list_replicas() == []
 
     try:
         asyncio.run(scenario())
     finally:
         asyncio.run(plane.close())
-    assert [row.name for row in drained] == ["demo"]
-    assert drained[0].deleting_at is not None
 
 
 def test_deletion_interrupted_by_a_crash_finishes_on_start(tmp_path: Path) -> None:

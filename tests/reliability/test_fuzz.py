@@ -24,8 +24,7 @@ from schemathesis import GenerationMode
 
 from inferd.catalog import load_catalog
 from inferd.gateway.app import PREFIX, ROUTES
-from inferd.server.app import openapi_document
-from inferd.server.runtime import runtime_openapi
+from inferd.server.app import openapi_document, serving_openapi
 from inferd.settings import load_settings
 from inferd.testing import ServeHandle
 from tests.reliability.fault_support import Endpoint
@@ -52,7 +51,7 @@ def served_document() -> dict[str, Any]:
     port is chosen when it starts."""
     settings = load_settings(env={}, overrides=SETTINGS)
     catalog = load_catalog(settings.models_dir, settings.configs_dir)
-    return openapi_document(settings, catalog, [runtime_openapi()])
+    return openapi_document(settings, catalog, [serving_openapi()])
 
 
 DOCUMENT = served_document()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from inferd.catalog import load_catalog
 from inferd.engines.base import ServingDefaults
-from inferd.replica.cli import config_from_argv
 from inferd.replica.config import (
     ReplicaSettings,
     ReplicaSpec,
     config_for,
+    config_from_argv,
     model_source,
     serving_defaults,
     to_argv,

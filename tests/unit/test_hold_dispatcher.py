@@ -49,7 +49,7 @@ def setup(
     directory.add_endpoint(EndpointRoute(EP, "chat", "m"), replicas)
     clock = Clock()
     options = {"max_in_flight_per_replica": 1, "max_held_requests": 4, **settings}
-    dispatcher = Dispatcher(directory, GatewaySettings(**options), clock)
+    dispatcher = Dispatcher(directory, GatewaySettings(**options), clock, directory)
     return dispatcher, EndpointTraffic(EP, 8), directory, clock
 
 
@@ -61,17 +61,17 @@ def test_held_requests_are_released_first_in_first_out() -> None:
         second = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
         third = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
         await turns()
-        assert len(ep.queue) == 2 and not second.done()
+        assert ep.held == 2 and not second.done()
         dispatcher.release(ep, "a")
         await turns()
         assert second.done() and not third.done()
-        assert ep.in_flight == {"a": 1} and len(ep.queue) == 1
+        assert ep.in_flight == {"a": 1} and ep.held == 1
         dispatcher.release(ep, "a")
         await turns()
         assert third.result() is A
         dispatcher.release(ep, "a")
-        assert ep.in_flight_total == 0 and not ep.queue
-        await dispatcher.close([ep])
+        assert ep.in_flight_total == 0 and not ep.held
+        await dispatcher.close()
 
     run(scenario())
 
@@ -89,7 +89,7 @@ def test_a_new_request_does_not_overtake_held_ones() -> None:
         dispatcher.release(ep, "a")
         await turns()
         assert late.result() is A
-        await dispatcher.close([ep])
+        await dispatcher.close()
 
     run(scenario())
 
@@ -102,7 +102,7 @@ def test_a_client_that_leaves_while_held_leaves_no_trace() -> None:
         await turns()
         held.cancel()
         await turns()
-        assert not ep.queue
+        assert not ep.held
         # Cancelled in the same loop turn as it was given a slot: the slot
         # comes back.
         racing = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
@@ -111,8 +111,8 @@ def test_a_client_that_leaves_while_held_leaves_no_trace() -> None:
         racing.cancel()
         await turns()
         assert racing.cancelled()
-        assert ep.in_flight_total == 0 and not ep.queue
-        await dispatcher.close([ep])
+        assert ep.in_flight_total == 0 and not ep.held
+        await dispatcher.close()
 
     run(scenario())
 
@@ -144,7 +144,7 @@ def test_queue_full_is_429_when_busy_and_503_when_scaling() -> None:
         # service time observed yet).
         assert later.value.retry_after == 8
         waiting.cancel()
-        await dispatcher.close([ep])
+        await dispatcher.close()
 
     run(scenario())
 
@@ -154,13 +154,14 @@ def test_scale_from_zero_releases_when_ready_and_measures_the_cold_start() -> No
         dispatcher, ep, directory, clock = setup([], max_in_flight_per_replica=4)
         held = [asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60)) for _ in range(3)]
         await turns()
-        assert len(ep.queue) == 3 and ep.snapshot().held == 3
+        assert ep.held == 3 and ep.snapshot().held == 3 and dispatcher.view(EP).held == 3
         clock.now += 12.5
         directory.set_ready(EP, [A, B])
         results = await asyncio.gather(*held)
         assert sorted(r.replica_id for r in results) == ["a", "a", "b"]
-        assert ep.cold_start_s == 12.5 and ep.scale_requested_at is None
-        await dispatcher.close([ep])
+        view = dispatcher.view(EP)
+        assert view.cold_start_s == 12.5 and view.scale_requested_at is None
+        await dispatcher.close()
 
     run(scenario())
 
@@ -173,8 +174,8 @@ def test_hold_past_the_deadline_is_503_hold_timeout() -> None:
         with pytest.raises(ServiceUnavailable) as timed_out:
             await dispatcher.acquire(ep, NONE, deadline)
         assert timed_out.value.code == "hold_timeout"
-        assert not ep.queue
-        await dispatcher.close([ep])
+        assert not ep.held
+        await dispatcher.close()
 
     run(scenario())
 
@@ -184,10 +185,10 @@ def test_a_request_that_tried_every_replica_waits_for_a_new_one() -> None:
         dispatcher, ep, directory, clock = setup([A])
         tried = asyncio.ensure_future(dispatcher.acquire(ep, frozenset({"a"}), clock() + 60))
         await turns()
-        assert not tried.done() and len(ep.queue) == 1
+        assert not tried.done() and ep.held == 1
         directory.set_ready(EP, [A, B])
         assert await tried is B  # found by the watcher's re-read of the directory
-        await dispatcher.close([ep])
+        await dispatcher.close()
 
     run(scenario())
 
@@ -197,10 +198,10 @@ def test_close_answers_held_requests() -> None:
         dispatcher, ep, _, clock = setup([])
         held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60))
         await turns()
-        await dispatcher.close([ep])
+        await dispatcher.close()
         with pytest.raises(ServiceUnavailable):
             await held
-        assert ep.watcher is None
+        assert not dispatcher.view(EP).watching
 
     run(scenario())
 
@@ -218,7 +219,7 @@ def test_held_requests_of_a_deleted_endpoint_are_answered(deleted: bool) -> None
         with pytest.raises(NotFound if deleted else ServiceUnavailable) as answered:
             await held
         assert answered.value.code == ("endpoint_not_found" if deleted else "endpoint_deleting")
-        assert not ep.queue
-        await dispatcher.close([ep])
+        assert not ep.held
+        await dispatcher.close()
 
     run(scenario())

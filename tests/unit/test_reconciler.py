@@ -67,13 +67,16 @@ class World:
             load=self.traffic,
             aborter=self.traffic,
             records=self.records,
-            endpoints=lambda: self.rows,
+            endpoints=self.endpoints,
             models=model_of,
             settings=ReconcilerSettings(
                 target_concurrency=4, upscale_delay_s=2, downscale_delay_s=10
             ),
             clock=self.clock,
         )
+
+    async def endpoints(self) -> list[Endpoint]:
+        return self.rows
 
     async def open(self) -> World:
         await self.records.insert_endpoint(self.rows[0], b"h" * 32)

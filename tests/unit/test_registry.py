@@ -15,7 +15,6 @@ from inferd.control.registry import (
     ReportRejected,
     secret_digest,
 )
-from inferd.gateway.directory import EndpointRoute
 from inferd.testing import replica_report
 from inferd.vocab import ReplicaStatus as S
 
@@ -36,7 +35,6 @@ def make(clock: Clock, **kwargs: Any) -> tuple[Registry, list[str]]:
         failure_periods=3,
         start_timeout_s=60.0,
         on_change=changes.append,
-        endpoints=lambda eid: EndpointRoute(eid, "chat", "tiny-chat") if eid == "e1" else None,
         **kwargs,
     )
     return registry, changes
@@ -151,15 +149,6 @@ def test_unreachable_leaves_routing_until_the_next_report() -> None:
     assert registry.ready_replicas("e1") == []
     report(registry, "ready")
     assert len(registry.ready_replicas("e1")) == 1
-
-
-def test_endpoint_lookup_and_capacity_request() -> None:
-    asked: list[str] = []
-    registry, _ = make(Clock(), on_capacity_request=asked.append)
-    assert registry.endpoint("e1") == EndpointRoute("e1", "chat", "tiny-chat")
-    assert registry.endpoint("nope") is None
-    registry.request_capacity("e1")
-    assert asked == ["e1"]
 
 
 def test_wait_ready_wakes_when_a_replica_turns_ready() -> None:

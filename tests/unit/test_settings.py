@@ -63,9 +63,15 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
 def test_derived_values_follow_their_inputs(tmp_path: Path) -> None:
     s = load_settings(env={}, overrides={"state_dir": tmp_path, "host": "0.0.0.0", "port": 1})
     assert s.db_path == tmp_path / "inferd.db"
+    assert s.database_url == f"sqlite:///{tmp_path / 'inferd.db'}"
     assert s.public_url == "http://127.0.0.1:1"  # a wildcard address is not dialable
     s = load_settings(env={}, overrides={"public_url": "https://api.example.com/"})
     assert s.public_url == "https://api.example.com"
+    s = load_settings(env={}, overrides={"db_path": tmp_path / "other.db"})
+    assert s.database_url == f"sqlite:///{tmp_path / 'other.db'}"
+    pg = "postgresql://inferd@db:5432/inferd"
+    s = load_settings(env={"INFERD_DATABASE_URL": pg}, overrides={"state_dir": tmp_path})
+    assert s.database_url == pg
 
 
 def test_admin_key_is_secret() -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from inferd.control.model import StoreError
 from inferd.control.ports import Store
+from inferd.redact import redact_url
+
+__all__ = ["open_store", "redact_url", "sqlite_path"]
 
 
 def open_store(database_url: str) -> Store:
@@ -42,13 +45,3 @@ def sqlite_path(database_url: str) -> str:
     if not database_url.startswith(prefix) or len(database_url) == len(prefix):
         raise StoreError(f"a SQLite URL reads sqlite:///path, not {database_url!r}")
     return database_url[len(prefix) :]
-
-
-def redact_url(database_url: str) -> str:
-    """The URL without its password, for logs and messages."""
-    scheme, sep, rest = database_url.partition("://")
-    if not sep or "@" not in rest:
-        return database_url
-    userinfo, _, host = rest.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return f"{scheme}://{user}{':***' if ':' in userinfo else ''}@{host}"

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -38,6 +39,8 @@ class MemoryStore:
         self._tokens: list[_Token] = []
         self._admin_keys: list[tuple[bytes, bool]] = []
         self._replicas: dict[str, ReplicaRecord] = {}
+        self._models: dict[str, RegisteredModel] = {}
+        self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
         self._hub = ChangeHub()
         # Set by a test to act as a database that went away: every call
         # raises `StoreUnavailable` until it is cleared.
@@ -156,6 +159,39 @@ class MemoryStore:
             self._admin_keys = [(digest, True) for digest, _ in self._admin_keys]
         self._admin_keys.append((key_hash, False))
         self._changed(ChangeKind.ADMIN_KEY)
+
+    # --- registered models and measured profiles -------------------------------------
+
+    async def add_model(self, model: RegisteredModel) -> None:
+        self._check()
+        if model.name in self._models:
+            raise DuplicateModel(model.name)
+        self._models[model.name] = model
+        self._changed(ChangeKind.MODEL, model.name)
+
+    async def get_model(self, name: str) -> RegisteredModel | None:
+        self._check()
+        return self._models.get(name)
+
+    async def list_models(self) -> list[RegisteredModel]:
+        self._check()
+        return list(self._models.values())
+
+    async def delete_model(self, name: str) -> bool:
+        self._check()
+        gone = self._models.pop(name, None) is not None
+        if gone:
+            self._changed(ChangeKind.MODEL, name)
+        return gone
+
+    async def put_profile(self, profile: MeasuredProfile) -> None:
+        self._check()
+        self._profiles[profile.key] = profile
+        self._changed(ChangeKind.MODEL, "")
+
+    async def list_profiles(self) -> list[MeasuredProfile]:
+        self._check()
+        return list(self._profiles.values())
 
     # --- replicas -----------------------------------------------------------------
 

@@ -117,7 +117,34 @@ _V1 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+_V2 = Migration(
+    2,
+    "registered models, measured profiles",
+    (
+        # One JSON document per record, as in SQLite's version 4.
+        """
+        CREATE TABLE registered_models (
+            name       TEXT PRIMARY KEY,
+            project_id TEXT,
+            document   JSONB NOT NULL,
+            created_at TEXT NOT NULL,
+            seq        BIGINT GENERATED ALWAYS AS IDENTITY
+        )
+        """,
+        """
+        CREATE TABLE model_profiles (
+            model_name  TEXT NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   BIGINT NOT NULL CHECK (gpu_count >= 1),
+            document    JSONB NOT NULL,
+            measured_at TEXT NOT NULL,
+            PRIMARY KEY (model_name, gpu_type, gpu_count)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 
 
 def latest_version() -> int:

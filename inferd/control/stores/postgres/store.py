@@ -31,6 +31,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -107,7 +108,7 @@ def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
 
 
 def _redacted(url: str) -> str:
-    from inferd.control.stores import redact_url
+    from inferd.redact import redact_url
 
     return redact_url(url)
 
@@ -181,7 +182,9 @@ class PostgresStore:
                 return fn(conn, *args)
         except PoolTimeout as exc:
             raise StoreUnavailable("no database connection") from exc
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # Connection lost mid-call (server restart, network): the
+            # transaction did not commit.
             raise StoreUnavailable(_first_line(exc)) from exc
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -365,6 +368,71 @@ class PostgresStore:
             self._log(conn, [(ChangeKind.ADMIN_KEY, "")])
 
         await self._run(write)
+
+    # --- registered models and measured profiles -------------------------------------
+
+    async def add_model(self, model: RegisteredModel) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            try:
+                with conn.transaction():  # a savepoint, as in _insert_endpoint
+                    conn.execute(
+                        "INSERT INTO registered_models (name, project_id, document, created_at)"
+                        " VALUES (%s, %s, %s, %s)",
+                        (model.name, model.project_id, Jsonb(model.to_dict()), model.created_at),
+                    )
+            except psycopg.errors.UniqueViolation:
+                raise DuplicateModel(model.name) from None
+            self._log(conn, [(ChangeKind.MODEL, model.name)])
+
+        await self._run(write)
+
+    async def get_model(self, name: str) -> RegisteredModel | None:
+        def query(conn: psycopg.Connection) -> RegisteredModel | None:
+            row = conn.execute(
+                "SELECT document FROM registered_models WHERE name = %s", (name,)
+            ).fetchone()
+            return RegisteredModel.from_dict(row[0]) if row else None
+
+        return await self._run(query)
+
+    async def list_models(self) -> list[RegisteredModel]:
+        def query(conn: psycopg.Connection) -> list[RegisteredModel]:
+            rows = conn.execute("SELECT document FROM registered_models ORDER BY seq").fetchall()
+            return [RegisteredModel.from_dict(r[0]) for r in rows]
+
+        return await self._run(query)
+
+    async def delete_model(self, name: str) -> bool:
+        def write(conn: psycopg.Connection) -> bool:
+            cursor = conn.execute("DELETE FROM registered_models WHERE name = %s", (name,))
+            if cursor.rowcount > 0:
+                self._log(conn, [(ChangeKind.MODEL, name)])
+            return cursor.rowcount > 0
+
+        return await self._run(write)
+
+    async def put_profile(self, profile: MeasuredProfile) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            conn.execute(
+                "INSERT INTO model_profiles"
+                " (model_name, gpu_type, gpu_count, document, measured_at)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (model_name, gpu_type, gpu_count)"
+                " DO UPDATE SET document = excluded.document, measured_at = excluded.measured_at",
+                (profile.model_name, profile.gpu_type, profile.gpu_count,
+                 Jsonb(profile.to_dict()), profile.measured_at),
+            )  # fmt: skip
+            self._log(conn, [(ChangeKind.MODEL, "")])
+
+        await self._run(write)
+
+    async def list_profiles(self) -> list[MeasuredProfile]:
+        def query(conn: psycopg.Connection) -> list[MeasuredProfile]:
+            rows = conn.execute(
+                "SELECT document FROM model_profiles ORDER BY model_name, gpu_type, gpu_count"
+            ).fetchall()
+            return [MeasuredProfile.from_dict(r[0]) for r in rows]
+
+        return await self._run(query)
 
     # --- replicas -------------------------------------------------------------------------
 

@@ -142,7 +142,35 @@ _V3 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+_V4 = Migration(
+    4,
+    "registered models, measured profiles",
+    (
+        # One JSON document per record (the documented fields of
+        # GET /inference/models and of a profile), so that a newly derived
+        # fact needs no migration.
+        """
+        CREATE TABLE registered_models (
+            name       TEXT PRIMARY KEY,
+            project_id TEXT,
+            document   TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE model_profiles (
+            model_name  TEXT NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
+            document    TEXT NOT NULL,
+            measured_at TEXT NOT NULL,
+            PRIMARY KEY (model_name, gpu_type, gpu_count)
+        ) STRICT
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 
 
 def latest_version() -> int:

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -355,6 +356,63 @@ class SqliteStore:
                 "INSERT INTO admin_keys (key_hash, created_at) VALUES (?, ?)", (key_hash, at)
             )
             self._log(conn, ChangeKind.ADMIN_KEY)
+
+    # --- registered models and measured profiles -------------------------------------
+
+    async def add_model(self, model: RegisteredModel) -> None:
+        await self._run(self._add_model, model)
+
+    def _add_model(self, model: RegisteredModel) -> None:
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    "INSERT INTO registered_models (name, project_id, document, created_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (model.name, model.project_id, json.dumps(model.to_dict()), model.created_at),
+                )
+                self._log(conn, ChangeKind.MODEL, model.name)
+        except sqlite3.IntegrityError:
+            raise DuplicateModel(model.name) from None
+
+    async def get_model(self, name: str) -> RegisteredModel | None:
+        rows = await self._run(
+            self._query, "SELECT document FROM registered_models WHERE name = ?", (name,)
+        )
+        return RegisteredModel.from_dict(json.loads(rows[0][0])) if rows else None
+
+    async def list_models(self) -> list[RegisteredModel]:
+        rows = await self._run(self._query, "SELECT document FROM registered_models ORDER BY rowid")
+        return [RegisteredModel.from_dict(json.loads(r[0])) for r in rows]
+
+    async def delete_model(self, name: str) -> bool:
+        def write() -> bool:
+            with self._tx() as conn:
+                cursor = conn.execute("DELETE FROM registered_models WHERE name = ?", (name,))
+                if cursor.rowcount > 0:
+                    self._log(conn, ChangeKind.MODEL, name)
+                return cursor.rowcount > 0
+
+        return await self._run(write)
+
+    async def put_profile(self, profile: MeasuredProfile) -> None:
+        def write() -> None:
+            with self._tx() as conn:
+                conn.execute(
+                    "INSERT INTO model_profiles"
+                    " (model_name, gpu_type, gpu_count, document, measured_at)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (model_name, gpu_type, gpu_count)"
+                    " DO UPDATE SET document = excluded.document,"
+                    " measured_at = excluded.measured_at",
+                    (profile.model_name, profile.gpu_type, profile.gpu_count,
+                     json.dumps(profile.to_dict()), profile.measured_at),
+                )  # fmt: skip
+                self._log(conn, ChangeKind.MODEL, "")
+
+        await self._run(write)
+
+    async def list_profiles(self) -> list[MeasuredProfile]:
+        rows = await self._run(self._query, "SELECT document FROM model_profiles ORDER BY rowid")
+        return [MeasuredProfile.from_dict(json.loads(r[0])) for r in rows]
 
     # --- replicas -------------------------------------------------------------------------
 

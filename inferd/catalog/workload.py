@@ -1,0 +1,590 @@
+"""GPU recommendation for a stated workload: the expected load and latency
+targets decide the batch each option can run, how many replicas the load
+needs, and so what it costs.
+
+A pure function of the model, the GPU price table, the workload and any
+measured profiles. For every (location, GPU type, count) it finds the
+largest batch that fits memory and meets the targets, the throughput at
+that batch with prefill counted, the replicas the load needs at that
+throughput, and the hourly cost of them all. Options are ranked by that
+total; each rejected option says why.
+
+The chat model (continuous batching, as vLLM runs it), per replica at batch B:
+  prefill of one request: its prompt's FLOPs (2 x parameters + attention
+    over the prompt, per token) at 50% of peak dense bf16, or one read of
+    the weights, whichever is slower;
+  decode step: the roofline of `inferd.catalog.recommend` at batch B, each
+    sequence attending to prompt + half the output on average;
+  TPOT (mean) = step + B x prefill / output tokens: the B sequences in
+    flight each started with a prefill that stalled everyone's decoding;
+  TTFT (mean) = prefill + one step (the new prompt joins at the next step);
+  throughput = B / TPOT output tokens/s; requests/s = that / output tokens.
+  p95 = mean x 2 for TTFT (prompts arriving together queue behind each
+    other) and x 1.15 for TPOT.
+The image model, per replica at batch b (images denoised together):
+  b x FLOPs per image at the requested size and steps at 45% of peak, or
+  the weight reads per step, plus fixed per-step and per-image costs; every
+  image of a batch finishes together, so seconds per image (p95) = 1.1 x
+  the batch's time.
+Replicas run at 80% of their capacity (headroom for bursts and queueing):
+  replicas = ceil(load / (0.8 x capacity)). Suggested minReplicas is that
+  count; maxReplicas twice it, for peaks of twice the stated load.
+A measured profile for the model, GPU type and count replaces the estimate:
+  the largest measured concurrency that met the targets, at its measured
+  throughput ("measured on ..." instead of "estimated").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from inferd.catalog.gpus import GpuCatalog, GpuType
+from inferd.catalog.models import ModelSpec
+from inferd.catalog.recommend import (
+    DECODE_COMPUTE_EFFICIENCY,
+    IMAGE_COMPUTE_EFFICIENCY,
+    IMAGE_OVERHEAD_S,
+    MEMORY_BANDWIDTH_EFFICIENCY,
+    OVERHEAD_FRACTION_OF_WEIGHTS,
+    OVERHEAD_GB_PER_GPU,
+    STEP_OVERHEAD_S,
+    USABLE_MEMORY_FRACTION,
+    _candidates,
+    _compute_rate,
+    _overhead_gb,
+    _structural_problems,
+    chat_memory,
+    decode_tokens_per_s,
+    tp_efficiency,
+)
+from inferd.catalog.registered import MeasuredProfile, ProfilePoint
+
+PREFILL_COMPUTE_EFFICIENCY = 0.5
+TTFT_P95_OVER_MEAN = 2.0
+TPOT_P95_OVER_MEAN = 1.15
+IMAGE_P95_OVER_MEAN = 1.1
+TARGET_UTILIZATION = 0.8
+PEAK_OVER_STATED_LOAD = 2.0
+# vLLM's default max_num_seqs: the scheduler never runs more at once.
+MAX_CHAT_BATCH = 256
+MAX_IMAGE_BATCH = 8
+
+
+@dataclass(frozen=True)
+class ChatWorkload:
+    requests_per_s: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft_p95_s: float | None = None  # None: no target
+    tpot_p95_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requestsPerSecond": self.requests_per_s,
+            "promptTokens": self.prompt_tokens,
+            "outputTokens": self.output_tokens,
+            "ttftP95Ms": None if self.ttft_p95_s is None else self.ttft_p95_s * 1000,
+            "tpotP95Ms": None if self.tpot_p95_s is None else self.tpot_p95_s * 1000,
+        }
+
+
+@dataclass(frozen=True)
+class ImageWorkload:
+    images_per_minute: float
+    size: tuple[int, int] | None = None  # None: the model's default
+    steps: int | None = None
+    seconds_per_image_p95: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "imagesPerMinute": self.images_per_minute,
+            "size": None if self.size is None else f"{self.size[0]}x{self.size[1]}",
+            "steps": self.steps,
+            "secondsPerImageP95": self.seconds_per_image_p95,
+        }
+
+
+Workload = ChatWorkload | ImageWorkload
+
+
+@dataclass(frozen=True)
+class Performance:
+    """What one replica does at one batch size."""
+
+    batch: int
+    throughput: float  # output tokens/s (chat) or images/s (image)
+    requests_per_s: float  # chat requests/s or images/s
+    ttft_p95_s: float | None = None
+    tpot_p95_s: float | None = None
+    seconds_per_image_p95: float | None = None
+    memory_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkloadOption:
+    location: str
+    gpu_type: str
+    gpu_count: int
+    fits: bool
+    reasons: tuple[str, ...]
+    hourly_price: float  # one replica
+    basis: str  # "estimated" or "measured on ..."
+    memory_available_gb: float
+    performance: Performance | None = None
+    replicas: int = 0
+    total_hourly_price: float = 0.0
+    cost_per_million_tokens: float | None = None
+    cost_per_image: float | None = None
+    min_replicas: int = 0
+    max_replicas: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.location} {self.gpu_count} x {self.gpu_type}"
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.performance
+        return {
+            "location": self.location,
+            "gpuType": self.gpu_type,
+            "gpuCount": self.gpu_count,
+            "fits": self.fits,
+            "reasons": list(self.reasons),
+            "basis": self.basis,
+            "hourlyPrice": self.hourly_price,
+            "memoryAvailableGb": round(self.memory_available_gb, 2),
+            "memoryNeededGb": None if p is None else round(p.memory_gb, 2),
+            "batch": None if p is None else p.batch,
+            "outputTokensPerS": None if p is None or p.tpot_p95_s is None
+            else round(p.throughput, 1),
+            "requestsPerS": None if p is None else round(p.requests_per_s, 3),
+            "ttftP95Ms": _ms(None if p is None else p.ttft_p95_s),
+            "tpotP95Ms": _ms(None if p is None else p.tpot_p95_s),
+            "imagesPerMinute": None if p is None or p.seconds_per_image_p95 is None
+            else round(p.throughput * 60, 2),
+            "secondsPerImageP95": None if p is None or p.seconds_per_image_p95 is None
+            else round(p.seconds_per_image_p95, 3),
+            "replicas": self.replicas,
+            "totalHourlyPrice": round(self.total_hourly_price, 4),
+            "costPerMillionTokens": _round(self.cost_per_million_tokens, 4),
+            "costPerImage": _round(self.cost_per_image, 6),
+            "minReplicas": self.min_replicas,
+            "maxReplicas": self.max_replicas,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkloadRecommendation:
+    model: str
+    location: str | None
+    currency: str
+    workload: Workload
+    options: tuple[WorkloadOption, ...]  # best (cheapest in total) first
+    rejected: tuple[WorkloadOption, ...]
+    assumptions: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def best(self) -> WorkloadOption | None:
+        return self.options[0] if self.options else None
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best()
+        return {
+            "model": self.model,
+            "location": self.location,
+            "currency": self.currency,
+            "workload": self.workload.to_dict(),
+            "best": None if best is None else best.to_dict(),
+            "options": [o.to_dict() for o in self.options],
+            "rejected": [o.to_dict() for o in self.rejected],
+            "assumptions": dict(self.assumptions),
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# --- chat -----------------------------------------------------------------------------
+
+
+def prefill_seconds(model: ModelSpec, gpu: GpuType, count: int, prompt_tokens: int) -> float:
+    """One request's prompt through the model, alone."""
+    arch = model.chat
+    scale = count * tp_efficiency(gpu, count)
+    flops = prompt_tokens * (
+        2 * arch.parameters + 2 * arch.layers * arch.attention_heads * arch.head_dim * prompt_tokens
+    )
+    rate = gpu.bf16_tflops * 1e12 * PREFILL_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype) * scale
+    weights = arch.weight_bytes / (
+        gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY * scale
+    )
+    return max(flops / rate, weights) + STEP_OVERHEAD_S
+
+
+def chat_performance(
+    model: ModelSpec, gpu: GpuType, count: int, batch: int, work: ChatWorkload
+) -> Performance:
+    arch = model.chat
+    seq = work.prompt_tokens + work.output_tokens
+    avg_context = work.prompt_tokens + work.output_tokens / 2
+    rate, _ = decode_tokens_per_s(arch, gpu, count, batch, seq, avg_context=avg_context)
+    step = batch / rate
+    prefill = prefill_seconds(model, gpu, count, work.prompt_tokens)
+    tpot = step + batch * prefill / work.output_tokens
+    throughput = batch / tpot
+    return Performance(
+        batch=batch,
+        throughput=throughput,
+        requests_per_s=throughput / work.output_tokens,
+        ttft_p95_s=TTFT_P95_OVER_MEAN * (prefill + step),
+        tpot_p95_s=TPOT_P95_OVER_MEAN * tpot,
+        memory_gb=chat_memory(arch, count, batch, seq).total_gb,
+    )
+
+
+def _chat_misses(p: Performance, work: ChatWorkload, available: float) -> list[str]:
+    misses = []
+    if p.memory_gb > available:
+        misses.append(f"needs {p.memory_gb:.1f} GB, {available:.1f} GB usable")
+    assert p.ttft_p95_s is not None and p.tpot_p95_s is not None
+    if work.ttft_p95_s is not None and p.ttft_p95_s > work.ttft_p95_s:
+        misses.append(
+            f"TTFT p95 {p.ttft_p95_s * 1000:.0f} ms > target {work.ttft_p95_s * 1000:.0f} ms"
+        )
+    if work.tpot_p95_s is not None and p.tpot_p95_s > work.tpot_p95_s:
+        misses.append(
+            f"TPOT p95 {p.tpot_p95_s * 1000:.1f} ms > target {work.tpot_p95_s * 1000:.1f} ms"
+        )
+    return misses
+
+
+def _largest_batch(evaluate: Any, misses: Any, limit: int) -> tuple[Performance | None, list[str]]:
+    """The largest batch in 1..limit that `misses` nothing; every quantity
+    grows with the batch, so a binary search finds it."""
+    first = evaluate(1)
+    problems = misses(first)
+    if problems:
+        return None, problems
+    lo, hi = 1, limit
+    best = first
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        p = evaluate(mid)
+        if misses(p):
+            hi = mid - 1
+        else:
+            lo, best = mid, p
+    return best, []
+
+
+def _measured_point(
+    profile: MeasuredProfile, ttft: float | None, tpot: float | None, spi: float | None
+) -> ProfilePoint | None:
+    ok = [
+        p
+        for p in profile.points
+        if (ttft is None or p.ttft_p95_s <= ttft)
+        and (tpot is None or p.tpot_p95_s <= tpot)
+        and (spi is None or p.seconds_per_image_p95 <= spi)
+    ]
+    return max(ok, key=lambda p: p.concurrency) if ok else None
+
+
+def _measured_label(profile: MeasuredProfile) -> str:
+    day = profile.measured_at[:10] or "an unknown date"
+    return f"measured on {profile.gpu_count} x {profile.gpu_type}, {day}"
+
+
+# --- image ----------------------------------------------------------------------------
+
+
+def image_performance(
+    model: ModelSpec, gpu: GpuType, batch: int, size: tuple[int, int], steps: int
+) -> Performance:
+    arch = model.image
+    assert model.default_size is not None
+    pixels = size[0] * size[1] / (model.default_size[0] * model.default_size[1])
+    evaluations = steps * arch.guidance_evaluations
+    tflops = (evaluations * arch.unet_tflops_per_step + arch.vae_decode_tflops) * pixels
+    achievable = gpu.bf16_tflops * IMAGE_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype)
+    weights_read = evaluations * arch.unet_parameters * arch.bytes_per_param
+    t_memory = weights_read / (gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY)
+    seconds = (
+        max(batch * tflops / achievable, t_memory)
+        + steps * STEP_OVERHEAD_S
+        + batch * IMAGE_OVERHEAD_S
+    )
+    weights = arch.parameters * arch.bytes_per_param / 1e9
+    memory = weights + arch.activation_gb_per_image * pixels * batch + _overhead_gb(weights, 1)
+    return Performance(
+        batch=batch,
+        throughput=batch / seconds,
+        requests_per_s=batch / seconds,
+        seconds_per_image_p95=IMAGE_P95_OVER_MEAN * seconds,
+        memory_gb=memory,
+    )
+
+
+def _image_misses(p: Performance, work: ImageWorkload, available: float) -> list[str]:
+    misses = []
+    if p.memory_gb > available:
+        misses.append(f"needs {p.memory_gb:.1f} GB, {available:.1f} GB usable")
+    assert p.seconds_per_image_p95 is not None
+    target = work.seconds_per_image_p95
+    if target is not None and p.seconds_per_image_p95 > target:
+        misses.append(f"{p.seconds_per_image_p95:.2f} s per image (p95) > target {target:g} s")
+    return misses
+
+
+# --- one option -----------------------------------------------------------------------
+
+
+def _evaluate(
+    model: ModelSpec,
+    gpus: GpuCatalog,
+    location: str,
+    gpu_type: str,
+    count: int,
+    work: Workload,
+    profile: MeasuredProfile | None,
+) -> WorkloadOption:
+    gpu = gpus.gpu_types[gpu_type]
+    price = gpus.price_per_gpu(location, gpu_type) * count
+    available = count * gpu.total_memory_gb * USABLE_MEMORY_FRACTION
+    base = WorkloadOption(
+        location=location,
+        gpu_type=gpu_type,
+        gpu_count=count,
+        fits=False,
+        reasons=(),
+        hourly_price=price,
+        basis="estimated" if profile is None else _measured_label(profile),
+        memory_available_gb=available,
+    )
+    problems = _structural_problems(model, gpus, gpu_type, count)
+    if problems:
+        return replace(base, reasons=tuple(problems))
+    if isinstance(work, ChatWorkload):
+        perf, reasons = _chat_option(model, gpu, count, work, available, profile)
+        load = work.requests_per_s
+    else:
+        perf, reasons = _image_option(model, gpu, work, available, profile)
+        load = work.images_per_minute / 60
+    if perf is None:
+        return replace(base, reasons=tuple(reasons))
+    replicas = max(1, math.ceil(load / (TARGET_UTILIZATION * perf.requests_per_s) - 1e-9))
+    total = replicas * price
+    reasons.append(
+        f"{replicas} replica(s) at {TARGET_UTILIZATION:.0%} of {perf.requests_per_s:.3g} "
+        f"{'requests' if isinstance(work, ChatWorkload) else 'images'}/s each serve "
+        f"{load:.3g}/s: {total:.2f} {gpus.currency}/h"
+    )
+    out = replace(
+        base,
+        fits=True,
+        reasons=tuple(reasons),
+        performance=perf,
+        replicas=replicas,
+        total_hourly_price=total,
+        min_replicas=replicas,
+        max_replicas=math.ceil(PEAK_OVER_STATED_LOAD * replicas),
+    )
+    if isinstance(work, ChatWorkload):
+        tokens_per_hour = work.requests_per_s * work.output_tokens * 3600
+        return replace(out, cost_per_million_tokens=total / tokens_per_hour * 1e6)
+    return replace(out, cost_per_image=total / (work.images_per_minute * 60))
+
+
+def _chat_option(
+    model: ModelSpec,
+    gpu: GpuType,
+    count: int,
+    work: ChatWorkload,
+    available: float,
+    profile: MeasuredProfile | None,
+) -> tuple[Performance | None, list[str]]:
+    seq = work.prompt_tokens + work.output_tokens
+    if seq > model.chat.context_length:
+        return None, [
+            f"prompt + output = {seq} tokens exceeds the model's context of "
+            f"{model.chat.context_length}"
+        ]
+    if profile is not None:
+        point = _measured_point(profile, work.ttft_p95_s, work.tpot_p95_s, None)
+        label = _measured_label(profile)
+        if point is None:
+            return None, [f"{label}: no measured concurrency met the latency targets"]
+        perf = Performance(
+            batch=point.concurrency,
+            throughput=point.output_tokens_per_s,
+            requests_per_s=point.output_tokens_per_s / max(1, profile.output_tokens),
+            ttft_p95_s=point.ttft_p95_s,
+            tpot_p95_s=point.tpot_p95_s,
+        )
+        reasons = [
+            f"{label}: concurrency {point.concurrency} met the targets at "
+            f"{point.output_tokens_per_s:,.0f} output tokens/s (prompt {profile.prompt_tokens}, "
+            f"output {profile.output_tokens} tokens)"
+        ]
+        return perf, reasons
+
+    def misses(p: Performance) -> list[str]:
+        return _chat_misses(p, work, available)
+
+    found, problems = _largest_batch(
+        lambda b: chat_performance(model, gpu, count, b, work), misses, MAX_CHAT_BATCH
+    )
+    if found is None:
+        return None, [f"even one sequence at a time: {'; '.join(problems)}"]
+    perf = found
+    assert perf.ttft_p95_s is not None and perf.tpot_p95_s is not None
+    limit = "the scheduler's limit" if perf.batch == MAX_CHAT_BATCH else "the largest that meets"
+    return perf, [
+        f"estimated: batch {perf.batch} ({limit} the targets and fits "
+        f"{perf.memory_gb:.1f} of {available:.1f} GB): {perf.throughput:,.0f} output tokens/s "
+        f"with prefill counted, TTFT p95 {perf.ttft_p95_s * 1000:.0f} ms, "
+        f"TPOT p95 {perf.tpot_p95_s * 1000:.1f} ms"
+    ]
+
+
+def _image_option(
+    model: ModelSpec,
+    gpu: GpuType,
+    work: ImageWorkload,
+    available: float,
+    profile: MeasuredProfile | None,
+) -> tuple[Performance | None, list[str]]:
+    assert model.default_size is not None and model.default_steps is not None
+    size = work.size or model.default_size
+    steps = work.steps or model.default_steps
+    if profile is not None:
+        point = _measured_point(profile, None, None, work.seconds_per_image_p95)
+        label = _measured_label(profile)
+        if point is None:
+            return None, [f"{label}: no measured concurrency met {work.seconds_per_image_p95} s"]
+        perf = Performance(
+            batch=point.concurrency,
+            throughput=point.images_per_s,
+            requests_per_s=point.images_per_s,
+            seconds_per_image_p95=point.seconds_per_image_p95,
+        )
+        return perf, [
+            f"{label}: concurrency {point.concurrency} met the target at "
+            f"{point.images_per_s * 60:.1f} images/minute ({profile.image_size}, "
+            f"{profile.output_tokens} steps)"
+        ]
+
+    def misses(p: Performance) -> list[str]:
+        return _image_misses(p, work, available)
+
+    found, problems = _largest_batch(
+        lambda b: image_performance(model, gpu, b, size, steps), misses, MAX_IMAGE_BATCH
+    )
+    if found is None:
+        return None, [f"even one image at a time: {'; '.join(problems)}"]
+    perf = found
+    assert perf.seconds_per_image_p95 is not None
+    return perf, [
+        f"estimated: {perf.batch} image(s) per batch at {size[0]}x{size[1]}, {steps} steps: "
+        f"{perf.throughput * 60:.1f} images/minute, {perf.seconds_per_image_p95:.2f} s per "
+        f"image (p95), {perf.memory_gb:.1f} of {available:.1f} GB"
+    ]
+
+
+# --- the whole answer -----------------------------------------------------------------
+
+
+def assumptions(work: Workload) -> dict[str, Any]:
+    common: dict[str, Any] = {
+        "targetUtilization": TARGET_UTILIZATION,
+        "maxReplicasOverLoad": PEAK_OVER_STATED_LOAD,
+        "usableMemoryFraction": USABLE_MEMORY_FRACTION,
+        "overheadGbPerGpu": OVERHEAD_GB_PER_GPU,
+        "overheadFractionOfWeights": OVERHEAD_FRACTION_OF_WEIGHTS,
+        "memoryBandwidthEfficiency": MEMORY_BANDWIDTH_EFFICIENCY,
+        "stepOverheadSeconds": STEP_OVERHEAD_S,
+        "basis": "measured profiles where they exist, else the roofline estimate",
+    }
+    if isinstance(work, ChatWorkload):
+        return {
+            **common,
+            "batching": "continuous; TPOT = decode step + batch x prefill / output tokens",
+            "prefillComputeEfficiency": PREFILL_COMPUTE_EFFICIENCY,
+            "decodeComputeEfficiency": DECODE_COMPUTE_EFFICIENCY,
+            "ttftP95OverMean": TTFT_P95_OVER_MEAN,
+            "tpotP95OverMean": TPOT_P95_OVER_MEAN,
+            "maxBatch": MAX_CHAT_BATCH,
+        }
+    return {
+        **common,
+        "imageComputeEfficiency": IMAGE_COMPUTE_EFFICIENCY,
+        "imageOverheadSeconds": IMAGE_OVERHEAD_S,
+        "secondsPerImageP95OverMean": IMAGE_P95_OVER_MEAN,
+        "maxBatch": MAX_IMAGE_BATCH,
+    }
+
+
+def _rank_key(option: WorkloadOption) -> tuple[float, int, float, str, str]:
+    return (
+        float(f"{option.total_hourly_price:.9g}"),
+        option.replicas * option.gpu_count,
+        option.hourly_price,
+        option.location,
+        option.gpu_type,
+    )
+
+
+def validate(model: ModelSpec, work: Workload) -> None:
+    """ValueError naming what does not match the model or is out of range."""
+    if isinstance(work, ChatWorkload):
+        if model.kind != "chat":
+            raise ValueError(f"model {model.name!r} makes images: give imagesPerMinute")
+        if work.requests_per_s <= 0 or work.prompt_tokens < 1 or work.output_tokens < 1:
+            raise ValueError("requests/s must be positive, prompt and output tokens at least 1")
+    else:
+        if model.kind != "image":
+            raise ValueError(f"model {model.name!r} is a chat model: give requestsPerSecond")
+        if work.images_per_minute <= 0:
+            raise ValueError("images per minute must be positive")
+        if work.steps is not None and work.steps < 1:
+            raise ValueError("steps must be at least 1")
+
+
+def recommend_for_workload(
+    model: ModelSpec,
+    gpus: GpuCatalog,
+    work: Workload,
+    location: str | None = None,
+    *,
+    gpu_type: str | None = None,
+    gpu_count: int | None = None,
+    profiles: Iterable[MeasuredProfile] = (),
+) -> WorkloadRecommendation:
+    """Every offered (location, GPU type, count) for `work`, cheapest total first.
+
+    Raises ValueError for a workload that does not suit the model, KeyError
+    for an unknown location or GPU type (as `recommend` does).
+    """
+    validate(model, work)
+    measured = {(p.gpu_type, p.gpu_count): p for p in profiles if p.model_name == model.name}
+    options = [
+        _evaluate(model, gpus, loc, name, count, work, measured.get((name, count)))
+        for loc, name, count in _candidates(model, gpus, location, gpu_type, gpu_count)
+    ]
+    return WorkloadRecommendation(
+        model=model.name,
+        location=location,
+        currency=gpus.currency,
+        workload=work,
+        options=tuple(sorted((o for o in options if o.fits), key=_rank_key)),
+        rejected=tuple(o for o in options if not o.fits),
+        assumptions=MappingProxyType(assumptions(work)),
+    )

@@ -1,0 +1,222 @@
+"""Registered models and measured profiles: register, list, read, delete,
+record a benchmark, recommend for a workload.
+
+A registered model joins the in-memory catalog, so endpoint placement and
+the recommender treat it like a catalog model; the store is the record that
+survives a restart (`load` puts them back). Writes are serialised by one
+lock: validate against the current catalog and endpoints, commit, then
+update memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from anyio import to_thread
+
+from inferd.api.management import RegisterModelRequest
+from inferd.catalog import Catalog
+from inferd.catalog.inspect import InspectError
+from inferd.catalog.registered import (
+    DuplicateModel,
+    MeasuredProfile,
+    ModelStore,
+    ProfileStore,
+    RegisteredModel,
+    default_name,
+    describe,
+)
+from inferd.catalog.sources import parse_source, read_model_files
+from inferd.catalog.support import EngineSupport
+from inferd.catalog.workload import Workload, WorkloadRecommendation, recommend_for_workload
+from inferd.control.follow import follow
+from inferd.control.model import Change, ChangeKind, Endpoint, utc_now_text
+from inferd.errors import BadRequest, Conflict, NotFound
+
+
+class ModelAndProfileStore(ModelStore, ProfileStore, Protocol):
+    pass
+
+
+class ModelService:
+    def __init__(
+        self,
+        store: ModelAndProfileStore,
+        catalog: Catalog,
+        endpoints: Callable[[], Sequence[Endpoint]],
+        *,
+        support: EngineSupport | None = None,
+        hf_cache_dir: Path | None = None,
+        offline: bool | None = None,
+        clock: Callable[[], str] = utc_now_text,
+    ) -> None:
+        self._store = store
+        self.catalog = catalog
+        self._endpoints = endpoints
+        self._support = support or EngineSupport()
+        # Where Hugging Face sources are looked up (None: huggingface_hub's
+        # default cache), and whether the Hub may be asked (None: unless
+        # HF_HUB_OFFLINE is set).
+        self.hf_cache_dir = hf_cache_dir
+        self.offline = offline
+        self._clock = clock
+        self._registered: dict[str, RegisteredModel] = {}
+        self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
+        self._lock = asyncio.Lock()
+
+    async def load(self) -> None:
+        """Make the catalog's registered models and the profiles what the
+        store holds (at start, and when another instance changed them)."""
+        stored = {m.name: m for m in await self._store.list_models()}
+        profiles = {p.key: p for p in await self._store.list_profiles()}
+        async with self._lock:
+            for name in [n for n in self._registered if n not in stored]:
+                self.catalog.models.remove(name)
+                del self._registered[name]
+            for name, model in stored.items():
+                if name in self._registered or name in self.catalog.models:
+                    continue  # a catalog file of the same name wins
+                self.catalog.models.add(model.spec)
+                self._registered[name] = model
+            self._profiles = profiles
+
+    async def follow(self, feed: AsyncIterator[Change]) -> None:
+        """Follow other instances' registrations and measurements."""
+
+        async def apply(change: Change) -> None:
+            if change.kind is ChangeKind.MODEL:
+                await self.load()
+
+        await follow(feed, apply, self.load, what="registered models")
+
+    # --- reads -------------------------------------------------------------------------
+
+    def describe(self, name: str) -> dict[str, Any]:
+        registered = self._registered.get(name)
+        if registered is not None:
+            return registered.to_dict()
+        if name not in self.catalog.models:
+            raise NotFound(f"No model named '{name}'.", param="name", code="model_not_found")
+        return {**self.catalog.models.get(name).to_dict(), "registered": False}
+
+    def listing(self, project_id: str | None = None) -> list[dict[str, Any]]:
+        """Catalog models, then registered ones: global ones and, with a
+        project, that project's."""
+        out = []
+        for spec in self.catalog.models:
+            registered = self._registered.get(spec.name)
+            if registered is None:
+                out.append({**spec.to_dict(), "registered": False})
+            elif registered.project_id in (None, project_id):
+                out.append(registered.to_dict())
+        return out
+
+    def profiles(self) -> list[MeasuredProfile]:
+        return list(self._profiles.values())
+
+    def recommend(
+        self,
+        model_name: str,
+        work: Workload,
+        location: str | None,
+        gpu_type: str | None = None,
+        gpu_count: int | None = None,
+    ) -> WorkloadRecommendation:
+        model = self.catalog.models.get(model_name)
+        return recommend_for_workload(
+            model,
+            self.catalog.gpus,
+            work,
+            location,
+            gpu_type=gpu_type,
+            gpu_count=gpu_count,
+            profiles=self.profiles(),
+        )
+
+    # --- writes ------------------------------------------------------------------------
+
+    def _inspect(self, req: RegisterModelRequest, project_id: str | None) -> RegisteredModel:
+        source = parse_source(req.source, req.revision)
+        files = read_model_files(source, hf_cache_dir=self.hf_cache_dir, offline=self.offline)
+        name = req.name or default_name(source)
+        return describe(
+            files,
+            source,
+            name,
+            self._support,
+            project_id=project_id,
+            created_at=self._clock(),
+            description=req.description,
+        )
+
+    async def register(
+        self, req: RegisterModelRequest, project_id: str | None = None
+    ) -> dict[str, Any]:
+        """`project_id` None: a global model (the operator's)."""
+        try:
+            # File reads, maybe the Hub, and vLLM's registry: off the event loop.
+            model = await to_thread.run_sync(self._inspect, req, project_id)
+        except InspectError as exc:
+            raise BadRequest(
+                f"Cannot register '{req.source}': {exc}.",
+                param="source",
+                code="model_not_supported",
+            ) from None
+        async with self._lock:
+            if model.name in self.catalog.models:
+                raise Conflict(
+                    f"A model named '{model.name}' already exists; choose another 'name'.",
+                    param="name",
+                    code="model_name_taken",
+                )
+            try:
+                await self._store.add_model(model)
+            except DuplicateModel:
+                raise Conflict(
+                    f"A model named '{model.name}' already exists.",
+                    param="name",
+                    code="model_name_taken",
+                ) from None
+            self.catalog.models.add(model.spec)
+            self._registered[model.name] = model
+        return model.to_dict()
+
+    async def delete(self, name: str) -> None:
+        async with self._lock:
+            if name not in self._registered:
+                if name in self.catalog.models:
+                    raise Conflict(
+                        f"'{name}' is a catalog model (a file under models/catalog); only "
+                        "registered models can be deleted.",
+                        param="name",
+                        code="catalog_model",
+                    )
+                raise NotFound(f"No model named '{name}'.", param="name", code="model_not_found")
+            users = sorted(r.name for r in self._endpoints() if r.model_name == name)
+            if users:
+                raise Conflict(
+                    f"Model '{name}' is used by endpoint(s) {', '.join(users)}; delete them first.",
+                    param="name",
+                    code="model_in_use",
+                )
+            await self._store.delete_model(name)
+            self.catalog.models.remove(name)
+            del self._registered[name]
+
+    async def record_profile(self, profile: MeasuredProfile) -> None:
+        if profile.model_name not in self.catalog.models:
+            raise NotFound(
+                f"No model named '{profile.model_name}'.", param="name", code="model_not_found"
+            )
+        if profile.gpu_type not in self.catalog.gpus.gpu_types:
+            raise BadRequest(
+                f"Unknown GPU type '{profile.gpu_type}'.",
+                param="gpuType",
+                code="gpu_type_not_found",
+            )
+        async with self._lock:
+            await self._store.put_profile(profile)
+            self._profiles[profile.key] = profile

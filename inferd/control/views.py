@@ -1,0 +1,72 @@
+"""What the control plane shows of itself: to the endpoint records (the
+replicas and why none is coming up) and to the gateway (endpoints and their
+ready replicas). Adapters over parts built before them, so the service and
+the gateway each get one plain object at construction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from inferd.control.model import Endpoint
+from inferd.control.records import EndpointRuntime, ReplicaView
+from inferd.control.registry import Registry
+from inferd.gateway.directory import EndpointRoute, RoutableReplica
+
+
+class CapacityReasons(Protocol):
+    def capacity_reason(self, endpoint_id: str) -> str | None: ...
+
+
+class ReplicaViews:
+    """An endpoint's replicas as its record shows them (the service's
+    `runtime_of`)."""
+
+    def __init__(self, registry: Registry, capacity: CapacityReasons) -> None:
+        self._registry = registry
+        self._capacity = capacity
+
+    def __call__(self, endpoint_id: str) -> EndpointRuntime:
+        views = tuple(
+            ReplicaView(
+                gpus=r.gpu_count,
+                status=r.status,
+                generation=r.generation,
+                reason=r.reason,
+                replica_id=r.replica_id,
+                since=r.status_since_wall or None,
+            )
+            for r in self._registry.of_endpoint(endpoint_id)
+        )
+        return EndpointRuntime(views, self._capacity.capacity_reason(endpoint_id))
+
+
+class EndpointLookup(Protocol):
+    def find(self, endpoint_id: str) -> Endpoint | None: ...
+
+
+class EndpointDirectory:
+    """The gateway's `ReplicaDirectory`: endpoints from the service's
+    in-memory copy (routable the moment one is created), replicas from the
+    registry."""
+
+    def __init__(self, endpoints: EndpointLookup, registry: Registry) -> None:
+        self._endpoints = endpoints
+        self._registry = registry
+
+    def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
+        row = self._endpoints.find(endpoint_id)
+        if row is None:
+            return None
+        return EndpointRoute(
+            row.id, row.model_kind, row.model_name, deleting=row.deleting_at is not None
+        )
+
+    def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
+        return self._registry.ready_replicas(endpoint_id)
+
+    def report_unreachable(self, replica_id: str, reason: str) -> None:
+        self._registry.report_unreachable(replica_id, reason)
+
+    async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
+        return await self._registry.wait_ready(endpoint_id, timeout)

@@ -1,0 +1,296 @@
+"""The one composition of `inferd serve`: every part, built in dependency order.
+
+`await build(settings)` opens the store and constructs each part once, each
+from parts already built, so nothing is assigned after construction and no
+callback points at something that does not exist yet:
+
+    catalog, store -> admin keys, token verifier -> registry (rings a Wakeup)
+    -> launcher -> gateway state (traffic, connections, metrics)
+    -> load observations -> reconciler (ScaleSignals; reads endpoints from
+    the store) -> endpoint service (tells the reconciler; shows the
+    registry's replicas) -> endpoint directory -> gateway (asks the
+    reconciler for capacity)
+
+`Server.start()`/`stop()` run in the serving event loop (the app lifespan);
+`inferd.server.app.create_app` only puts HTTP routes on a built server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.catalog import Catalog, load_catalog
+from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
+from inferd.control.launchers.local import LocalLauncher
+from inferd.control.load import MergedLoad
+from inferd.control.model_service import ModelService
+from inferd.control.ports import Launcher, Store
+from inferd.control.reconciler import Reconciler
+from inferd.control.registry import Registry
+from inferd.control.service import EndpointService
+from inferd.control.signals import Wakeup
+from inferd.control.stores import open_store
+from inferd.control.tokens import TokenVerifier
+from inferd.control.views import EndpointDirectory, ReplicaViews
+from inferd.gateway.app import Gateway
+from inferd.gateway.state import GatewayState
+from inferd.replica.config import ModelSource, model_source
+from inferd.server.auth import AdminAuth, provision_admin_key
+from inferd.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class LauncherUnavailable(RuntimeError):
+    """The chosen launcher cannot start (a missing extra, a missing setting,
+    an unreachable cluster)."""
+
+
+def configured_launcher(settings: Settings, catalog: Catalog) -> Launcher:
+    if settings.launcher == "ray":
+        return ray_launcher(settings)
+    return local_launcher(settings, catalog)
+
+
+def ray_launcher(settings: Settings) -> Launcher:
+    """Imports Ray: only when it was chosen."""
+    try:
+        from inferd.control.launchers.ray_launcher import RayLauncher
+    except ImportError as exc:
+        raise LauncherUnavailable(
+            f"--launcher ray needs Ray (pip install 'inferd[ray]'): {exc}"
+        ) from None
+    if not settings.ray_address:
+        raise LauncherUnavailable("--launcher ray needs --ray-address HOST:PORT (the head's GCS)")
+    try:
+        return RayLauncher(
+            address=settings.ray_address,
+            namespace=settings.ray_namespace,
+            settings=settings.replicas,
+            node_ip_address=settings.ray_node_ip_address,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        raise LauncherUnavailable(
+            f"cannot reach the Ray cluster at {settings.ray_address}: {exc}"
+        ) from None
+
+
+def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
+    gpu_types = catalog.gpus.gpu_types
+    gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
+    for gpu, gpu_type in gpus:
+        logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
+    return LocalLauncher(
+        settings=settings.replicas,
+        log_dir=settings.state_dir / "logs",
+        gpus=gpus,
+        cpu_slots=settings.cpu_replica_slots,
+        location=settings.default_location,
+    )
+
+
+class CatalogModels:
+    """A catalog model name, resolved for a replica (no weights fetched)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def __call__(self, name: str) -> ModelSource:
+        return model_source(self._catalog.models.get(name))
+
+
+Hook = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Server:
+    settings: Settings
+    catalog: Catalog
+    store: Store
+    admin: AdminAuth
+    verifier: TokenVerifier
+    registry: Registry
+    launcher: Launcher
+    gateway_state: GatewayState
+    reconciler: Reconciler
+    service: EndpointService
+    models: ModelService
+    gateway: Gateway
+    # Plaintext of an admin key generated at the first start: print once.
+    generated_admin_key: str | None = None
+    # False: the management API alone (tests, benchmarks): no replica is
+    # adopted, launched or stopped.
+    run_replicas: bool = True
+    _followers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        """In the serving event loop: follow the store, finish deletions a
+        previous run left, adopt the replicas it left running, start
+        reconciling."""
+        self.start_following()
+        await self.service.finish_pending_deletions()
+        await self.gateway.startup()
+        if not self.run_replicas:
+            return
+        records = await self.store.list_replicas()
+        adopted = set(await self.reconciler.adopt(records, await self.store.list_endpoints()))
+        sweep = getattr(self.launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted)
+        for record in records:
+            if record.id not in adopted:
+                await self.store.delete_replica(record.id)
+        if records:
+            logger.info("adopted %d of %d replicas from the last run", len(adopted), len(records))
+        self.reconciler.start()
+
+    async def stop(self) -> None:
+        await self.reconciler.stop()
+        await self.gateway.shutdown()
+        if not self.run_replicas:
+            await self.stop_following()
+            return
+        # Embedded mode owns its replicas: a clean stop leaves none running.
+        await self.launcher.shutdown(self.settings.replica_drain_timeout_seconds)
+        for replica in self.registry.all():
+            self.registry.remove(replica.replica_id)
+            await self.store.delete_replica(replica.replica_id)
+        await self.stop_following()
+
+    def start_following(self) -> None:
+        """Keep the service, token and admin-key copies fresh from the
+        store's change feed. Each subscribes, then reloads, so nothing
+        committed since they were loaded is missed."""
+
+        async def run(name: str, follow: Callable[[Any], Awaitable[None]], reload: Hook) -> None:
+            feed = self.store.changes()
+            try:
+                await reload()
+                await follow(feed)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("%s stopped following the store's changes", name)
+
+        self._followers = [
+            asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
+            asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
+            asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
+            asyncio.ensure_future(run("registered models", self.models.follow, self.models.load)),
+        ]
+
+    async def stop_following(self) -> None:
+        for task in self._followers:
+            task.cancel()
+        for task in self._followers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._followers = []
+
+    async def close(self) -> None:
+        await self.stop_following()
+        await self.store.close()
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def build(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    launcher: Launcher | None = None,
+    catalog: Catalog | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rotate_admin_key: bool = False,
+    run_replicas: bool = True,
+) -> Server:
+    """Every part of the server, in dependency order. `store`, `launcher`,
+    `catalog`: given ones replace the configured ones (tests, embedding).
+    Raises `StoreError`, `StoreUnavailable` (database unreachable),
+    `AdminKeyError`, `CatalogError`, `LauncherUnavailable`."""
+    if catalog is None:
+        catalog = load_catalog(settings.models_dir, settings.configs_dir)
+    if store is None:
+        store = await asyncio.to_thread(open_store, settings.database_url)
+    try:
+        admin = await provision_admin_key(
+            store, settings.admin_key_value(), rotate=rotate_admin_key
+        )
+        verifier = TokenVerifier(store)
+        await verifier.load()
+        wakeup = Wakeup()
+        health = settings.registry
+        registry = Registry(
+            clock=clock,
+            health_period_s=health.health_period_s,
+            failure_periods=health.failure_periods,
+            start_timeout_s=health.start_timeout_s,
+            on_change=wakeup.ring,
+        )
+        launcher = launcher or configured_launcher(settings, catalog)
+        gateway_knobs = settings.gateway
+        gateway_state = GatewayState(gateway_knobs)
+        reconciler = Reconciler(
+            registry=registry,
+            launcher=launcher,
+            load=MergedLoad(gateway_state, registry, clock=clock),
+            aborter=gateway_state,
+            records=store,
+            endpoints=store.list_endpoints,
+            models=CatalogModels(catalog),
+            settings=settings.autoscale,
+            wakeup=wakeup,
+            clock=clock,
+        )
+        service = EndpointService(
+            store,
+            catalog,
+            verifier,
+            public_url=settings.public_url,
+            default_location=settings.default_location,
+            max_replicas_cap=settings.max_replicas_cap,
+            max_endpoints=settings.max_endpoints,
+            runtime_of=ReplicaViews(registry, reconciler),
+            drain=reconciler,
+            signals=reconciler,
+            capacity_of=launcher.capacity,
+        )
+        await service.load()
+        # Registered models join the catalog before anything uses them.
+        models = ModelService(store, catalog, service.rows)
+        await models.load()
+        gateway = Gateway(
+            EndpointDirectory(service, registry),
+            verifier,
+            gateway_knobs,
+            clock=clock,
+            signals=reconciler,
+            state=gateway_state,
+        )
+    except BaseException:
+        await store.close()
+        raise
+    return Server(
+        settings=settings,
+        catalog=catalog,
+        store=store,
+        admin=admin.auth,
+        verifier=verifier,
+        registry=registry,
+        launcher=launcher,
+        gateway_state=gateway_state,
+        reconciler=reconciler,
+        service=service,
+        models=models,
+        gateway=gateway,
+        generated_admin_key=admin.generated_key,
+        run_replicas=run_replicas,
+    )

@@ -1,0 +1,81 @@
+"""Registered models over the in-memory store: a second control plane's
+catalog follows the first's registrations, measurements and deletions
+through the change feed. No sleeps: the feed is drained by yielding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from inferd.api.management import RegisterModelRequest
+from inferd.catalog import load_catalog
+from inferd.catalog.registered import MeasuredProfile, ProfilePoint
+from inferd.catalog.support import EngineSupport
+from inferd.control.model_service import ModelService
+from inferd.control.stores.memory import MemoryStore
+from inferd.errors import BadRequest, Conflict
+
+SUPPORT = EngineSupport.fixed({"LlamaForCausalLM"}, set())
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def service(store: MemoryStore) -> ModelService:
+    return ModelService(store, load_catalog(), list, support=SUPPORT, offline=True)
+
+
+async def settle(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+def test_a_second_instance_follows_registrations(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**CONFIG, "architectures": ["Nope"]}))
+    (other / "chat_template.jinja").write_text("{{ messages }}")
+    resolved = str(tmp_path.resolve())
+
+    async def body() -> None:
+        store = MemoryStore()
+        writer, reader = service(store), service(store)
+        feed = store.changes()
+        await reader.load()
+        following = asyncio.ensure_future(reader.follow(feed))
+
+        await writer.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
+        await settle(lambda: "mine" in reader.catalog.models)
+        assert reader.describe("mine")["architecture"]["kvHeads"] == 2
+        assert reader.catalog.models.get("mine").source == resolved
+
+        profile = MeasuredProfile("mine", "L4", 1, "chat", 10, 10,
+                                  (ProfilePoint(1, 4, 50.0, 0.1, 0.02),), "2026-11-23")  # fmt: skip
+        await writer.record_profile(profile)
+        await settle(lambda: reader.profiles() == [profile])
+
+        with pytest.raises(Conflict, match="already exists"):
+            await writer.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
+        with pytest.raises(Conflict, match="catalog model"):
+            await writer.delete("tiny-chat")
+        with pytest.raises(BadRequest, match="not in vLLM's model registry"):
+            await writer.register(RegisterModelRequest(source=str(other), name="other"))
+
+        await writer.delete("mine")
+        await settle(lambda: "mine" not in reader.catalog.models)
+        await store.close()
+        await following
+
+    asyncio.run(body())

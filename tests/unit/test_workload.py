@@ -1,0 +1,147 @@
+"""The workload-aware recommender, as tables over the real catalog and price
+table. Pure: no clock, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferd.catalog import Catalog, load_catalog
+from inferd.catalog.registered import MeasuredProfile, ProfilePoint
+from inferd.catalog.workload import (
+    TARGET_UTILIZATION,
+    ChatWorkload,
+    ImageWorkload,
+    chat_performance,
+    recommend_for_workload,
+)
+
+# The README's example: a busy chat service with a tight per-token target.
+BUSY_CHAT = ChatWorkload(requests_per_s=20, prompt_tokens=1000, output_tokens=200,
+                         ttft_p95_s=1.0, tpot_p95_s=0.030)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+def test_a_large_gpu_wins_a_busy_workload_with_a_tight_latency_target(catalog: Catalog) -> None:
+    rec = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, BUSY_CHAT, "us-east"
+    )
+    best = rec.best()
+    assert best is not None and best.gpu_type == "H100-80GB" and best.gpu_count == 1
+    # The smaller GPUs cannot meet 30 ms per token at any batch: rejected, with the reason.
+    reasons = {o.gpu_type: o.reasons for o in rec.rejected if o.gpu_count == 1}
+    assert "TPOT p95" in reasons["L40S"][0] and "TPOT p95" in reasons["L4"][0]
+    # ... and every fitting option costs at least as much in total.
+    assert all(o.total_hourly_price >= best.total_hourly_price for o in rec.options)
+    assert best.min_replicas == best.replicas and best.max_replicas == 2 * best.replicas
+
+
+def test_a_light_workload_picks_a_small_gpu(catalog: Catalog) -> None:
+    light = ChatWorkload(2, 500, 200, ttft_p95_s=2.0, tpot_p95_s=0.1)
+    rec = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, light, "us-east"
+    )
+    best = rec.best()
+    assert best is not None and (best.gpu_type, best.replicas) == ("L40S", 1)
+
+
+@pytest.mark.parametrize(
+    ("rps", "replicas"),
+    # One 1 x H100 replica at its largest batch meeting the targets serves
+    # `capacity` requests/s; replicas = ceil(rps / (0.8 x capacity)).
+    [(0.1, 1), (5, 1), (20, 2), (60, 6)],
+)
+def test_replicas_follow_the_load(catalog: Catalog, rps: float, replicas: int) -> None:
+    work = ChatWorkload(rps, 1000, 200, 1.0, 0.030)
+    rec = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, work, "us-east",
+        gpu_type="H100-80GB", gpu_count=1,
+    )  # fmt: skip
+    option = rec.options[0]
+    assert option.performance is not None
+    capacity = option.performance.requests_per_s
+    assert option.replicas == replicas
+    assert rps <= TARGET_UTILIZATION * capacity * option.replicas
+    assert rps > TARGET_UTILIZATION * capacity * (option.replicas - 1)
+
+
+def test_prefill_is_counted(catalog: Catalog) -> None:
+    model = catalog.models.get("llama-3.1-8b-instruct")
+    gpu = catalog.gpus.gpu_types["H100-80GB"]
+    short = chat_performance(model, gpu, 1, 32, ChatWorkload(1, 100, 200))
+    long = chat_performance(model, gpu, 1, 32, ChatWorkload(1, 8000, 200))
+    assert long.throughput < short.throughput
+    assert long.ttft_p95_s is not None and short.ttft_p95_s is not None
+    assert long.ttft_p95_s > 10 * short.ttft_p95_s
+
+
+def test_a_measured_profile_replaces_the_estimate(catalog: Catalog) -> None:
+    profile = MeasuredProfile(
+        model_name="llama-3.1-8b-instruct", gpu_type="H100-80GB", gpu_count=1, kind="chat",
+        prompt_tokens=1000, output_tokens=200, measured_at="2026-11-23T10:00:00Z",
+        points=(ProfilePoint(1, 10, 90.0, 0.05, 0.011), ProfilePoint(16, 50, 1200.0, 0.2, 0.013),
+                ProfilePoint(64, 100, 2500.0, 1.5, 0.025)),
+    )  # fmt: skip
+    rec = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, BUSY_CHAT, "us-east",
+        gpu_type="H100-80GB", gpu_count=1, profiles=[profile],
+    )  # fmt: skip
+    option = rec.options[0]
+    assert option.basis == "measured on 1 x H100-80GB, 2026-11-23"
+    assert option.performance is not None and option.performance.batch == 16  # 64 missed TTFT
+    assert option.performance.requests_per_s == pytest.approx(1200 / 200)
+    assert option.replicas == 5  # 20 / (0.8 x 6)
+    other = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, BUSY_CHAT, "us-east",
+        gpu_type="H200", gpu_count=1, profiles=[profile],
+    )  # fmt: skip
+    assert other.options[0].basis == "estimated"
+
+
+@pytest.mark.parametrize(
+    ("work", "best_type", "rejected_type", "reason"),
+    [
+        (ImageWorkload(30, None, None, 10.0), "L40S", "A10G", "s per image (p95) > target"),
+        (ImageWorkload(30, None, None, 2.0), "H100-80GB", "L40S", "s per image (p95) > target"),
+        (ImageWorkload(10, (512, 512), 4, 1.0), "L4", "cpu", "s per image (p95) > target"),
+    ],
+)
+def test_image_workloads(
+    catalog: Catalog, work: ImageWorkload, best_type: str, rejected_type: str, reason: str
+) -> None:
+    rec = recommend_for_workload(catalog.models.get("sdxl-base-1.0"), catalog.gpus, work, "us-east")
+    best = rec.best()
+    assert best is not None and best.gpu_type == best_type
+    assert best.cost_per_image == pytest.approx(
+        best.total_hourly_price / (work.images_per_minute * 60)
+    )
+    rejected = {o.gpu_type: o for o in rec.rejected}
+    assert reason in " ".join(rejected[rejected_type].reasons)
+
+
+@pytest.mark.parametrize(
+    ("model", "work", "message"),
+    [
+        ("sdxl-base-1.0", ChatWorkload(1, 10, 10), "give imagesPerMinute"),
+        ("llama-3.1-8b-instruct", ImageWorkload(1), "give requestsPerSecond"),
+        ("llama-3.1-8b-instruct", ChatWorkload(0, 10, 10), "positive"),
+    ],
+)
+def test_workloads_that_do_not_suit_the_model(
+    catalog: Catalog, model: str, work: ChatWorkload | ImageWorkload, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        recommend_for_workload(catalog.models.get(model), catalog.gpus, work)
+
+
+def test_too_long_for_the_context_is_a_reason(catalog: Catalog) -> None:
+    rec = recommend_for_workload(
+        catalog.models.get("qwen2.5-0.5b-instruct"), catalog.gpus,
+        ChatWorkload(1, 32000, 1000), "us-east",
+    )  # fmt: skip
+    assert not rec.options
+    singles = [o for o in rec.rejected if o.gpu_count == 1]
+    assert singles and all("exceeds the model's context" in o.reasons[0] for o in singles)
