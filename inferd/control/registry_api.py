@@ -10,6 +10,8 @@ report, never a 500).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
@@ -28,7 +30,12 @@ REGISTRY_PATH = "/internal/registry"
 MAX_REPORT_BYTES = 64 * 1024
 
 
-def report_route(registry: Registry) -> Route:
+def report_route(
+    registry: Registry, after_report: Callable[[str], Awaitable[None]] | None = None
+) -> Route:
+    """`after_report`: called with the replica's id once its report was
+    applied (with several instances: to record it where the others read)."""
+
     async def report(request: Request) -> Response:
         secret = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
         raw = await read_body(request, MAX_REPORT_BYTES)
@@ -36,13 +43,16 @@ def report_route(registry: Registry) -> Route:
             parsed = ReplicaReport.model_validate_json(raw)
         except ValidationError as exc:
             return error_response(validation_error_to_bad_request(exc))
+        replica_id = request.path_params["replica_id"]
         try:
-            registry.report(request.path_params["replica_id"], secret, parsed)
+            registry.report(replica_id, secret, parsed)
         except ReportRejected as exc:
             return JSONResponse(
                 error_body(str(exc), "invalid_request_error", None, "report_rejected"),
                 status_code=exc.status,
             )
+        if after_report is not None:
+            await after_report(replica_id)
         return Response(status_code=204)
 
     return Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"])

@@ -97,6 +97,9 @@ class ReplicaSettings:
     of the settings, plus where the registry listens)."""
 
     registry_url: str
+    # Other control-plane instances (or their load balancer), where a
+    # replica reports when the instance that launched it is gone.
+    registry_fallback_urls: tuple[str, ...] = ()
     report_interval_s: float = 2.0
     orphan_timeout_s: float | None = 60.0
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -122,6 +125,9 @@ class ReplicaConfig:
     port: int = 0
     port_file: Path | None = None
     registry_url: str | None = None
+    # A replica outlives the instance that launched it (the next leader
+    # adopts it) and keeps reporting, to these.
+    registry_fallback_urls: tuple[str, ...] = ()
     replica_id: str = ""
     endpoint_id: str | None = None
     secret: str | None = field(default=None, repr=False)
@@ -164,6 +170,7 @@ def config_for(
         host=host,
         advertise_host=advertise_host,
         registry_url=settings.registry_url,
+        registry_fallback_urls=settings.registry_fallback_urls,
         replica_id=spec.replica_id,
         endpoint_id=spec.endpoint_id,
         report_interval=settings.report_interval_s,
@@ -223,6 +230,8 @@ def to_argv(config: ReplicaConfig) -> list[str]:
         argv += ["--port-file", str(config.port_file)]
     if config.registry_url is not None:
         argv += ["--registry-url", config.registry_url]
+    for url in config.registry_fallback_urls:
+        argv += ["--registry-fallback-url", url]
     argv += ["--replica-id", config.replica_id]
     if config.endpoint_id is not None:
         argv += ["--endpoint-id", config.endpoint_id]
@@ -299,6 +308,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
     parser.add_argument("--registry-url", default=None)
+    parser.add_argument(
+        "--registry-fallback-url",
+        action="append",
+        default=[],
+        help="where to report when the registry URL cannot be reached (repeatable)",
+    )
     parser.add_argument("--replica-id", default="")
     parser.add_argument("--endpoint-id", default=None)
     parser.add_argument("--report-interval", type=float, default=2.0)
@@ -384,6 +399,7 @@ def config_from_args(
         port=args.port,
         port_file=args.port_file,
         registry_url=args.registry_url,
+        registry_fallback_urls=tuple(args.registry_fallback_url),
         replica_id=args.replica_id,
         endpoint_id=args.endpoint_id,
         # Secrets travel by environment, never on a command line that `ps` shows.

@@ -143,6 +143,7 @@ class ReplicaProcess:
                 on_orphaned=self.request_drain,
                 interval=config.report_interval,
                 orphan_timeout=config.orphan_timeout,
+                fallback_urls=config.registry_fallback_urls,
             )
             self.state.on_change(self._reporter.notify)
             self._reporter.start()
