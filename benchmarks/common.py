@@ -121,7 +121,9 @@ async def one_chat(
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and any(c["delta"].get("content") for c in chunk["choices"]):
+            if ttft is None and any(
+                c["delta"].get("content") or c["delta"].get("tool_calls") for c in chunk["choices"]
+            ):
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
@@ -140,10 +142,12 @@ async def closed_loop_chat(
     headers: dict[str, str] | None = None,
     prompt: str = "Write a short story about a fox who learns to fly.",
     timeout_s: float = 600,
+    extra: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """`concurrency` workers, each sending its next request as soon as the
-    previous one finished, until `requests` were sent (or `timeout_s`)."""
-    body = chat_body(model, max_tokens, stream, prompt)
+    previous one finished, until `requests` were sent (or `timeout_s`).
+    `extra` adds fields to every request body (tools, ...)."""
+    body = {**chat_body(model, max_tokens, stream, prompt), **(extra or {})}
     result = LoadResult(label, 0, 0, 0.0, 0)
     remaining = requests
     deadline = time.monotonic() + timeout_s
@@ -206,6 +210,7 @@ async def chat_rounds(
     stream: bool,
     cpu_pids: Mapping[str, int] | None = None,
     timeout_s: float = 600,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, list[LoadResult]]:
     """`closed_loop_chat` on every target (name -> chat completions URL and
     request headers), `rounds` times in alternating order. A target named in
@@ -225,6 +230,7 @@ async def chat_rounds(
             stream=stream,
             headers=dict(headers),
             timeout_s=timeout_s,
+            extra=extra,
         )
         if pid:
             result.cpu_s = process_cpu_seconds(pid) - before
@@ -431,12 +437,38 @@ def vllm_cli_flags(args: dict[str, Any]) -> list[str]:
     return flags
 
 
+# The tool-calling part: the same tools and parser on both sides (vLLM's
+# server: --enable-auto-tool-choice --tool-call-parser hermes; inferd: the
+# catalog's toolCallParser, or --tool-call-parser for a directory).
+TOOL_PARSER = "hermes"
+TOOLS_BODY: dict[str, Any] = {
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ],
+    # "auto": every delta goes through the tool parser (the random model
+    # writes text, so the lengths stay fixed by ignore_eos on both sides).
+    "tool_choice": "auto",
+}
+
+
 def start_vllm_server(
     model_path: Path, options: Any, port: int, log: Path, served_name: str = "tiny-chat"
 ) -> subprocess.Popen[bytes]:
     """`python -m vllm.entrypoints.openai.api_server` with the engine arguments
-    inferd itself uses for `options` (an `EngineOptions`), in its own process
-    group. Set VLLM_CPU_KVCACHE_SPACE in the environment first on a CPU."""
+    inferd itself uses for `options` (an `EngineOptions`) and the tool parser
+    inferd's replica gets, in its own process group. Set VLLM_CPU_KVCACHE_SPACE
+    in the environment first on a CPU."""
     from inferd.engines.vllm import engine_args_for
 
     engine_args = engine_args_for(model_path, served_name, options)
@@ -444,6 +476,7 @@ def start_vllm_server(
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port),
         "--disable-uvicorn-access-log", *vllm_cli_flags(engine_args),
+        "--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER,
     ]  # fmt: skip
     return subprocess.Popen(
         command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
@@ -482,3 +515,37 @@ def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 30) ->
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(10)
+
+
+def vllm_bench_serve(
+    base_url: str,
+    endpoint: str,
+    *,
+    model: str,
+    tokenizer: Path,
+    num_prompts: int,
+    concurrency: int,
+    input_len: int,
+    output_len: int,
+    headers: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """vLLM's own benchmark client (`vllm bench serve`, called from Python:
+    the `vllm` console script fails under vllm-cpu) with `--backend
+    openai-chat` and random prompts of fixed lengths; returns its result."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = [
+        "--backend", "openai-chat", "--base-url", base_url, "--endpoint", endpoint,
+        "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--ignore-eos", "--temperature", "0", "--disable-tqdm",
+    ]  # fmt: skip
+    if headers:
+        argv += ["--header", *(f"{name}={value}" for name, value in headers.items())]
+    result: dict[str, Any] = bench_main(parser.parse_args(argv))
+    return result

@@ -15,8 +15,14 @@ configuration, same closed-loop load, one run.
 
 Both are up at once and measured in alternating rounds, non-streamed and
 streamed (`ignore_eos`, so every request makes exactly --max-tokens tokens);
-output tokens/s is the median over rounds. Goal: the endpoint's output
-tokens/s >= 0.95 of vLLM's server, in both modes.
+output tokens/s is the median over rounds. Then the same with tools offered
+(tool_choice auto, vLLM's `hermes` parser on both sides: the catalog's
+toolCallParser for the endpoint). Goal: the endpoint's output tokens/s >=
+0.95 of vLLM's server in every mode.
+
+Last, vLLM's own benchmark client (`vllm bench serve --backend openai-chat`,
+random prompts of --vllm-bench-input-len tokens, --max-tokens out) against
+the endpoint URL and vLLM's server, one after the other in the same run.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    TOOLS_BODY,
     LoadResult,
     chat_rounds,
     load_average,
@@ -37,6 +44,7 @@ from common import (
     print_table,
     start_vllm_server,
     stop_process_group,
+    vllm_bench_serve,
     wait_http_ok,
     write_report,
 )
@@ -70,6 +78,8 @@ def main() -> int:
         help="run vLLM's engine core on its workers' CPUs in the reference server too, as "
         "inferd does on a CPU (see keep_engine_core_with_its_workers); default: as shipped",
     )
+    parser.add_argument("--vllm-bench-prompts", type=int, default=64)
+    parser.add_argument("--vllm-bench-input-len", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -100,11 +110,13 @@ def main() -> int:
             "inferd-endpoint": (endpoint_url, endpoint_headers),
         }
 
-        def measure(rounds: int, requests: int, stream: bool) -> dict[str, list[LoadResult]]:
+        def measure(
+            rounds: int, requests: int, stream: bool, extra: dict[str, Any] | None = None
+        ) -> dict[str, list[LoadResult]]:
             return asyncio.run(
                 chat_rounds(targets, model=MODEL, rounds=rounds, requests=requests,
                             concurrency=args.concurrency, max_tokens=args.max_tokens,
-                            stream=stream)
+                            stream=stream, extra=extra)
             )  # fmt: skip
 
         # Warm both paths (connections, first-call costs); not measured.
@@ -112,10 +124,11 @@ def main() -> int:
             measure(1, 16, stream)
         report: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "results": {}}
         rows = []
-        for stream in (False, True):
-            mode = "stream" if stream else "non-stream"
+        parts = [(False, None), (True, None), (False, TOOLS_BODY), (True, TOOLS_BODY)]
+        for stream, extra in parts:
+            mode = ("tools " if extra else "") + ("stream" if stream else "non-stream")
             load_before = load_average()
-            runs = measure(args.rounds, args.requests, stream)
+            runs = measure(args.rounds, args.requests, stream, extra)
             base = pooled("vllm-server", runs["vllm-server"])
             ours = pooled("inferd-endpoint", runs["inferd-endpoint"])
             rounds_rate = {
@@ -153,11 +166,61 @@ def main() -> int:
         )
         report["goal"] = f"endpoint output tokens/s >= {GOAL} x vLLM server"
         report["goal_met"] = met
+        report["vllm_bench_serve"] = bench_with_vllm_client(
+            args, model_path, endpoint_url, endpoint_headers, vllm_port
+        )
         write_report("endpoint_vs_vllm", report, args.out)
     finally:
         serve.cleanup()
         stop_process_group(reference)
     return 0
+
+
+def bench_with_vllm_client(
+    args: argparse.Namespace,
+    model_path: Path,
+    endpoint_url: str,
+    endpoint_headers: dict[str, str],
+    vllm_port: int,
+) -> dict[str, Any]:
+    """vLLM's benchmark client against both, the endpoint first."""
+    base, _, path = endpoint_url.partition("/openai/v1/")
+    sides = {
+        "inferd-endpoint": (f"{base}/openai", "/v1/" + path, endpoint_headers),
+        "vllm-server": (f"http://127.0.0.1:{vllm_port}", "/v1/chat/completions", {}),
+    }
+    results: dict[str, Any] = {}
+    rows = []
+    keep = ("completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+            "median_tpot_ms", "median_e2el_ms")  # fmt: skip
+    for label, (base_url, endpoint, headers) in sides.items():
+        result = vllm_bench_serve(
+            base_url,
+            endpoint,
+            model=MODEL,
+            tokenizer=model_path,
+            num_prompts=args.vllm_bench_prompts,
+            concurrency=args.concurrency,
+            input_len=args.vllm_bench_input_len,
+            output_len=args.max_tokens,
+            headers=headers,
+        )
+        results[label] = {key: result.get(key) for key in keep}
+        rows.append({"label": label, **results[label]})
+    ratio = (
+        results["inferd-endpoint"]["output_throughput"]
+        / results["vllm-server"]["output_throughput"]
+    )
+    rows[0]["tok/s ratio"] = round(ratio, 3)
+    results["output_throughput_ratio"] = round(ratio, 4)
+    print_table(
+        f"vLLM's benchmark client (vllm bench serve --backend openai-chat): "
+        f"{args.vllm_bench_prompts} prompts, {args.concurrency} concurrent, "
+        f"{args.vllm_bench_input_len} in / {args.max_tokens} out tokens",
+        rows,
+        ["label", *keep, "tok/s ratio"],
+    )
+    return results
 
 
 if __name__ == "__main__":

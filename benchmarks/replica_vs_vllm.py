@@ -4,8 +4,10 @@ configuration, same closed-loop load, one run.
     python benchmarks/replica_vs_vllm.py [--requests 64 --concurrency 8 --max-tokens 64]
 
 Both servers are started at once and measured in alternating rounds (so
-drift on a shared machine hits both), streamed and not. Goals: inferd's
-output tokens/s >= 0.95 of vLLM's server; TTFT p50 within +5 ms.
+drift on a shared machine hits both), streamed and not, then the same with
+tools offered (tool_choice auto: every delta through vLLM's `hermes` tool
+parser on both sides). Goals: inferd's output tokens/s >= 0.95 of vLLM's
+server (tool calling too); TTFT p50 within +5 ms.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    TOOL_PARSER,
+    TOOLS_BODY,
     LoadResult,
     chat_rounds,
     pin_engine_cores,
@@ -59,7 +63,10 @@ def main() -> int:
     reference = start_vllm_server(model_path, options, vllm_port, logs / "bench-vllm-server.log")
     replica = ReplicaHandle(
         str(model_path),
-        ["--engine", "vllm", "--device", args.device, "--served-model-name", "tiny-chat"],
+        [
+            *("--engine", "vllm", "--device", args.device, "--served-model-name", "tiny-chat"),
+            *("--tool-call-parser", TOOL_PARSER),
+        ],
     )
     try:
         wait_http_ok(f"http://127.0.0.1:{vllm_port}/health", reference, timeout=600)
@@ -71,19 +78,22 @@ def main() -> int:
             "inferd-replica": (f"{replica.url}/openai/v1/chat/completions", {}),
         }
 
-        def measure(rounds: int, requests: int, stream: bool) -> dict[str, list[LoadResult]]:
+        def measure(
+            rounds: int, requests: int, stream: bool, extra: dict[str, Any] | None = None
+        ) -> dict[str, list[LoadResult]]:
             return asyncio.run(
                 chat_rounds(targets, model="tiny-chat", rounds=rounds, requests=requests,
                             concurrency=args.concurrency, max_tokens=args.max_tokens,
-                            stream=stream)
+                            stream=stream, extra=extra)
             )  # fmt: skip
 
         measure(1, 16, True)  # warm both: first requests pay for lazy initialisation
         report: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "results": {}}
         rows = []
-        for stream in (False, True):
-            runs = measure(args.rounds, args.requests, stream)
-            mode = "stream" if stream else "non-stream"
+        parts = [(False, None), (True, None), (False, TOOLS_BODY), (True, TOOLS_BODY)]
+        for stream, extra in parts:
+            runs = measure(args.rounds, args.requests, stream, extra)
+            mode = ("tools " if extra else "") + ("stream" if stream else "non-stream")
             base = pooled("vllm-server", runs["vllm-server"])
             ours = pooled("inferd-replica", runs["inferd-replica"])
             ratio = ours["output_tokens_per_s"] / base["output_tokens_per_s"]

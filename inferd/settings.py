@@ -14,6 +14,7 @@ from the source tree.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,11 @@ class Settings(BaseModel):
     # Base of every endpoint's `url`; derived as http://host:port when unset.
     public_url: str = Field(description="base of endpoint URLs (default http://HOST:PORT)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body")
+    # nginx's default for client_header_timeout / client_body_timeout.
+    request_timeout_seconds: float = Field(
+        60.0, gt=0, description="time to receive a request's headers and body"
+    )
+    max_connections: int = Field(10_000, ge=1, description="open connections per process")
     log_level: LogLevel = Field("info", description="critical|error|warning|info|debug")
 
     # --- State ---------------------------------------------------------------
@@ -65,6 +71,24 @@ class Settings(BaseModel):
     # printed once and stored only as a hash.
     admin_key: SecretStr | None = Field(
         None, description="management API key (prefer INFERD_ADMIN_KEY: flags show in ps)"
+    )
+
+    # --- Several instances over one PostgreSQL --------------------------------
+    # Instances whose `database_url` is the same PostgreSQL form a cluster:
+    # they elect one leader and share their load through it.
+    # How this instance is named to the others (leader, load rows); unique.
+    instance_id: str | None = Field(
+        None, description="this instance's name in a cluster (default HOSTNAME:PORT)"
+    )
+    cluster_load_interval_seconds: float = Field(
+        1.0, gt=0, le=10, description="how often an instance publishes its load"
+    )
+    # A replica reports to the instance that launched it; when that one is
+    # gone (the next leader adopts the replica), to these.
+    replica_report_fallback_urls: str = Field(
+        "",
+        description="comma-separated base URLs of the other instances or their load "
+        "balancer, where replicas report when this instance is unreachable",
     )
 
     # --- Catalog -------------------------------------------------------------
@@ -193,6 +217,15 @@ class Settings(BaseModel):
         )
 
     @property
+    def clustered(self) -> bool:
+        """Several instances share this database (PostgreSQL): one leads."""
+        return self.database_url.partition(":")[0].lower() in ("postgresql", "postgres")
+
+    @property
+    def cluster_instance_id(self) -> str:
+        return self.instance_id or f"{socket.gethostname()}:{self.port}"
+
+    @property
     def registry_url(self) -> str:
         """Where replicas report: this server's listener, dialable."""
         return f"{_dialable(self.host, self.port)}/internal/registry"
@@ -202,6 +235,11 @@ class Settings(BaseModel):
         """What every launcher gives each replica (`launcher` names which one)."""
         return ReplicaSettings(
             registry_url=self.registry_url,
+            registry_fallback_urls=tuple(
+                base.strip().rstrip("/") + "/internal/registry"
+                for base in self.replica_report_fallback_urls.split(",")
+                if base.strip()
+            ),
             report_interval_s=self.health_period_seconds,
             orphan_timeout_s=self.replica_orphan_timeout_seconds,
             drain_timeout_s=self.replica_drain_timeout_seconds,

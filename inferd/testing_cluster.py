@@ -88,7 +88,12 @@ class LocalCluster:
         with contextlib.suppress(Exception):
             ray.shutdown()
         self.cluster.shutdown()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        # Ray's last processes may still write their logs there for a moment.
+        for _ in range(5):
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            if not os.path.exists(self.temp_dir):
+                break
+            time.sleep(0.5)
 
 
 def start_cluster(nodes: dict[str, FakeNode], connect: bool = True) -> LocalCluster:

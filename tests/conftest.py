@@ -54,7 +54,11 @@ def vllm_replica(tiny_chat_dir: Path) -> Iterator[ReplicaHandle]:
         pytest.skip("vLLM is not installed")
     handle = ReplicaHandle(
         str(tiny_chat_dir),
-        ["--engine", "vllm", "--device", "cpu", "--served-model-name", "tiny-chat"],
+        # The catalog entry's parser, given by flag: a directory has no entry.
+        [
+            *("--engine", "vllm", "--device", "cpu", "--served-model-name", "tiny-chat"),
+            *("--tool-call-parser", "hermes"),
+        ],
     )
     try:
         yield handle.wait_ready(timeout=300)

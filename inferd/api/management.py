@@ -229,8 +229,20 @@ class AccessToken(_Response):
     accessToken: str = Field(description="The new token; the previous one no longer works.")
 
 
+class LeaderStatus(_Response):
+    instance: str | None = Field(description="The instance that leads (None: none known yet).")
+    term: int | None = Field(description="The leader's term; each new leader's is higher.")
+    self: bool = Field(description="Whether the instance that answered leads.")
+
+
 class Health(_Response):
     status: Literal["ok"]
+    instance: str | None = Field(
+        None, description="The instance that answered (only with several instances)."
+    )
+    leader: LeaderStatus | None = Field(
+        None, description="Who leads (only with several instances)."
+    )
 
 
 class ErrorDetail(_Response):
@@ -280,8 +292,6 @@ class ModelInfo(_CatalogResponse):
         None, description="The model class its files name (vLLM architecture or pipeline)."
     )
     chatTemplate: str | None = Field(None, description="Where its chat template was found.")
-    toolCallParser: str | None = Field(None, description="vLLM tool-call parser, if inferred.")
-    reasoningParser: str | None = Field(None, description="vLLM reasoning parser, if inferred.")
     createdAt: str | None = None
 
 

@@ -3,8 +3,8 @@
 Requests are validated strictly (a string where a number belongs is a 400,
 not a silent coercion). Fields the OpenAI clients send that inferd does not
 act on are ignored rather than refused, as OpenAI itself does for unknown
-fields; fields that would change the output and that inferd cannot honour
-(tools, logprobs) are refused with a clear 400 instead of silently dropped.
+fields (and vLLM's server for the same ones: metadata, store, service_tier...).
+Tools are checked against vLLM's own request model by the engine.
 
 Responses are built as plain dicts: on the streaming hot path a pydantic
 model per chunk costs more than the rest of the replica's work.
@@ -24,6 +24,7 @@ MAX_MESSAGE_CHARS = 200_000
 MAX_STOP_SEQUENCES = 16
 MAX_CHAT_N = 8
 MAX_PROMPT_CHARS = 4_000
+MAX_TOOLS = 128
 
 
 REQUEST_ID_PATTERN = r"^[!-~]+$"
@@ -38,10 +39,24 @@ class TextContentPart(_Strict):
     text: str
 
 
+class FunctionCallIn(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    arguments: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
+
+
+class ToolCallIn(_Strict):
+    id: Annotated[str, Field(max_length=256)]
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)] | list[TextContentPart] | None
     name: str | None = None
+    # An assistant turn's calls; a tool turn's answer to one of them.
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None
 
     @model_validator(mode="after")
     def _bounded(self) -> ChatMessageIn:
@@ -61,6 +76,27 @@ class ChatMessageIn(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_Strict):
@@ -96,7 +132,12 @@ class ChatCompletionRequest(_Strict):
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    tools: list[Any] | None = None
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    tools: Annotated[list[ToolIn], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     user: str | None = None
     # vLLM extensions, accepted under the same names as vLLM's own server.
     ignore_eos: bool = False
@@ -128,10 +169,18 @@ class ChatCompletionRequest(_Strict):
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("tool calling is not supported by this endpoint")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported by this endpoint")
+        # The same rules, in the same words, as vLLM's server.
+        if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
+            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools:
+            names = {tool.function.name for tool in self.tools}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(
+                    "The tool specified in `tool_choice` does not match any of the "
+                    "specified `tools`"
+                )
         max_tokens = self.effective_max_tokens
         if max_tokens is not None and self.min_tokens > max_tokens:
             raise ValueError("min_tokens must not exceed max_tokens")
@@ -215,26 +264,41 @@ def chat_completion(
     completion_id: str,
     created: int,
     model: str,
-    choices: list[tuple[str, str]],
+    choices: list[dict[str, Any]],
     prompt_tokens: int,
     completion_tokens: int,
 ) -> dict[str, Any]:
-    """`choices` is [(text, finish_reason)] in index order."""
+    """`choices` as `choice` builds them, in index order."""
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-            for i, (text, finish) in enumerate(choices)
-        ],
+        "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def choice(
+    index: int,
+    content: str | None,
+    finish_reason: str,
+    reasoning: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if reasoning:
+        # `reasoning_content` is the name DeepSeek's API and most clients
+        # read; `reasoning` is vLLM's own current name for the same text.
+        message["reasoning_content"] = message["reasoning"] = reasoning
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": None if logprobs is None else {"content": logprobs},
+        "finish_reason": finish_reason,
     }
 
 
@@ -262,12 +326,28 @@ class ChunkEncoder:
         self._prefix = b"data: " + head[:-1].encode() + b', "choices": ['
 
     def delta(
-        self, index: int, content: str | None, finish_reason: str | None, role: bool = False
+        self,
+        index: int,
+        content: str | None,
+        finish_reason: str | None,
+        role: bool = False,
+        reasoning: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
     ) -> bytes:
-        delta: dict[str, str] = {"role": "assistant"} if role else {}
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if content is not None:
             delta["content"] = content
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if reasoning:
+            delta["reasoning_content"] = delta["reasoning"] = reasoning
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": finish_reason,
+        }
         return self._prefix + json.dumps(choice).encode() + b"]}\n\n"
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:

@@ -90,6 +90,10 @@ class Entry:
     def text(self, key: str, default: str | None = None) -> str:
         return str(self._get(key, (str,), default, default is None))
 
+    def optional_text(self, key: str) -> str | None:
+        value = self._get(key, (str,), None, False)
+        return None if value is None else str(value)
+
     def integer(self, key: str, default: int | None = None) -> int:
         value = int(self._get(key, (int,), default, default is None))
         if value < 0:
@@ -222,6 +226,11 @@ class ModelSpec:
     min_side: int | None = None
     max_side: int | None = None
     side_multiple: int | None = None
+    # Chat models only: vLLM's tool-call parser (`--tool-call-parser`) and
+    # reasoning parser (`--reasoning-parser`) for the model's output format;
+    # None: the model's requests with tools (or reasoning) are refused.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @property
     def chat(self) -> ChatArchitecture:
@@ -262,6 +271,8 @@ class ModelSpec:
             "parameters": self.architecture.parameters,
             "architecture": self.architecture.to_dict(),
         }
+        if self.kind == "chat":
+            out.update(toolCallParser=self.tool_call_parser, reasoningParser=self.reasoning_parser)
         if self.kind == "image":
             assert self.default_size is not None
             out.update(
@@ -384,7 +395,12 @@ def parse_model(data: Any, where: str) -> ModelSpec:
         "description": e.text("description"),
     }
     if kind == "chat":
-        return ModelSpec(architecture=_chat_architecture(e.mapping("architecture")), **common)
+        return ModelSpec(
+            architecture=_chat_architecture(e.mapping("architecture")),
+            tool_call_parser=e.optional_text("toolCallParser"),
+            reasoning_parser=e.optional_text("reasoningParser"),
+            **common,
+        )
     size = parse_size(e.text("defaultSize"), f"{where}.defaultSize")
     spec = ModelSpec(
         architecture=_image_architecture(e.mapping("architecture")),

@@ -30,11 +30,30 @@ SPECIAL_TOKENS = (
     "<|end_header_id|>",
     "<|eot_id|>",
 )
+# Markup of tool calls (Hermes style, as Qwen2.5 writes them) and of
+# reasoning (DeepSeek-R1 style): whole tokens, never split by the BPE, and
+# not special, so they stay in the decoded text that vLLM's tool and
+# reasoning parsers read (`deepseek_r1` also looks their ids up).
+MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+# A Llama-3-style template with tool support in the Hermes format that
+# vLLM's `hermes` tool parser reads: the tools are listed in a system turn,
+# an assistant's calls are written as <tool_call>{json}</tool_call>, and
+# tool results come back as `tool` turns.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "You may call one or more functions. Their signatures:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    'For each call write <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>'
+    "<|eot_id|>{% endif %}"
     "{% for message in messages %}"
     "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    "{{ message['content'] }}<|eot_id|>"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "<tool_call>{\"name\": {{ call['function']['name'] | tojson }}, \"arguments\": "
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}<|eot_id|>"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
@@ -68,13 +87,14 @@ def build_tokenizer(out_dir: Path) -> object:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS),
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(MARKUP_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     # Repeat the lines so that the merges' counts are well separated.
     tokenizer.train_from_iterator(_CORPUS.strip().splitlines() * 4, trainer=trainer)
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.add_tokens(list(MARKUP_TOKENS))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<|begin_of_text|>",

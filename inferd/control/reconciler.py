@@ -165,6 +165,9 @@ class Reconciler:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
+        """Start ticking; again after `stop` as well (a leader that lost its
+        leadership and won it back)."""
+        self._stopping = False
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
 

@@ -232,6 +232,45 @@ class Registry:
             if r.endpoint_id == endpoint_id and r.live and r.last_report_at is not None
         ]
 
+    def observe(
+        self,
+        replica_id: str,
+        status: ReplicaStatus,
+        reason: str | None,
+        url: str | None,
+        *,
+        heard: bool,
+    ) -> None:
+        """A replica's state as another control-plane instance recorded it
+        (read back from the shared store). The same forward-only rules as a
+        report; `heard`: the record is newer than the last one seen, which
+        counts as a report for the liveness sweep (the replica reported to
+        another instance)."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return
+        now = self._clock()
+        new_status, new_reason = replica.status, replica.reason
+        if replica.status not in _STICKY and _FORWARD[status] >= _FORWARD[replica.status]:
+            new_status, new_reason = status, reason
+        elif status in ReplicaStatus.gone() and replica.status not in ReplicaStatus.gone():
+            new_status, new_reason = status, reason or replica.reason
+        changed = new_status != replica.status or (url is not None and url != replica.url)
+        updated = replace(
+            replica,
+            status=new_status,
+            reason=new_reason,
+            url=url or replica.url,
+            last_report_at=now if heard else replica.last_report_at,
+            status_since=replica.status_since if new_status == replica.status else now,
+            status_since_wall=(
+                replica.status_since_wall if new_status == replica.status else self._wall()
+            ),
+        )
+        self._replicas[replica_id] = updated
+        if changed:
+            self._changed(updated)
+
     def check_liveness(self) -> list[Replica]:
         """Fail replicas that went quiet; returns the ones failed now."""
         now = self._clock()

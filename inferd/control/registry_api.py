@@ -10,7 +10,7 @@ report, never a 500).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -31,9 +31,13 @@ MAX_REPORT_BYTES = 64 * 1024
 
 
 def report_route(
-    registry: Registry, on_report: Callable[[str, ReplicaReport], None] | None = None
+    registry: Registry,
+    after_report: Callable[[str], Awaitable[None]] | None = None,
+    on_report: Callable[[str, ReplicaReport], None] | None = None,
 ) -> Route:
-    """`on_report`: told of every report the registry accepted (usage metering)."""
+    """`after_report`: called with the replica's id once its report was
+    applied (with several instances: to record it where the others read);
+    `on_report`: told of every report the registry accepted (usage metering)."""
 
     async def report(request: Request) -> Response:
         secret = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
@@ -42,15 +46,18 @@ def report_route(
             parsed = ReplicaReport.model_validate_json(raw)
         except ValidationError as exc:
             return error_response(validation_error_to_bad_request(exc))
+        replica_id = request.path_params["replica_id"]
         try:
-            registry.report(request.path_params["replica_id"], secret, parsed)
+            registry.report(replica_id, secret, parsed)
         except ReportRejected as exc:
             return JSONResponse(
                 error_body(str(exc), "invalid_request_error", None, "report_rejected"),
                 status_code=exc.status,
             )
         if on_report is not None:
-            on_report(request.path_params["replica_id"], parsed)
+            on_report(replica_id, parsed)
+        if after_report is not None:
+            await after_report(replica_id)
         return Response(status_code=204)
 
     return Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"])

@@ -36,6 +36,11 @@ class ServingDefaults:
     min_side: int | None = None
     max_side: int | None = None
     default_size: tuple[int, int] | None = None
+    # Chat: vLLM's parsers for the model's output format (its server's
+    # --tool-call-parser / --reasoning-parser); None: requests that need
+    # one (tools, reasoning) are refused / report no reasoning.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The fields that are set."""
@@ -108,9 +113,43 @@ def engine_options(cls: type[_Options], extra: Mapping[str, Any], engine: str) -
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made: whole in a message, or a piece of one
+    in a stream delta (the id and name come once, the arguments in parts)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""  # JSON text, or a fragment of it
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    # An assistant turn that called tools; a tool turn answering one.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """The tools a request offers the model, in the OpenAI shape."""
+
+    tools_json: str  # JSON text of the OpenAI `tools` list
+    # "auto" | "none" | "required", or the name of the one function to call.
+    choice: str = "auto"
+    named: bool = False  # `choice` names a function
+    parallel: bool = True
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None
+    # The most likely tokens at this step: (token, logprob, bytes).
+    top: tuple[tuple[str, float, tuple[int, ...] | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +164,8 @@ class SamplingOptions:
     ignore_eos: bool = False
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     # token id -> bias in [-100, 100]
     logit_bias: tuple[tuple[int, float], ...] = ()
     # Structured output: at most one of these.
@@ -138,6 +179,12 @@ class TextRequest:
     request_id: str
     messages: tuple[ChatMessage, ...]
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    tools: ToolOptions | None = None
+    # None: no logprobs; n: each token's logprob and the n likeliest.
+    logprobs: int | None = None
+    # False: the client reads the answer whole, so an engine may parse the
+    # output (tool calls, reasoning) once at the end instead of per delta.
+    stream: bool = True
 
 
 @dataclass(frozen=True)
@@ -152,7 +199,12 @@ class TextDelta:
     text: str
     completion_tokens: int  # cumulative
     prompt_tokens: int
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # also "tool_calls"
+    # Parsed out of the output when the model has parsers: its reasoning
+    # (apart from `text`, the answer) and the tool calls it made.
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,22 @@ class ChatPromptRenderer:
 
         return cls(AutoTokenizer.from_pretrained(str(model_path)))
 
-    def render(self, messages: Sequence[ChatMessage]) -> list[int]:
-        conversation = [{"role": m.role, "content": m.content} for m in messages]
+    def render(
+        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Prompt token ids; `tools` (OpenAI's shape) are written by the
+        template where it supports them."""
+        if tools is None and not any(m.tool_calls or m.tool_call_id for m in messages):
+            conversation = [{"role": m.role, "content": m.content} for m in messages]
+        else:
+            conversation = template_messages(messages)
         try:
             ids = self.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+                conversation,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
             )
         except Exception as exc:  # jinja raises its own errors for bad role orders
             raise BadRequest(
@@ -34,3 +47,37 @@ class ChatPromptRenderer:
                 param="messages",
             ) from None
         return [int(i) for i in ids]
+
+
+def message_dict(message: ChatMessage) -> dict[str, Any]:
+    """One message in the OpenAI shape, as chat templates and vLLM read it."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+        if not message.content:
+            out["content"] = None
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages for the chat template: a call's arguments as an object, as
+    Hugging Face templates expect them (vLLM's renderer does the same)."""
+    out = []
+    for message in messages:
+        item = message_dict(message)
+        for call in item.get("tool_calls", ()):
+            function = call["function"]
+            # Text that is not JSON is written as it is.
+            with contextlib.suppress(json.JSONDecodeError):
+                function["arguments"] = json.loads(function["arguments"] or "{}")
+        out.append(item)
+    return out

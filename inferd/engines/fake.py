@@ -36,7 +36,7 @@ from inferd.engines.base import (
     engine_options,
     validate_image_request,
 )
-from inferd.engines.limits import check_prompt_fits, check_token_ids
+from inferd.engines.limits import check_prompt_fits, check_token_ids, refuse_tools_and_logprobs
 from inferd.errors import BadRequest, Conflict
 from inferd.vocab import ModelKind
 
@@ -92,6 +92,7 @@ class FakeTextEngine:
         s = request.sampling
         check_prompt_fits(prompt_tokens, s.max_tokens, self._info.context_length)
         check_token_ids(s.stop_token_ids, s.logit_bias, FAKE_VOCAB)
+        refuse_tools_and_logprobs(request, "fake")
         if s.json_schema is not None or s.regex is not None:
             raise BadRequest("The fake engine has no structured output.", param="response_format")
         if request.request_id in self._running:

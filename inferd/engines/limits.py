@@ -3,6 +3,7 @@ messages, same error parameters)."""
 
 from __future__ import annotations
 
+from inferd.engines.base import TextRequest
 from inferd.errors import BadRequest
 
 
@@ -45,3 +46,19 @@ def check_token_ids(
                 f"logit_bias for token {token_id} is {bias}; it must be within [-100, 100].",
                 param="logit_bias",
             )
+
+
+def refuse_tools_and_logprobs(request: TextRequest, engine: str) -> None:
+    """For engines without vLLM's parsers: a request that needs tool calls
+    parsed, or logprobs, is a 400 rather than an answer that silently
+    ignores them. Tools offered with tool_choice "none" are only rendered."""
+    tools = request.tools
+    if tools is not None and tools.choice != "none":
+        raise BadRequest(
+            f"Tool calling needs the vLLM engine and a tool-call parser; the {engine} engine "
+            "has none.",
+            param="tool_choice",
+            code="tool_parser_not_configured",
+        )
+    if request.logprobs is not None:
+        raise BadRequest(f"The {engine} engine does not report logprobs.", param="logprobs")

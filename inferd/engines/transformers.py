@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import queue
 import threading
@@ -58,7 +59,7 @@ from inferd.engines.base import (
     engine_options,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
-from inferd.engines.limits import check_prompt_fits, check_token_ids
+from inferd.engines.limits import check_prompt_fits, check_token_ids, refuse_tools_and_logprobs
 from inferd.errors import BadRequest, Conflict, ServiceUnavailable
 from inferd.vocab import ModelKind
 
@@ -302,7 +303,9 @@ class TransformersTextEngine:
     async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
         if self._info is None or self._renderer is None or self._stopping:
             raise ServiceUnavailable("The model is not loaded.", code="model_loading")
-        prompt_ids = self._renderer.render(request.messages)
+        refuse_tools_and_logprobs(request, "transformers")
+        tools = json.loads(request.tools.tools_json) if request.tools is not None else None
+        prompt_ids = self._renderer.render(request.messages, tools)
         max_tokens = self._validate(request.sampling, len(prompt_ids))
         if request.request_id in self._active_ids:
             raise Conflict(

@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from inferd import procfs
+from inferd.engines import vllm_parsing
 from inferd.engines.base import (
     EngineLoad,
     EngineOptions,
     TextDelta,
     TextModelInfo,
     TextRequest,
+    ToolCall,
     UnknownEngineOption,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
@@ -87,6 +89,10 @@ def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict
     }
     if options.max_model_len is not None:
         args["max_model_len"] = options.max_model_len
+    if options.serving.reasoning_parser:
+        # Structured output starts after the reasoning, as with vLLM's
+        # server started with --reasoning-parser.
+        args["reasoning_parser"] = options.serving.reasoning_parser
     if on_cpu:
         # CUDA graphs do not exist on CPU, and torch.compile warm-up costs
         # more than it returns for the tiny models served here.
@@ -186,6 +192,7 @@ class VllmTextEngine:
         self._info: TextModelInfo | None = None
         self._tracker = _LoadTracker()
         self._active: set[str] = set()
+        self._parser_cls: Any = None
 
     @property
     def info(self) -> TextModelInfo:
@@ -213,6 +220,12 @@ class VllmTextEngine:
             keep_engine_core_with_its_workers(self._engine)
         model_config = self._engine.model_config
         self._renderer = ChatPromptRenderer.from_pretrained(self._model_path)
+        self._parser_cls = vllm_parsing.parser_class(
+            self._options.serving.tool_call_parser,
+            self._options.serving.reasoning_parser,
+            self._name,
+            self._renderer.tokenizer,
+        )
         self._info = TextModelInfo(
             name=self._name,
             context_length=int(model_config.max_model_len),
@@ -222,8 +235,18 @@ class VllmTextEngine:
     async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
         if self._engine is None or self._renderer is None:
             raise ServiceUnavailable("The model is still loading.", code="model_loading")
-        prompt_ids = self._renderer.render(request.messages)
-        params = self._sampling_params(request, len(prompt_ids))
+        parsing = vllm_parsing.request_parsing(
+            request,
+            self._parser_cls,
+            self._renderer.tokenizer,
+            self._engine.model_config,
+            self._name,
+        )
+        # Offered tools are in the prompt even with tool_choice "none", as in
+        # vLLM's server: the model knows them, it is only not asked to call.
+        tools = json.loads(request.tools.tools_json) if request.tools is not None else None
+        prompt_ids = self._renderer.render(request.messages, tools)
+        params = self._sampling_params(request, len(prompt_ids), parsing)
         if request.request_id in self._active:
             raise Conflict(
                 f"A request with id {request.request_id!r} is already running.",
@@ -231,31 +254,97 @@ class VllmTextEngine:
                 code="duplicate_request_id",
             )
         self._active.add(request.request_id)
-        stream = self._engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id)
+        extra = parsing.reasoning_kwargs(prompt_ids) if parsing is not None else {}
+        stream = self._engine.generate(
+            {"prompt_token_ids": prompt_ids}, params, request.request_id, **extra
+        )
         mapped = _map_vllm_errors(stream)
         finished = False
-        completion_tokens = 0
         try:
-            async for output in mapped:
-                completion = output.outputs[0]
-                completion_tokens += len(completion.token_ids)
-                finished = output.finished
-                yield TextDelta(
-                    text=completion.text,
-                    completion_tokens=completion_tokens,
-                    prompt_tokens=len(prompt_ids),
-                    finish_reason=_finish_reason(completion.finish_reason) if finished else None,
-                )
+            if parsing is None:
+                deltas = self._plain(mapped, len(prompt_ids))
+            else:
+                deltas = self._parsed(mapped, prompt_ids, request, parsing)
+            async for delta in deltas:
+                finished = delta.finish_reason is not None
+                yield delta
         finally:
             self._active.discard(request.request_id)
             # Closing vLLM's generator aborts the request in the engine; do it
             # now rather than whenever the generator is garbage-collected.
             await mapped.aclose()
             await stream.aclose()
-            if not finished:
+            if not finished and not self._engine.errored:
                 await self._engine.abort(request.request_id)
 
-    def _sampling_params(self, request: TextRequest, prompt_len: int) -> Any:
+    async def _plain(
+        self, outputs: AsyncIterator[Any], prompt_tokens: int
+    ) -> AsyncIterator[TextDelta]:
+        completion_tokens = 0
+        async for output in outputs:
+            completion = output.outputs[0]
+            completion_tokens += len(completion.token_ids)
+            yield TextDelta(
+                text=completion.text,
+                completion_tokens=completion_tokens,
+                prompt_tokens=prompt_tokens,
+                finish_reason=_finish_reason(completion.finish_reason) if output.finished else None,
+            )
+
+    async def _parsed(
+        self,
+        outputs: AsyncIterator[Any],
+        prompt_ids: list[int],
+        request: TextRequest,
+        parsing: vllm_parsing.RequestParsing,
+    ) -> AsyncIterator[TextDelta]:
+        """Deltas through vLLM's parsers: per delta when streaming; once, over
+        the whole output, when the client reads the answer whole (vLLM's
+        server parses the two ways, and a few parsers differ between them)."""
+        completion_tokens = 0
+        called_tools = False
+        text_parts: list[str] = []
+        token_ids: list[int] = []
+        top = request.logprobs or 0
+        tokenizer = self._renderer.tokenizer if self._renderer is not None else None
+        async for output in outputs:
+            completion = output.outputs[0]
+            completion_tokens += len(completion.token_ids)
+            logprobs = (
+                vllm_parsing.token_logprobs(
+                    completion.token_ids, completion.logprobs, top, tokenizer
+                )
+                if request.logprobs is not None
+                else ()
+            )
+            finish = _finish_reason(completion.finish_reason) if output.finished else None
+            tool_calls: tuple[ToolCall, ...] = ()
+            if request.stream:
+                content, reasoning, tool_calls = parsing.delta(
+                    completion.text, completion.token_ids, prompt_ids, output.finished
+                )
+            else:
+                text_parts.append(completion.text)
+                token_ids.extend(completion.token_ids)
+                content, reasoning = "", ""
+                if output.finished:
+                    content, reasoning, tool_calls = parsing.whole("".join(text_parts), token_ids)
+            called_tools = called_tools or bool(tool_calls)
+            if finish is not None:
+                finish = parsing.finish_reason(finish, called_tools)
+            yield TextDelta(
+                text=content,
+                completion_tokens=completion_tokens,
+                prompt_tokens=len(prompt_ids),
+                finish_reason=finish,
+                reasoning=reasoning,
+                tool_calls=tool_calls,
+                logprobs=logprobs,
+            )
+
+    def _sampling_params(
+        self, request: TextRequest, prompt_len: int, parsing: vllm_parsing.RequestParsing | None
+    ) -> Any:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -269,6 +358,22 @@ class VllmTextEngine:
             structured = StructuredOutputsParams(
                 json=s.json_schema, regex=s.regex, json_object=s.json_object or None
             )
+        extra: dict[str, Any] = {}
+        if parsing is not None:
+            # vLLM's parser may have replaced the request's own constraint
+            # with a forced or required tool call's.
+            structured = parsing.structured_outputs()
+            extra["skip_special_tokens"] = parsing.skip_special_tokens
+        if request.logprobs is not None:
+            limit = int(self._engine.model_config.max_logprobs)
+            if request.logprobs > limit:
+                raise BadRequest(
+                    f"'top_logprobs' must be at most {limit} (vLLM's max_logprobs for this "
+                    f"model), got {request.logprobs}.",
+                    param="top_logprobs",
+                    code="top_logprobs_over_limit",
+                )
+            extra["logprobs"] = request.logprobs
         try:
             return SamplingParams(
                 max_tokens=s.max_tokens
@@ -276,6 +381,8 @@ class VllmTextEngine:
                 else info.context_length - prompt_len,
                 temperature=s.temperature,
                 top_p=s.top_p,
+                presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty,
                 stop=list(s.stop) or None,
                 seed=s.seed,
                 ignore_eos=s.ignore_eos,
@@ -284,6 +391,7 @@ class VllmTextEngine:
                 logit_bias=dict(s.logit_bias) or None,
                 structured_outputs=structured,
                 output_kind=RequestOutputKind.DELTA,
+                **extra,
             )
         except (ValueError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
@@ -337,8 +445,12 @@ async def _map_vllm_errors(stream: AsyncIterator[Any]) -> AsyncGenerator[Any, No
         raise BadRequest(str(exc), param=getattr(exc, "parameter", None)) from None
     except GracefulHTTPError as exc:
         raise ServiceUnavailable(str(exc), retry_after=1) from None
-    except EngineDeadError:
-        raise
+    except EngineDeadError as exc:
+        # Nothing of this request was generated: the gateway may send it to
+        # another replica; this one's health watch reports it failed.
+        raise ServiceUnavailable(
+            f"The engine of this replica has died: {exc}", code="engine_dead", retry_after=1
+        ) from None
     except EngineGenerateError as exc:
         cause = exc.__cause__
         if isinstance(cause, ValueError | TypeError | VLLMClientError | json.JSONDecodeError):

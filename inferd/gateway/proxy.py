@@ -22,8 +22,10 @@ from inferd.gateway.upstream import Headers, Upstream, UpstreamConnectError, Ups
 RELAYED_RESPONSE_HEADERS = frozenset(
     {b"content-type", b"content-length", b"x-request-id", b"retry-after", b"cache-control"}
 )
-# 503 codes a replica answers before it did anything: safe to send elsewhere.
-RETRYABLE_CODES = frozenset({"replica_draining", "model_loading"})
+# 503 codes a replica answers before it did anything: safe to send elsewhere
+# (a dead engine fails requests before their first byte, then the replica
+# reports itself failed and is replaced).
+RETRYABLE_CODES = frozenset({"replica_draining", "model_loading", "engine_dead", "replica_failed"})
 _MAX_PEEK = 64 * 1024
 
 

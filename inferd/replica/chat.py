@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +24,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.api.openai import (
     SSE_DONE,
     ChatCompletionRequest,
+    ChatMessageIn,
     ChunkEncoder,
+    NamedToolChoice,
     chat_completion,
+    choice,
     sse_error,
 )
-from inferd.engines.base import ChatMessage, SamplingOptions, TextDelta, TextEngine, TextRequest
+from inferd.engines.base import (
+    ChatMessage,
+    SamplingOptions,
+    TextDelta,
+    TextEngine,
+    TextRequest,
+    TokenLogprob,
+    ToolCall,
+    ToolOptions,
+)
 from inferd.errors import BadRequest, InferdError, NotFound
 from inferd.http import read_model
 from inferd.replica.metrics import ReplicaMetrics
@@ -53,11 +66,41 @@ class ServedModel:
             )
 
 
-def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextRequest]:
-    messages = tuple(
-        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
-        for m in body.messages
+def to_message(message: ChatMessageIn) -> ChatMessage:
+    calls = tuple(
+        ToolCall(index=i, id=c.id, name=c.function.name, arguments=c.function.arguments)
+        for i, c in enumerate(message.tool_calls or ())
     )
+    return ChatMessage(
+        role="system" if message.role == "developer" else message.role,
+        content=message.text(),
+        tool_calls=calls,
+        tool_call_id=message.tool_call_id,
+    )
+
+
+def to_tool_options(body: ChatCompletionRequest) -> ToolOptions | None:
+    if not body.tools:
+        return None
+    tools_json = json.dumps([tool.model_dump(exclude_none=True) for tool in body.tools])
+    named = isinstance(body.tool_choice, NamedToolChoice)
+    if isinstance(body.tool_choice, NamedToolChoice):
+        chosen = body.tool_choice.function.name
+    else:
+        # OpenAI's default with tools is "auto".
+        chosen = body.tool_choice or "auto"
+    return ToolOptions(
+        tools_json=tools_json,
+        choice=chosen,
+        named=named,
+        parallel=body.parallel_tool_calls is not False,
+    )
+
+
+def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextRequest]:
+    messages = tuple(to_message(m) for m in body.messages)
+    tools = to_tool_options(body)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
     json_schema, regex, json_object = body.structured()
     try:
         logit_bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
@@ -76,12 +119,23 @@ def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextR
             min_tokens=body.min_tokens,
             stop_token_ids=tuple(body.stop_token_ids or ()),
             logit_bias=logit_bias,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
             json_schema=json_schema,
             regex=regex,
             json_object=json_object,
         )
         rid = request_id if body.n == 1 else f"{request_id}-{index}"
-        requests.append(TextRequest(request_id=rid, messages=messages, sampling=sampling))
+        requests.append(
+            TextRequest(
+                request_id=rid,
+                messages=messages,
+                sampling=sampling,
+                tools=tools,
+                logprobs=logprobs,
+                stream=body.stream,
+            )
+        )
     return requests
 
 
@@ -143,7 +197,9 @@ class ChatHandler:
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
                 )
-            result = await _unless_disconnected(request, _collect(streams, firsts))
+            result = await _unless_disconnected(
+                request, _collect(streams, firsts, bool(body.logprobs))
+            )
             if result is None:
                 status = 499  # client closed the connection; nobody reads this
                 return Response(status_code=499)
@@ -192,7 +248,16 @@ class ChatHandler:
                 yield encoder.delta(index, "", None, role=True)
             async for index, delta in _merge(streams, firsts):
                 completion[index] = delta.completion_tokens
-                if delta.text or delta.finish_reason:
+                if delta.tool_calls or delta.reasoning or delta.logprobs:
+                    yield encoder.delta(
+                        index,
+                        delta.text or None,
+                        delta.finish_reason,
+                        reasoning=delta.reasoning or None,
+                        tool_calls=[call_delta(c) for c in delta.tool_calls] or None,
+                        logprobs=logprob_content(delta.logprobs) if delta.logprobs else None,
+                    )
+                elif delta.text or delta.finish_reason:
                     yield encoder.delta(index, delta.text or None, delta.finish_reason)
             if include_usage:
                 yield encoder.usage(prompt_tokens, sum(completion))
@@ -214,25 +279,87 @@ class ChatHandler:
 
 
 async def _collect(
-    streams: list[AsyncIterator[TextDelta]], firsts: list[TextDelta]
-) -> tuple[list[tuple[str, str]], int, int]:
-    async def one(stream: AsyncIterator[TextDelta], first: TextDelta) -> tuple[str, str, int]:
-        parts = [first.text]
-        last = first
+    streams: list[AsyncIterator[TextDelta]], firsts: list[TextDelta], logprobs: bool
+) -> tuple[list[dict[str, Any]], int, int]:
+    async def one(
+        index: int, stream: AsyncIterator[TextDelta], first: TextDelta
+    ) -> tuple[dict[str, Any], int]:
+        deltas = [first]
         async for delta in stream:
-            parts.append(delta.text)
-            last = delta
-        return "".join(parts), last.finish_reason or "stop", last.completion_tokens
+            deltas.append(delta)
+        last = deltas[-1]
+        return whole_choice(index, deltas, logprobs), last.completion_tokens
 
     try:
         if len(streams) == 1:
-            results = [await one(streams[0], firsts[0])]
+            results = [await one(0, streams[0], firsts[0])]
         else:
-            results = list(await asyncio.gather(*map(one, streams, firsts)))
+            results = list(await asyncio.gather(*map(one, range(len(streams)), streams, firsts)))
     finally:
         await _close_all(streams)
-    choices = [(text, finish) for text, finish, _ in results]
-    return choices, firsts[0].prompt_tokens, sum(tokens for _, _, tokens in results)
+    choices = [c for c, _ in results]
+    return choices, firsts[0].prompt_tokens, sum(tokens for _, tokens in results)
+
+
+def whole_choice(index: int, deltas: list[TextDelta], logprobs: bool) -> dict[str, Any]:
+    """One non-streamed choice from all of its deltas."""
+    content = "".join(d.text for d in deltas)
+    reasoning = "".join(d.reasoning for d in deltas)
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        for call in delta.tool_calls:
+            merged = calls.setdefault(
+                call.index,
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                },
+            )
+            merged["id"] = merged["id"] or call.id
+            merged["function"]["name"] = merged["function"]["name"] or call.name
+            merged["function"]["arguments"] += call.arguments
+    tool_calls = [calls[i] for i in sorted(calls)]
+    return choice(
+        index,
+        # A turn that only calls tools has no content (null, as OpenAI's).
+        content if content or not tool_calls else None,
+        deltas[-1].finish_reason or "stop",
+        reasoning=reasoning or None,
+        tool_calls=tool_calls or None,
+        logprobs=logprob_content([lp for d in deltas for lp in d.logprobs]) if logprobs else None,
+    )
+
+
+def call_delta(call: ToolCall) -> dict[str, Any]:
+    """A tool-call piece in OpenAI's stream shape: id, type and name come
+    with the call's first piece, the arguments in parts."""
+    out: dict[str, Any] = {"index": call.index}
+    function: dict[str, Any] = {}
+    if call.id is not None:
+        out["id"] = call.id
+        out["type"] = "function"
+    if call.name is not None:
+        function["name"] = call.name
+    if call.arguments or call.name is not None:
+        function["arguments"] = call.arguments
+    out["function"] = function
+    return out
+
+
+def logprob_content(items: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    return [
+        {
+            "token": item.token,
+            "logprob": item.logprob,
+            "bytes": None if item.bytes is None else list(item.bytes),
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": None if b is None else list(b)}
+                for t, lp, b in item.top
+            ],
+        }
+        for item in items
+    ]
 
 
 async def _merge(

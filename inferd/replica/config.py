@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from inferd.engines.base import EngineOptions, ServingDefaults
 from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
+from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
 from inferd.vocab import ModelKind
 
 if TYPE_CHECKING:
@@ -50,8 +51,12 @@ class ModelSource:
 
 
 def serving_defaults(spec: ModelSpec | None) -> ServingDefaults:
-    """Serving defaults the catalog knows for a model (an image model's steps,
-    guidance and size limits)."""
+    """Serving defaults the catalog knows for a model (a chat model's vLLM
+    parsers; an image model's steps, guidance and size limits)."""
+    if spec is not None and spec.kind == ModelKind.CHAT:
+        return ServingDefaults(
+            tool_call_parser=spec.tool_call_parser, reasoning_parser=spec.reasoning_parser
+        )
     if spec is None or spec.kind != ModelKind.IMAGE:
         return ServingDefaults()
     return ServingDefaults(
@@ -92,6 +97,9 @@ class ReplicaSettings:
     of the settings, plus where the registry listens)."""
 
     registry_url: str
+    # Other control-plane instances (or their load balancer), where a
+    # replica reports when the instance that launched it is gone.
+    registry_fallback_urls: tuple[str, ...] = ()
     report_interval_s: float = 2.0
     orphan_timeout_s: float | None = 60.0
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -117,13 +125,20 @@ class ReplicaConfig:
     port: int = 0
     port_file: Path | None = None
     registry_url: str | None = None
+    # A replica outlives the instance that launched it (the next leader
+    # adopts it) and keeps reporting, to these.
+    registry_fallback_urls: tuple[str, ...] = ()
     replica_id: str = ""
     endpoint_id: str | None = None
     secret: str | None = field(default=None, repr=False)
     report_interval: float = 2.0
     orphan_timeout: float | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
+    # How often a ready replica asks its engine whether it still serves.
+    health_interval: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     warmup: bool = True
     models_dir: Path | None = None
     cache_dir: Path | None = None
@@ -155,6 +170,7 @@ def config_for(
         host=host,
         advertise_host=advertise_host,
         registry_url=settings.registry_url,
+        registry_fallback_urls=settings.registry_fallback_urls,
         replica_id=spec.replica_id,
         endpoint_id=spec.endpoint_id,
         report_interval=settings.report_interval_s,
@@ -214,6 +230,8 @@ def to_argv(config: ReplicaConfig) -> list[str]:
         argv += ["--port-file", str(config.port_file)]
     if config.registry_url is not None:
         argv += ["--registry-url", config.registry_url]
+    for url in config.registry_fallback_urls:
+        argv += ["--registry-fallback-url", url]
     argv += ["--replica-id", config.replica_id]
     if config.endpoint_id is not None:
         argv += ["--endpoint-id", config.endpoint_id]
@@ -221,7 +239,10 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     if config.orphan_timeout is not None:
         argv += ["--orphan-timeout", str(config.orphan_timeout)]
     argv += ["--drain-timeout", str(config.drain_timeout)]
+    argv += ["--health-interval", str(config.health_interval)]
     argv += ["--max-body-bytes", str(config.max_body_bytes)]
+    argv += ["--request-timeout", str(config.request_timeout)]
+    argv += ["--max-connections", str(config.max_connections)]
     if not config.warmup:
         argv.append("--no-warmup")
     if config.models_dir is not None:
@@ -270,6 +291,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-kv-cache-gib", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--optimize", action="store_true", help="engine's fastest settings")
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM tool parser (hermes, llama3_json, ...); default: the model's catalog entry",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="vLLM reasoning parser (deepseek_r1, qwen3, ...); default: the catalog entry",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--advertise-host", default=None, help="address reported to the registry (default: --host)"
@@ -277,6 +308,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
     parser.add_argument("--registry-url", default=None)
+    parser.add_argument(
+        "--registry-fallback-url",
+        action="append",
+        default=[],
+        help="where to report when the registry URL cannot be reached (repeatable)",
+    )
     parser.add_argument("--replica-id", default="")
     parser.add_argument("--endpoint-id", default=None)
     parser.add_argument("--report-interval", type=float, default=2.0)
@@ -287,7 +324,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="drain and exit when the registry is unreachable this long (seconds)",
     )
     parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S)
+    parser.add_argument(
+        "--health-interval", type=float, default=1.0, help="seconds between engine health checks"
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help="seconds to receive a request's headers and body",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most; one more is refused with 503",
+    )
     parser.add_argument("--no-warmup", action="store_true")
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=None)
@@ -307,13 +359,22 @@ def parse_engine_args(items: list[str]) -> dict[str, Any]:
     return extra
 
 
+def with_parsers(serving: ServingDefaults, args: argparse.Namespace) -> ServingDefaults:
+    """The catalog's parser names, unless the command line names others."""
+    return replace(
+        serving,
+        tool_call_parser=args.tool_call_parser or serving.tool_call_parser,
+        reasoning_parser=args.reasoning_parser or serving.reasoning_parser,
+    )
+
+
 def config_from_args(
     args: argparse.Namespace, env: Mapping[str, str] | None = None
 ) -> ReplicaConfig:
     env = os.environ if env is None else env
     gpu_ids = tuple(int(g) for g in args.gpus.split(",") if g.strip())
     try:
-        serving = serving_from_json(args.serving_defaults)
+        serving = with_parsers(serving_from_json(args.serving_defaults), args)
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"--serving-defaults: {exc}") from None
     return ReplicaConfig(
@@ -338,6 +399,7 @@ def config_from_args(
         port=args.port,
         port_file=args.port_file,
         registry_url=args.registry_url,
+        registry_fallback_urls=tuple(args.registry_fallback_url),
         replica_id=args.replica_id,
         endpoint_id=args.endpoint_id,
         # Secrets travel by environment, never on a command line that `ps` shows.
@@ -345,7 +407,10 @@ def config_from_args(
         report_interval=args.report_interval,
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
+        health_interval=args.health_interval,
         max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+        max_connections=args.max_connections,
         warmup=not args.no_warmup,
         models_dir=args.models_dir,
         cache_dir=args.cache_dir,

@@ -6,6 +6,11 @@ the replica in turn treats a registry it cannot reach for `orphan_timeout`
 seconds, or one that no longer knows it (404/410), as the end of its
 employment and drains itself, so no replica outlives its control plane for
 long.
+
+With several control-plane instances, the instance that launched a replica
+may go away while the replica lives on (the next leader adopts it): a
+report that cannot reach one URL goes to the next of `fallback_urls` (the
+other instances, or their load balancer), and later reports stay there.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -33,8 +39,12 @@ class StatusReporter:
         on_orphaned: Callable[[], None],
         interval: float = 2.0,
         orphan_timeout: float | None = None,
+        fallback_urls: Sequence[str] = (),
     ) -> None:
-        self._url = f"{registry_url.rstrip('/')}/replicas/{replica_id}"
+        self._urls = [
+            f"{url.rstrip('/')}/replicas/{replica_id}" for url in (registry_url, *fallback_urls)
+        ]
+        self._current = 0
         headers = {"Authorization": f"Bearer {secret}"} if secret else {}
         self._client = httpx.AsyncClient(headers=headers, timeout=5.0)
         self._snapshot = snapshot
@@ -64,10 +74,8 @@ class StatusReporter:
     async def report_now(self, snapshot: ReplicaReport | None = None) -> bool:
         self._seq += 1
         report = (snapshot or self._snapshot()).model_copy(update={"seq": self._seq})
-        try:
-            response = await self._client.post(self._url, json=report.to_wire())
-        except httpx.HTTPError as exc:
-            logger.debug("status report failed: %s", exc)
+        response = await self._post(report.to_wire())
+        if response is None:
             return False
         if response.status_code in (404, 410):
             self._orphan("the registry no longer knows this replica")
@@ -77,6 +85,21 @@ class StatusReporter:
             return False
         self._last_success = time.monotonic()
         return True
+
+    async def _post(self, payload: dict[str, Any]) -> httpx.Response | None:
+        """POST to the current URL; past a connection failure, to the next
+        ones in turn (each once)."""
+        for _ in range(len(self._urls)):
+            url = self._urls[self._current]
+            try:
+                return await self._client.post(url, json=payload)
+            except httpx.TransportError as exc:
+                logger.debug("status report to %s failed: %s", url, exc)
+                self._current = (self._current + 1) % len(self._urls)
+            except httpx.HTTPError as exc:
+                logger.debug("status report failed: %s", exc)
+                return None
+        return None
 
     def _orphan(self, why: str) -> None:
         if not self._orphaned:

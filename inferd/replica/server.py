@@ -34,6 +34,7 @@ from inferd.engines.base import (
     TextRequest,
 )
 from inferd.engines.factory import create_engine
+from inferd.http_limits import limited_protocol
 from inferd.replica.app import build_app
 from inferd.replica.chat import ServedModel
 from inferd.replica.config import ReplicaConfig, serving_defaults
@@ -145,6 +146,7 @@ class ReplicaProcess:
                 on_orphaned=self.request_drain,
                 interval=config.report_interval,
                 orphan_timeout=config.orphan_timeout,
+                fallback_urls=config.registry_fallback_urls,
             )
             self.state.on_change(self._reporter.notify)
             self._reporter.start()
@@ -163,7 +165,9 @@ class ReplicaProcess:
             logger.error("cannot resolve model %r: %s", config.model, exc)
             return 1
         self._model_name = config.served_names[0] if config.served_names else name
-        options = replace(config.engine, serving=defaults)
+        options = replace(
+            config.engine, serving=with_parsers_given(defaults, config.engine.serving)
+        )
         try:
             self._engine = create_engine(self._model_name, kind, path, options)
         except ValueError as exc:  # an unknown engine or engine option
@@ -184,6 +188,7 @@ class ReplicaProcess:
                 access_log=False,
                 lifespan="off",
                 timeout_keep_alive=30,
+                http=limited_protocol(config.request_timeout, config.max_connections),
             ),
             on_signal=self.request_drain,
         )
@@ -200,7 +205,17 @@ class ReplicaProcess:
         if loading.done() and loading.exception() is None and not serving.done():
             self.state.set(ReplicaStatus.READY)
             logger.info("replica ready")
-            await asyncio.wait({drain, serving}, return_when=asyncio.FIRST_COMPLETED)
+            watch = asyncio.ensure_future(watch_engine(self._engine, config.health_interval))
+            await asyncio.wait({drain, serving, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                # The engine is gone: nothing in flight can finish. Report why,
+                # and exit so that the launcher replaces this replica.
+                reason = watch.result()
+                logger.error("engine failed: %s", reason)
+                self.state.set(ReplicaStatus.FAILED, f"engine failed: {reason}")
+                exit_code = 1
+            else:
+                watch.cancel()
         elif loading.done() and loading.exception() is not None:
             error = loading.exception()
             logger.error("model load failed: %r", error)
@@ -220,7 +235,10 @@ class ReplicaProcess:
         await serving
         drain.cancel()
         if loading.done() and loading.exception() is None:
-            await self._engine.shutdown()
+            try:
+                await asyncio.wait_for(self._engine.shutdown(), config.drain_timeout)
+            except Exception as exc:  # a dead engine may not shut down cleanly
+                logger.warning("engine shutdown: %r", exc)
         else:
             loading.cancel()
         if self.state.status is not ReplicaStatus.FAILED:
@@ -233,6 +251,20 @@ class ReplicaProcess:
         await engine.start()
         if self.config.warmup:
             await warm_up(engine)
+
+
+async def watch_engine(engine: Engine, interval: float) -> str:
+    """Return (the reason) once the engine can no longer serve: vLLM's
+    engine core gone, a worker thread of diffusers or transformers stopped,
+    or a health check that does not answer within a few intervals."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.wait_for(engine.check_health(), timeout=max(10.0, 5 * interval))
+        except TimeoutError:
+            return "the engine did not answer its health check"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
 
 
 def _url_host(host: str) -> str:
@@ -268,6 +300,15 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, ServingDefault
         ModelKind(resolved.kind),
         resolved.path,
         serving_defaults(resolved.spec),
+    )
+
+
+def with_parsers_given(defaults: ServingDefaults, given: ServingDefaults) -> ServingDefaults:
+    """The catalog's serving defaults, with the parsers the command line named."""
+    return replace(
+        defaults,
+        tool_call_parser=given.tool_call_parser or defaults.tool_call_parser,
+        reasoning_parser=given.reasoning_parser or defaults.reasoning_parser,
     )
 
 

@@ -58,6 +58,7 @@ class ReplicaState:
             code = {
                 ReplicaStatus.DRAINING: "replica_draining",
                 ReplicaStatus.STOPPED: "replica_draining",
+                ReplicaStatus.FAILED: "replica_failed",
             }.get(self.status, "model_loading")
             raise ServiceUnavailable(
                 f"This replica is {self.status.value} and takes no new requests.",

@@ -35,10 +35,6 @@ from inferd.server.openapi import build_openapi
 from inferd.settings import Settings
 
 
-async def _healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
 def openapi_document(
     settings: Settings, catalog: Catalog, parts: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
@@ -91,7 +87,11 @@ def serving_routes(server: Server) -> list[BaseRoute]:
 
     return [
         *gateway_routes(server.gateway),
-        report_route(server.registry, server.meter_feed.reported),
+        report_route(
+            server.registry,
+            after_report=server.cluster.mirror.reported if server.cluster else None,
+            on_report=server.meter_feed.reported,
+        ),
         Route("/metrics", metrics, methods=["GET"]),
     ]
 
@@ -110,6 +110,10 @@ def create_app(server: Server) -> Starlette:
 
     async def openapi(request: Request) -> Response:
         return Response(openapi_body, media_type="application/json")
+
+    async def healthz(request: Request) -> Response:
+        # In a cluster: which instance answered, and which one leads.
+        return JSONResponse({"status": "ok", **server.health()})
 
     accounts = server.accounts
     management = ManagementRoutes(
@@ -137,7 +141,7 @@ def create_app(server: Server) -> Starlette:
 
     app = Starlette(
         routes=[
-            Route("/healthz", _healthz, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Mount(
                 "/inference",

@@ -113,6 +113,7 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
     from inferd.catalog import CatalogError
     from inferd.control.model import StoreError, StoreUnavailable
     from inferd.control.stores import redact_url
+    from inferd.http_limits import limited_protocol
     from inferd.server.app import create_app
     from inferd.server.auth import AdminKeyError
     from inferd.server.compose import LauncherUnavailable, build
@@ -143,6 +144,7 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
             log_level=settings.log_level,
             lifespan="on",
             server_header=False,
+            http=limited_protocol(settings.request_timeout_seconds, settings.max_connections),
             # Forwarded headers are not trusted: inferd is not behind a proxy
             # by default, and the admin surface must not believe a spoofed IP.
             proxy_headers=False,

@@ -15,6 +15,11 @@ callback points at something that does not exist yet:
 
 `Server.start()`/`stop()` run in the serving event loop (the app lifespan);
 `inferd.server.app.create_app` only puts HTTP routes on a built server.
+
+With a PostgreSQL store, the server is one instance of a cluster
+(`ClusterMember`): it publishes its load and takes part in the leader
+election, and runs the reconciler only while it leads; its registry follows
+the replicas in the store.
 """
 
 from __future__ import annotations
@@ -37,11 +42,14 @@ from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.service import AccountService
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
-from inferd.control.load import MergedLoad
+from inferd.control.leader import LeaderInfo, PostgresElection
+from inferd.control.load import STALE_AFTER_S, MergedLoad
+from inferd.control.loadshare import max_age
 from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
 from inferd.control.reconciler import Reconciler
 from inferd.control.registry import Registry
+from inferd.control.replica_mirror import ReplicaMirror
 from inferd.control.service import EndpointService
 from inferd.control.signals import Wakeup
 from inferd.control.stores import open_store
@@ -51,6 +59,14 @@ from inferd.gateway.app import Gateway
 from inferd.gateway.state import GatewayState
 from inferd.replica.config import ModelSource, model_source
 from inferd.server.auth import AdminAuth, provision_admin_key
+from inferd.server.cluster import (
+    ClusterDrain,
+    ClusterLoadFeed,
+    ClusterSignals,
+    LeaderDutySet,
+    LeaderFlag,
+    LoadPublisher,
+)
 from inferd.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -117,6 +133,78 @@ class CatalogModels:
 Hook = Callable[[], Awaitable[None]]
 
 
+class ReplicaDuty:
+    """What only one instance may do: adopt the replicas in the store that
+    this launcher does not watch yet (all of them at a first start; a dead
+    leader's, for its successor), then reconcile. Started at start-up by a
+    single instance, on each election in a cluster."""
+
+    def __init__(
+        self,
+        store: Store,
+        launcher: Launcher,
+        reconciler: Reconciler,
+        service: EndpointService,
+        meter_feed: MeterFeed,
+        clustered: bool,
+    ) -> None:
+        self._store = store
+        self._launcher = launcher
+        self._reconciler = reconciler
+        self._service = service
+        # Replica-seconds are sampled where the replicas are reconciled: by
+        # one instance, so that a cluster does not count them twice.
+        self._meter_feed = meter_feed
+        self._clustered = clustered
+
+    async def start(self, term: int) -> None:
+        if self._clustered:
+            await self._service.finish_pending_deletions()
+        records = await self._store.list_replicas()
+        # Those it watches already stay as they are (this instance led
+        # before, lost the lead in a database outage, and leads again).
+        watched = set(self._reconciler.running())
+        records = [record for record in records if record.id not in watched]
+        endpoints = await self._store.list_endpoints()
+        adopted = set(await self._reconciler.adopt(records, endpoints))
+        sweep = getattr(self._launcher, "sweep_orphans", None)
+        if sweep is not None:  # a cluster may hold replicas the store never recorded
+            await sweep(adopted | watched)
+        for record in records:
+            if record.id not in adopted:
+                await self._store.delete_replica(record.id)
+        if records:
+            logger.info("adopted %d of %d replicas", len(adopted), len(records))
+        self._reconciler.start()
+        self._meter_feed.start()
+
+    async def stop(self) -> None:
+        await self._meter_feed.stop()
+        await self._reconciler.stop()
+
+
+@dataclass
+class ClusterMember:
+    """This instance's part in a cluster of instances on one PostgreSQL."""
+
+    instance_id: str
+    election: PostgresElection
+    publisher: LoadPublisher
+    mirror: ReplicaMirror
+
+    def health(self) -> dict[str, Any]:
+        info: LeaderInfo | None = self.election.info
+        leading = self.election.leading
+        return {
+            "instance": self.instance_id,
+            "leader": {
+                "instance": self.instance_id if leading else (info.holder if info else None),
+                "term": info.term if info else None,
+                "self": leading,
+            },
+        }
+
+
 @dataclass
 class Server:
     settings: Settings
@@ -133,38 +221,51 @@ class Server:
     accounts: Accounts
     meter_feed: MeterFeed
     gateway: Gateway
+    replica_duty: ReplicaDuty
     # Plaintext of an admin key generated at the first start: print once.
     generated_admin_key: str | None = None
     # False: the management API alone (tests, benchmarks): no replica is
     # adopted, launched or stopped.
     run_replicas: bool = True
+    cluster: ClusterMember | None = None
     _followers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def health(self) -> dict[str, Any]:
+        """More for `GET /healthz`: in a cluster, who answered and who leads."""
+        return self.cluster.health() if self.cluster is not None else {}
 
     async def start(self) -> None:
         """In the serving event loop: follow the store, finish deletions a
         previous run left, adopt the replicas it left running, start
-        reconciling."""
+        reconciling (in a cluster: each time this instance is elected)."""
         self.start_following()
-        await self.service.finish_pending_deletions()
         await self.accounts.start()
         await self.gateway.startup()
+        if self.cluster is not None:
+            cluster = self.cluster
+            cluster.publisher.start()
+            self._followers.append(asyncio.ensure_future(cluster.mirror.follow()))
+            cluster.election.start()
+            return
+        await self.service.finish_pending_deletions()
         if not self.run_replicas:
             return
-        records = await self.store.list_replicas()
-        adopted = set(await self.reconciler.adopt(records, await self.store.list_endpoints()))
-        for record in records:
-            if record.id not in adopted:
-                await self.store.delete_replica(record.id)
-        if records:
-            logger.info("adopted %d of %d replicas from the last run", len(adopted), len(records))
-        self.reconciler.start()
-        self.meter_feed.start()
+        await self.replica_duty.start(0)
 
     async def stop(self) -> None:
-        if self.run_replicas:
-            # The replica-seconds up to now, before the accounts' last flush.
-            await self.meter_feed.stop()
-        await self.reconciler.stop()
+        if self.cluster is not None:
+            # Leader duties stop and the lock goes with the session: another
+            # instance takes over at once and adopts the replicas, which keep
+            # running (they are the cluster's, not this instance's).
+            await self.cluster.election.stop()
+            await self.cluster.publisher.stop()
+            await self.gateway.shutdown()
+            await self.accounts.stop()
+            await self.stop_following()
+            return
+        # The reconciler, and the usage meter's replica-seconds up to now
+        # (before the accounts' last flush).
+        await self.replica_duty.stop()
         await self.gateway.shutdown()
         if self.run_replicas:
             # Embedded mode owns its replicas: a clean stop leaves none running.
@@ -251,13 +352,21 @@ async def build(
         launcher = launcher or configured_launcher(settings, catalog)
         gateway_knobs = settings.gateway
         gateway_state = GatewayState(gateway_knobs)
+        interval = settings.cluster_load_interval_seconds
+        load = MergedLoad(
+            gateway_state,
+            registry,
+            clock=clock,
+            # Other instances' samples are re-published every interval.
+            stale_after_s=max_age(interval) if settings.clustered else STALE_AFTER_S,
+        )
         resolver = PrincipalResolver(store, admin.auth.is_valid)
         account_service = AccountService(store, resolver, utc_now)
         meter = UsageMeter()
         reconciler = Reconciler(
             registry=registry,
             launcher=launcher,
-            load=MergedLoad(gateway_state, registry, clock=clock),
+            load=load,
             aborter=gateway_state,
             records=store,
             endpoints=store.list_endpoints,
@@ -267,6 +376,20 @@ async def build(
             clock=clock,
             replica_cap=ProjectQuotaCap(account_service, registry),
         )
+        cluster = None
+        signals: Any = reconciler
+        drain: Any = reconciler
+        flag = LeaderFlag()
+        publisher = None
+        if settings.clustered:
+            publisher = _load_publisher(settings, gateway_state, clock)
+            signals = ClusterSignals(reconciler, publisher)
+            drain = ClusterDrain(
+                reconciler,
+                flag.leading,
+                store,
+                timeout_s=settings.replica_drain_timeout_seconds + 30,
+            )
         service = EndpointService(
             store,
             catalog,
@@ -276,8 +399,8 @@ async def build(
             max_replicas_cap=settings.max_replicas_cap,
             max_endpoints=settings.max_endpoints,
             runtime_of=ReplicaViews(registry, reconciler),
-            drain=reconciler,
-            signals=reconciler,
+            drain=drain,
+            signals=signals,
             capacity_of=launcher.capacity,
         )
         await service.load()
@@ -297,9 +420,16 @@ async def build(
             verifier,
             gateway_knobs,
             clock=clock,
-            signals=reconciler,
+            signals=signals,
             state=gateway_state,
         )
+        replica_duty = ReplicaDuty(
+            store, launcher, reconciler, service, meter_feed, settings.clustered
+        )
+        if publisher is not None:
+            cluster = _cluster_member(
+                settings, store, registry, load, reconciler, publisher, flag, replica_duty, clock
+            )
     except BaseException:
         await store.close()
         raise
@@ -320,4 +450,45 @@ async def build(
         gateway=gateway,
         generated_admin_key=admin.generated_key,
         run_replicas=run_replicas,
+        replica_duty=replica_duty,
+        cluster=cluster,
     )
+
+
+def _load_publisher(
+    settings: Settings, gateway_state: GatewayState, clock: Callable[[], float]
+) -> LoadPublisher:
+    return LoadPublisher(
+        settings.database_url,
+        settings.cluster_instance_id,
+        lambda: [ep.snapshot() for ep in gateway_state.book.all()],
+        settings.cluster_load_interval_seconds,
+        clock,
+    )
+
+
+def _cluster_member(
+    settings: Settings,
+    store: Store,
+    registry: Registry,
+    load: MergedLoad,
+    reconciler: Reconciler,
+    publisher: LoadPublisher,
+    flag: LeaderFlag,
+    replica_duty: ReplicaDuty,
+    clock: Callable[[], float],
+) -> ClusterMember:
+    url = settings.database_url
+    instance_id = settings.cluster_instance_id
+    interval = settings.cluster_load_interval_seconds
+    feed = ClusterLoadFeed(url, instance_id, load.publish, reconciler.wake, interval, clock)
+    # Started in this order on election, stopped in reverse when it ends.
+    election = PostgresElection(url, instance_id, LeaderDutySet([flag, feed, replica_duty]))
+    mirror = ReplicaMirror(
+        store,
+        registry,
+        settings.health_period_seconds,
+        heartbeats_needed=lambda: not flag.leading(),
+        clock=clock,
+    )
+    return ClusterMember(instance_id, election, publisher, mirror)

@@ -38,8 +38,15 @@ SERVE_SETTINGS = {
 }
 
 
-def start_serve(cluster: LocalCluster, state: Path, namespace: str = NAMESPACE) -> ServeHandle:
-    settings = {**SERVE_SETTINGS, "ray_address": cluster.address, "ray_namespace": namespace}
+def start_serve(
+    cluster: LocalCluster, state: Path, namespace: str = NAMESPACE, **more: str
+) -> ServeHandle:
+    settings = {
+        **SERVE_SETTINGS,
+        "ray_address": cluster.address,
+        "ray_namespace": namespace,
+        **more,
+    }
     handle = ServeHandle(state, settings=settings)
     handle.env.update(cluster.env())
     return handle.start(timeout=90)
@@ -287,11 +294,10 @@ def test_a_lost_node_is_noticed_and_its_replica_replaced_on_another(
     finally:
         delete(serve, endpoint["id"])
         if removed is not None:
-            from tests.cluster.conftest import NODES
-
             from inferd.testing_cluster import FakeNode
+            from tests.conftest import RAY_NODES
 
-            ray_cluster.add(removed, FakeNode(*NODES[removed]))
+            ray_cluster.add(removed, FakeNode(*RAY_NODES[removed]))
 
 
 def test_a_missing_model_directory_fails_the_replica_with_that_reason(
@@ -342,7 +348,8 @@ def test_a_restarted_control_plane_adopts_its_replicas(
 
     from inferd.control.launchers.ray_host import ReplicaHost
 
-    handle = start_serve(ray_cluster, tmp_path, ADOPT_NS)
+    # Replicas wait for their control plane longer than its restart takes.
+    handle = start_serve(ray_cluster, tmp_path, ADOPT_NS, replica_orphan_timeout_seconds="120")
     try:
         east = create(handle, locationName="us-east", gpuType="cpu")
         west = create(handle, locationName="eu-west", gpuType="L4", gpuCount=1)

@@ -177,7 +177,8 @@ BAD_CHAT_REQUESTS = [
     ("logit_bias oov", {"messages": HELLO, "logit_bias": {"99999": 1}}, 400, "logit_bias", None),
     ("stop_token_ids oov", {"messages": HELLO, "stop_token_ids": [10**6]}, 400,
      "stop_token_ids", None),
-    ("tools unsupported", {"messages": HELLO, "tools": [{"type": "function"}]}, 400, None, None),
+    ("tool without a function", {"messages": HELLO, "tools": [{"type": "function"}]}, 400,
+     None, None),
     ("too many messages", {"messages": HELLO * 300}, 400, "messages", None),
     ("unknown model", {"model": "gpt-9", "messages": HELLO}, 404, "model", "model_not_found"),
     # request_id comes back in the X-Request-Id header: only what a header can carry.

@@ -134,8 +134,8 @@ CHAT_ROWS: list[Row] = [
     ),
     ("too many stop sequences", {"messages": HI, "stop": ["x"] * 17}, 400, None, "stop"),
     ("empty stop sequence", {"messages": HI, "stop": [""]}, 400, None, "stop"),
-    ("tools", {"messages": HI, "tools": [{"type": "function"}]}, 400, None, None),
-    ("logprobs", {"messages": HI, "logprobs": True}, 400, None, None),
+    ("tool without a function", {"messages": HI, "tools": [{"type": "function"}]}, 400, None, None),
+    ("logprobs on the fake engine", {"messages": HI, "logprobs": True}, 400, None, "logprobs"),
     ("logit_bias key not a token id", {"messages": HI, "logit_bias": {"a": 1}}, 400, None, None),
     (
         "stop_token_ids out of vocabulary",

@@ -55,7 +55,7 @@ def test_chat_models_span_half_a_billion_to_seventy(catalog: Catalog) -> None:
         ("qwen2.5-72b-instruct", 72_706_203_648, 80, 8, 32768),
         ("llama-3.1-8b-instruct", 8_030_261_248, 32, 8, 131072),
         ("llama-3.1-70b-instruct", 70_553_706_496, 80, 8, 131072),
-        ("tiny-chat", 470_656, 2, 1, 2048),
+        ("tiny-chat", 471_680, 2, 1, 2048),
     ],
 )
 def test_chat_architectures_add_up(
@@ -129,6 +129,7 @@ def test_model_to_dict_is_camel_case_json(catalog: Catalog) -> None:
     assert chat["architecture"]["contextLength"] == 131072
     assert chat["parameters"] == 8_030_261_248
     assert "defaultSize" not in chat
+    assert chat["toolCallParser"] == "llama3_json" and chat["reasoningParser"] is None
     image = json.loads(json.dumps(catalog.models.get("sdxl-base-1.0").to_dict()))
     assert image["defaultSize"] == "1024x1024" and image["maxN"] == 4
     assert image["architecture"]["components"]["textEncoder2"] == 694_659_840

@@ -248,6 +248,7 @@ class RayLauncher:
             logger.info("replica %s is not on the cluster any more (%s)", handle.replica_id, exc)
             return False
         if not info["running"]:
+            logger.info("replica %s has ended (its actor is removed)", handle.replica_id)
             await self._remove(actor)
             return False
         self._track(handle.replica_id, actor, info)

@@ -1,0 +1,163 @@
+"""Keeps an instance's registry in step with the replicas in the shared store.
+
+With several instances, a replica reports to whichever instance it reaches
+(the one that launched it, else another one or the load balancer), yet every
+instance routes to it and the leader watches its liveness. The store is
+where they meet:
+
+- `follow()` reads the replicas again on every replica change of the store's
+  change feed (and on a resync), and brings them into this registry: new
+  ones are added, known ones move forward (the registry's own rules: a
+  control-plane verdict such as `draining` or `failed` stands), and ones
+  the store no longer holds leave. A replica turning ready here releases
+  the requests this instance holds for its endpoint.
+- `reported()` runs after a report was applied on this instance: a status
+  or URL change is written at once, and otherwise a heartbeat about once a
+  health period, so that the leader's liveness sweep hears a replica that
+  reports elsewhere.
+
+A replica this instance removed itself (the leader reaped it) is not
+brought back by a read that still finds its row before the delete lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Protocol
+
+from inferd.control.model import Change, ChangeKind, ReplicaRecord, StoreUnavailable, utc_now
+from inferd.control.ports import ReplicaHandle
+from inferd.control.registry import Registry, Replica
+from inferd.vocab import ReplicaStatus
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaSource(Protocol):
+    async def list_replicas(self) -> list[ReplicaRecord]: ...
+
+    async def update_replica(
+        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+    ) -> None: ...
+
+    def changes(self) -> AsyncIterator[Change]: ...
+
+
+def replica_from_record(record: ReplicaRecord) -> Replica:
+    return Replica(
+        replica_id=record.id,
+        endpoint_id=record.endpoint_id,
+        generation=record.generation,
+        gpu_type=record.gpu_type,
+        gpu_count=record.gpu_count,
+        secret_digest=record.secret_hash,
+        handle=ReplicaHandle(record.id, record.node, dict(record.placement)),
+        status=ReplicaStatus(record.status),
+        reason=record.reason,
+        url=record.url,
+    )
+
+
+class ReplicaMirror:
+    def __init__(
+        self,
+        store: ReplicaSource,
+        registry: Registry,
+        heartbeat_s: float,
+        heartbeats_needed: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`heartbeats_needed`: False while this instance leads (its own
+        registry hears the reports; only status changes need writing)."""
+        self._store = store
+        self._heartbeats_needed = heartbeats_needed
+        self._registry = registry
+        self._heartbeat_s = heartbeat_s
+        self._clock = clock
+        # Replica id -> the record's updated_at when last read.
+        self._seen: dict[str, datetime] = {}
+        # Replica id -> (status, url, clock) of the last write from here.
+        self._written: dict[str, tuple[str, str | None, float]] = {}
+        self._reload_lock = asyncio.Lock()
+
+    async def follow(self) -> None:
+        """Runs until the feed ends (the store closed); subscribes, then
+        reads, so no change is missed in between."""
+        feed = self._store.changes()
+        await self._reload_until_read()
+        async for change in feed:
+            if change.kind in (ChangeKind.REPLICA, ChangeKind.RESYNC):
+                await self._reload_until_read()
+
+    async def _reload_until_read(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self.reload()
+                return
+            except StoreUnavailable:
+                # Meanwhile the registry serves what it had.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def reload(self) -> None:
+        async with self._reload_lock:
+            records = await self._store.list_replicas()
+            stored = {record.id for record in records}
+            for record in records:
+                self._merge(record)
+            for replica in self._registry.all():
+                rid = replica.replica_id
+                if rid in self._seen and rid not in stored:
+                    self._registry.remove(rid)
+            for rid in list(self._seen):
+                if rid not in stored:
+                    del self._seen[rid]
+                    self._written.pop(rid, None)
+
+    def _merge(self, record: ReplicaRecord) -> None:
+        before = self._seen.get(record.id)
+        self._seen[record.id] = record.updated_at
+        known = self._registry.get(record.id)
+        status = ReplicaStatus(record.status)
+        if known is None:
+            if before is None and status not in ReplicaStatus.gone():
+                self._registry.add(replica_from_record(record))
+            return
+        self._registry.observe(
+            record.id,
+            status,
+            record.reason,
+            record.url,
+            heard=before is not None and record.updated_at != before,
+        )
+
+    async def reported(self, replica_id: str) -> None:
+        """After this instance applied a report from `replica_id`."""
+        replica = self._registry.get(replica_id)
+        if replica is None:
+            return
+        now = self._clock()
+        last = self._written.get(replica_id)
+        status = replica.status.value
+        due = (
+            last is None
+            or (last[0], last[1]) != (status, replica.url)
+            or (now - last[2] >= self._heartbeat_s and self._heartbeats_needed())
+        )
+        if not due:
+            return
+        try:
+            await self._store.update_replica(
+                replica_id, status=status, reason=replica.reason, url=replica.url, at=utc_now()
+            )
+        except StoreUnavailable as exc:
+            # The replica still routes here; the write is retried with the
+            # next report.
+            logger.warning("could not record replica %s's report: %s", replica_id, exc)
+            return
+        self._written[replica_id] = (status, replica.url, now)

@@ -1,0 +1,179 @@
+"""Leader election and fencing on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from inferd.control.leader import (
+    Deposed,
+    LeaseSettings,
+    PostgresElection,
+    check_term_sync,
+    ensure_schema,
+    fenced,
+    read_leader,
+)
+from inferd.testing_postgres import PostgresServer
+
+FAST = LeaseSettings(retry_s=0.1, check_s=0.2, check_timeout_s=1.0)
+
+
+class Duties:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int | None]] = []
+
+    async def start(self, term: int) -> None:
+        self.events.append(("start", term))
+
+    async def stop(self) -> None:
+        self.events.append(("stop", None))
+
+
+@pytest.fixture
+def db(postgres_server: PostgresServer) -> str:
+    return postgres_server.create_database()
+
+
+async def until(predicate: object, timeout: float = 10.0) -> float:
+    """Seconds until `predicate()` holds (fails the test past `timeout`)."""
+    start = time.monotonic()
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout}s")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_one_leader_and_a_new_term_on_hand_over(db: str) -> None:
+    async def scenario() -> None:
+        duties_a, duties_b = Duties(), Duties()
+        a = PostgresElection(db, "a", duties_a, FAST)
+        b = PostgresElection(db, "b", duties_b, FAST)
+        a.start()
+        await until(lambda: a.leading)
+        b.start()
+        await asyncio.sleep(0.5)  # several tries by b
+        assert a.term == 1 and not b.leading
+        assert b.info is not None and b.info.holder == "a" and b.info.term == 1
+        await a.stop()
+        assert duties_a.events == [("start", 1), ("stop", None)]
+        took = await until(lambda: b.leading)
+        assert took < 1.0
+        assert b.term == 2 and duties_b.events == [("start", 2)]
+        await b.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_whose_session_dies_stops_leading(db: str) -> None:
+    async def scenario() -> None:
+        duties_a, duties_b = Duties(), Duties()
+        a = PostgresElection(db, "a", duties_a, FAST)
+        b = PostgresElection(db, "b", duties_b, FAST)
+        a.start()
+        await until(lambda: a.leading)
+        b.start()
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as admin:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'inferd-leader a'"
+            )
+        await until(lambda: not a.leading, timeout=FAST.lease_s + 1)
+        assert duties_a.events[-1] == ("stop", None)
+        await until(lambda: b.leading or a.leading)
+        leaders = [e for e in (a, b) if e.leading]
+        assert len(leaders) == 1 and leaders[0].term == 2
+        await a.stop()
+        await b.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_deposed_leaders_write_is_refused(db: str) -> None:
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            await ensure_schema(conn)
+            await conn.execute("CREATE TABLE decisions (what text)")
+            await conn.execute("UPDATE inferd_leader SET term = 5 WHERE id = 1")
+            async with fenced(conn, 5):
+                await conn.execute("INSERT INTO decisions VALUES ('by term 5')")
+            await conn.execute("UPDATE inferd_leader SET term = 6 WHERE id = 1")
+            with pytest.raises(Deposed) as refused:
+                async with fenced(conn, 5):
+                    await conn.execute("INSERT INTO decisions VALUES ('late, by term 5')")
+            assert (refused.value.writer_term, refused.value.current_term) == (5, 6)
+            rows = await (await conn.execute("SELECT what FROM decisions")).fetchall()
+            assert rows == [("by term 5",)]
+
+    asyncio.run(scenario())
+
+
+def test_a_new_term_waits_for_a_fenced_write_in_progress(db: str) -> None:
+    """The check and the write are one: a term taken while a fenced write
+    is open begins only after that write committed."""
+
+    async def scenario() -> None:
+        async with (
+            await psycopg.AsyncConnection.connect(db, autocommit=True) as writer,
+            await psycopg.AsyncConnection.connect(db, autocommit=True) as usurper,
+        ):
+            await ensure_schema(writer)
+            order: list[str] = []
+
+            async def bump() -> None:
+                await usurper.execute("UPDATE inferd_leader SET term = term + 1 WHERE id = 1")
+                order.append("new term")
+
+            async with fenced(writer, 0):
+                bumping = asyncio.ensure_future(bump())
+                await asyncio.sleep(0.3)
+                assert order == []  # blocked by the fenced transaction
+                order.append("write committed")
+            await bumping
+            assert order == ["write committed", "new term"]
+            info = await read_leader(writer)
+            assert info is not None and info.term == 1
+
+    asyncio.run(scenario())
+
+
+def test_leadership_returns_after_a_postgres_restart(postgres_server: PostgresServer) -> None:
+    db = postgres_server.create_database()
+
+    async def scenario() -> None:
+        duties = Duties()
+        a = PostgresElection(db, "a", duties, FAST)
+        a.start()
+        await until(lambda: a.leading)
+        await asyncio.to_thread(postgres_server.stop, "fast")
+        await until(lambda: not a.leading, timeout=FAST.lease_s + 1)
+        await asyncio.to_thread(postgres_server.start)
+        await until(lambda: a.leading, timeout=15)
+        assert a.term == 2
+        assert duties.events == [("start", 1), ("stop", None), ("start", 2)]
+        await a.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_synchronous_check_fences_a_store_transaction(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        asyncio.run(_schema(db))
+        conn.execute("CREATE TABLE decisions (what text)")
+        conn.execute("UPDATE inferd_leader SET term = 2 WHERE id = 1")
+        with conn.transaction():
+            check_term_sync(conn, 2)
+            conn.execute("INSERT INTO decisions VALUES ('by term 2')")
+        with pytest.raises(Deposed), conn.transaction():
+            check_term_sync(conn, 1)
+            conn.execute("INSERT INTO decisions VALUES ('late')")
+        assert conn.execute("SELECT what FROM decisions").fetchall() == [("by term 2",)]
+
+
+async def _schema(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await ensure_schema(conn)
