@@ -32,12 +32,12 @@ MAX_REPORT_BYTES = 64 * 1024
 
 def report_route(
     registry: Registry,
-    on_report: Callable[[str, ReplicaReport], None] | None = None,
     after_report: Callable[[str], Awaitable[None]] | None = None,
+    on_report: Callable[[str, ReplicaReport], None] | None = None,
 ) -> Route:
-    """`on_report`: told of every report the registry accepted (usage
-    metering); `after_report`: called with the replica's id once its report
-    was applied (with several instances: to record it where the others read)."""
+    """`after_report`: called with the replica's id once its report was
+    applied (with several instances: to record it where the others read);
+    `on_report`: told of every report the registry accepted (usage metering)."""
 
     async def report(request: Request) -> Response:
         secret = bearer_token(request.headers.get("authorization", "").encode("latin-1"))

@@ -90,8 +90,8 @@ def serving_routes(server: Server) -> list[BaseRoute]:
         *gateway_routes(server.gateway),
         report_route(
             server.registry,
-            on_report=server.meter_feed.reported,
             after_report=server.cluster.mirror.reported if server.cluster else None,
+            on_report=server.meter_feed.reported,
         ),
         Route("/metrics", metrics, methods=["GET"]),
     ]

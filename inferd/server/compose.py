@@ -44,7 +44,7 @@ from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.service import AccountService
 from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
 from inferd.control.launchers.local import LocalLauncher
-from inferd.control.leader import LeaderDuties, LeaderInfo, PostgresElection
+from inferd.control.leader import LeaderInfo, PostgresElection
 from inferd.control.load import STALE_AFTER_S, MergedLoad
 from inferd.control.loadshare import max_age
 from inferd.control.model_service import ModelService
@@ -150,12 +150,16 @@ class ReplicaDuty:
         launcher: Launcher,
         reconciler: Reconciler,
         service: EndpointService,
+        meter_feed: MeterFeed,
         clustered: bool,
     ) -> None:
         self._store = store
         self._launcher = launcher
         self._reconciler = reconciler
         self._service = service
+        # Replica-seconds are sampled where the replicas are reconciled: by
+        # one instance, so that a cluster does not count them twice.
+        self._meter_feed = meter_feed
         self._clustered = clustered
 
     async def start(self, term: int) -> None:
@@ -177,24 +181,11 @@ class ReplicaDuty:
         if records:
             logger.info("adopted %d of %d replicas", len(adopted), len(records))
         self._reconciler.start()
+        self._meter_feed.start()
 
     async def stop(self) -> None:
+        await self._meter_feed.stop()
         await self._reconciler.stop()
-
-
-class MeteringDuty:
-    """Replica-seconds are sampled where the replicas are watched: in a
-    cluster, by the leader only (every instance mirrors the replicas, so
-    each sampling them would count them once per instance)."""
-
-    def __init__(self, feed: MeterFeed) -> None:
-        self._feed = feed
-
-    async def start(self, term: int) -> None:
-        self._feed.start()
-
-    async def stop(self) -> None:
-        await self._feed.stop()
 
 
 @dataclass
@@ -269,7 +260,6 @@ class Server:
         if not self.run_replicas:
             return
         await self.replica_duty.start(0)
-        self.meter_feed.start()
 
     async def stop(self) -> None:
         await self.sampler.stop()
@@ -283,10 +273,9 @@ class Server:
             await self.accounts.stop()
             await self.stop_following()
             return
-        if self.run_replicas:
-            # The replica-seconds up to now, before the accounts' last flush.
-            await self.meter_feed.stop()
-        await self.reconciler.stop()
+        # The reconciler, and the usage meter's replica-seconds up to now
+        # (before the accounts' last flush).
+        await self.replica_duty.stop()
         await self.gateway.shutdown()
         if self.run_replicas:
             # Embedded mode owns its replicas: a clean stop leaves none running.
@@ -449,18 +438,12 @@ async def build(
             signals=signals,
             state=gateway_state,
         )
-        replica_duty = ReplicaDuty(store, launcher, reconciler, service, settings.clustered)
+        replica_duty = ReplicaDuty(
+            store, launcher, reconciler, service, meter_feed, settings.clustered
+        )
         if publisher is not None:
             cluster = _cluster_member(
-                settings,
-                store,
-                registry,
-                load,
-                reconciler,
-                publisher,
-                flag,
-                [replica_duty, MeteringDuty(meter_feed)],
-                clock,
+                settings, store, registry, load, reconciler, publisher, flag, replica_duty, clock
             )
     except BaseException:
         await store.close()
@@ -510,7 +493,7 @@ def _cluster_member(
     reconciler: Reconciler,
     publisher: LoadPublisher,
     flag: LeaderFlag,
-    duties: list[LeaderDuties],
+    replica_duty: ReplicaDuty,
     clock: Callable[[], float],
 ) -> ClusterMember:
     url = settings.database_url
@@ -518,7 +501,7 @@ def _cluster_member(
     interval = settings.cluster_load_interval_seconds
     feed = ClusterLoadFeed(url, instance_id, load.publish, reconciler.wake, interval, clock)
     # Started in this order on election, stopped in reverse when it ends.
-    election = PostgresElection(url, instance_id, LeaderDutySet([flag, feed, *duties]))
+    election = PostgresElection(url, instance_id, LeaderDutySet([flag, feed, replica_duty]))
     mirror = ReplicaMirror(
         store,
         registry,

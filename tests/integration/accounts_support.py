@@ -37,6 +37,8 @@ def bearer(key: str) -> dict[str, str]:
 class World:
     client: TestClient
     plane: Server
+    # A model directory to register models of a project from.
+    model_source: str = ""
     keys: dict[str, str] = field(default_factory=dict)  # user -> plaintext key
 
     def op(self, method: str, path: str, key: str | None = None, **kwargs: Any) -> Any:
@@ -62,13 +64,18 @@ class World:
         created: dict[str, Any] = self.ok("POST", "/endpoints", json=body)
         return created
 
+    def model(self, project: str) -> dict[str, Any]:
+        body = {"source": self.model_source, "name": unique("model"), "projectId": project}
+        registered: dict[str, Any] = self.ok("POST", "/models", json=body)
+        return registered
+
     def new_key(self, user: str) -> dict[str, Any]:
         created: dict[str, Any] = self.ok("POST", f"/users/{user}/keys", json={"name": "spare"})
         return created
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
+def world(tmp_path: Path, tiny_chat_dir: Path) -> Iterator[World]:
     settings = load_settings(
         env={},
         overrides={
@@ -81,7 +88,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     plane = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     try:
         with TestClient(create_app(plane)) as client:
-            w = World(client, plane)
+            w = World(client, plane, str(tiny_chat_dir))
             for project in (OWN, OTHER):
                 w.ok("POST", "/projects", json={"id": project})
             for role in ROLES:

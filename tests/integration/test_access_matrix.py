@@ -33,6 +33,13 @@ BODIES: dict[tuple[str, str], Any] = {
     ("PUT", "/projects/{id}/members/{userId}"): lambda w, project: {"role": "viewer"},
     ("POST", "/users"): lambda w, project: {"id": unique("user")},
     ("POST", "/users/{userId}/keys"): lambda w, project: {"name": "matrix"},
+    ("POST", "/models"): lambda w, project: {
+        "source": w.model_source, "name": unique("model"), "projectId": project,
+    },
+    ("POST", "/models/{name}/profiles"): lambda w, project: {
+        "gpuType": "H100-80GB", "gpuCount": 1, "promptTokens": 100, "outputTokens": 50,
+        "points": [{"concurrency": 4, "requests": 8, "outputTokensPerS": 400.0}],
+    },
 }  # fmt: skip
 
 
@@ -62,6 +69,8 @@ def concrete_path(w: World, op: Operation, actor: str, project: str) -> str:
             member = unique("member")
             w.add_member(project, member, "viewer")
             path = path.replace("{userId}", member)
+    if "{name}" in path:  # a model registered in the project
+        path = path.replace("{name}", w.model(project)["name"])
     if "{keyId}" in path:
         path = path.replace("{keyId}", w.new_key(owner)["id"])
     return path
@@ -170,6 +179,7 @@ def test_every_operation_for_the_operator(world: World) -> None:
 def test_every_operation_needs_a_key(world: World) -> None:
     for op in operations(world):
         path = op.path.replace("{id}", "x").replace("{userId}", "u").replace("{keyId}", "k")
+        path = path.replace("{name}", "m")
         for headers in ({}, {"Authorization": "Bearer infd_key_not-a-real-one"}):
             resp = world.client.request(op.method, "/inference" + path, headers=headers)
             assert resp.status_code == 401, (op.method, op.path, resp.text)

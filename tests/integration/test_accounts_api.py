@@ -201,3 +201,29 @@ def test_audit_log_is_append_only_in_the_database(world: World) -> None:
     for sql in ("UPDATE audit_log SET actor = 'someone else'", "DELETE FROM audit_log"):
         with pytest.raises(sqlite3.IntegrityError, match="append-only"), store._tx() as conn:
             conn.execute(sql)
+
+
+def test_registered_models_belong_to_the_callers_project(world: World) -> None:
+    """A developer's model joins their project (no projectId needed with one
+    project); members see it, other projects do not (404, not listed); the
+    operator's is global: everyone reads it, only the operator deletes it."""
+    name = unique("model")
+    mine = world.ok("POST", "/models", world.keys["developer-user"],
+                    json={"source": world.model_source, "name": name})  # fmt: skip
+    assert mine["projectId"] == OWN
+    listed = world.ok("GET", "/models", world.keys["viewer-user"])["data"]
+    assert name in [m["name"] for m in listed]
+    assert name not in [
+        m["name"] for m in world.ok("GET", "/models", world.keys["outsider"])["data"]
+    ]
+    assert world.op("GET", f"/models/{name}", world.keys["outsider"]).status_code == 404
+    assert world.op("DELETE", f"/models/{name}", world.keys["viewer-user"]).status_code == 403
+
+    glob = unique("model")
+    made = world.ok("POST", "/models", json={"source": world.model_source, "name": glob})
+    assert made["projectId"] is None
+    assert world.ok("GET", f"/models/{glob}", world.keys["outsider"])["name"] == glob
+    refused = world.op("DELETE", f"/models/{glob}", world.keys["admin-user"])
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "operator_only"
+    assert world.op("DELETE", f"/models/{glob}").status_code == 204
+    assert world.op("DELETE", f"/models/{name}", world.keys["developer-user"]).status_code == 204

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,41 @@ def test_a_version_2_database_migrates_forward(tmp_path: Path) -> None:
         (replica,) = await store.list_replicas()
         assert (replica.node, replica.placement) == ("local", {"pid": "4242", "gpu_ids": "0,3"})
         assert (replica.status, replica.url) == ("ready", "http://127.0.0.1:9")
+        await store.close()
+
+    asyncio.run(check())
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_version_3_or_4_database_migrates_to_accounts(tmp_path: Path, version: int) -> None:
+    """Registered models (4) come before accounts (5): a database at either
+    keeps its endpoints, gains the accounts' tables, and endpoint names
+    become unique per project."""
+    path = tmp_path / "inferd.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, lambda: NOW, migrations.MIGRATIONS[:version])
+    values = (row().id, "old", "tiny-chat", "chat", "cpu", 1, "local", 0, 1, 60, 0.0, "USD")
+    conn.execute(
+        "INSERT INTO endpoints (id, name, model_name, model_kind, gpu_type, gpu_count,"
+        " location_name, min_replicas, max_replicas, retention_seconds, hourly_price,"
+        " currency, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (*values, NOW, NOW),
+    )
+    conn.close()
+
+    store = SqliteStore.open(path)
+
+    async def check() -> None:
+        assert await store.schema_version() == latest_version() == 5
+        (endpoint,) = await store.list_endpoints()
+        assert (endpoint.name, endpoint.project_id) == ("old", "default")
+        assert await store.list_models() == []
+        # The project that the endpoints already there belong to.
+        assert await store.get_project("default") is not None
+        other = replace(row(), id="00000000-0000-4000-8000-000000000002", name="old",
+                        project_id="team")  # fmt: skip
+        await store.insert_endpoint(other, hash_token(new_endpoint_token()))
+        assert len(await store.list_endpoints()) == 2
         await store.close()
 
     asyncio.run(check())
