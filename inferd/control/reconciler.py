@@ -39,7 +39,7 @@ from inferd.control.autoscaler import (
     ScalingSettings,
     decide,
 )
-from inferd.control.model import ReplicaRecord, utc_now
+from inferd.control.model import ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,
     ExitReason,
@@ -50,6 +50,7 @@ from inferd.control.ports import (
     ReplicaStore,
     RequestAborter,
 )
+from inferd.control.records import ReplicaFailure
 from inferd.control.registry import Registry, Replica, secret_digest
 from inferd.control.signals import Wakeup
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
@@ -107,6 +108,7 @@ class _Plan:
     # Activity the gateway cannot know about (adopted replicas after a
     # restart): counts as a request for the retention rule.
     activity_at: float | None = None
+    last_failure: ReplicaFailure | None = None
 
 
 class Reconciler:
@@ -202,6 +204,10 @@ class Reconciler:
     def capacity_reason(self, endpoint_id: str) -> str | None:
         plan = self._plans.get(endpoint_id)
         return plan.capacity_reason if plan else None
+
+    def last_failure(self, endpoint_id: str) -> ReplicaFailure | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.last_failure if plan else None
 
     def running(self) -> list[str]:
         """Replica ids whose process has not ended."""
@@ -331,6 +337,9 @@ class Reconciler:
         plan.failures += 1
         backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
         plan.next_launch_at = self.clock() + backoff
+        plan.last_failure = ReplicaFailure(
+            replica.replica_id, replica.reason or "replica failed", rfc3339(utc_now())
+        )
         logger.warning(
             "replica %s of endpoint %s failed (%s); next attempt in %.0fs",
             replica.replica_id,

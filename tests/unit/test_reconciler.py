@@ -209,6 +209,10 @@ async def test_a_crashing_replica_is_replaced_with_backoff_and_shows_failed() ->
     w.report_all()
     await w.tick()
     assert w.statuses() == ["ready"]  # failures pruned once one is ready
+    # ... but the record still says why the last one was replaced.
+    last = w.reconciler.last_failure("e1")
+    assert last is not None and last.replica_id == second
+    assert last.reason.startswith("process exited with code 1")
 
 
 async def test_a_silent_replica_is_failed_killed_and_its_requests_aborted() -> None:
