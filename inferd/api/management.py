@@ -256,10 +256,6 @@ class ModelInfo(_CatalogResponse):
     architecture: dict[str, Any] = Field(
         description="Architecture facts the GPU recommender uses (layers, heads, dtype, ...)."
     )
-    # Chat models only: vLLM's parsers for tool calls and reasoning (null:
-    # requests with tools, or reasoning output, are not supported).
-    toolCallParser: str | None = None
-    reasoningParser: str | None = None
     # Image models only; null for chat models.
     defaultSize: str | None = None
     defaultSteps: int | None = None

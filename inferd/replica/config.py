@@ -359,6 +359,15 @@ def parse_engine_args(items: list[str]) -> dict[str, Any]:
     return extra
 
 
+def with_parsers(serving: ServingDefaults, args: argparse.Namespace) -> ServingDefaults:
+    """The catalog's parser names, unless the command line names others."""
+    return replace(
+        serving,
+        tool_call_parser=args.tool_call_parser or serving.tool_call_parser,
+        reasoning_parser=args.reasoning_parser or serving.reasoning_parser,
+    )
+
+
 def config_from_args(
     args: argparse.Namespace, env: Mapping[str, str] | None = None
 ) -> ReplicaConfig:
@@ -398,23 +407,14 @@ def config_from_args(
         report_interval=args.report_interval,
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,
-        max_body_bytes=args.max_body_bytes,
         health_interval=args.health_interval,
+        max_body_bytes=args.max_body_bytes,
         request_timeout=args.request_timeout,
         max_connections=args.max_connections,
         warmup=not args.no_warmup,
         models_dir=args.models_dir,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
-    )
-
-
-def with_parsers(serving: ServingDefaults, args: argparse.Namespace) -> ServingDefaults:
-    """The catalog's parser names, unless the command line names others."""
-    return replace(
-        serving,
-        tool_call_parser=args.tool_call_parser or serving.tool_call_parser,
-        reasoning_parser=args.reasoning_parser or serving.reasoning_parser,
     )
 
 
