@@ -416,7 +416,8 @@ class SqliteStore:
 
     # --- replicas -------------------------------------------------------------------------
 
-    async def insert_replica(self, record: ReplicaRecord) -> None:
+    # `term` is ignored: one instance, so no other leader to fence out.
+    async def insert_replica(self, record: ReplicaRecord, *, term: int | None = None) -> None:
         await self._run(self._insert_replica, record)
 
     def _insert_replica(self, record: ReplicaRecord) -> None:
@@ -434,7 +435,14 @@ class SqliteStore:
             raise
 
     async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+        self,
+        replica_id: str,
+        *,
+        status: str,
+        reason: str | None,
+        url: str | None,
+        at: datetime,
+        term: int | None = None,
     ) -> None:
         await self._run(self._update_replica, replica_id, status, reason, url, rfc3339(at))
 
@@ -449,7 +457,7 @@ class SqliteStore:
             if cur.rowcount:
                 self._log(conn, ChangeKind.REPLICA, replica_id)
 
-    async def delete_replica(self, replica_id: str) -> None:
+    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
         await self._run(self._delete_replica, replica_id)
 
     def _delete_replica(self, replica_id: str) -> None:
