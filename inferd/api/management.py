@@ -178,6 +178,12 @@ class Replica(_Response):
     )
 
 
+class ReplicaFailureInfo(_Response):
+    replicaId: str
+    reason: str = Field(description="Why it failed (engine death, exit code, lost node, ...).")
+    at: str = Field(description="RFC 3339 UTC.")
+
+
 class EndpointRecord(_Response):
     """The endpoint record of the specification (2.1), plus inferd's extra fields."""
 
@@ -211,6 +217,11 @@ class EndpointRecord(_Response):
     costSoFar: float = Field(
         description="Cost of the endpoint's replica-hours this calendar month (UTC), in "
         "`currency`, from the price table."
+    )
+    lastReplicaFailure: ReplicaFailureInfo | None = Field(
+        None,
+        description="The most recent replica failure of this endpoint (kept after the "
+        "replica is replaced), or null.",
     )
 
 
@@ -275,6 +286,10 @@ class ModelInfo(_CatalogResponse):
     architecture: dict[str, Any] = Field(
         description="Architecture facts the GPU recommender uses (layers, heads, dtype, ...)."
     )
+    # Chat models only: vLLM's parsers for tool calls and reasoning (null:
+    # requests with tools, or reasoning output, are not supported).
+    toolCallParser: str | None = None
+    reasoningParser: str | None = None
     # Image models only; null for chat models.
     defaultSize: str | None = None
     defaultSteps: int | None = None

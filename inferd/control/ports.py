@@ -71,15 +71,28 @@ class AdminKeyStore(Protocol):
 
 
 class ReplicaStore(Protocol):
-    async def insert_replica(self, record: ReplicaRecord) -> None: ...
+    """`term`, on the writes: the leader's fencing term. A store shared by
+    several instances (PostgreSQL) checks it in the write's own transaction
+    and raises `inferd.control.leader.Deposed` when the term has moved on,
+    writing nothing; a single-instance store has no other leader and
+    ignores it. None: a write any instance may make (a health report)."""
+
+    async def insert_replica(self, record: ReplicaRecord, *, term: int | None = None) -> None: ...
 
     async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+        self,
+        replica_id: str,
+        *,
+        status: str,
+        reason: str | None,
+        url: str | None,
+        at: datetime,
+        term: int | None = None,
     ) -> None:
         """No-op if the replica is not stored."""
         ...
 
-    async def delete_replica(self, replica_id: str) -> None:
+    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
         """No-op if the replica is not stored."""
         ...
 

@@ -39,7 +39,8 @@ from inferd.control.autoscaler import (
     ScalingSettings,
     decide,
 )
-from inferd.control.model import ReplicaRecord, utc_now
+from inferd.control.leader import Deposed
+from inferd.control.model import ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,
     ExitReason,
@@ -50,6 +51,7 @@ from inferd.control.ports import (
     ReplicaStore,
     RequestAborter,
 )
+from inferd.control.records import ReplicaFailure
 from inferd.control.registry import Registry, Replica, secret_digest
 from inferd.control.scale_events import ScaleCause, ScaleJournal
 from inferd.control.signals import Wakeup
@@ -118,6 +120,7 @@ class _Plan:
     # Activity the gateway cannot know about (adopted replicas after a
     # restart): counts as a request for the retention rule.
     activity_at: float | None = None
+    last_failure: ReplicaFailure | None = None
 
 
 class Reconciler:
@@ -158,6 +161,9 @@ class Reconciler:
         self._task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._stopping = False
+        # The leader term every store write carries (None: a single
+        # instance, nothing to fence).
+        self._term: int | None = None
         self._tick_lock = asyncio.Lock()
         # Replicas whose process has not ended, by id: what to stop or kill.
         self._handles: dict[str, ReplicaHandle] = {}
@@ -168,9 +174,11 @@ class Reconciler:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, term: int | None = None) -> None:
         """Start ticking; again after `stop` as well (a leader that lost its
-        leadership and won it back)."""
+        leadership and won it back). `term`: the leader term the store
+        writes are fenced with."""
+        self._term = term
         self._stopping = False
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
@@ -201,6 +209,8 @@ class Reconciler:
             self._wake.clear()
             try:
                 await self.tick()
+            except Deposed as exc:
+                self._deposed(exc)
             except Exception:  # one bad tick must not stop reconciling
                 logger.exception("reconcile tick failed")
             await self._wake.wait(self.settings.period_s)
@@ -209,8 +219,19 @@ class Reconciler:
         async for exited in self.launcher.exits():
             try:
                 await self.replica_exited(exited)
+            except Deposed as exc:
+                self._deposed(exc)
+                return
             except Exception:
                 logger.exception("handling the end of replica %s failed", exited.replica_id)
+
+    def _deposed(self, exc: Deposed) -> None:
+        """Another instance leads now: stop acting at once (the election
+        stops the duties for good when its own check notices)."""
+        if not self._stopping:
+            logger.warning("reconciler stops: %s", exc)
+        self._stopping = True
+        self._wake.ring()
 
     def plan(self, endpoint_id: str) -> _Plan:
         return self._plans.setdefault(endpoint_id, _Plan())
@@ -218,6 +239,10 @@ class Reconciler:
     def capacity_reason(self, endpoint_id: str) -> str | None:
         plan = self._plans.get(endpoint_id)
         return plan.capacity_reason if plan else None
+
+    def last_failure(self, endpoint_id: str) -> ReplicaFailure | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.last_failure if plan else None
 
     def running(self) -> list[str]:
         """Replica ids whose process has not ended."""
@@ -247,13 +272,18 @@ class Reconciler:
         """Write what changed since the last tick: one place, every transition."""
         current = {r.replica_id: r for r in self.registry.all()}
         for replica_id in [rid for rid in self._persisted if rid not in current]:
-            await self.records.delete_replica(replica_id)
+            await self.records.delete_replica(replica_id, term=self._term)
             del self._persisted[replica_id]
         for replica_id, replica in current.items():
             state = (replica.status.value, replica.reason, replica.url)
             if replica_id in self._persisted and self._persisted[replica_id] != state:
                 await self.records.update_replica(
-                    replica_id, status=state[0], reason=state[1], url=state[2], at=utc_now()
+                    replica_id,
+                    status=state[0],
+                    reason=state[1],
+                    url=state[2],
+                    at=utc_now(),
+                    term=self._term,
                 )
                 self._persisted[replica_id] = state
 
@@ -355,6 +385,9 @@ class Reconciler:
             f"replica {replica.replica_id} failed ({replica.reason or 'no reason given'}); "
             f"replacing it in {backoff:.0f}s",
             ScaleCause.FAILURE,
+        )
+        plan.last_failure = ReplicaFailure(
+            replica.replica_id, replica.reason or "replica failed", rfc3339(utc_now())
         )
         logger.warning(
             "replica %s of endpoint %s failed (%s); next attempt in %.0fs",
@@ -485,7 +518,8 @@ class Reconciler:
                     updated_at=at,
                     node=handle.node,
                     placement=dict(handle.placement),
-                )
+                ),
+                term=self._term,
             )
             self._persisted[replica_id] = (replica.status.value, None, None)
 

@@ -33,12 +33,25 @@ class ReplicaView:
 
 
 @dataclass(frozen=True)
+class ReplicaFailure:
+    """The endpoint's most recent replica failure. Kept after the failed
+    replica is replaced (and pruned from `replicas`), so the record still
+    says why it was replaced."""
+
+    replica_id: str
+    reason: str
+    at: str  # RFC 3339
+
+
+@dataclass(frozen=True)
 class EndpointRuntime:
     """Everything the record derives from besides the stored row: the
-    replicas, and why none is coming up when one is wanted (capacity)."""
+    replicas, why none is coming up when one is wanted (capacity), and the
+    last replica failure."""
 
     replicas: tuple[ReplicaView, ...] = ()
     waiting_for: str | None = None
+    last_failure: ReplicaFailure | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,7 @@ def build_record(
     *,
     image_size: str = DEFAULT_IMAGE_SIZE,
     waiting_for: str | None = None,
+    last_failure: ReplicaFailure | None = None,
 ) -> dict[str, Any]:
     """The endpoint record (spec 2.1 fields first, then inferd's extras).
 
@@ -180,4 +194,11 @@ def build_record(
         "statusReason": derived.reason,
         "createdAt": rfc3339(row.created_at),
         "updatedAt": rfc3339(row.updated_at),
+        "lastReplicaFailure": None
+        if last_failure is None
+        else {
+            "replicaId": last_failure.replica_id,
+            "reason": last_failure.reason,
+            "at": last_failure.at,
+        },
     }

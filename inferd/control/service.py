@@ -213,6 +213,7 @@ class EndpointService:
             runtime.replicas,
             image_size=self._image_size(row),
             waiting_for=runtime.waiting_for,
+            last_failure=runtime.last_failure,
         )
 
     def _rendered_json(self, row: Endpoint) -> bytes:

@@ -9,13 +9,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from inferd.control.model import Endpoint
-from inferd.control.records import EndpointRuntime, ReplicaView
+from inferd.control.records import EndpointRuntime, ReplicaFailure, ReplicaView
 from inferd.control.registry import Registry
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 
 
 class CapacityReasons(Protocol):
     def capacity_reason(self, endpoint_id: str) -> str | None: ...
+
+    def last_failure(self, endpoint_id: str) -> ReplicaFailure | None: ...
 
 
 class ReplicaViews:
@@ -38,7 +40,11 @@ class ReplicaViews:
             )
             for r in self._registry.of_endpoint(endpoint_id)
         )
-        return EndpointRuntime(views, self._capacity.capacity_reason(endpoint_id))
+        return EndpointRuntime(
+            views,
+            self._capacity.capacity_reason(endpoint_id),
+            self._capacity.last_failure(endpoint_id),
+        )
 
 
 class EndpointLookup(Protocol):

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from inferd.control import loadshare
-from inferd.control.leader import LeaderDuties
+from inferd.control.leader import Deposed, LeaderDuties
 from inferd.control.loadshare import (
     WAKE_CHANNEL,
     Listener,
@@ -330,8 +330,13 @@ class ClusterDrain:
         deadline = time.monotonic() + self._timeout_s
         while time.monotonic() < deadline:
             if self._leading():
-                await self._reconciler.drain_endpoint(endpoint_id)
-                return
+                try:
+                    await self._reconciler.drain_endpoint(endpoint_id)
+                    return
+                except Deposed:
+                    # Deposed mid-drain: the new leader finishes the
+                    # deletion; wait for its rows to go, as a follower.
+                    pass
             rows = await self._replicas.list_replicas()
             if not any(row.endpoint_id == endpoint_id for row in rows):
                 return

@@ -163,6 +163,9 @@ class ReplicaDuty:
         self._clustered = clustered
 
     async def start(self, term: int) -> None:
+        # The leader's replica writes carry its term, so that they are
+        # refused once another instance leads; a single instance has none.
+        fence = term if self._clustered else None
         if self._clustered:
             await self._service.finish_pending_deletions()
         records = await self._store.list_replicas()
@@ -177,10 +180,10 @@ class ReplicaDuty:
             await sweep(adopted | watched)
         for record in records:
             if record.id not in adopted:
-                await self._store.delete_replica(record.id)
+                await self._store.delete_replica(record.id, term=fence)
         if records:
             logger.info("adopted %d of %d replicas", len(adopted), len(records))
-        self._reconciler.start()
+        self._reconciler.start(fence)
         self._meter_feed.start()
 
     async def stop(self) -> None:

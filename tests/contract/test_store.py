@@ -92,15 +92,20 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def opener(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Opener]:
-    """Opens a store on this test's database (a second call: a second writer)."""
+def store_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """This test's database."""
     if kind == "memory":
-        url = "memory://"
-    elif kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'inferd.db'}"
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        url = server.create_database()
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'inferd.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.create_database()
+
+
+@pytest.fixture
+def opener(store_url: str) -> Iterator[Opener]:
+    """Opens a store on this test's database (a second call: a second writer)."""
+    url = store_url
     opened: list[Store] = []
 
     def open_one() -> Store:
@@ -435,5 +440,37 @@ def test_model_changes_reach_the_feed(opener: Opener) -> None:
             Change(ChangeKind.MODEL, "a"),
         ]
         assert await collect(feed, lambda s: len(s) >= len(expected)) == expected
+
+    run(body, opener())
+
+
+def test_replica_writes_under_the_current_leader_term(
+    opener: Opener, kind: str, store_url: str
+) -> None:
+    """A leader's writes carry its term. A single-instance store has no other
+    leader and takes any term; PostgreSQL takes the current one (0 here: no
+    election has run), refusing others (tests/integration/test_leader_postgres.py)."""
+
+    async def body(store: Store) -> None:
+        term = 7
+        if kind == "postgres":
+            import psycopg
+
+            from inferd.control.leader import ensure_schema
+
+            async with await psycopg.AsyncConnection.connect(store_url, autocommit=True) as conn:
+                await ensure_schema(conn)
+            term = 0
+        e = endpoint(1)
+        await store.insert_endpoint(e, digest(1))
+        r1 = replica(1, e.id)
+        await store.insert_replica(r1, term=term)
+        later = T0 + timedelta(seconds=3)
+        await store.update_replica(
+            r1.id, status="ready", reason=None, url=None, at=later, term=term
+        )
+        assert await store.list_replicas() == [replace(r1, status="ready", updated_at=later)]
+        await store.delete_replica(r1.id, term=term)
+        assert await store.list_replicas() == []
 
     run(body, opener())

@@ -133,8 +133,7 @@ def test_endpoint_serves_again_after_its_engine_core_is_killed(tmp_path: Path) -
             thread.start()
         time.sleep(1.0)
         os.kill(core, signal.SIGKILL)
-        # Why it failed reaches the control plane (the record itself lists
-        # only current replicas: failed ones leave its `replicas`).
+        # Why it failed reaches the control plane.
         deadline = time.monotonic() + 120
         expected = f"replica {first['id']} of endpoint {eid} failed (engine failed:"
         while expected not in serve.out_path.read_text(errors="replace"):
@@ -154,5 +153,9 @@ def test_endpoint_serves_again_after_its_engine_core_is_killed(tmp_path: Path) -
         record = serve.record(eid)
         assert record["status"] == "running"
         assert any(r["status"] == "ready" and r["id"] != first["id"] for r in record["replicas"])
+        # The record keeps why the replaced replica failed.
+        last = record["lastReplicaFailure"]
+        assert last is not None and last["replicaId"] == first["id"], record
+        assert last["reason"].startswith("engine failed:"), last
     finally:
         serve.cleanup()

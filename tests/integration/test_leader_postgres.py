@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -17,6 +18,8 @@ from inferd.control.leader import (
     fenced,
     read_leader,
 )
+from inferd.control.model import Endpoint, ReplicaRecord
+from inferd.control.stores import open_store
 from inferd.testing_postgres import PostgresServer
 
 FAST = LeaseSettings(retry_s=0.1, check_s=0.2, check_timeout_s=1.0)
@@ -177,3 +180,102 @@ def test_the_synchronous_check_fences_a_store_transaction(db: str) -> None:
 async def _schema(url: str) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await ensure_schema(conn)
+
+
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _endpoint() -> Endpoint:
+    return Endpoint(
+        id="00000000-0000-4000-8000-000000000001",
+        name="ep-1",
+        model_name="tiny-chat",
+        model_kind="chat",
+        gpu_type="cpu",
+        gpu_count=1,
+        location_name="local",
+        min_replicas=0,
+        max_replicas=2,
+        retention_seconds=600,
+        hourly_price=1.25,
+        currency="USD",
+        created_at=T0,
+        updated_at=T0,
+    )
+
+
+def _replica(n: int, endpoint_id: str) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=f"r-{n}",
+        endpoint_id=endpoint_id,
+        generation=1,
+        gpu_type="cpu",
+        gpu_count=1,
+        secret_hash=bytes([n]) * 32,
+        status="starting",
+        created_at=T0,
+        updated_at=T0,
+        node="local",
+        placement={"pid": str(1000 + n)},
+    )
+
+
+def test_a_deposed_leaders_late_replica_write_is_refused_by_the_store(db: str) -> None:
+    """Leader A's session dies and B takes over with a higher term; A's
+    late replica writes under its old term change nothing, B's go through."""
+
+    async def scenario() -> None:
+        store_a, store_b = open_store(db), open_store(db)
+        duties_a, duties_b = Duties(), Duties()
+        a = PostgresElection(db, "a", duties_a, FAST)
+        b = PostgresElection(db, "b", duties_b, FAST)
+        try:
+            a.start()
+            await until(lambda: a.leading)
+            old_term = a.term
+            assert old_term is not None
+            e = _endpoint()
+            await store_a.insert_endpoint(e, bytes(32))
+            r1 = _replica(1, e.id)
+            await store_a.insert_replica(r1, term=old_term)
+            b.start()
+            async with await psycopg.AsyncConnection.connect(db, autocommit=True) as admin:
+                await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'inferd-leader a'"
+                )
+            await until(lambda: b.leading)
+            new_term = b.term
+            assert new_term is not None and new_term > old_term
+            later = T0 + timedelta(seconds=5)
+
+            with pytest.raises(Deposed) as refused:
+                await store_a.update_replica(
+                    r1.id, status="failed", reason="late", url=None, at=later, term=old_term
+                )
+            assert (refused.value.writer_term, refused.value.current_term) == (old_term, new_term)
+            with pytest.raises(Deposed):
+                await store_a.delete_replica(r1.id, term=old_term)
+            with pytest.raises(Deposed):
+                await store_a.insert_replica(_replica(2, e.id), term=old_term)
+            assert await store_b.list_replicas() == [r1]  # nothing of A's got in
+
+            await store_b.update_replica(
+                r1.id,
+                status="ready",
+                reason=None,
+                url="http://127.0.0.1:9",
+                at=later,
+                term=new_term,
+            )
+            (row,) = await store_b.list_replicas()
+            assert (row.status, row.url, row.updated_at) == ("ready", "http://127.0.0.1:9", later)
+            await store_b.delete_replica(r1.id, term=new_term)
+            assert await store_b.list_replicas() == []
+        finally:
+            await a.stop()
+            await b.stop()
+            await store_a.close()
+            await store_b.close()
+
+    asyncio.run(scenario())

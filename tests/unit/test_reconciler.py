@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from inferd.control.fakes import FakeLauncher, FakeLoad
+from inferd.control.leader import Deposed
 from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.ports import ExitReason, ReplicaExit
 from inferd.control.reconciler import Reconciler, ReconcilerSettings
@@ -209,6 +210,10 @@ async def test_a_crashing_replica_is_replaced_with_backoff_and_shows_failed() ->
     w.report_all()
     await w.tick()
     assert w.statuses() == ["ready"]  # failures pruned once one is ready
+    # ... but the record still says why the last one was replaced.
+    last = w.reconciler.last_failure("e1")
+    assert last is not None and last.replica_id == second
+    assert last.reason.startswith("process exited with code 1")
 
 
 async def test_a_silent_replica_is_failed_killed_and_its_requests_aborted() -> None:
@@ -357,3 +362,59 @@ async def test_adopt_skips_finished_replicas(status: str) -> None:
     w = await World(endpoint()).open()
     record = ReplicaRecord("r-x", "e1", 1, "cpu", 1, b"d", status, T0, T0, node="fake")
     assert await w.reconciler.adopt([record], w.rows) == []
+
+
+class FencingStore(MemoryStore):
+    """A memory store that fences replica writes as PostgreSQL does: a term
+    other than `current` is refused, and nothing is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 1
+        self.terms: list[int | None] = []
+
+    def _fence(self, term: int | None) -> None:
+        self.terms.append(term)
+        if term is not None and term != self.current:
+            raise Deposed(term, self.current)
+
+    async def insert_replica(self, record: ReplicaRecord, *, term: int | None = None) -> None:
+        self._fence(term)
+        await super().insert_replica(record, term=term)
+
+    async def update_replica(self, replica_id: str, **kw: Any) -> None:
+        self._fence(kw.get("term"))
+        await super().update_replica(replica_id, **kw)
+
+    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
+        self._fence(term)
+        await super().delete_replica(replica_id, term=term)
+
+
+async def test_a_deposed_reconciler_stops_acting_on_its_first_refused_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World(endpoint(min_replicas=1))
+    store = w.records = FencingStore()
+    w.reconciler = w.new_reconciler()
+    await w.open()
+    w.reconciler.settings = dataclasses.replace(w.reconciler.settings, period_s=3600)
+    w.reconciler.start(term=1)
+    await until(lambda: store.terms == [1])  # the leader's write carried its term
+    assert len(w.launcher.launched) == 1
+    store.current = 2  # another instance leads now
+    w.rows = [endpoint(min_replicas=3)]
+    w.reconciler.endpoint_changed("e1")
+    task = w.reconciler._task
+    assert task is not None
+    await until(task.done)
+    assert task.exception() is None  # stopped, not crashed
+    assert len(await store.list_replicas()) == 1  # the refused write left nothing
+    launched = len(w.launcher.launched)
+    w.reconciler.endpoint_changed("e1")
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(w.launcher.launched) == launched  # no longer acts as leader
+    refused = [r for r in caplog.records if "reconciler stops" in r.getMessage()]
+    assert len(refused) == 1
+    await w.reconciler.stop()

@@ -11,6 +11,7 @@ import pytest
 from inferd.control.model import Endpoint, parse_rfc3339
 from inferd.control.records import (
     DerivedStatus,
+    ReplicaFailure,
     ReplicaView,
     build_record,
     derive_status,
@@ -134,3 +135,15 @@ def test_capacity_wait_is_pending_with_the_reason() -> None:
     # A replica coming up wins over the wait.
     derived = derive_status(ROW, (rv(R.LOADING),), waiting_for=waiting)
     assert derived.status is EndpointStatus.INITIALIZING
+
+
+def test_the_last_replica_failure_stays_on_the_record_after_replacement() -> None:
+    failure = ReplicaFailure("r-1", "engine failed: EngineDeadError", "2025-01-01T00:00:05.000Z")
+    record = build_record(ROW, "http://127.0.0.1:8080", (rv(R.READY),), last_failure=failure)
+    assert record["status"] == "running"
+    assert record["lastReplicaFailure"] == {
+        "replicaId": "r-1",
+        "reason": "engine failed: EngineDeadError",
+        "at": "2025-01-01T00:00:05.000Z",
+    }
+    assert build_record(ROW, "http://127.0.0.1:8080", (rv(R.READY),))["lastReplicaFailure"] is None

@@ -203,7 +203,8 @@ class MemoryStore(MemoryAccountStore):
 
     # --- replicas -----------------------------------------------------------------
 
-    async def insert_replica(self, record: ReplicaRecord) -> None:
+    # `term` is ignored: one instance, so no other leader to fence out.
+    async def insert_replica(self, record: ReplicaRecord, *, term: int | None = None) -> None:
         self._check()
         if record.endpoint_id not in self._endpoints:
             raise EndpointGone(record.endpoint_id)
@@ -213,7 +214,14 @@ class MemoryStore(MemoryAccountStore):
         self._changed(ChangeKind.REPLICA, record.id)
 
     async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+        self,
+        replica_id: str,
+        *,
+        status: str,
+        reason: str | None,
+        url: str | None,
+        at: datetime,
+        term: int | None = None,
     ) -> None:
         self._check()
         record = self._replicas.get(replica_id)
@@ -224,7 +232,7 @@ class MemoryStore(MemoryAccountStore):
         )
         self._changed(ChangeKind.REPLICA, replica_id)
 
-    async def delete_replica(self, replica_id: str) -> None:
+    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
         self._check()
         if self._replicas.pop(replica_id, None) is not None:
             self._changed(ChangeKind.REPLICA, replica_id)

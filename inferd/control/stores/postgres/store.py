@@ -33,6 +33,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.postgres import PostgresAccounts
+from inferd.control.leader import check_term_sync
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -97,6 +98,14 @@ def _endpoint(row: tuple[Any, ...]) -> Endpoint:
     for key in ("created_at", "updated_at", "deleting_at"):
         values[key] = _utc(values[key])
     return Endpoint(**values)
+
+
+def _fence(conn: psycopg.Connection, term: int | None) -> None:
+    """Raises `Deposed` when `term` is no longer the leader's (None: a write
+    that is not the leader's). Holds the leader row FOR SHARE until commit,
+    so a new leader's term cannot be issued while the write is under way."""
+    if term is not None:
+        check_term_sync(conn, term)
 
 
 def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
@@ -437,8 +446,12 @@ class PostgresStore(PostgresAccounts):
 
     # --- replicas -------------------------------------------------------------------------
 
-    async def insert_replica(self, record: ReplicaRecord) -> None:
+    # The leader's writes carry its term: checked first, in the write's own
+    # transaction (`_call`), so a deposed leader's late write changes nothing.
+
+    async def insert_replica(self, record: ReplicaRecord, *, term: int | None = None) -> None:
         def write(conn: psycopg.Connection) -> None:
+            _fence(conn, term)
             values = [getattr(record, c) for c in _REPLICA_COLUMNS]
             values[_REPLICA_COLUMNS.index("placement")] = Jsonb(dict(record.placement))
             statement = sql.SQL("INSERT INTO replicas ({}) VALUES ({})").format(
@@ -456,9 +469,17 @@ class PostgresStore(PostgresAccounts):
         await self._run(write)
 
     async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+        self,
+        replica_id: str,
+        *,
+        status: str,
+        reason: str | None,
+        url: str | None,
+        at: datetime,
+        term: int | None = None,
     ) -> None:
         def write(conn: psycopg.Connection) -> None:
+            _fence(conn, term)
             cur = conn.execute(
                 "UPDATE replicas SET status = %s, reason = %s, url = %s, updated_at = %s"
                 " WHERE id = %s",
@@ -469,8 +490,9 @@ class PostgresStore(PostgresAccounts):
 
         await self._run(write)
 
-    async def delete_replica(self, replica_id: str) -> None:
+    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
         def write(conn: psycopg.Connection) -> None:
+            _fence(conn, term)
             cur = conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
             if cur.rowcount:
                 self._log(conn, [(ChangeKind.REPLICA, replica_id)])

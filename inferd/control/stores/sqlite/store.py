@@ -421,7 +421,8 @@ class SqliteStore(SqliteAccounts):
 
     # --- replicas -------------------------------------------------------------------------
 
-    async def insert_replica(self, record: ReplicaRecord) -> None:
+    # `term` is ignored: one instance, so no other leader to fence out.
+    async def insert_replica(self, record: ReplicaRecord, *, term: int | None = None) -> None:
         await self._run(self._insert_replica, record)
 
     def _insert_replica(self, record: ReplicaRecord) -> None:
@@ -439,7 +440,14 @@ class SqliteStore(SqliteAccounts):
             raise
 
     async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
+        self,
+        replica_id: str,
+        *,
+        status: str,
+        reason: str | None,
+        url: str | None,
+        at: datetime,
+        term: int | None = None,
     ) -> None:
         await self._run(self._update_replica, replica_id, status, reason, url, rfc3339(at))
 
@@ -454,7 +462,7 @@ class SqliteStore(SqliteAccounts):
             if cur.rowcount:
                 self._log(conn, ChangeKind.REPLICA, replica_id)
 
-    async def delete_replica(self, replica_id: str) -> None:
+    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
         await self._run(self._delete_replica, replica_id)
 
     def _delete_replica(self, replica_id: str) -> None:
