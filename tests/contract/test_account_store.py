@@ -35,9 +35,10 @@ from tests.contract.test_store import (
     kind,
     opener,
     run,
+    store_url,
 )
 
-__all__ = ["kind", "opener"]
+__all__ = ["kind", "opener", "store_url"]
 H0 = datetime(2025, 1, 1, 12, tzinfo=UTC)
 
 
