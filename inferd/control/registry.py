@@ -177,15 +177,22 @@ class Registry:
 
     # -- reports from replicas ------------------------------------------------------
 
-    def report(self, replica_id: str, secret: str | None, report: ReplicaReport) -> bool:
-        """Apply one status report; False when it was older than one already
-        applied (dropped). Raises ReportRejected(400|401|404|410)."""
+    def authenticate(self, replica_id: str, secret: str | None) -> Replica:
+        """The replica whose secret this is; raises ReportRejected(404|401).
+        Checked before a report's body is even parsed, so a caller without
+        the secret learns nothing from validation errors."""
         replica = self._replicas.get(replica_id)
         if replica is None:
             # Not ours (any more): the replica drains and exits on 404.
             raise ReportRejected(404, "unknown replica")
         if secret is None or not hmac.compare_digest(secret_digest(secret), replica.secret_digest):
             raise ReportRejected(401, "bad replica secret")
+        return replica
+
+    def report(self, replica_id: str, secret: str | None, report: ReplicaReport) -> bool:
+        """Apply one status report; False when it was older than one already
+        applied (dropped). Raises ReportRejected(400|401|404|410)."""
+        replica = self.authenticate(replica_id, secret)
         if report.replica_id != replica_id:
             raise ReportRejected(400, "the report names another replica")
         if replica.status is ReplicaStatus.FAILED:

@@ -41,19 +41,17 @@ def report_route(
 
     async def report(request: Request) -> Response:
         secret = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
-        raw = await read_body(request, MAX_REPORT_BYTES)
-        try:
-            parsed = ReplicaReport.model_validate_json(raw)
-        except ValidationError as exc:
-            return error_response(validation_error_to_bad_request(exc))
         replica_id = request.path_params["replica_id"]
         try:
+            registry.authenticate(replica_id, secret)
+            raw = await read_body(request, MAX_REPORT_BYTES)
+            try:
+                parsed = ReplicaReport.model_validate_json(raw)
+            except ValidationError as exc:
+                return error_response(validation_error_to_bad_request(exc))
             registry.report(replica_id, secret, parsed)
         except ReportRejected as exc:
-            return JSONResponse(
-                error_body(str(exc), "invalid_request_error", None, "report_rejected"),
-                status_code=exc.status,
-            )
+            return _rejected(exc)
         if on_report is not None:
             on_report(replica_id, parsed)
         if after_report is not None:
@@ -61,6 +59,13 @@ def report_route(
         return Response(status_code=204)
 
     return Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"])
+
+
+def _rejected(exc: ReportRejected) -> Response:
+    return JSONResponse(
+        error_body(str(exc), "invalid_request_error", None, "report_rejected"),
+        status_code=exc.status,
+    )
 
 
 class ReplicaCollector(Collector):

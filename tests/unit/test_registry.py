@@ -219,3 +219,25 @@ def test_a_malformed_report_is_a_400_in_the_error_shape(body: bytes) -> None:
             f"{REGISTRY_PATH}/replicas/r1", content=ok, headers={"Authorization": "Bearer s-r1"}
         )
     assert response.status_code == 204 and registry.ready_replicas("e1")
+
+
+def test_a_report_without_the_secret_is_401_before_its_body_is_read() -> None:
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from inferd.control.registry_api import REGISTRY_PATH, report_route
+    from inferd.http_errors import EXCEPTION_HANDLERS
+
+    registry, _ = make(Clock())
+    registry.add(replica("r1"))
+    app = Starlette(routes=[report_route(registry)], exception_handlers=EXCEPTION_HANDLERS)
+    with TestClient(app) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            response = client.post(
+                f"{REGISTRY_PATH}/replicas/r1", content=b"not json", headers=headers
+            )
+            assert response.status_code == 401, response.text
+        unknown = client.post(
+            f"{REGISTRY_PATH}/replicas/r9", content=b"{}", headers={"Authorization": "Bearer s-r1"}
+        )
+        assert unknown.status_code == 404, unknown.text
