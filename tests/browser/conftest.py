@@ -32,7 +32,10 @@ def chromium_path() -> str | None:
     return shutil.which("chromium")
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: Playwright's sync API keeps an event loop
+# running in the main thread while it is started, and every later test that
+# calls asyncio.run() (most integration tests) would fail.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     path = chromium_path()
     if path is None:
