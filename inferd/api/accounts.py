@@ -35,7 +35,8 @@ class QuotaBody(_Request):
 
 class CreateProjectRequest(_Request):
     id: str = Field(pattern=NAME_PATTERN, description="Name of the project, unique.")
-    quota: QuotaBody | None = None
+    quota: QuotaBody | None = Field(None, description="The project's own quota.")
+    quotaLimit: QuotaBody | None = Field(None, description="The operator's limit over it.")
 
 
 class PutMemberRequest(_Request):
@@ -59,7 +60,9 @@ class QuotaInfo(_Response):
 class ProjectInfo(_Response):
     id: str
     createdAt: str
-    quota: QuotaInfo
+    quota: QuotaInfo = Field(description="Set by the project's admins, within quotaLimit.")
+    quotaLimit: QuotaInfo = Field(description="Set by the operator.")
+    quotaInForce: QuotaInfo = Field(description="What is enforced: the lower of the two.")
     role: RoleName | None = Field(description="The caller's role; null for the operator.")
 
 

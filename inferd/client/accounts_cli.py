@@ -74,8 +74,17 @@ def _register_projects(
     create = sub.add_parser("create", parents=[common], help="create a project (operator)")
     create.add_argument("project")
     create.set_defaults(func=_command(_projects_create))
-    quota = sub.add_parser("quota", parents=[common], help="set a project's quota (operator)")
+    quota = sub.add_parser(
+        "quota",
+        parents=[common],
+        help="set a project's quota (its admins, within the operator's limit)",
+    )
     quota.add_argument("project")
+    quota.add_argument(
+        "--limit",
+        action="store_true",
+        help="set the operator's limit over the project's quota instead (operator)",
+    )
     quota.add_argument("--endpoints", type=int, help="most endpoints (omitted: unlimited)")
     quota.add_argument("--replicas", type=int, help="most replicas in total (omitted: unlimited)")
     quota.add_argument("--gpus", action="append", default=[], metavar="TYPE=N",
@@ -179,7 +188,7 @@ def _quota_text(quota: Mapping[str, Any]) -> str:
 
 def _projects_list(client: ManagementClient, args: argparse.Namespace) -> int:
     data = client.call("GET", "/projects")["data"]
-    rows = [{**p, "quotaText": _quota_text(p["quota"])} for p in data]
+    rows = [{**p, "quotaText": _quota_text(p["quotaInForce"])} for p in data]
     cols = (("PROJECT", "id"), ("ROLE", "role"), ("QUOTA", "quotaText"), ("CREATED", "createdAt"))
     return _show(args, {"data": data}, table(rows, cols, "No projects."))
 
@@ -187,7 +196,12 @@ def _projects_list(client: ManagementClient, args: argparse.Namespace) -> int:
 def _projects_get(client: ManagementClient, args: argparse.Namespace) -> int:
     p = client.call("GET", f"/projects/{args.project}")
     role = p["role"] or "operator"
-    text = f"project  {p['id']}\nrole     {role}\nquota    {_quota_text(p['quota'])}"
+    text = (
+        f"project  {p['id']}\nrole     {role}\n"
+        f"quota    {_quota_text(p['quotaInForce'])} (in force)\n"
+        f"  own    {_quota_text(p['quota'])} (set by its admins)\n"
+        f"  limit  {_quota_text(p['quotaLimit'])} (set by the operator)"
+    )
     return _show(args, p, text)
 
 
@@ -204,6 +218,9 @@ def _projects_quota(client: ManagementClient, args: argparse.Namespace) -> int:
             raise ApiError(f"--gpus wants TYPE=N, got '{item}'", param="gpus")
         gpus[gpu_type] = int(count)
     body = {"endpoints": args.endpoints, "replicas": args.replicas, "gpus": gpus}
+    if args.limit:
+        p = client.call("PUT", f"/projects/{args.project}/quota-limit", json=body)
+        return _show(args, p, f"Quota limit of {p['id']}: {_quota_text(p['quotaLimit'])}")
     p = client.call("PUT", f"/projects/{args.project}/quota", json=body)
     return _show(args, p, f"Quota of {p['id']}: {_quota_text(p['quota'])}")
 

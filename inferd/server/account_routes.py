@@ -4,7 +4,7 @@ account service with the caller's principal, map the result."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +68,8 @@ def project_info(project: Project, principal: Principal) -> dict[str, Any]:
         "id": project.id,
         "createdAt": rfc3339(project.created_at),
         "quota": project.quota.to_dict(),
+        "quotaLimit": project.limit.to_dict(),
+        "quotaInForce": project.quota_in_force.to_dict(),
         "role": None if role is None else role.value,
     }
 
@@ -145,7 +147,8 @@ class AccountRoutes:
             Operation("GET", "/projects", Target.ANY, R, self.list_projects),
             Operation("POST", "/projects", Target.OPERATOR, M, self.create_project),
             Operation("GET", "/projects/{id}", Target.PROJECT, R, self.get_project),
-            Operation("PUT", "/projects/{id}/quota", Target.OPERATOR, M, self.set_quota),
+            Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, self.set_quota),
+            Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, self.set_limit),
             Operation("GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members),
             Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.put_member),
             Operation(
@@ -179,7 +182,9 @@ class AccountRoutes:
 
     async def create_project(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateProjectRequest, self.max_body_bytes)
-        project = await self.accounts.create_project(principal, req.id, _quota(req.quota))
+        project = await self.accounts.create_project(
+            principal, req.id, _quota(req.quota), _quota(req.quotaLimit)
+        )
         return JSONResponse(project_info(project, principal), status_code=201)
 
     async def get_project(self, request: Request, principal: Principal) -> Response:
@@ -187,10 +192,21 @@ class AccountRoutes:
         return JSONResponse(project_info(project, principal))
 
     async def set_quota(self, request: Request, principal: Principal) -> Response:
+        return await self._put_quota(request, principal, self.accounts.set_quota)
+
+    async def set_limit(self, request: Request, principal: Principal) -> Response:
+        return await self._put_quota(request, principal, self.accounts.set_quota_limit)
+
+    async def _put_quota(
+        self,
+        request: Request,
+        principal: Principal,
+        setter: Callable[[Principal, str, Quota], Awaitable[Project]],
+    ) -> Response:
         project_id = request.path_params["id"]
         await self.accounts.project(principal, project_id)  # 404 before a 400 about the body
         req = await read_model(request, QuotaBody, self.max_body_bytes)
-        project = await self.accounts.set_quota(principal, project_id, _quota(req))
+        project = await setter(principal, project_id, _quota(req))
         return JSONResponse(project_info(project, principal))
 
     # --- members -------------------------------------------------------------------------

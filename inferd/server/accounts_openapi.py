@@ -92,8 +92,14 @@ def accounts_openapi() -> dict[str, Any]:
                        (200, "ProjectInfo", "The project."), (404,), params=[_PROJECT]),
         },
         "/inference/projects/{id}/quota": {
-            "put": _op("setQuota", "Set a project's quota (operator)",
+            "put": _op("setQuota", "Set a project's own quota (its admins, within the "
+                       "operator's limit; the operator)",
                        (200, "ProjectInfo", "The project."), (400, 403, 404, 413),
+                       body="QuotaBody", params=[_PROJECT]),
+        },
+        "/inference/projects/{id}/quota-limit": {
+            "put": _op("setQuotaLimit", "Set the operator's limit over a project's quota "
+                       "(operator)", (200, "ProjectInfo", "The project."), (400, 403, 404, 413),
                        body="QuotaBody", params=[_PROJECT]),
         },
         "/inference/projects/{id}/members": {

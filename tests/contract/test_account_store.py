@@ -59,6 +59,16 @@ def test_projects_and_quotas(opener: Opener) -> None:
         assert await store.set_quota("team", quota)
         assert not await store.set_quota("nope", quota)
         assert (await store.get_project("team")) == replace(team, quota=quota)
+        # The operator's limit is kept apart from the project's own quota.
+        limit = Quota(endpoints=5, replicas=3, gpus={"L4": 1})
+        assert await store.set_quota_limit("team", limit)
+        assert not await store.set_quota_limit("nope", limit)
+        stored = await store.get_project("team")
+        assert stored == replace(team, quota=quota, limit=limit)
+        assert stored is not None and stored.quota_in_force == Quota(5, 3, {"L4": 1})
+        limited = Project("limited", T0, limit=Quota(replicas=2))
+        await store.create_project(limited)
+        assert [p for p in await store.list_projects() if p.id == "limited"] == [limited]
 
     run(body, opener())
 

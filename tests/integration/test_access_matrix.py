@@ -30,6 +30,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("PATCH", "/endpoints/{id}"): lambda w, project: {"minReplicas": 0, "maxReplicas": 2},
     ("POST", "/projects"): lambda w, project: {"id": unique("proj")},
     ("PUT", "/projects/{id}/quota"): lambda w, project: {"replicas": 10},
+    ("PUT", "/projects/{id}/quota-limit"): lambda w, project: {"replicas": 10},
     ("PUT", "/projects/{id}/members/{userId}"): lambda w, project: {"role": "viewer"},
     ("POST", "/users"): lambda w, project: {"id": unique("user")},
     ("POST", "/users/{userId}/keys"): lambda w, project: {"name": "matrix"},

@@ -132,14 +132,45 @@ def test_gpu_quota_by_type(world: World) -> None:
     assert over.json()["error"]["param"] == f"gpus:{gpu_type}"
 
 
-def test_quota_is_the_operators(world: World) -> None:
-    resp = world.op(
-        "PUT", f"/projects/{OWN}/quota", world.keys["admin-user"], json={"replicas": 99}
-    )
-    assert resp.status_code == 403
-    project = world.ok("GET", f"/projects/{OWN}", world.keys["admin-user"])
-    assert project["quota"] == {"endpoints": None, "replicas": None, "gpus": {}}
+def test_admins_set_their_quota_within_the_operators_limit(world: World) -> None:
+    admin, dev = world.keys["admin-user"], world.keys["developer-user"]
+    # With no limit set, the project's admins manage their own quota.
+    project = world.ok("PUT", f"/projects/{OWN}/quota", admin, json={"replicas": 99})
+    assert project["quota"]["replicas"] == 99 and project["quotaInForce"]["replicas"] == 99
+    # The operator lends the team at most 4 replicas and 2 endpoints.
+    world.ok("PUT", f"/projects/{OWN}/quota-limit", json={"replicas": 4, "endpoints": 2})
+    project = world.ok("GET", f"/projects/{OWN}", admin)
+    assert project["quotaLimit"] == {"endpoints": 2, "replicas": 4, "gpus": {}}
+    assert project["quotaInForce"] == {"endpoints": 2, "replicas": 4, "gpus": {}}
     assert project["role"] == "admin"
+    # An admin may not go above it, nor leave a limited count unlimited...
+    for body, param in (
+        ({"replicas": 5, "endpoints": 2}, "replicas"),
+        ({"replicas": 3}, "endpoints"),
+    ):
+        resp = world.op("PUT", f"/projects/{OWN}/quota", admin, json=body)
+        assert resp.status_code == 403, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "above_quota_limit" and error["param"] == param
+        assert "limit" in error["message"]
+    # ...but may hold the team below it, and the lower one is enforced.
+    world.ok("PUT", f"/projects/{OWN}/quota", admin, json={"replicas": 1, "endpoints": 2})
+    assert _create(world, dev, minReplicas=1, maxReplicas=1).status_code == 201
+    over = _create(world, dev, minReplicas=1, maxReplicas=1)
+    assert over.status_code == 409 and "limit 1" in over.json()["error"]["message"]
+    # A developer or viewer sets neither; only the operator sets the limit.
+    for who in ("developer-user", "viewer-user"):
+        resp = world.op("PUT", f"/projects/{OWN}/quota", world.keys[who], json={"replicas": 1})
+        assert resp.status_code == 403 and resp.json()["error"]["code"] == "insufficient_role"
+    resp = world.op("PUT", f"/projects/{OWN}/quota-limit", admin, json={"replicas": 99})
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "operator_only"
+    # Another project's quota is not even there for this admin.
+    resp = world.op("PUT", f"/projects/{OTHER}/quota", admin, json={"replicas": 1})
+    assert resp.status_code == 404
+    # Lowering the limit under the admins' quota lowers what is in force.
+    world.ok("PUT", f"/projects/{OWN}/quota-limit", json={"replicas": 4, "endpoints": 1})
+    project = world.ok("GET", f"/projects/{OWN}", admin)
+    assert project["quota"]["endpoints"] == 2 and project["quotaInForce"]["endpoints"] == 1
 
 
 # --- audit ---------------------------------------------------------------------------------
@@ -158,7 +189,8 @@ def test_audit_entries_per_action_with_actor(world: World) -> None:
     world.add_member(OWN, "audited", "viewer")
     world.ok("PUT", f"/projects/{OWN}/members/audited", admin, json={"role": "developer"})
     world.ok("DELETE", f"/projects/{OWN}/members/audited", admin)
-    world.ok("PUT", f"/projects/{OWN}/quota", json={"replicas": 7})
+    world.ok("PUT", f"/projects/{OWN}/quota", admin, json={"replicas": 7})
+    world.ok("PUT", f"/projects/{OWN}/quota-limit", json={"replicas": 8})
 
     entries = world.ok("GET", f"/projects/{OWN}/audit", admin,
                        params={"from": start.isoformat()})["data"]  # fmt: skip
@@ -173,6 +205,7 @@ def test_audit_entries_per_action_with_actor(world: World) -> None:
         ("member.add", "operator"),
         ("member.change", "user:admin-user"),
         ("member.remove", "user:admin-user"),
+        ("quota.change", "user:admin-user"),
         ("quota.change", "operator"),
     ]:
         assert want in seen, (want, seen)

@@ -92,7 +92,19 @@ def test_accounts_commands_with_a_user_key(
     assert code == 0 and "endpoint.create" in out and "user:ada" in out
     code, _, err = run(capsys, "projects", "audit", "ml", "--key", bob)
     assert code == 1 and "HTTP 403" in err
-    code, _, err = run(capsys, "projects", "quota", "ml", "--replicas", "3", "--key", ada)
+    code, _, err = run(
+        capsys, "projects", "quota", "ml", "--limit", "--replicas", "3", "--key", ada
+    )
     assert code == 1 and "operator" in err
-    code, out, _ = run(capsys, "projects", "quota", "ml", "--replicas", "3", "--gpus", "cpu=2")
+    code, out, _ = run(
+        capsys, "projects", "quota", "ml", "--limit", "--replicas", "3", "--gpus", "cpu=2"
+    )
     assert code == 0 and "replicas 3" in out and "cpu GPUs 2" in out
+    code, _, err = run(capsys, "projects", "quota", "ml", "--replicas", "4", "--key", ada)
+    assert code == 1 and "limit 3" in err
+    code, out, _ = run(
+        capsys, "projects", "quota", "ml", "--replicas", "2", "--gpus", "cpu=2", "--key", ada
+    )
+    assert code == 0 and "replicas 2" in out
+    code, out, _ = run(capsys, "projects", "get", "ml", "--key", ada)
+    assert code == 0 and "replicas 2, cpu GPUs 2 (in force)" in out

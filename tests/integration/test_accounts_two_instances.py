@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,6 +18,7 @@ from inferd.control.fakes import FakeLauncher
 from inferd.server.app import create_app
 from inferd.server.compose import build
 from inferd.settings import load_settings
+from inferd.testing_postgres import PostgresServer
 
 OPERATOR = "two-instances-operator-key-0123"
 FEED_DELAY_S = 3.0  # the SQLite change log is polled every 0.5 s
@@ -23,7 +26,25 @@ FEED_DELAY_S = 3.0  # the SQLite change log is polled every 0.5 s
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient]]:
-    settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": OPERATOR})
+    yield from _pair(tmp_path, {})
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_pair(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[TestClient, TestClient]]:
+    """Two instances on one SQLite file, or on one real PostgreSQL."""
+    more: dict[str, Any] = {}
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        more["database_url"] = server.create_database()
+    yield from _pair(tmp_path, more)
+
+
+def _pair(tmp_path: Path, more: dict[str, Any]) -> Iterator[tuple[TestClient, TestClient]]:
+    settings = load_settings(
+        env={}, overrides={"state_dir": tmp_path, "admin_key": OPERATOR, **more}
+    )
     planes = [
         asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False)) for _ in range(2)
     ]
@@ -78,3 +99,38 @@ def test_revocation_and_removal_reach_the_other_instance(
         b.delete(f"/inference/endpoints/{resp.json()['id']}")
         body["name"] += "x"
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "quota_exceeded"
+
+
+def test_a_quota_holds_across_instances(any_pair: tuple[TestClient, TestClient]) -> None:
+    """Each instance checks a project's quota against the store under a lock
+    shared with the others, not against its own copy of the endpoints: a
+    create on A and then at once on B, and creates racing on both, never
+    exceed the quota together."""
+    a, b = any_pair
+    assert (
+        a.post("/inference/projects", json={"id": "team", "quota": {"endpoints": 1}}).status_code
+        == 201
+    )
+
+    def create(client: TestClient, name: str) -> int:
+        body = {"name": name, "modelName": "tiny-chat", "minReplicas": 0, "projectId": "team"}
+        return client.post("/inference/endpoints", json=body).status_code
+
+    # B has not heard of A's endpoint through the change feed yet.
+    assert create(a, "first") == 201
+    assert create(b, "second") == 409
+    listed = a.get("/inference/endpoints").json()["data"]
+    assert [e["name"] for e in listed if e["projectId"] == "team"] == ["first"]
+
+    # Room for three more; eight creates race on the two instances.
+    assert a.put("/inference/projects/team/quota", json={"endpoints": 4}).status_code == 200
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda n: create((a, b)[n % 2], f"race-{n}"), range(8)))
+    assert sorted(codes) == [201] * 3 + [409] * 5, codes
+    listed = b.get("/inference/endpoints").json()["data"]
+    assert len([e for e in listed if e["projectId"] == "team"]) <= 4
+    deadline = time.monotonic() + FEED_DELAY_S
+    while len([e for e in listed if e["projectId"] == "team"]) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        listed = b.get("/inference/endpoints").json()["data"]
+    assert len([e for e in listed if e["projectId"] == "team"]) == 4

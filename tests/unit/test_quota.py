@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 
 from inferd.control.accounts.quota import (
+    AboveLimit,
     EndpointShape,
     Quota,
+    above_limit,
     cap_replicas,
     capped_reason,
     check_settings,
+    in_force,
 )
 
 A100 = "A100"
@@ -85,3 +88,34 @@ def test_cap_replicas(quota, others, endpoint, desired, allowed, limited) -> Non
         assert cap.limited_by is not None and cap.limited_by.quota == limited
         reason = capped_reason("team", cap)
         assert reason is not None and limited in reason and "quota" in reason
+
+
+@pytest.mark.parametrize(
+    ("own", "limit", "expected"),
+    [
+        (Quota(), Quota(), Quota()),
+        (Quota(replicas=5), Quota(), Quota(replicas=5)),
+        (Quota(), Quota(replicas=5), Quota(replicas=5)),
+        (Quota(replicas=2, endpoints=9), Quota(replicas=5, endpoints=3),
+         Quota(replicas=2, endpoints=3)),
+        (Quota(gpus={"L4": 4, "A100": 1}), Quota(gpus={"L4": 2, "H100": 8}),
+         Quota(gpus={"A100": 1, "H100": 8, "L4": 2})),
+    ],
+)  # fmt: skip
+def test_in_force_is_the_lower_of_quota_and_limit(own, limit, expected) -> None:
+    assert in_force(own, limit) == expected
+
+
+@pytest.mark.parametrize(
+    ("own", "limit", "expected"),
+    [
+        (Quota(replicas=99), Quota(), None),
+        (Quota(replicas=3), Quota(replicas=3), None),
+        (Quota(replicas=4), Quota(replicas=3), AboveLimit("replicas", 4, 3)),
+        (Quota(), Quota(endpoints=2), AboveLimit("endpoints", None, 2)),
+        (Quota(gpus={"L4": 1}), Quota(gpus={"L4": 1, "A100": 2}), AboveLimit("gpus:A100", None, 2)),
+        (Quota(gpus={"L4": 3}), Quota(gpus={"L4": 2}), AboveLimit("gpus:L4", 3, 2)),
+    ],
+)  # fmt: skip
+def test_above_limit_names_the_first_count_over(own, limit, expected) -> None:
+    assert above_limit(own, limit) == expected

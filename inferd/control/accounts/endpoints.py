@@ -9,14 +9,15 @@ gets 403. The console and the HTTP routes both call this layer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.control.accounts.metering import UsageMeter, merge_usage
 from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction, UsageRow, hour_of
-from inferd.control.accounts.quota import EndpointShape, check_settings
+from inferd.control.accounts.quota import UNLIMITED, EndpointShape, check_settings
 from inferd.control.accounts.roles import Action, Principal, authorize
 from inferd.control.accounts.service import AccountService
 from inferd.errors import BadRequest, NotFound
@@ -63,10 +64,6 @@ class Endpoints(Protocol):
 def not_found(endpoint_id: str) -> NotFound:
     # The same answer as for an id that exists nowhere.
     return NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
-
-
-def _shape(e: EndpointLike) -> EndpointShape:
-    return EndpointShape(e.id, e.gpu_type, e.gpu_count, e.min_replicas)
 
 
 class ProjectEndpoints:
@@ -140,20 +137,10 @@ class ProjectEndpoints:
                 f"No project '{project_id}'.", param="projectId", code="project_not_found"
             ),
         )
-        async with self._lock:
-            gpu_type, gpu_count = self.service.resolve_gpus(None, req)
-            max_replicas = (
-                req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
-            )
-            exceeded = check_settings(
-                project.quota,
-                map(_shape, self._project_rows(project_id)),
-                EndpointShape("", gpu_type, gpu_count, req.minReplicas),
-                max_replicas,
-                new_endpoint=True,
-            )
-            if exceeded is not None:
-                raise exceeded.error(project_id)
+        gpu_type, gpu_count = self.service.resolve_gpus(None, req)
+        max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
+        new = EndpointShape("", gpu_type, gpu_count, req.minReplicas)
+        async with self._within_quota(project.id, new, max_replicas, new_endpoint=True):
             record, token = await self.service.create(req, project_id=project_id)
         row = self.service.find(record["id"])
         await self.accounts.audit_event(
@@ -162,6 +149,30 @@ class ProjectEndpoints:
             minReplicas=record["minReplicas"], maxReplicas=record["maxReplicas"],
         )  # fmt: skip
         return (self._decorate_dict(row, record) if row else record), token
+
+    @contextlib.asynccontextmanager
+    async def _within_quota(
+        self, project_id: str, changed: EndpointShape, max_replicas: int, *, new_endpoint: bool
+    ) -> AsyncIterator[None]:
+        """Refuse a create or change that breaks the project's quota, else
+        let it be written while no other check of this project runs, on this
+        instance or another (the check reads the store, not this instance's
+        copy, which may not have heard of another's create yet)."""
+        store = self.accounts.store
+        async with self._lock:
+            project = await store.get_project(project_id)
+            quota = UNLIMITED if project is None else project.quota_in_force
+            if quota == UNLIMITED:
+                yield
+                return
+            async with store.quota_lock(project_id):
+                others = await store.quota_shapes(project_id)
+                exceeded = check_settings(
+                    quota, others, changed, max_replicas, new_endpoint=new_endpoint
+                )
+                if exceeded is not None:
+                    raise exceeded.error(project_id)
+                yield
 
     def target_project(self, principal: Principal, project_id: str | None) -> str:
         if project_id is not None:
@@ -178,29 +189,15 @@ class ProjectEndpoints:
             code="project_required",
         )
 
-    def _project_rows(self, project_id: str) -> Iterable[EndpointLike]:
-        return (
-            r for r in self.service.rows() if r.project_id == project_id and r.deleting_at is None
-        )
-
     async def update(
         self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
     ) -> dict[str, Any]:
         row = self.endpoint(principal, endpoint_id, Action.WRITE)
-        project = await self.accounts.project(principal, row.project_id)
-        async with self._lock:
-            gpu_type, gpu_count = self.service.resolve_gpus(row, req)
-            min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
-            max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
-            exceeded = check_settings(
-                project.quota,
-                map(_shape, self._project_rows(row.project_id)),
-                EndpointShape(row.id, gpu_type, gpu_count, min_replicas),
-                max_replicas,
-                new_endpoint=False,
-            )
-            if exceeded is not None:
-                raise exceeded.error(row.project_id)
+        gpu_type, gpu_count = self.service.resolve_gpus(row, req)
+        min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
+        max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
+        shape = EndpointShape(row.id, gpu_type, gpu_count, min_replicas)
+        async with self._within_quota(row.project_id, shape, max_replicas, new_endpoint=False):
             record = await self.service.update(endpoint_id, req)
         changed = req.model_dump(exclude_none=True)
         await self.accounts.audit_event(

@@ -63,10 +63,20 @@ class MemoryAccountStore:
         return sorted(self._projects.values(), key=lambda p: p.id)
 
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
+        return self._change_project(project_id, quota=quota)
+
+    async def set_quota_limit(self, project_id: str, limit: Quota) -> bool:
+        return self._change_project(project_id, limit=limit)
+
+    def _change_project(
+        self, project_id: str, *, quota: Quota | None = None, limit: Quota | None = None
+    ) -> bool:
         project = self._projects.get(project_id)
         if project is None:
             return False
-        self._projects[project_id] = dataclasses.replace(project, quota=quota)
+        self._projects[project_id] = dataclasses.replace(
+            project, quota=quota or project.quota, limit=limit or project.limit
+        )
         self._account_changed(f"project:{project_id}")
         return True
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 
-from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.quota import Quota, in_force
 from inferd.control.accounts.roles import Role
 
 # Endpoints made before projects existed, and the operator's endpoints when
@@ -35,7 +35,12 @@ def hour_of(at: datetime) -> datetime:
 class Project:
     id: str  # its name: lowercase slug, unique, used in URLs
     created_at: datetime
-    quota: Quota = field(default_factory=Quota)
+    quota: Quota = field(default_factory=Quota)  # set by its admins, within the limit
+    limit: Quota = field(default_factory=Quota)  # set by the operator
+
+    @property
+    def quota_in_force(self) -> Quota:
+        return in_force(self.quota, self.limit)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ add up instead of overwriting each other).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Protocol
 
@@ -23,7 +24,7 @@ from inferd.control.accounts.model import (
     User,
     UserKey,
 )
-from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.quota import EndpointShape, Quota
 
 
 class AlreadyExists(Exception):
@@ -36,6 +37,15 @@ class AccountStore(Protocol):
     async def get_project(self, project_id: str) -> Project | None: ...
     async def list_projects(self) -> list[Project]: ...
     async def set_quota(self, project_id: str, quota: Quota) -> bool: ...
+    async def set_quota_limit(self, project_id: str, limit: Quota) -> bool: ...
+
+    # A quota check and the write it allows, serialised across every
+    # instance on this store: under the lock the check reads the project's
+    # endpoints from the store (`quota_shapes`), not from a cache that may
+    # not have heard of another instance's create yet, and the write commits
+    # before the lock is released.
+    def quota_lock(self, project_id: str) -> AbstractAsyncContextManager[None]: ...
+    async def quota_shapes(self, project_id: str) -> list[EndpointShape]: ...
 
     # --- users and memberships -----------------------------------------------------------
     async def create_user(self, user: User) -> None: ...

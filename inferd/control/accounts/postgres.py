@@ -147,6 +147,10 @@ def _quota(value: Any) -> Quota:
     return quota_from_json(value if isinstance(value, str) else json.dumps(value or {}))
 
 
+def _project(row: Any) -> Project:
+    return Project(row[0], row[1].astimezone(UTC), _quota(row[2]), _quota(row[3]))
+
+
 Conn = psycopg.Connection[Any]
 
 
@@ -178,28 +182,38 @@ class PostgresAccounts:
     async def create_project(self, project: Project) -> None:
         try:
             await self._run(self._write(
-                "INSERT INTO projects (id, created_at, quota) VALUES (%s, %s, %s)",
-                (project.id, project.created_at, quota_to_json(project.quota)),
+                "INSERT INTO projects (id, created_at, quota, quota_limit) VALUES (%s, %s, %s, %s)",
+                (project.id, project.created_at, quota_to_json(project.quota),
+                 quota_to_json(project.limit)),
             ))  # fmt: skip
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(project.id) from None
 
     async def get_project(self, project_id: str) -> Project | None:
         rows = await self._rows(
-            "SELECT id, created_at, quota FROM projects WHERE id = %s", (project_id,)
+            "SELECT id, created_at, quota, quota_limit FROM projects WHERE id = %s", (project_id,)
         )
-        return Project(rows[0][0], rows[0][1].astimezone(UTC), _quota(rows[0][2])) if rows else None
+        return _project(rows[0]) if rows else None
 
     async def list_projects(self) -> list[Project]:
-        rows = await self._rows("SELECT id, created_at, quota FROM projects ORDER BY id")
-        return [Project(r[0], r[1].astimezone(UTC), _quota(r[2])) for r in rows]
+        rows = await self._rows(
+            "SELECT id, created_at, quota, quota_limit FROM projects ORDER BY id"
+        )
+        return [_project(r) for r in rows]
 
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
-        count = await self._run(self._write(
-            "UPDATE projects SET quota = %s WHERE id = %s",
-            (quota_to_json(quota), project_id), f"project:{project_id}",
-        ))  # fmt: skip
-        return bool(count)
+        return await self._set_project(
+            "UPDATE projects SET quota = %s WHERE id = %s", project_id, quota
+        )
+
+    async def set_quota_limit(self, project_id: str, limit: Quota) -> bool:
+        return await self._set_project(
+            "UPDATE projects SET quota_limit = %s WHERE id = %s", project_id, limit
+        )
+
+    async def _set_project(self, sql: LiteralString, project_id: str, quota: Quota) -> bool:
+        params = (quota_to_json(quota), project_id)
+        return bool(await self._run(self._write(sql, params, f"project:{project_id}")))
 
     # --- users and memberships ------------------------------------------------------------
 

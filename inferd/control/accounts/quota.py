@@ -1,5 +1,9 @@
 """Per-project quotas: GPUs by type, endpoints, replicas in total.
 
+Two levels: the operator sets a project's limit (what the server lends the
+team); the project's admins set their own quota within it (what they let
+their developers spend). The project is held to the lower of the two.
+
 A pure policy over frozen dataclasses. Settings changes (create, PATCH) are
 checked against what the project has promised: every endpoint's floor
 (minReplicas) must fit together, and one endpoint's ceiling (maxReplicas)
@@ -29,6 +33,49 @@ class Quota:
 
 
 UNLIMITED = Quota()
+
+
+def _lower(own: int | None, limit: int | None) -> int | None:
+    return own if limit is None else limit if own is None else min(own, limit)
+
+
+def in_force(own: Quota, limit: Quota) -> Quota:
+    """What a project is held to: its admins' own quota under the operator's
+    limit, the lower of the two on each count."""
+    gpus = {t: _lower(own.gpus.get(t), limit.gpus.get(t)) for t in {*own.gpus, *limit.gpus}}
+    return Quota(
+        endpoints=_lower(own.endpoints, limit.endpoints),
+        replicas=_lower(own.replicas, limit.replicas),
+        gpus={t: n for t, n in sorted(gpus.items()) if n is not None},
+    )
+
+
+@dataclass(frozen=True)
+class AboveLimit:
+    quota: str  # "endpoints", "replicas" or "gpus:<type>"
+    asked: int | None  # None: unlimited
+    limit: int
+
+    def message(self, project_id: str) -> str:
+        asked = "unlimited" if self.asked is None else str(self.asked)
+        return (
+            f"Project '{project_id}' quota '{self.quota}' can be at most the operator's "
+            f"limit {self.limit}, not {asked}; ask the operator to raise the limit."
+        )
+
+
+def above_limit(own: Quota, limit: Quota) -> AboveLimit | None:
+    """First count of `own` that the operator's `limit` does not allow
+    (unlimited where the operator set a limit counts as above it)."""
+    pairs = [
+        ("endpoints", own.endpoints, limit.endpoints),
+        ("replicas", own.replicas, limit.replicas),
+    ]
+    pairs += [(f"gpus:{t}", own.gpus.get(t), n) for t, n in sorted(limit.gpus.items())]
+    for name, asked, most in pairs:
+        if most is not None and (asked is None or asked > most):
+            return AboveLimit(name, asked, most)
+    return None
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from inferd.control.accounts.model import (
 )
 from inferd.control.accounts.ports import AccountStore, AlreadyExists
 from inferd.control.accounts.principals import PrincipalResolver
-from inferd.control.accounts.quota import Quota
+from inferd.control.accounts.quota import Quota, above_limit
 from inferd.control.accounts.roles import Action, Principal, Role, authorize, require_operator
 from inferd.control.tokens import hash_token
-from inferd.errors import BadRequest, Conflict, NotFound
+from inferd.errors import BadRequest, Conflict, Forbidden, NotFound
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_KEYS_PER_USER = 50
@@ -69,12 +69,12 @@ class AccountService:
         self.store = store
         self.resolver = resolver
         self._clock = clock
-        # Every project's quota, for the autoscaler's synchronous cap: set
+        # Every project's quota in force, for the autoscaler's synchronous cap: set
         # here after each change, re-read periodically for other instances'.
         self.quotas: dict[str, Quota] = {}
 
     async def load_quotas(self) -> None:
-        self.quotas = {p.id: p.quota for p in await self.store.list_projects()}
+        self.quotas = {p.id: p.quota_in_force for p in await self.store.list_projects()}
 
     async def ensure_default_project(self) -> None:
         if await self.store.get_project(DEFAULT_PROJECT) is None:
@@ -107,10 +107,16 @@ class AccountService:
         return [p for p in await self.store.list_projects() if principal.sees(p.id)]
 
     async def create_project(
-        self, principal: Principal, project_id: str, quota: Quota | None = None
+        self,
+        principal: Principal,
+        project_id: str,
+        quota: Quota | None = None,
+        limit: Quota | None = None,
     ) -> Project:
         require_operator(principal, "create projects")
-        project = Project(_slug(project_id, "id"), self._clock(), quota or Quota())
+        project = Project(
+            _slug(project_id, "id"), self._clock(), quota or Quota(), limit or Quota()
+        )
         try:
             await self.store.create_project(project)
         except AlreadyExists:
@@ -123,17 +129,37 @@ class AccountService:
         return project
 
     async def set_quota(self, principal: Principal, project_id: str, quota: Quota) -> Project:
-        # A quota the limited team could raise itself would limit nothing:
-        # project admins read it, the operator sets it.
-        await self.project(principal, project_id)
-        require_operator(principal, "change a project's quota")
+        """The project's own quota, set by its admins (or the operator). An
+        admin may not go above the operator's limit: a quota the team could
+        raise past it would limit nothing."""
+        project = await self.project(principal, project_id)
+        authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
+        above = above_limit(quota, project.limit)
+        if above is not None and not principal.operator:
+            raise Forbidden(above.message(project_id), param=above.quota, code="above_quota_limit")
         await self.store.set_quota(project_id, quota)
-        self.quotas[project_id] = quota
         await self.audit_event(
             principal, AuditAction.QUOTA_CHANGE, project_id, f"project:{project_id}",
             quota=quota.to_dict(),
         )  # fmt: skip
-        return await self.project(principal, project_id)
+        return await self._quota_changed(principal, project_id)
+
+    async def set_quota_limit(self, principal: Principal, project_id: str, limit: Quota) -> Project:
+        """The operator's limit on what the project may hold, whatever its
+        admins set; lowering it under current use stops growth, evicts nothing."""
+        await self.project(principal, project_id)
+        require_operator(principal, "change a project's quota limit")
+        await self.store.set_quota_limit(project_id, limit)
+        await self.audit_event(
+            principal, AuditAction.QUOTA_CHANGE, project_id, f"project:{project_id}",
+            limit=limit.to_dict(),
+        )  # fmt: skip
+        return await self._quota_changed(principal, project_id)
+
+    async def _quota_changed(self, principal: Principal, project_id: str) -> Project:
+        project = await self.project(principal, project_id)
+        self.quotas[project_id] = project.quota_in_force
+        return project
 
     # --- members ----------------------------------------------------------------------
 

@@ -141,6 +141,13 @@ def quota_from_json(text: str) -> Quota:
     )
 
 
+_PROJECT_COLUMNS = "id, created_at, quota, quota_limit"
+
+
+def _project(row: Any) -> Project:
+    return Project(row[0], _at_required(row[1]), quota_from_json(row[2]), quota_from_json(row[3]))
+
+
 _KEY_COLUMNS = "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
 _USAGE_COLUMNS = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
@@ -217,35 +224,42 @@ class SqliteAccounts:
         try:
             await self._in_thread(
                 self._write,
-                "INSERT INTO projects (id, created_at, quota) VALUES (?, ?, ?)",
-                (project.id, rfc3339(project.created_at), quota_to_json(project.quota)),
+                "INSERT INTO projects (id, created_at, quota, quota_limit) VALUES (?, ?, ?, ?)",
+                (
+                    project.id,
+                    rfc3339(project.created_at),
+                    quota_to_json(project.quota),
+                    quota_to_json(project.limit),
+                ),
             )
         except sqlite3.IntegrityError:
             raise AlreadyExists(project.id) from None
 
     async def get_project(self, project_id: str) -> Project | None:
         rows = await self._in_thread(
-            self._query, "SELECT id, created_at, quota FROM projects WHERE id = ?", (project_id,)
+            self._query, f"SELECT {_PROJECT_COLUMNS} FROM projects WHERE id = ?", (project_id,)
         )
-        return (
-            Project(rows[0][0], _at_required(rows[0][1]), quota_from_json(rows[0][2]))
-            if rows
-            else None
-        )
+        return _project(rows[0]) if rows else None
 
     async def list_projects(self) -> list[Project]:
         rows = await self._in_thread(
-            self._query, "SELECT id, created_at, quota FROM projects ORDER BY id"
+            self._query, f"SELECT {_PROJECT_COLUMNS} FROM projects ORDER BY id"
         )
-        return [Project(r[0], _at_required(r[1]), quota_from_json(r[2])) for r in rows]
+        return [_project(r) for r in rows]
 
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
-        count = await self._in_thread(
-            self._write,
-            "UPDATE projects SET quota = ? WHERE id = ?",
-            (quota_to_json(quota), project_id),
-            f"project:{project_id}",
+        return await self._set_project(
+            "UPDATE projects SET quota = ? WHERE id = ?", project_id, quota
         )
+
+    async def set_quota_limit(self, project_id: str, limit: Quota) -> bool:
+        return await self._set_project(
+            "UPDATE projects SET quota_limit = ? WHERE id = ?", project_id, limit
+        )
+
+    async def _set_project(self, sql: str, project_id: str, quota: Quota) -> bool:
+        params = (quota_to_json(quota), project_id)
+        count = await self._in_thread(self._write, sql, params, f"project:{project_id}")
         return count > 0
 
     # --- users and memberships ---------------------------------------------------------------

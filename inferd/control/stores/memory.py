@@ -8,12 +8,15 @@ Nothing survives the process.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.memory import MemoryAccountStore
+from inferd.control.accounts.quota import EndpointShape
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -44,6 +47,7 @@ class MemoryStore(MemoryAccountStore):
         self._models: dict[str, RegisteredModel] = {}
         self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
         self._hub = ChangeHub()
+        self._quota_lock = asyncio.Lock()
         # Set by a test to act as a database that went away: every call
         # raises `StoreUnavailable` until it is cleared.
         self.unavailable = False
@@ -93,6 +97,18 @@ class MemoryStore(MemoryAccountStore):
     async def list_endpoints(self) -> list[Endpoint]:
         self._check()
         return list(self._endpoints.values())
+
+    def quota_lock(self, project_id: str) -> AbstractAsyncContextManager[None]:
+        # One process: a lock of this store's suffices.
+        return self._quota_lock
+
+    async def quota_shapes(self, project_id: str) -> list[EndpointShape]:
+        self._check()
+        return [
+            EndpointShape(e.id, e.gpu_type, e.gpu_count, e.min_replicas)
+            for e in self._endpoints.values()
+            if e.project_id == project_id and e.deleting_at is None
+        ]
 
     async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:
         self._check()

@@ -151,7 +151,13 @@ _V3 = Migration(
     ACCOUNT_TABLES_POSTGRES,
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+_V4 = Migration(
+    4,
+    "a project's quota limit, set by the operator; its own quota is set by its admins",
+    ("ALTER TABLE projects ADD COLUMN quota_limit JSONB NOT NULL DEFAULT '{}'",),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 
 
 def latest_version() -> int:

@@ -18,7 +18,9 @@ nothing is missed across a lost connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import hashlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +35,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.postgres import PostgresAccounts
+from inferd.control.accounts.quota import EndpointShape
 from inferd.control.leader import check_term_sync
 from inferd.control.model import (
     Change,
@@ -61,6 +64,17 @@ CONNECT_TIMEOUT_S = 3
 # How long a call waits for a pooled connection before answering 503.
 ACQUIRE_TIMEOUT_S = 3.0
 POOL_SIZE = 4
+# How long a quota check waits for another instance's before answering 503.
+QUOTA_LOCK_TIMEOUT: LiteralString = "SET LOCAL lock_timeout = '10s'"
+
+
+def _quota_lock_key(project_id: str) -> int:
+    """The advisory lock key of a project's quota checks (a signed 64-bit
+    digest, apart from CHANGES_LOCK's by its prefix)."""
+    digest = hashlib.blake2b(f"inferd-quota:{project_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 UNIQUE_VIOLATION = "23505"
 FOREIGN_KEY_VIOLATION = "23503"
 
@@ -261,6 +275,53 @@ class PostgresStore(PostgresAccounts):
         def query(conn: psycopg.Connection) -> list[Endpoint]:
             rows = conn.execute(sql.SQL("{} ORDER BY seq").format(_SELECT_ENDPOINT)).fetchall()
             return [_endpoint(r) for r in rows]
+
+        return await self._run(query)
+
+    @contextlib.asynccontextmanager
+    async def quota_lock(self, project_id: str) -> AsyncIterator[None]:
+        """A session advisory lock per project, on a connection held from the
+        check to the end of the write (the write commits on another one). A
+        holder whose connection dies loses the lock with it."""
+        key = _quota_lock_key(project_id)
+        loop = asyncio.get_running_loop()
+        conn = await loop.run_in_executor(self._executor, self._hold_lock, key)
+        try:
+            yield
+        finally:
+            await loop.run_in_executor(self._executor, self._release_lock, conn, key)
+
+    def _hold_lock(self, key: int) -> psycopg.Connection:
+        try:
+            conn = self._pool.getconn(timeout=ACQUIRE_TIMEOUT_S)
+        except PoolTimeout as exc:
+            raise StoreUnavailable("no database connection") from exc
+        try:
+            with conn.transaction():
+                conn.execute(QUOTA_LOCK_TIMEOUT)
+                conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        except psycopg.Error as exc:
+            self._pool.putconn(conn)
+            raise StoreUnavailable(_first_line(exc)) from exc
+        return conn
+
+    def _release_lock(self, conn: psycopg.Connection, key: int) -> None:
+        try:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            conn.commit()
+        except psycopg.Error:
+            pass  # the connection is gone, and the server let the lock go with it
+        finally:
+            self._pool.putconn(conn)
+
+    async def quota_shapes(self, project_id: str) -> list[EndpointShape]:
+        def query(conn: psycopg.Connection) -> list[EndpointShape]:
+            rows = conn.execute(
+                "SELECT id, gpu_type, gpu_count, min_replicas FROM endpoints"
+                " WHERE project_id = %s AND deleting_at IS NULL",
+                (project_id,),
+            ).fetchall()
+            return [EndpointShape(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
         return await self._run(query)
 

@@ -208,7 +208,13 @@ _V5 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+_V6 = Migration(
+    6,
+    "a project's quota limit, set by the operator; its own quota is set by its admins",
+    ("ALTER TABLE projects ADD COLUMN quota_limit TEXT NOT NULL DEFAULT '{}'",),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 
 def latest_version() -> int:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import json
 import logging
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
+from inferd.control.accounts.quota import EndpointShape
 from inferd.control.accounts.sqlite import SqliteAccounts
 from inferd.control.model import (
     Change,
@@ -65,6 +69,8 @@ _REPLICA_COLUMNS = (
 KEEP_CHANGES = 10_000
 # How often the watcher looks for other processes' writes.
 POLL_INTERVAL_S = 0.5
+# How long a quota check waits for another instance's before answering 503.
+QUOTA_LOCK_TIMEOUT_S = 10.0
 
 
 def _endpoint(row: tuple[Any, ...]) -> Endpoint:
@@ -247,6 +253,36 @@ class SqliteStore(SqliteAccounts):
     async def list_endpoints(self) -> list[Endpoint]:
         rows = await self._run(self._query, _SELECT_ENDPOINT + " ORDER BY rowid")
         return [_endpoint(r) for r in rows]
+
+    @contextlib.asynccontextmanager
+    async def quota_lock(self, project_id: str) -> AsyncIterator[None]:
+        """Instances sharing this file run on one machine: an exclusive
+        `flock` on a file beside it serialises their quota checks (one lock
+        for every project: creates are rare). Closing the file releases it,
+        also when the process dies."""
+        fd = os.open(f"{self.path}.quota-lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            deadline = time.monotonic() + QUOTA_LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreUnavailable("another instance holds the quota lock") from None
+                    await asyncio.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)
+
+    async def quota_shapes(self, project_id: str) -> list[EndpointShape]:
+        rows = await self._run(
+            self._query,
+            "SELECT id, gpu_type, gpu_count, min_replicas FROM endpoints"
+            " WHERE project_id = ? AND deleting_at IS NULL",
+            (project_id,),
+        )
+        return [EndpointShape(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
     async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:
         return await self._run(self._update_endpoint, endpoint_id, changes)
