@@ -27,6 +27,7 @@ from inferd import COMPAT_FAMILY
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.console.charts import endpoint_charts
 from inferd.console.costs import Envelope, SettingsChange
+from inferd.console.live import LiveBoard
 from inferd.console.security import (
     SecurityHeaders,
     Session,
@@ -34,9 +35,9 @@ from inferd.console.security import (
     content_security_policy,
 )
 from inferd.console.sources import ConsoleSources
-from inferd.console.views import LiveRows, RowView, ViewCache, ids_signature, matches
+from inferd.console.views import RowView, ViewCache, ids_signature, matches
 from inferd.console.web import ConsoleError, Web
-from inferd.control.accounts.roles import Action
+from inferd.control.accounts.roles import Action, Principal
 from inferd.control.model import Endpoint as EndpointRow
 from inferd.errors import Forbidden, InferdError, NotFound
 
@@ -72,9 +73,11 @@ class Console:
     def __init__(self, sources: ConsoleSources, sessions: SessionStore | None = None) -> None:
         self.sources = sources
         self.web = Web(sources, sessions or SessionStore())
-        self.live = LiveRows()
         row_template = self.web.env.get_template("_row.html")
         self.cache = ViewCache(lambda view: row_template.render(view=view))
+        self.live = LiveBoard(self._view_of, sources.service.endpoint_ids)
+        # (operator, roles, query) -> (members version, version, signature)
+        self._signatures: dict[tuple[Any, ...], tuple[int, int, str]] = {}
 
     # --- composition -----------------------------------------------------------------
 
@@ -111,6 +114,9 @@ class Console:
             Mount("/static", app=StaticFiles(directory=STATIC), name="console-static"),
         ]
 
+    async def close(self) -> None:
+        await self.live.close()
+
     def mount(self) -> Mount:
         """`/console`, with the security headers on every answer below it."""
         origin = urlsplit(self.sources.public_url)
@@ -132,13 +138,47 @@ class Console:
         )
         return [view(r, runtime_of(r.id), cost(r.id)) for r in rows]
 
+    def _view_of(self, endpoint_id: str) -> RowView | None:
+        row = self.sources.service.find(endpoint_id)
+        if row is None:
+            return None
+        runtime = self.sources.service.runtime_of(endpoint_id)
+        return self.cache.view(row, runtime, self.sources.cost_so_far(endpoint_id))
+
+    def _signature(self, principal: Principal, query: str) -> str:
+        """The signature of the rows this principal's list shows for `query`,
+        recomputed only when rows appeared or went (or, while searching,
+        when any row changed: a change can move a row in or out of a search)."""
+        live = self.live
+        key = (principal.operator, tuple(sorted(principal.roles.items())), query)
+        cached = self._signatures.get(key)
+        if (
+            cached is not None
+            and cached[0] == live.members_version
+            and (not query or cached[1] == live.version)
+        ):
+            return cached[2]
+        views = self._listed_by(principal, query)
+        live.update(views)
+        return self._remember_signature(key, views)
+
+    def _remember_signature(self, key: tuple[Any, ...], views: Sequence[RowView]) -> str:
+        if len(self._signatures) > 256:
+            self._signatures.clear()
+        signature = ids_signature(v.id for v in views)
+        self._signatures[key] = (self.live.members_version, self.live.version, signature)
+        return signature
+
     def _rows_html(self, views: Sequence[RowView]) -> list[Markup]:
         # Each row was rendered (escaped) by the row template; joined as is.
         return [Markup(self.cache.html(v)) for v in views]
 
     def _listed(self, session: Session, query: str) -> list[RowView]:
         assert session.principal is not None
-        views = self._views(self.sources.visible_rows(session.principal))
+        return self._listed_by(session.principal, query)
+
+    def _listed_by(self, principal: Principal, query: str) -> list[RowView]:
+        views = self._views(self.sources.visible_rows(principal))
         return [v for v in views if matches(v, query)]
 
     def _record(self, row: EndpointRow) -> dict[str, Any]:
@@ -221,14 +261,27 @@ class Console:
     async def changes(self, request: Request, session: Session) -> Response:
         """The poll of a list: only the rows changed since the version the
         browser has (swapped in out of band), or the whole body when the set
-        of rows changed (an endpoint created or deleted)."""
+        of rows changed (an endpoint created or deleted, a search's matches).
+        Usually answered from the live board without looking at every row."""
+        assert session.principal is not None
+        principal = session.principal
         params = request.query_params
         query = params.get("q", "")
+        since = _int(params.get("since"), 0)
+        self.live.watch()
+        self.live.refresh_marked()
+        changed = self.live.changed_since(since)
+        if changed is not None:
+            changed = [v for v in changed if principal.sees(v.project)]
+            if not (query and changed) and self._signature(principal, query) == params.get(
+                "signature"
+            ):
+                return self._changes(request, session, changed, query, params["signature"])
         views = self._listed(session, query)
-        signature = ids_signature(v.id for v in views)
-        context: dict[str, Any] = {"query": query, "signature": signature}
+        self.live.update(views)
+        key = (principal.operator, tuple(sorted(principal.roles.items())), query)
+        signature = self._remember_signature(key, views)
         if signature != params.get("signature"):
-            self.live.update(views)
             return self.web.render(
                 request,
                 session,
@@ -238,11 +291,28 @@ class Console:
                 version=self.live.version,
                 oob=True,
                 can_create=await self.web.can_create(session),
-                **context,
+                query=query,
+                signature=signature,
             )
-        changed = self.live.changed_since(views, _int(params.get("since"), 0))
+        changed = [v for v in views if self.live.version_of(v.id) > since]
+        return self._changes(request, session, changed, query, signature)
+
+    def _changes(
+        self,
+        request: Request,
+        session: Session,
+        changed: list[RowView],
+        query: str,
+        signature: str,
+    ) -> Response:
         return self.web.render(
-            request, session, "_changes.html", changed=changed, version=self.live.version, **context
+            request,
+            session,
+            "_changes.html",
+            changed=changed,
+            version=self.live.version,
+            query=query,
+            signature=signature,
         )
 
     async def row(self, request: Request, session: Session) -> Response:
@@ -349,6 +419,7 @@ class Console:
         except InferdError as exc:
             return await self._create_failed(request, session, form, exc.message)
         session.reveal[record["id"]] = token
+        self.live.mark(record["id"])
         return RedirectResponse(f"/console/endpoints/{record['id']}", status_code=303)
 
     async def _create_failed(
@@ -497,6 +568,7 @@ class Console:
             raise ConsoleError(400, "; ".join(str(e["msg"]) for e in exc.errors())) from None
         assert session.principal is not None
         await self._write(self.sources.endpoints.update(session.principal, row.id, req))
+        self.live.mark(row.id)
         return RedirectResponse(f"/console/endpoints/{row.id}#settings", status_code=303)
 
     async def delete(self, request: Request, session: Session) -> Response:
@@ -508,6 +580,7 @@ class Console:
             )
         assert session.principal is not None
         await self._write(self.sources.endpoints.delete(session.principal, row.id))
+        self.live.mark(row.id)
         return RedirectResponse("/console/endpoints", status_code=303)
 
     async def playground(self, request: Request, session: Session) -> Response:

@@ -1,15 +1,11 @@
 """What the console's pages show, as frozen values built from the records
 the service layer returns (the same dicts the REST API sends).
-
-`LiveRows` keeps a version per endpoint row, bumped whenever what the row
-shows changes, so that a list's poll answers only the rows that changed
-since the version the browser has.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from inferd.control.model import Endpoint as EndpointRow
@@ -93,29 +89,6 @@ def ids_signature(ids: Iterable[str]) -> str:
         digest.update(endpoint_id.encode())
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-class LiveRows:
-    """The version of every row's view; shared by every browser."""
-
-    def __init__(self) -> None:
-        self._views: dict[str, tuple[RowView, int]] = {}
-        self.version = 0
-
-    def update(self, views: Sequence[RowView]) -> None:
-        for view in views:
-            known = self._views.get(view.id)
-            if known is None or (known[0] is not view and known[0] != view):
-                self.version += 1
-                self._views[view.id] = (view, self.version)
-
-    def changed_since(self, views: Sequence[RowView], since: int) -> list[RowView]:
-        self.update(views)
-        return [v for v in views if self._views[v.id][1] > since]
-
-    def forget_missing(self, ids: set[str]) -> None:
-        for endpoint_id in [k for k in self._views if k not in ids]:
-            del self._views[endpoint_id]
 
 
 class ViewCache:

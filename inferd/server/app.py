@@ -30,7 +30,7 @@ from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, build
 from inferd.server.account_routes import AccountRoutes
 from inferd.server.accounts_openapi import accounts_openapi
 from inferd.server.compose import Server
-from inferd.server.console import console_mount
+from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
 from inferd.server.openapi import build_openapi
 from inferd.settings import Settings
@@ -132,12 +132,15 @@ def create_app(server: Server) -> Starlette:
     # every path here is exact.
     inference = Router(build_routes(operations, access), redirect_slashes=False)
 
+    console = build_console(server)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await server.start()
         try:
             yield
         finally:
+            await console.close()
             await server.stop()
 
     app = Starlette(
@@ -150,7 +153,7 @@ def create_app(server: Server) -> Starlette:
                 middleware=[Middleware(ResolvePrincipal, resolver=accounts.resolver)],
             ),
             *serving_routes(server),
-            console_mount(server),
+            console.mount(),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
@@ -158,4 +161,5 @@ def create_app(server: Server) -> Starlette:
     app.router.redirect_slashes = False
     app.state.server = server
     app.state.operations = operations
+    app.state.console = console
     return app

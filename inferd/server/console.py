@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from starlette.routing import Mount
-
 from inferd.console.app import Console
 from inferd.console.sources import ConsoleSources, ReplicaLine
 from inferd.control.registry import Registry
@@ -49,5 +47,5 @@ def console_sources(server: Server) -> ConsoleSources:
     )
 
 
-def console_mount(server: Server) -> Mount:
-    return Console(console_sources(server)).mount()
+def build_console(server: Server) -> Console:
+    return Console(console_sources(server))

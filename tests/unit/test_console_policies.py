@@ -3,10 +3,13 @@ per-minute series, row versions, roles."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from inferd.console.costs import Envelope, SettingsChange, cost_so_far
-from inferd.console.views import LiveRows, RowView, ids_signature, matches
+from inferd.console.live import LiveBoard
+from inferd.console.views import RowView, ids_signature, matches
 from inferd.control.scale_events import ScaleCause, ScaleJournal, classify
 from inferd.control.timeseries import EndpointSeries, ReplicaTotals, percentile
 
@@ -106,11 +109,74 @@ def _view(endpoint_id: str, status: str = "running", now: int = 1) -> RowView:
 
 
 def test_live_rows_answer_only_what_changed() -> None:
-    live = LiveRows()
-    live.update([_view("a"), _view("b")])
+    views = {"a": _view("a"), "b": _view("b")}
+    live = LiveBoard(views.get, lambda: list(views))
+    live.update(views.values())
     since = live.version
-    assert live.changed_since([_view("a"), _view("b")], since) == []
-    changed = live.changed_since([_view("a"), _view("b", "initializing")], since)
-    assert [v.id for v in changed] == ["b"]
+    assert live.changed_since(since) == []
+    views["b"] = _view("b", "initializing")
+    live.mark("b")
+    live.refresh_marked()
+    assert [v.id for v in live.changed_since(since) or []] == ["b"]
+    assert live.changed_since(live.version) == []
+    # A row changed twice is sent once, as it is now.
+    views["b"] = _view("b", "running", now=2)
+    live.mark("b")
+    live.refresh_marked()
+    assert live.changed_since(since) == [views["b"]]
     assert ids_signature(["a", "b"]) != ids_signature(["b", "a"])
     assert matches(_view("a"), "TINY") and not matches(_view("a"), "sdxl")
+
+
+def test_live_board_sweep_finds_changes_made_elsewhere_and_rows_gone() -> None:
+    views = {i: _view(i) for i in ("a", "b", "c")}
+    live = LiveBoard(views.get, lambda: list(views), chunk=2)
+    asyncio.run(live.sweep())
+    since = live.version
+    views["c"] = _view("c", "failed")  # unmarked: only the sweep sees it
+    assert live.changed_since(since) == []
+    asyncio.run(live.sweep())
+    assert live.changed_since(since) == [views["c"]]
+    # A row gone (or one new) changes the set: the browser needs the whole body.
+    since = live.version
+    del views["a"]
+    asyncio.run(live.sweep())
+    assert live.changed_since(since) is None and live.version_of("a") == 0
+    since = live.version
+    views["d"] = _view("d")
+    live.mark("d")
+    live.refresh_marked()
+    assert live.changed_since(since) is None
+
+
+def test_live_board_log_is_bounded_and_old_versions_get_the_whole_body() -> None:
+    views = {"a": _view("a")}
+    live = LiveBoard(views.get, lambda: list(views))
+    live.put(views["a"])
+    first = live.version
+    for n in range(2000):
+        views["a"] = _view("a", now=n + 2)
+        live.put(views["a"])
+    assert live.changed_since(first) is None  # older than the log keeps
+    assert live.changed_since(live.version + 5) is None  # a page from before a restart
+    assert live.changed_since(live.version - 1) == [views["a"]]
+
+
+def test_live_board_sweeps_only_while_watched() -> None:
+    views = {"a": _view("a")}
+    now = [0.0]
+    live = LiveBoard(views.get, lambda: list(views), clock=lambda: now[0], sweep_period_s=0.01,
+                     watch_s=5.0)  # fmt: skip
+
+    async def body() -> None:
+        live.watch()
+        await asyncio.sleep(0.05)
+        assert live.version_of("a") > 0  # swept while watched
+        now[0] = 10.0  # nobody polled for longer than watch_s
+        await asyncio.sleep(0.05)
+        assert live._sweeper is not None and live._sweeper.done()
+        live.watch()  # a poll starts it again
+        assert not live._sweeper.done()
+        await live.close()
+
+    asyncio.run(body())
