@@ -131,6 +131,10 @@ class Registry:
         self._failure_periods = failure_periods
         self._start_timeout = start_timeout_s
         self._replicas: dict[str, Replica] = {}
+        # When the gateway last relayed a 2xx from each replica: liveness
+        # counts it like a report (a replica whose engine starves its report
+        # loop of CPU still serves, and failing it would cost a restart).
+        self._answered_at: dict[str, float] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
         # Called with an endpoint id when one of its replicas changed (the
         # reconciler persists and re-derives).
@@ -170,6 +174,7 @@ class Registry:
         self._changed(self._replicas[replica_id])
 
     def remove(self, replica_id: str) -> Replica | None:
+        self._answered_at.pop(replica_id, None)
         replica = self._replicas.pop(replica_id, None)
         if replica is not None:
             self._on_change(replica.endpoint_id)
@@ -313,7 +318,10 @@ class Registry:
                     )
                     failed.append(self._fail(replica, why))
                 continue
-            last = replica.last_report_at or replica.status_since
+            last = max(
+                replica.last_report_at or replica.status_since,
+                self._answered_at.get(replica.replica_id, 0.0),
+            )
             if now - last > silent_limit:
                 failed.append(self._fail(replica, f"stopped reporting ({now - last:.1f}s silent)"))
         return failed
@@ -337,6 +345,10 @@ class Registry:
             for r in self._replicas.values()
             if r.endpoint_id == endpoint_id and r.routable
         ]
+
+    def report_answered(self, replica_id: str) -> None:
+        # A plain dict write: this is on every request's path.
+        self._answered_at[replica_id] = self._clock()
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         replica = self._replicas.get(replica_id)

@@ -74,5 +74,8 @@ class EndpointDirectory:
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         self._registry.report_unreachable(replica_id, reason)
 
+    def report_answered(self, replica_id: str) -> None:
+        self._registry.report_answered(replica_id)
+
     async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
         return await self._registry.wait_ready(endpoint_id, timeout)

@@ -274,6 +274,8 @@ class Gateway:
                     self._replica_urls.pop(rid, None)
             if isinstance(result, Relayed):
                 ep.finished(self.clock() - begun)
+                if 200 <= result.status < 300:
+                    self.directory.report_answered(rid)
                 if result.broken:
                     metrics.upstream_errors.labels(ep.endpoint_id, "broken_stream").inc()
                 return result.status

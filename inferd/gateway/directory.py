@@ -49,6 +49,12 @@ class ReplicaDirectory(Protocol):
         until it reports again (the registry decides whether it failed)."""
         ...
 
+    def report_answered(self, replica_id: str) -> None:
+        """The replica answered a request with a 2xx: a sign of life as good
+        as a report, for a replica too busy (CPU-starved by its engine) to
+        report on time."""
+        ...
+
     async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
         """Return True as soon as the endpoint has a ready replica (at once if
         it has one now), False after `timeout` seconds."""

@@ -57,6 +57,9 @@ class StaticDirectory:
     def capacity_wanted(self, endpoint_id: str) -> None:
         self.capacity_requests.append(endpoint_id)
 
+    def report_answered(self, replica_id: str) -> None:
+        return None  # static replicas are not watched for silence
+
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         # As the registry does: stop routing to it until it reports again.
         self.unreachable.append((replica_id, reason))

@@ -113,6 +113,23 @@ def test_silence_fails_a_ready_replica_after_the_failure_periods() -> None:
     assert registry.ready_replicas("e1") == []
 
 
+def test_a_replica_that_answers_is_alive_though_its_reports_are_late() -> None:
+    """Its engine can starve its report loop of CPU: answers the gateway
+    relayed count as signs of life; silence in both fails it as before."""
+    clock = Clock()
+    registry, _ = make(clock)
+    registry.add(replica())
+    report(registry, "ready")
+    for _ in range(5):  # no report for 10 s, but an answer every 2 s
+        clock.now += 2.0
+        registry.report_answered("r1")
+        assert registry.check_liveness() == []
+    clock.now += 3.1
+    (failed,) = registry.check_liveness()
+    assert "stopped reporting" in (failed.reason or "")
+    registry.report_answered("gone-replica")  # harmless for an unknown id
+
+
 def test_a_loading_replica_gets_the_start_timeout_only_while_it_reports() -> None:
     clock = Clock()
     registry, _ = make(clock)
