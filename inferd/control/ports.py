@@ -96,6 +96,12 @@ class ReplicaStore(Protocol):
         """No-op if the replica is not stored."""
         ...
 
+    async def confirm_term(self, term: int) -> None:
+        """Raises `Deposed` when `term` is no longer the leader's: for a
+        leader's acts that are not store writes (removing a cluster's
+        unrecorded replicas). A single-instance store returns at once."""
+        ...
+
     async def list_replicas(self) -> list[ReplicaRecord]:
         """Every replica, oldest first."""
         ...

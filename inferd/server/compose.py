@@ -47,6 +47,7 @@ from inferd.control.launchers.local import LocalLauncher
 from inferd.control.leader import LeaderInfo, PostgresElection
 from inferd.control.load import STALE_AFTER_S, MergedLoad
 from inferd.control.loadshare import max_age
+from inferd.control.model import ReplicaRecord
 from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
 from inferd.control.reconciler import Reconciler
@@ -177,7 +178,9 @@ class ReplicaDuty:
         adopted = set(await self._reconciler.adopt(records, endpoints))
         sweep = getattr(self._launcher, "sweep_orphans", None)
         if sweep is not None:  # a cluster may hold replicas the store never recorded
-            await sweep(adopted | watched)
+            await sweep(
+                adopted | watched | await self._recorded_since(records), self._confirm(fence)
+            )
         for record in records:
             if record.id not in adopted:
                 await self._store.delete_replica(record.id, term=fence)
@@ -185,6 +188,19 @@ class ReplicaDuty:
             logger.info("adopted %d of %d replicas", len(adopted), len(records))
         self._reconciler.start(fence)
         self._meter_feed.start()
+
+    async def _recorded_since(self, records: list[ReplicaRecord]) -> set[str]:
+        """Replicas recorded after `records` was read: a successor's, should
+        this instance have lost the lead meanwhile; never orphans."""
+        seen = {record.id for record in records}
+        return {r.id for r in await self._store.list_replicas() if r.id not in seen}
+
+    def _confirm(self, fence: int | None) -> Callable[[], Awaitable[None]]:
+        async def confirm() -> None:
+            if fence is not None:
+                await self._store.confirm_term(fence)
+
+        return confirm
 
     async def stop(self) -> None:
         await self._meter_feed.stop()

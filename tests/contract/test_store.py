@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -28,55 +28,19 @@ from inferd.control.model import (
     Change,
     ChangeKind,
     DuplicateName,
-    Endpoint,
     EndpointChanges,
     EndpointGone,
-    ReplicaRecord,
     StoreUnavailable,
 )
 from inferd.control.ports import Store
 from inferd.control.stores import open_store
 from inferd.testing_postgres import PostgresServer
-
-T0 = datetime(2025, 1, 1, 12, 0, 0, 123000, tzinfo=UTC)
+from tests.records import T0
+from tests.records import endpoint_row as endpoint
+from tests.records import replica_record as replica
 
 KINDS = ["memory", "sqlite", "postgres"]
 SHARED = ["sqlite", "postgres"]  # a second writer on the same database exists
-
-
-def endpoint(n: int = 1, name: str | None = None, at: datetime = T0) -> Endpoint:
-    return Endpoint(
-        id=f"00000000-0000-4000-8000-{n:012d}",
-        name=name or f"ep-{n}",
-        model_name="tiny-chat",
-        model_kind="chat",
-        gpu_type="cpu",
-        gpu_count=1,
-        location_name="local",
-        min_replicas=0,
-        max_replicas=2,
-        retention_seconds=600,
-        hourly_price=1.25,
-        currency="USD",
-        created_at=at,
-        updated_at=at,
-    )
-
-
-def replica(n: int, endpoint_id: str) -> ReplicaRecord:
-    return ReplicaRecord(
-        id=f"r-{n:012x}",
-        endpoint_id=endpoint_id,
-        generation=1,
-        gpu_type="cpu",
-        gpu_count=1,
-        secret_hash=bytes([n]) * 32,
-        status="starting",
-        created_at=T0,
-        updated_at=T0,
-        node="local",
-        placement={"pid": str(1000 + n), "gpu_ids": ""},
-    )
 
 
 def digest(n: int) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -18,9 +18,9 @@ from inferd.control.leader import (
     fenced,
     read_leader,
 )
-from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.stores import open_store
 from inferd.testing_postgres import PostgresServer
+from tests.records import T0, endpoint_row, replica_record
 
 FAST = LeaseSettings(retry_s=0.1, check_s=0.2, check_timeout_s=1.0)
 
@@ -182,44 +182,6 @@ async def _schema(url: str) -> None:
         await ensure_schema(conn)
 
 
-T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-
-
-def _endpoint() -> Endpoint:
-    return Endpoint(
-        id="00000000-0000-4000-8000-000000000001",
-        name="ep-1",
-        model_name="tiny-chat",
-        model_kind="chat",
-        gpu_type="cpu",
-        gpu_count=1,
-        location_name="local",
-        min_replicas=0,
-        max_replicas=2,
-        retention_seconds=600,
-        hourly_price=1.25,
-        currency="USD",
-        created_at=T0,
-        updated_at=T0,
-    )
-
-
-def _replica(n: int, endpoint_id: str) -> ReplicaRecord:
-    return ReplicaRecord(
-        id=f"r-{n}",
-        endpoint_id=endpoint_id,
-        generation=1,
-        gpu_type="cpu",
-        gpu_count=1,
-        secret_hash=bytes([n]) * 32,
-        status="starting",
-        created_at=T0,
-        updated_at=T0,
-        node="local",
-        placement={"pid": str(1000 + n)},
-    )
-
-
 def test_a_deposed_leaders_late_replica_write_is_refused_by_the_store(db: str) -> None:
     """Leader A's session dies and B takes over with a higher term; A's
     late replica writes under its old term change nothing, B's go through."""
@@ -234,9 +196,9 @@ def test_a_deposed_leaders_late_replica_write_is_refused_by_the_store(db: str) -
             await until(lambda: a.leading)
             old_term = a.term
             assert old_term is not None
-            e = _endpoint()
+            e = endpoint_row()
             await store_a.insert_endpoint(e, bytes(32))
-            r1 = _replica(1, e.id)
+            r1 = replica_record(1, e.id)
             await store_a.insert_replica(r1, term=old_term)
             b.start()
             async with await psycopg.AsyncConnection.connect(db, autocommit=True) as admin:
@@ -257,8 +219,13 @@ def test_a_deposed_leaders_late_replica_write_is_refused_by_the_store(db: str) -
             with pytest.raises(Deposed):
                 await store_a.delete_replica(r1.id, term=old_term)
             with pytest.raises(Deposed):
-                await store_a.insert_replica(_replica(2, e.id), term=old_term)
+                await store_a.insert_replica(replica_record(2, e.id), term=old_term)
             assert await store_b.list_replicas() == [r1]  # nothing of A's got in
+            # Acts that are not store writes (removing a cluster's unrecorded
+            # replicas) ask first, and are refused the same way.
+            with pytest.raises(Deposed):
+                await store_a.confirm_term(old_term)
+            await store_b.confirm_term(new_term)
 
             await store_b.update_replica(
                 r1.id,

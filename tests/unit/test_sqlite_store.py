@@ -16,6 +16,7 @@ from inferd.control.stores import open_store, sqlite_path
 from inferd.control.stores.sqlite import SqliteStore, migrations
 from inferd.control.stores.sqlite.migrations import Migration, latest_version, migrate
 from inferd.control.tokens import hash_token, new_endpoint_token
+from tests.records import endpoint_row
 
 NOW = "2025-01-01T00:00:00.000Z"
 T0 = parse_rfc3339(NOW)
@@ -23,21 +24,8 @@ LATER = parse_rfc3339("2025-01-01T00:05:00.000Z")
 
 
 def row(name: str = "ep", endpoint_id: str = "00000000-0000-4000-8000-000000000001") -> Endpoint:
-    return Endpoint(
-        id=endpoint_id,
-        name=name,
-        model_name="tiny-chat",
-        model_kind="chat",
-        gpu_type="cpu",
-        gpu_count=1,
-        location_name="local",
-        min_replicas=0,
-        max_replicas=1,
-        retention_seconds=600,
-        hourly_price=0.0,
-        currency="USD",
-        created_at=T0,
-        updated_at=T0,
+    return endpoint_row(
+        name=name, id=endpoint_id, max_replicas=1, hourly_price=0.0, created_at=T0, updated_at=T0
     )
 
 

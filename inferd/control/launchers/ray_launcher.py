@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,10 +255,15 @@ class RayLauncher:
         logger.info("adopted replica %s (actor %s)", handle.replica_id, name)
         return True
 
-    async def sweep_orphans(self, keep: Iterable[str]) -> list[str]:
+    async def sweep_orphans(
+        self, keep: Iterable[str], confirm: Callable[[], Awaitable[None]] | None = None
+    ) -> list[str]:
         """Remove this namespace's replica actors whose replica id is not in
         `keep` (left by a control plane that crashed between placing a
-        replica and recording it). Returns the replica ids removed."""
+        replica and recording it). `confirm` runs before each removal and
+        raises when this instance may no longer act (a deposed leader must
+        not remove what its successor just placed). Returns the replica ids
+        removed."""
         wanted = {actor_name(r) for r in keep} | {actor_name(r) for r in self._placed}
         named = await asyncio.to_thread(ray.util.list_named_actors, True)
         removed = []
@@ -268,6 +273,8 @@ class RayLauncher:
                 continue
             if name in wanted:
                 continue
+            if confirm is not None:
+                await confirm()
             with contextlib.suppress(ValueError, RayError):
                 await self._remove(ray.get_actor(name, namespace=self._namespace))
                 removed.append(name[len(ACTOR_PREFIX) :])

@@ -253,6 +253,9 @@ class MemoryStore(MemoryAccountStore):
         if self._replicas.pop(replica_id, None) is not None:
             self._changed(ChangeKind.REPLICA, replica_id)
 
+    async def confirm_term(self, term: int) -> None:
+        return None  # one instance: no other leader
+
     async def list_replicas(self) -> list[ReplicaRecord]:
         self._check()
         return list(self._replicas.values())

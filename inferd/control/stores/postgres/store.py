@@ -560,6 +560,9 @@ class PostgresStore(PostgresAccounts):
 
         await self._run(write)
 
+    async def confirm_term(self, term: int) -> None:
+        await self._run(check_term_sync, term)
+
     async def list_replicas(self) -> list[ReplicaRecord]:
         def query(conn: psycopg.Connection) -> list[ReplicaRecord]:
             statement = sql.SQL("SELECT {} FROM replicas ORDER BY seq").format(_REPLICA_LIST)

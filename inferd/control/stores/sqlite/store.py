@@ -507,6 +507,9 @@ class SqliteStore(SqliteAccounts):
             if cur.rowcount:
                 self._log(conn, ChangeKind.REPLICA, replica_id)
 
+    async def confirm_term(self, term: int) -> None:
+        return None  # instances on one SQLite file do not elect a leader
+
     async def list_replicas(self) -> list[ReplicaRecord]:
         rows = await self._run(
             self._query, f"SELECT {', '.join(_REPLICA_COLUMNS)} FROM replicas ORDER BY rowid"
