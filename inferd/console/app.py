@@ -69,6 +69,11 @@ def _tail(path: Path, max_bytes: int) -> str:
     return text if size <= max_bytes else text.split("\n", 1)[-1]
 
 
+def _list_key(principal: Principal, query: str) -> tuple[Any, ...]:
+    """Who sees which rows, and the search: what a list's signature depends on."""
+    return (principal.operator, tuple(sorted(principal.roles.items())), query)
+
+
 class Console:
     def __init__(self, sources: ConsoleSources, sessions: SessionStore | None = None) -> None:
         self.sources = sources
@@ -150,7 +155,7 @@ class Console:
         recomputed only when rows appeared or went (or, while searching,
         when any row changed: a change can move a row in or out of a search)."""
         live = self.live
-        key = (principal.operator, tuple(sorted(principal.roles.items())), query)
+        key = _list_key(principal, query)
         cached = self._signatures.get(key)
         if (
             cached is not None
@@ -226,36 +231,32 @@ class Console:
     # --- the list --------------------------------------------------------------------
 
     async def endpoints(self, request: Request, session: Session) -> Response:
-        query = request.query_params.get("q", "")
-        views = self._listed(session, query)
-        self.live.update(views)
-        return self.web.render(
-            request,
-            session,
-            "endpoints.html",
-            views=views,
-            rows_html=self._rows_html(views),
-            query=query,
-            version=self.live.version,
-            signature=ids_signature(v.id for v in views),
-            can_create=await self.web.can_create(session),
-        )
+        return await self._list(request, session, "endpoints.html")
 
     async def rows(self, request: Request, session: Session) -> Response:
         """The table body for a search (htmx swaps it in as one types)."""
+        return await self._list(request, session, "_rows.html")
+
+    async def _list(
+        self, request: Request, session: Session, template: str, **more: Any
+    ) -> Response:
+        """The list (whole page, or its body), its rows as they are now."""
+        assert session.principal is not None
         query = request.query_params.get("q", "")
         views = self._listed(session, query)
         self.live.update(views)
+        key = _list_key(session.principal, query)
         return self.web.render(
             request,
             session,
-            "_rows.html",
+            template,
             views=views,
             rows_html=self._rows_html(views),
             query=query,
             version=self.live.version,
-            signature=ids_signature(v.id for v in views),
+            signature=self._remember_signature(key, views),
             can_create=await self.web.can_create(session),
+            **more,
         )
 
     async def changes(self, request: Request, session: Session) -> Response:
@@ -279,7 +280,7 @@ class Console:
                 return self._changes(request, session, changed, query, params["signature"])
         views = self._listed(session, query)
         self.live.update(views)
-        key = (principal.operator, tuple(sorted(principal.roles.items())), query)
+        key = _list_key(principal, query)
         signature = self._remember_signature(key, views)
         if signature != params.get("signature"):
             return self.web.render(
