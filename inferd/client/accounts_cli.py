@@ -74,6 +74,9 @@ def _register_projects(
     create = sub.add_parser("create", parents=[common], help="create a project (operator)")
     create.add_argument("project")
     create.set_defaults(func=_command(_projects_create))
+    delete = sub.add_parser("delete", parents=[common], help="delete an empty project (operator)")
+    delete.add_argument("project")
+    delete.set_defaults(func=_command(_projects_delete))
     quota = sub.add_parser(
         "quota",
         parents=[common],
@@ -208,6 +211,12 @@ def _projects_get(client: ManagementClient, args: argparse.Namespace) -> int:
 def _projects_create(client: ManagementClient, args: argparse.Namespace) -> int:
     p = client.call("POST", "/projects", json={"id": args.project})
     return _show(args, p, f"Created project {p['id']}.")
+
+
+def _projects_delete(client: ManagementClient, args: argparse.Namespace) -> int:
+    client.call("DELETE", f"/projects/{args.project}")
+    print(f"Deleted project {args.project}.")
+    return 0
 
 
 def _projects_quota(client: ManagementClient, args: argparse.Namespace) -> int:

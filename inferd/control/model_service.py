@@ -123,6 +123,10 @@ class ModelService:
                 out.append(registered.to_dict())
         return out
 
+    def of_project(self, project_id: str) -> list[str]:
+        """Names of the models registered in a project."""
+        return sorted(n for n, m in self._registered.items() if m.project_id == project_id)
+
     def project_of(self, name: str) -> str | None:
         """The project of a registered model; None for a global or catalog
         one. 404 for an unknown name."""

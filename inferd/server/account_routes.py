@@ -4,7 +4,7 @@ account service with the caller's principal, map the result."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -133,9 +133,13 @@ class AccountRoutes:
         endpoints: ProjectEndpoints,
         currency: Callable[[], str],
         max_body_bytes: int,
+        models_of: Callable[[str], Sequence[str]],
     ) -> None:
         self.accounts = accounts
         self.endpoints = endpoints
+        # Names of the models registered in a project (a project with some
+        # is not deleted).
+        self.models_of = models_of
         self.currency = currency
         self.max_body_bytes = max_body_bytes
 
@@ -147,6 +151,7 @@ class AccountRoutes:
             Operation("GET", "/projects", Target.ANY, R, self.list_projects),
             Operation("POST", "/projects", Target.OPERATOR, M, self.create_project),
             Operation("GET", "/projects/{id}", Target.PROJECT, R, self.get_project),
+            Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, self.delete_project),
             Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, self.set_quota),
             Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, self.set_limit),
             Operation("GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members),
@@ -190,6 +195,10 @@ class AccountRoutes:
     async def get_project(self, request: Request, principal: Principal) -> Response:
         project = await self.accounts.project(principal, request.path_params["id"])
         return JSONResponse(project_info(project, principal))
+
+    async def delete_project(self, request: Request, principal: Principal) -> Response:
+        await self.endpoints.delete_project(principal, request.path_params["id"], self.models_of)
+        return Response(status_code=204)
 
     async def set_quota(self, request: Request, principal: Principal) -> Response:
         return await self._put_quota(request, principal, self.accounts.set_quota)

@@ -90,6 +90,9 @@ def accounts_openapi() -> dict[str, Any]:
         "/inference/projects/{id}": {
             "get": _op("getProject", "A project with its quota and the caller's role",
                        (200, "ProjectInfo", "The project."), (404,), params=[_PROJECT]),
+            "delete": _op("deleteProject", "Delete an empty project (operator); its audit "
+                          "entries and usage stay", (204, None, "Deleted."), (403, 404, 409),
+                          params=[_PROJECT]),
         },
         "/inference/projects/{id}/quota": {
             "put": _op("setQuota", "Set a project's own quota (its admins, within the "

@@ -125,6 +125,7 @@ def create_app(server: Server) -> Starlette:
         accounts.endpoints,
         lambda: server.catalog.gpus.currency,
         settings.max_body_bytes,
+        server.models.of_project,
     )
     access = AccessCheck(accounts.endpoints, accounts.service, server.models)
     operations = management_operations(management, account_routes)

@@ -69,6 +69,14 @@ def test_projects_and_quotas(opener: Opener) -> None:
         limited = Project("limited", T0, limit=Quota(replicas=2))
         await store.create_project(limited)
         assert [p for p in await store.list_projects() if p.id == "limited"] == [limited]
+        # Deleting takes its memberships with it, and the user stays.
+        await store.create_user(User("ada", T0))
+        await store.put_membership(Membership("limited", "ada", Role.ADMIN, T0))
+        assert await store.delete_project("limited")
+        assert not await store.delete_project("limited")
+        assert await store.get_project("limited") is None
+        assert await store.memberships_of("ada") == []
+        assert await store.get_user("ada") is not None
 
     run(body, opener())
 

@@ -58,6 +58,9 @@ def concrete_path(w: World, op: Operation, actor: str, project: str) -> str:
     """The operation's path with fresh targets in `project` (own or other)."""
     path = op.path
     owner = (actor or "admin-user") if project == OWN else "outsider"
+    if (op.method, op.path) == ("DELETE", "/projects/{id}"):
+        # Deleting takes an empty project: a fresh one stands for `project`.
+        return f"/projects/{w.ok('POST', '/projects', json={'id': unique('gone')})['id']}"
     if "{id}" in path:
         if op.target is Target.ENDPOINT:
             path = path.replace("{id}", w.endpoint(project)["id"])

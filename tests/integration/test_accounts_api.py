@@ -260,3 +260,32 @@ def test_registered_models_belong_to_the_callers_project(world: World) -> None:
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "operator_only"
     assert world.op("DELETE", f"/models/{glob}").status_code == 204
     assert world.op("DELETE", f"/models/{name}", world.keys["developer-user"]).status_code == 204
+
+
+# --- projects --------------------------------------------------------------------------
+
+
+def test_only_an_empty_project_is_deleted_and_its_history_stays(world: World) -> None:
+    admin = world.keys["admin-user"]
+    world.ok("POST", "/projects", json={"id": "short-lived"})
+    member_key = world.add_member("short-lived", unique("member"), "developer")
+    assert member_key is not None
+    endpoint = world.endpoint("short-lived")
+    # Not while it has an endpoint (nor for its own admin: the operator's call).
+    resp = world.op("DELETE", "/projects/short-lived")
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "project_not_empty"
+    assert world.op("DELETE", f"/projects/{OWN}", admin).status_code == 403
+    assert world.op("DELETE", "/projects/default").json()["error"]["code"] == "project_is_default"
+    world.ok("DELETE", f"/endpoints/{endpoint['id']}", member_key)
+    assert world.op("DELETE", "/projects/short-lived").status_code == 204
+    # Its member sees it no more, and nothing can be created in it.
+    assert world.op("GET", "/projects/short-lived", member_key).status_code == 404
+    body = {"name": unique("ep"), "modelName": "tiny-chat", "projectId": "short-lived"}
+    assert world.op("POST", "/endpoints", json=body).status_code == 404
+    assert world.op("DELETE", "/projects/short-lived").status_code == 404
+    # The audit log keeps what happened in it, its deletion included.
+    rows = world.plane.store._query(
+        "SELECT action FROM audit_log WHERE project_id = ? ORDER BY id", ("short-lived",)
+    )
+    actions = [r[0] for r in rows]
+    assert "endpoint.delete" in actions and actions[-1] == "project.delete"

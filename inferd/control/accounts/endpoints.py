@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -18,9 +18,9 @@ from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.control.accounts.metering import UsageMeter, merge_usage
 from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction, UsageRow, hour_of
 from inferd.control.accounts.quota import UNLIMITED, EndpointShape, check_settings
-from inferd.control.accounts.roles import Action, Principal, authorize
-from inferd.control.accounts.service import AccountService
-from inferd.errors import BadRequest, NotFound
+from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
+from inferd.control.accounts.service import AccountService, project_missing
+from inferd.errors import BadRequest, Conflict, NotFound
 
 
 class EndpointLike(Protocol):
@@ -159,20 +159,53 @@ class ProjectEndpoints:
         instance or another (the check reads the store, not this instance's
         copy, which may not have heard of another's create yet)."""
         store = self.accounts.store
-        async with self._lock:
+        async with self._lock, store.quota_lock(project_id):
+            # Read under the lock: a project deleted meanwhile takes nothing.
             project = await store.get_project(project_id)
-            quota = UNLIMITED if project is None else project.quota_in_force
+            if project is None:
+                raise project_missing(project_id)
+            quota = project.quota_in_force
             if quota == UNLIMITED:
                 yield
                 return
-            async with store.quota_lock(project_id):
-                others = await store.quota_shapes(project_id)
-                exceeded = check_settings(
-                    quota, others, changed, max_replicas, new_endpoint=new_endpoint
+            others = await store.quota_shapes(project_id)
+            exceeded = check_settings(
+                quota, others, changed, max_replicas, new_endpoint=new_endpoint
+            )
+            if exceeded is not None:
+                raise exceeded.error(project_id)
+            yield
+
+    async def delete_project(
+        self, principal: Principal, project_id: str, models_of: Callable[[str], Sequence[str]]
+    ) -> None:
+        """The operator deletes an empty project: refused while it has
+        endpoints (being deleted included) or registered models, under the
+        same lock as creates, so none can appear meanwhile. Members lose it
+        at once; its audit entries and usage stay in the store."""
+        require_operator(principal, "delete projects")
+        if project_id == DEFAULT_PROJECT:
+            raise Conflict(
+                "The default project cannot be deleted.", param="id", code="project_is_default"
+            )
+        await self.accounts.project(principal, project_id)
+        store = self.accounts.store
+        async with self._lock, store.quota_lock(project_id):
+            endpoints = await store.count_endpoints(project_id)
+            models = list(models_of(project_id))
+            if endpoints or models:
+                raise Conflict(
+                    f"Project '{project_id}' still has {endpoints} endpoint(s) and "
+                    f"{len(models)} registered model(s); delete them first.",
+                    param="id",
+                    code="project_not_empty",
                 )
-                if exceeded is not None:
-                    raise exceeded.error(project_id)
-                yield
+            if not await store.delete_project(project_id):
+                raise project_missing(project_id)
+        self.accounts.quotas.pop(project_id, None)
+        await self.accounts.audit_event(
+            principal, AuditAction.PROJECT_DELETE, project_id, f"project:{project_id}"
+        )
 
     def target_project(self, principal: Principal, project_id: str | None) -> str:
         if project_id is not None:

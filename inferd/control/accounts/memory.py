@@ -62,6 +62,14 @@ class MemoryAccountStore:
     async def list_projects(self) -> list[Project]:
         return sorted(self._projects.values(), key=lambda p: p.id)
 
+    async def delete_project(self, project_id: str) -> bool:
+        if self._projects.pop(project_id, None) is None:
+            return False
+        for key in [k for k in self._members if k[0] == project_id]:
+            del self._members[key]
+        self._account_changed(f"project:{project_id}")
+        return True
+
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
         return self._change_project(project_id, quota=quota)
 

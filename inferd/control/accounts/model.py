@@ -74,6 +74,7 @@ class UserKey:
 
 class AuditAction(str, Enum):
     PROJECT_CREATE = "project.create"
+    PROJECT_DELETE = "project.delete"
     ENDPOINT_CREATE = "endpoint.create"
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_DELETE = "endpoint.delete"

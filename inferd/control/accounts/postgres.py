@@ -201,6 +201,13 @@ class PostgresAccounts:
         )
         return [_project(r) for r in rows]
 
+    async def delete_project(self, project_id: str) -> bool:
+        # Memberships go with it (ON DELETE CASCADE); audit and usage stay.
+        count = await self._run(self._write(
+            "DELETE FROM projects WHERE id = %s", (project_id,), f"project:{project_id}"
+        ))  # fmt: skip
+        return bool(count)
+
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
         return await self._set_project(
             "UPDATE projects SET quota = %s WHERE id = %s", project_id, quota

@@ -247,6 +247,13 @@ class SqliteAccounts:
         )
         return [_project(r) for r in rows]
 
+    async def delete_project(self, project_id: str) -> bool:
+        # Memberships go with it (ON DELETE CASCADE); audit and usage stay.
+        count = await self._in_thread(
+            self._write, "DELETE FROM projects WHERE id = ?", (project_id,), f"project:{project_id}"
+        )
+        return count > 0
+
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
         return await self._set_project(
             "UPDATE projects SET quota = ? WHERE id = ?", project_id, quota

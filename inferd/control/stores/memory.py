@@ -102,6 +102,10 @@ class MemoryStore(MemoryAccountStore):
         # One process: a lock of this store's suffices.
         return self._quota_lock
 
+    async def count_endpoints(self, project_id: str) -> int:
+        self._check()
+        return sum(1 for e in self._endpoints.values() if e.project_id == project_id)
+
     async def quota_shapes(self, project_id: str) -> list[EndpointShape]:
         self._check()
         return [

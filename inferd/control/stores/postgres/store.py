@@ -314,6 +314,15 @@ class PostgresStore(PostgresAccounts):
         finally:
             self._pool.putconn(conn)
 
+    async def count_endpoints(self, project_id: str) -> int:
+        def query(conn: psycopg.Connection) -> int:
+            row = conn.execute(
+                "SELECT count(*) FROM endpoints WHERE project_id = %s", (project_id,)
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._run(query)
+
     async def quota_shapes(self, project_id: str) -> list[EndpointShape]:
         def query(conn: psycopg.Connection) -> list[EndpointShape]:
             rows = conn.execute(

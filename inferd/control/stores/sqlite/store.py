@@ -275,6 +275,12 @@ class SqliteStore(SqliteAccounts):
         finally:
             os.close(fd)
 
+    async def count_endpoints(self, project_id: str) -> int:
+        rows = await self._run(
+            self._query, "SELECT count(*) FROM endpoints WHERE project_id = ?", (project_id,)
+        )
+        return int(rows[0][0])
+
     async def quota_shapes(self, project_id: str) -> list[EndpointShape]:
         rows = await self._run(
             self._query,
