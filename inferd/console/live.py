@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
 from inferd.console.views import RowView
+
+logger = logging.getLogger(__name__)
 
 
 class LiveBoard:
@@ -144,7 +147,10 @@ class LiveBoard:
     async def _sweep_while_watched(self) -> None:
         while self._clock() < self._watched_until:
             await asyncio.sleep(self._sweep_period_s)
-            await self.sweep()
+            try:
+                await self.sweep()
+            except Exception:  # one bad row must not stop the list's updates
+                logger.exception("console live board: sweep failed")
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -347,8 +347,10 @@ class Registry:
         ]
 
     def report_answered(self, replica_id: str) -> None:
-        # A plain dict write: this is on every request's path.
-        self._answered_at[replica_id] = self._clock()
+        # Two dict operations: this is on every request's path. A replica
+        # removed while its last answer was relayed is not remembered.
+        if replica_id in self._replicas:
+            self._answered_at[replica_id] = self._clock()
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         replica = self._replicas.get(replica_id)

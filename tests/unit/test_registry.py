@@ -127,7 +127,8 @@ def test_a_replica_that_answers_is_alive_though_its_reports_are_late() -> None:
     clock.now += 3.1
     (failed,) = registry.check_liveness()
     assert "stopped reporting" in (failed.reason or "")
-    registry.report_answered("gone-replica")  # harmless for an unknown id
+    registry.report_answered("gone-replica")  # an unknown id is not remembered
+    assert "gone-replica" not in registry._answered_at
 
 
 def test_a_loading_replica_gets_the_start_timeout_only_while_it_reports() -> None:
