@@ -4,6 +4,7 @@ per-minute series, row versions, roles."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -168,13 +169,18 @@ def test_live_board_sweeps_only_while_watched() -> None:
     live = LiveBoard(views.get, lambda: list(views), clock=lambda: now[0], sweep_period_s=0.01,
                      watch_s=5.0)  # fmt: skip
 
+    async def until(check: Callable[[], bool]) -> bool:
+        for _ in range(500):  # bounded: 5 s on the slowest box
+            if check():
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
     async def body() -> None:
         live.watch()
-        await asyncio.sleep(0.05)
-        assert live.version_of("a") > 0  # swept while watched
+        assert await until(lambda: live.version_of("a") > 0)  # swept while watched
         now[0] = 10.0  # nobody polled for longer than watch_s
-        await asyncio.sleep(0.05)
-        assert live._sweeper is not None and live._sweeper.done()
+        assert await until(lambda: live._sweeper is not None and live._sweeper.done())
         live.watch()  # a poll starts it again
         assert not live._sweeper.done()
         await live.close()
