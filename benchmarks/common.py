@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from inferd import procfs
+from inferd.testing import WEATHER_TOOL
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -442,20 +443,7 @@ def vllm_cli_flags(args: dict[str, Any]) -> list[str]:
 # catalog's toolCallParser, or --tool-call-parser for a directory).
 TOOL_PARSER = "hermes"
 TOOLS_BODY: dict[str, Any] = {
-    "tools": [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "The weather in a city.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ],
+    "tools": [WEATHER_TOOL],
     # "auto": every delta goes through the tool parser (the random model
     # writes text, so the lengths stay fixed by ignore_eos on both sides).
     "tool_choice": "auto",

@@ -38,10 +38,12 @@ from typing import Any
 import httpx
 from common import load_average, percentile, print_table, process_cpu_seconds, write_report
 
-from inferd.testing import ServeHandle, free_port
+from inferd.testing import ServeHandle, free_port, open_loop
 from inferd.testing_postgres import start_postgres
 
 ADMIN_KEY_RE = re.compile(r"infd_admin_[0-9A-Za-z]{38}")
+# Many connections: requests keep coming while an instance is down.
+LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
 CHAT = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 FAILOVER_GOAL_S = 5.0
 OVERHEAD_GOAL_MS = 0.5
@@ -179,31 +181,6 @@ def overhead(
     return {"rows": rows, "p50_delta_ms": round(delta, 3), "goal_met": delta <= OVERHEAD_GOAL_MS}
 
 
-async def open_loop(
-    urls: list[str], token: str, rate: float, duration: float
-) -> list[tuple[float, int, float]]:
-    results: list[tuple[float, int, float]] = []
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        headers = {"Authorization": f"Bearer {token}"}
-
-        async def one(url: str, at: float) -> None:
-            try:
-                status = (await client.post(url, json=CHAT, headers=headers)).status_code
-            except httpx.HTTPError:
-                status = 0
-            results.append((at, status, time.monotonic() - at))
-
-        start = time.monotonic()
-        tasks = []
-        for n in range(int(rate * duration)):
-            at = start + n / rate
-            await asyncio.sleep(max(0.0, at - time.monotonic()))
-            tasks.append(asyncio.ensure_future(one(urls[n % len(urls)], at)))
-        await asyncio.gather(*tasks)
-    return results
-
-
 def one_failover(
     cluster: Cluster, endpoint_id: str, token: str, rate: float, duration: float, kill_after: float
 ) -> dict[str, Any]:
@@ -225,7 +202,9 @@ def one_failover(
     killer = threading.Thread(target=kill)
     killer.start()
     results = asyncio.run(
-        open_loop([chat_url(f, endpoint_id) for f in followers], token, rate, duration)
+        open_loop(
+            [chat_url(f, endpoint_id) for f in followers], token, CHAT, rate, duration, LIMITS
+        )
     )
     killer.join(60)
     killed_at = marks["killed_at"] or 0.0

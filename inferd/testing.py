@@ -288,3 +288,50 @@ def replica_report(replica_id: str, fields: Mapping[str, Any]) -> ReplicaReport:
     every earlier one (a registry drops reports older than one it applied)."""
     body = {"replicaId": replica_id, "seq": next(_report_seq), **fields}
     return ReplicaReport.model_validate_json(json.dumps(body))
+
+
+# The function tool that chat tests and benchmarks offer (OpenAI's shape).
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+async def open_loop(
+    targets: Sequence[str],
+    token: str,
+    body: Mapping[str, Any],
+    rate: float,
+    duration: float,
+    limits: httpx.Limits | None = None,
+) -> list[tuple[float, int, float]]:
+    """Requests sent at fixed times (`rate` a second, round robin over
+    `targets`) whatever the answers: (sent at, status, latency) each; a
+    connection error counts as status 0."""
+    results: list[tuple[float, int, float]] = []
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(timeout=60, limits=limits or httpx.Limits()) as client:
+
+        async def one(url: str, at: float) -> None:
+            try:
+                status = (await client.post(url, json=body, headers=headers)).status_code
+            except httpx.HTTPError:
+                status = 0
+            results.append((at, status, time.monotonic() - at))
+
+        start = time.monotonic()
+        tasks = []
+        for n in range(int(rate * duration)):
+            at = start + n / rate
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            tasks.append(asyncio.ensure_future(one(targets[n % len(targets)], at)))
+        await asyncio.gather(*tasks)
+    return results

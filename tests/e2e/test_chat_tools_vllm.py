@@ -15,24 +15,13 @@ import httpx
 import openai
 import pytest
 
-from inferd.testing import ReplicaHandle
+from inferd.testing import WEATHER_TOOL, ReplicaHandle
 from tests.support import needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 
 TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
+    WEATHER_TOOL,
     {
         "type": "function",
         "function": {

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from inferd.control.tokens import hash_token, new_admin_key
-from inferd.testing import ServeHandle, free_port
+from inferd.testing import ServeHandle, free_port, open_loop
 from inferd.testing_postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
@@ -232,35 +232,6 @@ def test_a_request_held_at_zero_on_a_follower_wakes_the_leader(cluster: Cluster)
     assert len([r for r in record["replicas"] if r["status"] == "ready"]) == 1
 
 
-async def open_loop(
-    targets: list[str], token: str, rate: float, duration: float
-) -> list[tuple[float, int, float]]:
-    """Requests sent at fixed times (`rate` a second, round robin over
-    `targets`) whatever the answers: (sent at, status, latency) each; a
-    connection error counts as status 0."""
-    results: list[tuple[float, int, float]] = []
-    async with httpx.AsyncClient(timeout=60) as client:
-
-        async def one(url: str, at: float) -> None:
-            try:
-                response = await client.post(
-                    url, json=CHAT, headers={"Authorization": f"Bearer {token}"}
-                )
-                status = response.status_code
-            except httpx.HTTPError:
-                status = 0
-            results.append((at, status, time.monotonic() - at))
-
-        start = time.monotonic()
-        tasks = []
-        for n in range(int(rate * duration)):
-            at = start + n / rate
-            await asyncio.sleep(max(0.0, at - time.monotonic()))
-            tasks.append(asyncio.ensure_future(one(targets[n % len(targets)], at)))
-        await asyncio.gather(*tasks)
-    return results
-
-
 def test_leader_sigkilled_under_load_no_request_fails(cluster: Cluster) -> None:
     leader = cluster.leader()
     followers = cluster.followers()
@@ -284,7 +255,7 @@ def test_leader_sigkilled_under_load_no_request_fails(cluster: Cluster) -> None:
 
     killer = threading.Thread(target=kill_then_watch)
     killer.start()
-    results = asyncio.run(open_loop(targets, token, rate=20, duration=8))
+    results = asyncio.run(open_loop(targets, token, CHAT, rate=20, duration=8))
     killer.join(10)
     failed = [r for r in results if r[1] != 200]
     during = sorted(lat for at, _, lat in results if at >= killed["at"] - 0.5)

@@ -30,27 +30,14 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from inferd.engines.base import EngineOptions
-from inferd.testing import ReplicaHandle, free_port
+from inferd.testing import WEATHER_TOOL, ReplicaHandle, free_port
 from tests.integration.test_gateway import CHAT_EP, GatewayServer, auth
 from tests.support import needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 
 HELLO: list[dict[str, Any]] = [{"role": "user", "content": "Hello"}]
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS: list[dict[str, Any]] = [WEATHER_TOOL]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 HISTORY: list[dict[str, Any]] = [
     *HELLO,
