@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from inferd.control.autoscaler import DOWNSCALE_DELAY_S, TARGET_CONCURRENCY, UPSCALE_DELAY_S
 from inferd.control.reconciler import ReconcilerSettings
 from inferd.control.registry import RegistrySettings
+from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ReplicaSettings
@@ -124,6 +125,29 @@ class Settings(BaseModel):
         description="longest a request is held waiting for a replica",
     )
 
+    # --- Gateway: routing -----------------------------------------------------
+    gateway_routing_policy: Literal["prefix", "least_loaded"] = Field(
+        _GATEWAY.routing_policy.value,
+        description="prefix: to the replica likely holding the prompt's KV cache, "
+        "within a load bound; least_loaded: least in-flight work",
+    )
+    gateway_routing_load_factor: float = Field(
+        _GATEWAY.routing_load_factor,
+        ge=1,
+        description="prefix routing's load bound, as a multiple of the mean replica load",
+    )
+    gateway_prefix_block_bytes: int = Field(
+        _GATEWAY.prefix_block_bytes, ge=16, description="prompt bytes per hashed block"
+    )
+    gateway_prefix_max_blocks: int = Field(
+        _GATEWAY.prefix_max_blocks, ge=1, description="blocks hashed per prompt, at most"
+    )
+    gateway_prefix_table_entries: int = Field(
+        _GATEWAY.prefix_table_entries,
+        ge=1,
+        description="prompt block hashes remembered per server (LRU, ~100 bytes each)",
+    )
+
     # --- Registry and health ------------------------------------------------
     health_period_seconds: float = Field(
         _REGISTRY.health_period_s, gt=0, description="replica report period"
@@ -209,6 +233,11 @@ class Settings(BaseModel):
             max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
             max_held_requests=self.gateway_max_queued_per_endpoint,
             max_hold_seconds=self.gateway_hold_timeout_seconds,
+            routing_policy=Policy(self.gateway_routing_policy),
+            routing_load_factor=self.gateway_routing_load_factor,
+            prefix_block_bytes=self.gateway_prefix_block_bytes,
+            prefix_max_blocks=self.gateway_prefix_max_blocks,
+            prefix_table_entries=self.gateway_prefix_table_entries,
         )
 
     @property

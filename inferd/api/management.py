@@ -240,6 +240,12 @@ class CreatedEndpoint(EndpointRecord):
 
 class EndpointList(_Response):
     data: list[EndpointRecord]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class AccessToken(_Response):
