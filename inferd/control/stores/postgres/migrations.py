@@ -157,7 +157,16 @@ _V4 = Migration(
     ("ALTER TABLE projects ADD COLUMN quota_limit JSONB NOT NULL DEFAULT '{}'",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+_V5 = Migration(
+    5,
+    "lists read a page at a time in the order of their identity columns",
+    (
+        "CREATE INDEX endpoints_by_seq ON endpoints (seq)",
+        "CREATE INDEX audit_log_by_project_id ON audit_log (project_id, id)",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def latest_version() -> int:
