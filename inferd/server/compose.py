@@ -42,7 +42,11 @@ from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.plane import Accounts, EndpointPrices, ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.service import AccountService
-from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
+from inferd.control.launchers.inventory import (
+    detect_gpus,
+    match_gpu_type,
+    parse_declared_gpu_types,
+)
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.leader import LeaderInfo, PostgresElection
 from inferd.control.load import STALE_AFTER_S, MergedLoad
@@ -114,9 +118,21 @@ def ray_launcher(settings: Settings) -> Launcher:
 
 def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
     gpu_types = catalog.gpus.gpu_types
-    gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
+    try:
+        declared = parse_declared_gpu_types(settings.gpu_types, gpu_types)
+    except ValueError as exc:
+        raise LauncherUnavailable(f"--gpu-types: {exc}") from None
+    gpus = [
+        (gpu, declared.get(gpu.index, declared.get(-1)) or match_gpu_type(gpu, gpu_types))
+        for gpu in detect_gpus()
+    ]
     for gpu, gpu_type in gpus:
-        logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
+        logger.info(
+            "GPU %d: %s -> %s",
+            gpu.index,
+            gpu.name,
+            gpu_type or "(no catalog type: declare one with --gpu-types)",
+        )
     return LocalLauncher(
         settings=settings.replicas,
         log_dir=settings.state_dir / "logs",
