@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferd.catalog import load_catalog, workload
+from inferd.catalog import load_catalog
 from inferd.catalog.cli import format_workload
 from inferd.catalog.fit import (
     FITTED,
@@ -24,6 +24,7 @@ from inferd.catalog.fit import (
     context,
     fitted_document,
     published,
+    reload,
 )
 from inferd.catalog.perfmodel import PRIOR
 from inferd.catalog.workload import ChatWorkload, ImageWorkload, recommend_for_workload
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path} is stale: run python scripts/recommendation_table.py", file=sys.stderr)
         return 1 if stale else 0
     FITTED.write_text(fitted_text)
-    workload.reload_fitted()
+    reload()
     DOC.write_text(render_doc(doc))
     README.write_text(replace_examples(README.read_text(), render_examples()))
     print(f"wrote {FITTED}, {DOC}, {README}")

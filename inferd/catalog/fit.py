@@ -23,11 +23,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from inferd.catalog import Catalog
 from inferd.catalog.gpus import GpuType
 from inferd.catalog.models import (
     CatalogError,
@@ -47,6 +46,9 @@ from inferd.catalog.perfmodel import (
     prefill_seconds,
     step_seconds,
 )
+
+if TYPE_CHECKING:
+    from inferd.catalog import Catalog
 
 DATA = Path(__file__).resolve().parent / "data"
 PUBLISHED = DATA / "published.yaml"
@@ -420,6 +422,23 @@ def load_fitted(path: Path = FITTED) -> Fitted:
         evidence=MappingProxyType(doc["evidence"]),
         overall_error=float(doc["overallMedianAbsError"]),
     )
+
+
+_CURRENT: Fitted | None = None
+
+
+def current() -> Fitted:
+    """The committed fit (`data/fitted.json`), read once."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = load_fitted()
+    return _CURRENT
+
+
+def reload() -> None:
+    """Forget the cached fit (after `data/fitted.json` was rewritten)."""
+    global _CURRENT
+    _CURRENT = None
 
 
 def refit_for(base: Parameters, rows: Sequence[Row], ctx: Context, gen: str) -> Parameters:
