@@ -55,7 +55,11 @@ from inferd.control.cluster.loadshare import max_age
 from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
-from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
+from inferd.control.launchers.inventory import (
+    detect_gpus,
+    match_gpu_type,
+    parse_declared_gpu_types,
+)
 from inferd.control.launchers.local import LocalLauncher
 from inferd.control.load import MergedLoad
 from inferd.control.model_service import ModelService
@@ -116,9 +120,21 @@ def ray_launcher(settings: Settings) -> Launcher:
 
 def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
     gpu_types = catalog.gpus.gpu_types
-    gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
+    try:
+        declared = parse_declared_gpu_types(settings.gpu_types, gpu_types)
+    except ValueError as exc:
+        raise LauncherUnavailable(f"--gpu-types: {exc}") from None
+    gpus = [
+        (gpu, declared.get(gpu.index, declared.get(-1)) or match_gpu_type(gpu, gpu_types))
+        for gpu in detect_gpus()
+    ]
     for gpu, gpu_type in gpus:
-        logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
+        logger.info(
+            "GPU %d: %s -> %s",
+            gpu.index,
+            gpu.name,
+            gpu_type or "(no catalog type: declare one with --gpu-types)",
+        )
     return LocalLauncher(
         settings=settings.replicas,
         log_dir=settings.state_dir / "logs",

@@ -157,10 +157,19 @@ _V4 = Migration(
     ("ALTER TABLE projects ADD COLUMN quota_limit JSONB NOT NULL DEFAULT '{}'",),
 )
 
-# IF NOT EXISTS: before this version the coordination created both tables
-# itself, on databases a cluster already ran on.
 _V5 = Migration(
     5,
+    "lists read a page at a time in the order of their identity columns",
+    (
+        "CREATE INDEX endpoints_by_seq ON endpoints (seq)",
+        "CREATE INDEX audit_log_by_project_id ON audit_log (project_id, id)",
+    ),
+)
+
+# IF NOT EXISTS: before this version the coordination created both tables
+# itself, on databases a cluster already ran on.
+_V6 = Migration(
+    6,
     "the coordination of instances: the leader row and the gateways' load",
     (
         """
@@ -188,7 +197,7 @@ _V5 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 
 def latest_version() -> int:
