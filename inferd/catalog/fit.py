@@ -393,7 +393,13 @@ class Fitted:
     overall_error: float
 
     def band(self, generation: str, precision: str) -> tuple[float, str]:
-        """The error band of an estimate, and what it rests on, in words."""
+        """The error band of an estimate, and what it rests on, in words.
+
+        Measured group: its median held-out error. Unmeasured: no smaller
+        than the overall error, and as large as the worst error seen where
+        the fit had to carry over - the same generation's other chat
+        precisions for chat, every image group for images (an image
+        efficiency does not carry over between generations)."""
         key = evidence_key(generation, precision)
         group = self.evidence.get(key)
         if group and group["measurements"] >= 2:
@@ -402,16 +408,24 @@ class Fitted:
                 f"±{err:.0%} (median held-out error of {group['measurements']} published "
                 f"measurements of {key}, {', '.join(group['gpus'])})"
             )
-        near = [g for k, g in self.evidence.items() if k.startswith(generation + " ")]
-        count = sum(g["measurements"] for g in near)
-        what = (
-            f"{count} measurements of other {generation} precisions"
-            if count
-            else (f"no {generation} measurement")
-        )
-        return self.overall_error, (
-            f"±{self.overall_error:.0%} (no published measurement of {key}; overall held-out "
-            f"error, {what})"
+        if precision == "image":
+            near = {k: g for k, g in self.evidence.items() if k.endswith(" image")}
+            what = "the largest held-out error of any GPU generation's images"
+        else:
+            near = {
+                k: g for k, g in self.evidence.items()
+                if k.startswith(generation + " ") and not k.endswith(" image")
+            }  # fmt: skip
+            what = (
+                f"the held-out error of {generation}'s other precisions"
+                if near
+                else ("the overall held-out error")
+            )
+        err = max([self.overall_error, *(float(g["medianAbsError"]) for g in near.values())])
+        basis = ", ".join(f"{g['measurements']} of {k}" for k, g in near.items())
+        return err, (
+            f"±{err:.0%} (no published measurement of {key}; {what}"
+            + (f": {basis})" if basis else ")")
         )
 
 
