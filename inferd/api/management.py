@@ -418,6 +418,12 @@ class WorkloadOptionInfo(_CatalogResponse):
     costPerImage: float | None
     minReplicas: int = Field(description="Suggested minReplicas.")
     maxReplicas: int = Field(description="Suggested maxReplicas.")
+    evidence: str = Field(
+        default="", description="What the estimate rests on: the measurements and its error band."
+    )
+    errorBand: float | None = Field(
+        default=None, description="Relative error band of the estimate (0.12: ±12%)."
+    )
 
 
 class WorkloadRecommendationInfo(_CatalogResponse):

@@ -250,11 +250,12 @@ def format_workload(rec: dict[str, Any]) -> str:
         rows.append([
             f"{o['location']} {o['gpuCount']} x {o['gpuType']}", str(o["batch"]), speed,
             f"{o['replicas']} ({o['minReplicas']}-{o['maxReplicas']})",
-            f"{o['totalHourlyPrice']:,.2f} {currency}/h", unit, o["basis"],
+            f"{o['totalHourlyPrice']:,.2f} {currency}/h", unit,
+            "-" if o.get("errorBand") is None else f"±{o['errorBand']:.0%}", o["basis"],
         ])  # fmt: skip
     if rows:
         headers = ["option", "batch", "throughput", "replicas (min-max)", "total", "unit cost",
-                   "basis"]  # fmt: skip
+                   "error", "basis"]  # fmt: skip
         lines.append(format_table(headers, rows))
     best = rec["best"]
     if best is not None:
