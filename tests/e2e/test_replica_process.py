@@ -156,8 +156,8 @@ def test_client_disconnect_aborts_engine_work(stream: bool) -> None:
         if stream:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.close()  # the client goes away mid-generation
-        elapsed = wait_until(lambda: metric(replica.url, "inferd_engine_running") == 0, 2)
-        assert elapsed < 2
+        # Aborted: 2,000 tokens at 50 ms each would run for 100 s.
+        wait_until(lambda: metric(replica.url, "inferd_engine_running") == 0, 2)
         assert metric(replica.url, "inferd_requests_in_flight") == 0
     finally:
         replica.stop()
