@@ -69,6 +69,13 @@ def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegis
         assert [r["seq"] for r in registry.reports] == sorted({r["seq"] for r in registry.reports})
         assert set(ready["load"]) >= {"inFlight", "running", "waiting", "kvCacheUsage"}
         assert registry.auth[-1] == "Bearer s3cret"
+        # What it is doing while it loads, and which engine serves it: in the
+        # reports, hence in the endpoint record.
+        loading = [r["reason"] for r in registry.reports if r["status"] == "loading"]
+        assert loading and loading[0] == "loading tiny-chat with the fake engine"
+        assert ready["engine"] == "fake" and ready["reason"] is None
+        health = httpx.get(replica.url + "/healthz").json()
+        assert (health["status"], health["engine"]) == ("ready", "fake")
 
         # A long stream is in flight when SIGTERM arrives: it must finish.
         events: list[str] = []
