@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferd.catalog import load_catalog, workload
+from inferd.catalog import load_catalog
 from inferd.catalog.cli import format_workload
 from inferd.catalog.fit import (
     FITTED,
@@ -24,9 +24,16 @@ from inferd.catalog.fit import (
     context,
     fitted_document,
     published,
+    reload,
 )
 from inferd.catalog.perfmodel import PRIOR
-from inferd.catalog.workload import ChatWorkload, ImageWorkload, recommend_for_workload
+from inferd.catalog.workload import (
+    ChatWorkload,
+    ImageWorkload,
+    WorkloadOption,
+    WorkloadRecommendation,
+    recommend_for_workload,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "recommendation.md"
@@ -160,22 +167,7 @@ def render_doc(doc: dict[str, Any]) -> str:
     lines += ["", "## The three workloads", ""]
     for model, _flags, work, title in WORKLOADS:
         rec = recommend_for_workload(catalog.models.get(model), catalog.gpus, work, "us-east")
-        best = rec.best()
-        lines.append(f"### {title}")
-        lines.append("")
-        if best is None:
-            lines.append("No option meets the targets.")
-        else:
-            lines.append(f"Pick: **{best.gpu_count} x {best.gpu_type}**, {best.replicas} "
-                         f"replica(s), {best.total_hourly_price:.2f} {rec.currency}/h. "
-                         f"It rests on {best.evidence}.")  # fmt: skip
-            lines.append("")
-            for o in rec.options[1:4]:
-                ratio = o.total_hourly_price / best.total_hourly_price - 1
-                lines.append(f"- next: {o.gpu_count} x {o.gpu_type}, {o.replicas} replica(s), "
-                             f"{o.total_hourly_price:.2f} {rec.currency}/h ({ratio:+.0%}); "
-                             f"{o.evidence}")  # fmt: skip
-        lines.append("")
+        lines += [f"### {title}", "", *explain(rec), ""]
     lines += [
         "Where an endpoint has been measured (`inferd bench ENDPOINT`), the",
         "recommendation refits the bandwidth and compute efficiencies of that GPU's",
@@ -185,6 +177,52 @@ def render_doc(doc: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _speed(o: WorkloadOption) -> str:
+    p = o.performance
+    assert p is not None
+    if p.seconds_per_image_p95 is not None:
+        return (f"batch {p.batch}, {p.throughput * 60:.1f} images/minute a replica, "
+                f"{p.seconds_per_image_p95:.2f} s an image (p95)")  # fmt: skip
+    assert p.ttft_p95_s is not None and p.tpot_p95_s is not None
+    return (f"batch {p.batch}, {p.throughput:,.0f} output tokens/s a replica, TTFT p95 "
+            f"{p.ttft_p95_s * 1000:.0f} ms, TPOT p95 {p.tpot_p95_s * 1000:.1f} ms")  # fmt: skip
+
+
+def explain(rec: WorkloadRecommendation) -> list[str]:
+    """The pick, against the cheapest option of every other GPU type, with
+    the error bands that decide whether the difference is real."""
+    best = rec.best()
+    if best is None:
+        return ["No option meets the targets."]
+    assert best.error_band is not None
+    out = [
+        f"Pick: **{best.gpu_count} x {best.gpu_type}**, {best.replicas} replica(s), "
+        f"{best.total_hourly_price:.2f} {rec.currency}/h ({_speed(best)}). "
+        f"The estimate rests on {best.evidence}.",
+        "",
+    ]
+    seen = {best.gpu_type}
+    for o in rec.options:
+        if o.gpu_type in seen or len(seen) > 4:
+            continue
+        seen.add(o.gpu_type)
+        assert o.error_band is not None
+        more = o.total_hourly_price / best.total_hourly_price - 1
+        together = best.error_band + o.error_band
+        verdict = (
+            f"more than both error bands together ({together:.0%}): the pick holds on this evidence"
+            if more > together
+            else f"within both error bands together ({together:.0%}): on this evidence the two "
+            "are not told apart"
+        )
+        out.append(
+            f"- {o.gpu_count} x {o.gpu_type}: {o.replicas} replica(s), "
+            f"{o.total_hourly_price:.2f} {rec.currency}/h, {more:+.0%}, {verdict}. "
+            f"({_speed(o)}; {o.evidence}.)"
+        )
+    return out
 
 
 def replace_examples(readme: str, examples: str) -> str:
@@ -211,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path} is stale: run python scripts/recommendation_table.py", file=sys.stderr)
         return 1 if stale else 0
     FITTED.write_text(fitted_text)
-    workload.reload_fitted()
+    reload()
     DOC.write_text(render_doc(doc))
     README.write_text(replace_examples(README.read_text(), render_examples()))
     print(f"wrote {FITTED}, {DOC}, {README}")

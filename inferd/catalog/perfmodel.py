@@ -167,6 +167,21 @@ def _bandwidth(params: Parameters, gpu: GpuType, precision: Precision) -> float:
     return gpu.memory_bandwidth_gbps * 1e9 * eff
 
 
+@dataclass(frozen=True)
+class StepTime:
+    memory_s: float  # reading weights and KV cache at the fitted bandwidth
+    compute_s: float  # the FLOPs at the fitted compute rate
+    fixed_s: float  # step and per-sequence overheads
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.fixed_s
+
+    @property
+    def bound(self) -> str:
+        return "memory-bandwidth" if self.memory_s >= self.compute_s else "compute"
+
+
 def step_seconds(
     params: Parameters,
     arch: ChatArchitecture,
@@ -181,6 +196,23 @@ def step_seconds(
     """One engine step: `decoding` sequences each attending to `context`
     tokens, plus `prefill_tokens` prompt tokens attending to
     `prefill_context` tokens on average."""
+    return step_time(
+        params, arch, precision, gpu, count, decoding, context, prefill_tokens, prefill_context
+    ).seconds
+
+
+def step_time(
+    params: Parameters,
+    arch: ChatArchitecture,
+    precision: Precision,
+    gpu: GpuType,
+    count: int,
+    decoding: float,
+    context: float,
+    prefill_tokens: float = 0.0,
+    prefill_context: float = 0.0,
+) -> StepTime:
+    """`step_seconds`, with which roof bounds it."""
     scale = tp_scale(params, gpu, count)
     kv = kv_bytes_per_token(arch, precision, count)
     bytes_read = weight_bytes(arch, precision) + decoding * context * kv + prefill_tokens * kv
@@ -191,7 +223,7 @@ def step_seconds(
     t_memory = bytes_read / (_bandwidth(params, gpu, precision) * scale)
     t_compute = flops / (_compute_rate(params, gpu, precision) * scale)
     fixed = params["stepOverheadSeconds"] + decoding * params["sequenceOverheadSeconds"]
-    return max(t_memory, t_compute) + fixed
+    return StepTime(t_memory, t_compute, fixed)
 
 
 def prefill_seconds(

@@ -49,7 +49,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from inferd.catalog import Catalog, perfmodel
-from inferd.catalog.fit import Context, Fitted, Row, load_fitted, refit_for
+from inferd.catalog.fit import Context, Fitted, Row, current, refit_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import ModelSpec
 from inferd.catalog.perfmodel import Parameters, loaded_step, precision_of
@@ -77,21 +77,9 @@ LARGE_GPU_MIB = 70 * 1024
 TOKEN_BUDGET_LARGE_GPU = 8192
 TOKEN_BUDGET_SMALL_GPU = 2048
 
-_FITTED: Fitted | None = None
-
-
 def fitted() -> Fitted:
-    """The parameters fitted to published measurements (read once)."""
-    global _FITTED
-    if _FITTED is None:
-        _FITTED = load_fitted()
-    return _FITTED
-
-
-def reload_fitted() -> None:
-    """Forget the cached fit (after `data/fitted.json` was rewritten)."""
-    global _FITTED
-    _FITTED = None
+    """The parameters fitted to published measurements."""
+    return current()
 
 
 def token_budget(gpu: GpuType) -> int:

@@ -90,7 +90,7 @@ def serving_routes(server: Server) -> list[BaseRoute]:
         *gateway_routes(server.gateway),
         report_route(
             server.registry,
-            after_report=server.cluster.mirror.reported if server.cluster else None,
+            after_report=server.mirror.reported if server.mirror else None,
             on_report=server.meter_feed.reported,
         ),
         Route("/metrics", metrics, methods=["GET"]),

@@ -521,9 +521,7 @@ def test_model_changes_reach_the_feed(opener: Opener) -> None:
     run(body, opener())
 
 
-def test_replica_writes_under_the_current_leader_term(
-    opener: Opener, kind: str, store_url: str
-) -> None:
+def test_replica_writes_under_the_current_leader_term(opener: Opener, kind: str) -> None:
     """A leader's writes carry its term. A single-instance store has no other
     leader and takes any term; PostgreSQL takes the current one (0 here: no
     election has run), refusing others (tests/integration/test_leader_postgres.py)."""
@@ -531,13 +529,7 @@ def test_replica_writes_under_the_current_leader_term(
     async def body(store: Store) -> None:
         term = 7
         if kind == "postgres":
-            import psycopg
-
-            from inferd.control.leader import ensure_schema
-
-            async with await psycopg.AsyncConnection.connect(store_url, autocommit=True) as conn:
-                await ensure_schema(conn)
-            term = 0
+            term = 0  # the migrations' leader row
         e = endpoint(1)
         await store.insert_endpoint(e, digest(1))
         r1 = replica(1, e.id)

@@ -36,7 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.postgres import PostgresAccounts
 from inferd.control.accounts.quota import EndpointShape
-from inferd.control.leader import check_term_sync
+from inferd.control.cluster.postgres import check_term_sync
 from inferd.control.model import (
     Change,
     ChangeKind,
