@@ -39,8 +39,8 @@ def access_record(method: str, path: str, status: int) -> logging.LogRecord:
 @pytest.mark.parametrize(
     ("method", "path", "status", "logged"),
     [
-        ("POST", "/replicas/r-1", 200, False),  # a heartbeat
-        ("POST", "/replicas/r-1", 401, True),  # refused: worth a line
+        ("POST", "/internal/registry/replicas/r-1", 200, False),  # a heartbeat
+        ("POST", "/internal/registry/replicas/r-1", 401, True),  # refused: worth a line
         ("GET", "/inference/endpoints", 200, True),
         ("POST", "/endpoints/e/openai/v1/chat/completions", 200, True),
     ],
