@@ -126,3 +126,33 @@ def ray_cluster() -> Iterator[object]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reliability-report",
+        metavar="PATH",
+        default=None,
+        help="write the reliability report (docs/reliability.md) from this run's results",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--reliability-report"):
+        from tests.reliability.report import Collector
+
+        config.pluginmanager.register(Collector(), "reliability-report")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    collector = config.pluginmanager.get_plugin("reliability-report")
+    if collector is None or not collector.ordered():
+        return
+    import shlex
+    import sys
+
+    from tests.reliability.report import markdown
+
+    command = shlex.join(["python", "-m", "pytest", *sys.argv[1:]])
+    text = markdown(collector.ordered(), command, collector.exit_status, collector.wall_s)
+    Path(config.getoption("--reliability-report")).write_text(text)
