@@ -101,8 +101,14 @@ class Settings(BaseModel):
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")
-    # Location used when a create request names none.
-    default_location: str = Field("local", description="location when a request names none")
+    # One setting for both, so that a single machine is declared in one place:
+    # where the local launcher's replicas run (its GPUs are offered there) and
+    # the location of a create request that names none.
+    default_location: str = Field(
+        "local",
+        description="this machine's location (local launcher) and the location of a "
+        "request that names none, e.g. us-east",
+    )
 
     # --- Endpoint limits -----------------------------------------------------
     max_replicas_cap: int = Field(8, ge=1, le=1024, description="highest maxReplicas allowed")
@@ -201,6 +207,13 @@ class Settings(BaseModel):
     )
     cpu_replica_slots: int = Field(
         4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"
+    )
+    # nvidia-smi's device names are matched to configs/gpus.yaml; a GPU whose
+    # name matches no type (a workstation card, a new model) is declared here.
+    gpu_types: str = Field(
+        "",
+        description="this machine's GPU types when detection matches none: one for all "
+        "(L40S) or by index (0=H100-80GB,1=L4)",
     )
     replica_orphan_timeout_seconds: float = Field(
         60.0,
