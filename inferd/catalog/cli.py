@@ -177,6 +177,7 @@ def _option_row(option: Mapping[str, Any], currency: str) -> list[str]:
         f"{option['memoryNeededGb']:.1f} / {option['memoryAvailableGb']:.1f} GB",
         speed,
         cost,
+        "-" if option.get("errorBand") is None else f"±{option['errorBand']:.0%}",
     ]
 
 
@@ -197,7 +198,7 @@ def format_recommendation(rec: Mapping[str, Any]) -> str:
         f"({basis})",
         "",
     ]
-    headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost"]
+    headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost", "error"]
     rows = [_option_row(o, currency) for o in (*options, *rejected)]
     if rows:
         lines.append(format_table(headers, rows))

@@ -41,6 +41,7 @@ from inferd.catalog.perfmodel import (
     PRIOR,
     Parameters,
     Precision,
+    for_engine,
     image_seconds,
     kv_capacity_tokens,
     loaded_step,
@@ -67,7 +68,8 @@ REFIT_SIGMA = 5.0
 MEDIAN_ERROR_GOAL = 0.15
 SOURCE_ERROR_GOAL = 0.25
 SCENARIOS = (
-    "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency", "image",
+    "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency",
+    "served", "served-tpot", "image",
 )  # fmt: skip
 
 
@@ -184,6 +186,7 @@ class Context:
 
 
 def predict(params: Parameters, row: Row, ctx: Context) -> float:
+    params = for_engine(params, row.engine)
     gpu = ctx.gpu(row.gpu)
     if row.scenario == "image":
         spec = ctx.image_model(row.model)
