@@ -465,5 +465,13 @@ def cmd_models_build(args: argparse.Namespace) -> int:
             f"only the built-in tiny models can be built: {', '.join(TINY_BUILDERS)} "
             f"(got {args.name!r})"
         )
+    from inferd.catalog.tiny import default_cache_dir, fingerprint
+
+    target = (args.cache_dir or default_cache_dir()) / f"{name}-{fingerprint(name)}"
+    if not (target / ".complete").exists():
+        # Seconds to a minute on a CPU: say so before it starts (stderr, so
+        # that stdout stays the directory alone, for scripts).
+        print(f"building {name} into {target} (once; later runs reuse it) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
     print(ensure_tiny_model(name, args.cache_dir))
     return 0
