@@ -176,6 +176,11 @@ class Replica(_Response):
         description="RFC 3339 UTC time the replica entered its status: with `status` "
         "`loading`, how long the model has been loading."
     )
+    node: str | None = Field(
+        None,
+        description="Where the replica runs: `local` on the control plane's machine; on a "
+        "Ray cluster the node's address and id. Null before it is placed.",
+    )
 
 
 class ReplicaFailureInfo(_Response):

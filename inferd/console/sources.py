@@ -33,6 +33,7 @@ class ReplicaLine:
     status: str
     since: str
     reason: str | None
+    node: str | None = None  # where it runs, as its launcher names it
 
 
 def _no_replicas(endpoint_id: str) -> Sequence[ReplicaLine]:

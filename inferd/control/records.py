@@ -30,6 +30,7 @@ class ReplicaView:
     reason: str | None = None
     replica_id: str = ""
     since: str | None = None  # RFC 3339 time the replica entered its status
+    node: str | None = None  # where it runs, as its launcher names it
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ def build_record(
                 "id": r.replica_id,
                 "statusReason": r.reason,
                 "since": r.since,
+                "node": r.node,
             }
             for r in current
         ],

@@ -30,7 +30,7 @@ from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauth
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
-from inferd.gateway.proxy import Relayed, forward
+from inferd.gateway.proxy import Relayed, forward, with_call_key
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
@@ -264,7 +264,7 @@ class Gateway:
                     replica.url,
                     route.method,
                     route.upstream_path,
-                    headers,
+                    with_call_key(headers, replica.call_key),
                     body,
                     send,
                 )

@@ -10,7 +10,7 @@ replace the local one without touching the gateway.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -32,6 +32,8 @@ class RoutableReplica:
     # Engine queue depth from the replica's last report; the gateway adds its
     # own in-flight count to rank replicas.
     reported_waiting: int = 0
+    # Sent with every call: the replica answers nobody else (replica.auth).
+    call_key: str = field(default="", repr=False, compare=False)
 
 
 class ReplicaDirectory(Protocol):

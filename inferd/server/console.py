@@ -21,7 +21,11 @@ class ReplicaLines:
     def __call__(self, endpoint_id: str) -> Sequence[ReplicaLine]:
         return [
             ReplicaLine(
-                r.replica_id, r.status.value, r.status_since_wall or r.created_wall, r.reason
+                r.replica_id,
+                r.status.value,
+                r.status_since_wall or r.created_wall,
+                r.reason,
+                r.handle.node if r.handle is not None else None,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         ]
