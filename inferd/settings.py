@@ -105,7 +105,17 @@ class Settings(BaseModel):
     gateway_max_queued_per_endpoint: int = Field(
         _GATEWAY.max_held_requests,
         ge=0,
-        description="requests held per endpoint while no replica is ready",
+        description="requests held per endpoint while no replica is free (each keeps a socket)",
+    )
+    gateway_max_held_bytes_per_endpoint: int = Field(
+        _GATEWAY.max_held_bytes_per_endpoint,
+        ge=0,
+        description="bytes of held requests (bodies plus a fixed cost each) per endpoint",
+    )
+    gateway_max_held_bytes: int = Field(
+        _GATEWAY.max_held_bytes,
+        ge=0,
+        description="bytes of held requests (bodies plus a fixed cost each) in this instance",
     )
     gateway_max_in_flight_per_replica: int = Field(
         _GATEWAY.max_in_flight_per_replica,
@@ -195,6 +205,8 @@ class Settings(BaseModel):
             max_body_bytes=self.max_body_bytes,
             max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
             max_held_requests=self.gateway_max_queued_per_endpoint,
+            max_held_bytes_per_endpoint=self.gateway_max_held_bytes_per_endpoint,
+            max_held_bytes=self.gateway_max_held_bytes,
             max_hold_seconds=self.gateway_hold_timeout_seconds,
         )
 

@@ -15,6 +15,9 @@ Rules it keeps:
   ones are drained only once enough new ones are ready.
 - A replica that fails before it was ever ready is retried with backoff;
   its failure stays visible in the record until a replica is ready again.
+  One that was serving (lost with its node, its actor, its engine) is
+  replaced at once, and while its replacements come the endpoint is
+  `initializing`, as at scale from zero, never `failed`.
 - Deletion drains every replica and waits for the processes to end.
 """
 
@@ -121,6 +124,10 @@ class _Plan:
     # restart): counts as a request for the retention rule.
     activity_at: float | None = None
     last_failure: ReplicaFailure | None = None
+    # Replicas seen ready (their failure is a loss, not a crash loop).
+    served: set[str] = field(default_factory=set)
+    # Why replacements are on the way after serving replicas were lost.
+    replacing: str | None = None
 
 
 class Reconciler:
@@ -244,6 +251,10 @@ class Reconciler:
         plan = self._plans.get(endpoint_id)
         return plan.last_failure if plan else None
 
+    def replacing(self, endpoint_id: str) -> str | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.replacing if plan else None
+
     def running(self) -> list[str]:
         """Replica ids whose process has not ended."""
         return list(self._handles)
@@ -352,6 +363,10 @@ class Reconciler:
                 # Stopped on purpose, past its grace period: gone, not failed.
                 self.registry.remove(replica.replica_id)
             else:
+                served = (
+                    replica.status is ReplicaStatus.READY
+                    or replica.replica_id in self.plan(replica.endpoint_id).served
+                )
                 if replica.status is not ReplicaStatus.FAILED:
                     last_line = _last_line(exited.detail)
                     code = exited.returncode
@@ -368,22 +383,31 @@ class Reconciler:
                     )
                 failed = self.registry.get(replica.replica_id)
                 assert failed is not None
-                self._note_failure(failed)
+                self._note_failure(failed, served)
             await self._sync_records()
         self.wake(exited.replica_id)
 
-    def _note_failure(self, replica: Replica) -> None:
+    def _note_failure(self, replica: Replica, served: bool) -> None:
+        """A crash loop (a replica that never became ready) backs off; a
+        replica lost while serving is replaced at once."""
         plan = self.plan(replica.endpoint_id)
-        plan.failures += 1
-        backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
-        plan.next_launch_at = self.clock() + backoff
+        why = replica.reason or "no reason given"
+        if served:
+            backoff = 0.0
+            plan.next_launch_at = self.clock()
+            plan.replacing = f"replacing lost replica {replica.replica_id}: {why}"
+        else:
+            plan.failures += 1
+            backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
+            plan.next_launch_at = self.clock() + backoff
+            plan.replacing = None  # its replacement failed too: say so
         wanted = plan.scaler.desired
         self.journal.record(
             replica.endpoint_id,
             wanted,
             wanted,
-            f"replica {replica.replica_id} failed ({replica.reason or 'no reason given'}); "
-            f"replacing it in {backoff:.0f}s",
+            f"replica {replica.replica_id} failed ({why}); "
+            + (f"replacing it in {backoff:.0f}s" if backoff else "replacing it now"),
             ScaleCause.FAILURE,
         )
         plan.last_failure = ReplicaFailure(
@@ -403,8 +427,11 @@ class Reconciler:
         replicas = self.registry.of_endpoint(row.id)
         active = [r for r in replicas if r.live and r.status is not ReplicaStatus.DRAINING]
         ready = [r for r in active if r.status is ReplicaStatus.READY]
+        plan.served.intersection_update(r.replica_id for r in replicas)
+        plan.served.update(r.replica_id for r in ready)
         if ready:
             plan.failures = 0
+            plan.replacing = None
             self._prune_failed(replicas, keep=0)
         else:
             self._prune_failed(replicas, keep=KEEP_FAILED)
@@ -432,6 +459,8 @@ class Reconciler:
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]
         missing = desired - len(current)
+        if desired == 0:
+            plan.replacing = None  # nothing is coming: scaled to zero
         if missing > 0:
             await self._launch(row, plan, missing, now)
             plan.capacity_reason = plan.capacity_reason or quota_reason

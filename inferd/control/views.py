@@ -19,6 +19,8 @@ class CapacityReasons(Protocol):
 
     def last_failure(self, endpoint_id: str) -> ReplicaFailure | None: ...
 
+    def replacing(self, endpoint_id: str) -> str | None: ...
+
 
 class ReplicaViews:
     """An endpoint's replicas as its record shows them (the service's
@@ -45,6 +47,7 @@ class ReplicaViews:
             views,
             self._capacity.capacity_reason(endpoint_id),
             self._capacity.last_failure(endpoint_id),
+            self._capacity.replacing(endpoint_id),
         )
 
 

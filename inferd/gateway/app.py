@@ -252,7 +252,7 @@ class Gateway:
         deadline = arrived + settings.max_hold_seconds
         exclude: frozenset[str] = frozenset()
         for _ in range(settings.max_attempts):
-            replica = await dispatcher.acquire(ep, exclude, deadline)
+            replica = await dispatcher.acquire(ep, exclude, deadline, len(body))
             rid = replica.replica_id
             self._replica_urls[rid] = replica.url
             begun = self.clock()
