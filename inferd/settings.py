@@ -190,6 +190,11 @@ class Settings(BaseModel):
     ray_node_ip_address: str | None = Field(
         None, description="this machine's address as the Ray cluster sees it (default: detected)"
     )
+    ray_placement: Literal["spread", "pack"] = Field(
+        "spread",
+        description="spread: an endpoint's replicas on different nodes (and failure domains) "
+        "where there is room; pack: Ray's default, filling one node before the next",
+    )
 
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()

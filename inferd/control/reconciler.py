@@ -49,6 +49,7 @@ from inferd.control.ports import (
     ExitReason,
     Launcher,
     LoadObservations,
+    PlacementKey,
     ReplicaExit,
     ReplicaHandle,
     ReplicaStore,
@@ -128,6 +129,10 @@ class _Plan:
     served: set[str] = field(default_factory=set)
     # Why replacements are on the way after serving replicas were lost.
     replacing: str | None = None
+    # Why no replica can be placed anywhere, even on an idle cluster (no
+    # node of the location has the GPU type or enough of it): the gateway
+    # refuses at once instead of holding requests for nothing.
+    unplaceable: str | None = None
 
 
 class Reconciler:
@@ -254,6 +259,21 @@ class Reconciler:
     def replacing(self, endpoint_id: str) -> str | None:
         plan = self._plans.get(endpoint_id)
         return plan.replacing if plan else None
+
+    def unplaceable(self, endpoint_id: str) -> str | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.unplaceable if plan else None
+
+    async def _never_fits(self, row: EndpointFacts, reason: str | None) -> str | None:
+        """`reason` when not even an idle cluster could place the endpoint's
+        replica (fewer units of its type in its location than one replica
+        needs), else None."""
+        if reason is None:
+            return None
+        capacity = await self.launcher.capacity()
+        need = 1 if row.gpu_type == "cpu" else row.gpu_count
+        total = capacity.total.get(PlacementKey(row.location_name, row.gpu_type), 0)
+        return reason if total < need else None
 
     def running(self) -> list[str]:
         """Replica ids whose process has not ended."""
@@ -424,6 +444,11 @@ class Reconciler:
     async def _reconcile(self, row: EndpointFacts, rows: Sequence[EndpointFacts]) -> None:
         now = self.clock()
         plan = self.plan(row.id)
+        if plan.unplaceable is not None:  # nodes may have joined since
+            plan.unplaceable = await self._never_fits(
+                row,
+                await self.launcher.cannot_place(row.location_name, row.gpu_type, row.gpu_count),
+            )
         replicas = self.registry.of_endpoint(row.id)
         active = [r for r in replicas if r.live and r.status is not ReplicaStatus.DRAINING]
         ready = [r for r in active if r.status is ReplicaStatus.READY]
@@ -494,6 +519,7 @@ class Reconciler:
                 row.location_name, row.gpu_type, row.gpu_count
             )
             plan.capacity_reason = reason
+            plan.unplaceable = await self._never_fits(row, reason)
             if reason is not None:
                 return
             replica_id = f"r-{uuid.uuid4().hex[:12]}"

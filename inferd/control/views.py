@@ -55,21 +55,42 @@ class EndpointLookup(Protocol):
     def find(self, endpoint_id: str) -> Endpoint | None: ...
 
 
+class Placeability(Protocol):
+    def unplaceable(self, endpoint_id: str) -> str | None: ...
+
+
+class _Placeable:
+    def unplaceable(self, endpoint_id: str) -> str | None:
+        return None
+
+
 class EndpointDirectory:
     """The gateway's `ReplicaDirectory`: endpoints from the service's
     in-memory copy (routable the moment one is created), replicas from the
     registry."""
 
-    def __init__(self, endpoints: EndpointLookup, registry: Registry) -> None:
+    def __init__(
+        self,
+        endpoints: EndpointLookup,
+        registry: Registry,
+        placeability: Placeability | None = None,
+    ) -> None:
+        """`placeability`: the reconciler (which knows when an endpoint's
+        replica fits nowhere); an instance that does not lead never knows."""
         self._endpoints = endpoints
         self._registry = registry
+        self._placeability = placeability or _Placeable()
 
     def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
         row = self._endpoints.find(endpoint_id)
         if row is None:
             return None
         return EndpointRoute(
-            row.id, row.model_kind, row.model_name, deleting=row.deleting_at is not None
+            row.id,
+            row.model_kind,
+            row.model_name,
+            deleting=row.deleting_at is not None,
+            unplaceable=self._placeability.unplaceable(row.id),
         )
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:

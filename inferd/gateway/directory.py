@@ -23,6 +23,9 @@ class EndpointRoute:
     deleting: bool = False
     # Scaled to zero or still coming up: hold requests rather than refuse.
     accepts_held_requests: bool = True
+    # Why no replica can be placed anywhere (not even on an idle cluster):
+    # with no ready replica, requests are refused at once with this reason.
+    unplaceable: str | None = None
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,9 @@ class Dispatcher:
             raise ServiceUnavailable("The gateway is shutting down.", code="shutting_down")
         now = self._clock()
         if choice.outcome is Outcome.NO_REPLICA:
+            nowhere = None if replicas else _nowhere(directory, ep.endpoint_id)
+            if nowhere is not None:
+                raise nowhere
             if held.scale_requested_at is None and not replicas:
                 held.scale_requested_at = now
             self._signals.capacity_wanted(ep.endpoint_id)
@@ -417,6 +420,8 @@ class Dispatcher:
         try:
             while held.queue:
                 gone = _gone(directory, ep.endpoint_id)
+                if gone is None and not directory.ready_replicas(ep.endpoint_id):
+                    gone = _nowhere(directory, ep.endpoint_id)
                 if gone is not None:
                     self._fail_held(held, gone)
                     break
@@ -524,6 +529,23 @@ def endpoint_gone(exists: bool, deleting: bool) -> InferdError | None:
     if deleting:
         return ServiceUnavailable("This endpoint is being deleted.", code="endpoint_deleting")
     return None
+
+
+# A refused client may try again when the cluster may have grown: nodes
+# join in minutes, not seconds.
+UNPLACEABLE_RETRY_AFTER_S = 60
+
+
+def _nowhere(directory: ReplicaDirectory, endpoint_id: str) -> InferdError | None:
+    """503 at once for an endpoint whose replica fits on no node at all."""
+    route = directory.endpoint(endpoint_id)
+    if route is None or route.unplaceable is None:
+        return None
+    return ServiceUnavailable(
+        f"No replica of this endpoint can be placed: {route.unplaceable}.",
+        code="no_capacity",
+        retry_after=UNPLACEABLE_RETRY_AFTER_S,
+    )
 
 
 def _gone(directory: ReplicaDirectory, endpoint_id: str) -> InferdError | None:

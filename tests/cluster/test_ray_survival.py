@@ -263,3 +263,29 @@ def test_a_cluster_shut_down_leaves_no_replica_process(tmp_path: Path) -> None:
         if not down:
             cluster.shutdown()
     assert groups and all(tree_gone(g) for g in groups)
+
+
+def test_an_endpoint_that_fits_nowhere_is_refused_at_once_with_why(serve: ServeHandle) -> None:
+    """us-west has no node: a request is answered 503 with the reason and
+    Retry-After in moments, not held for minutes; the record is pending
+    with the same reason."""
+    endpoint = serve.create_endpoint(
+        name="nowhere", modelName="tiny-chat", locationName="us-west", gpuType="cpu",
+        minReplicas=0, maxReplicas=1,
+    )  # fmt: skip
+    try:
+        answer = httpx.post(
+            f"{endpoint['url']}/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {endpoint['accessToken']}"},
+            json=CHAT,
+            timeout=60,
+        )
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "no_capacity"
+        assert "us-west" in answer.json()["error"]["message"]
+        assert int(answer.headers["retry-after"]) >= 1
+        assert answer.elapsed.total_seconds() < 10
+        record = serve.wait_record(endpoint["id"], lambda r: r["statusReason"], timeout=30)
+        assert record["status"] == "pending" and "us-west" in record["statusReason"]
+    finally:
+        delete(serve, endpoint["id"])

@@ -146,6 +146,30 @@ def test_held_bytes_are_counted_while_held_and_given_back_however_they_leave() -
     run(scenario())
 
 
+def test_an_endpoint_that_fits_nowhere_is_refused_at_once_and_its_held_requests_too() -> None:
+    """Held while nobody knew; once the control plane says no node could
+    ever take a replica, the held request and every new one get 503 with
+    the reason and Retry-After, without waiting out the hold."""
+
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup([], hold_poll_seconds=0.01)
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 600))
+        await turns()
+        assert not held.done()
+        why = "no node of the cluster in location 'us-west' has cpu"
+        directory.set_route(EndpointRoute(EP, "chat", "m", unplaceable=why))
+        with pytest.raises(ServiceUnavailable) as refused:
+            await asyncio.wait_for(held, 5)
+        assert refused.value.code == "no_capacity" and why in refused.value.message
+        assert refused.value.retry_after is not None and refused.value.retry_after >= 1
+        with pytest.raises(ServiceUnavailable, match="can be placed"):
+            await dispatcher.acquire(ep, NONE, clock() + 600)
+        assert dispatcher.held(EP) == 0 and dispatcher.held_bytes() == 0
+        await dispatcher.close()
+
+    run(scenario())
+
+
 def test_queue_full_is_429_when_busy_and_503_when_scaling() -> None:
     async def scenario() -> None:
         dispatcher, ep, directory, clock = setup([A], max_held_requests=1)

@@ -266,6 +266,23 @@ async def test_no_capacity_is_reported_not_retried_blindly() -> None:
     assert w.reconciler.capacity_reason("e1") == "no free slot"
 
 
+async def test_a_replica_that_fits_nowhere_is_told_apart_from_a_full_cluster() -> None:
+    """No capacity now (every slot taken) is worth waiting for; a location
+    with nothing of the type at all is not: only that one is `unplaceable`,
+    and it clears once the cluster could take it."""
+    w = await World(endpoint(min_replicas=2), slots=1).open()
+    await w.tick()
+    assert w.reconciler.capacity_reason("e1") == "no free slot"
+    assert w.reconciler.unplaceable("e1") is None
+    w = await World(endpoint(min_replicas=1, location_name="nowhere")).open()
+    await w.tick()
+    assert w.reconciler.unplaceable("e1") == "no location 'nowhere'"
+    assert w.launcher.launched == []
+    w.launcher.location = "nowhere"
+    await w.tick()
+    assert w.reconciler.unplaceable("e1") is None
+
+
 async def test_gpu_change_rolls_replicas_over() -> None:
     w = await World(endpoint(min_replicas=1)).open()
     await w.tick()

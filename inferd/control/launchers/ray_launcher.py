@@ -95,7 +95,10 @@ class RayLauncher:
         node_ip_address: str | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         linger_s: float = 60.0,
+        spread: bool = True,
     ) -> None:
+        """`spread`: an endpoint's replicas on different nodes where there
+        is room (else Ray's default, which fills one node first)."""
         if not ray.is_initialized():
             _check_reachable(address)
             ray.init(
@@ -109,6 +112,7 @@ class RayLauncher:
         self._settings = settings
         self._start_timeout_s = start_timeout_s
         self._linger_s = linger_s
+        self._spread = spread
         # This machine's leftovers of ended replicas (the nodes sweep their
         # own as replicas are placed there).
         sweep()
@@ -189,6 +193,8 @@ class RayLauncher:
         # holding all of an endpoint's replicas takes the endpoint down with
         # it. The choice is soft: if that node filled up meanwhile, Ray
         # places the replica wherever it fits.
+        if not self._spread:
+            return await self._place(spec, "DEFAULT")
         node_id = spread_choice(
             nodes, spec.location, spec.gpu_type, spec.gpu_count, self._peers(spec.endpoint_id)
         )
