@@ -30,6 +30,7 @@ class ReplicaView:
     reason: str | None = None
     replica_id: str = ""
     since: str | None = None  # RFC 3339 time the replica entered its status
+    engine: str | None = None  # the engine serving it, once the replica says
     node: str | None = None  # where it runs, as its launcher names it
 
 
@@ -194,6 +195,7 @@ def build_record(
                 "id": r.replica_id,
                 "statusReason": r.reason,
                 "since": r.since,
+                "engine": r.engine,
                 "node": r.node,
             }
             for r in current

@@ -163,7 +163,7 @@ def test_a_replica_answers_the_gateway_only(serve: ServeHandle) -> None:
     try:
         (replica,) = ready(wait_ready(serve, endpoint["id"], 1))
         log = Path(actor_info(replica["id"])["logPath"]).read_text()
-        url = re.findall(r"serving \S+ on (http://\S+)", log)[-1]
+        url = re.findall(r"serving .* on (http://\S+)", log)[-1]
         direct = httpx.post(f"{url}/openai/v1/chat/completions", json=CHAT, timeout=30)
         assert direct.status_code == 401, direct.text
         assert direct.json()["error"]["code"] == "replica_key_required"

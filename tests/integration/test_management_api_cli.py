@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,7 +52,12 @@ def test_create_list_get_update_token_delete(
                        "--max-replicas", "2", "--retention", "30")  # fmt: skip
     assert code == 0
     assert "Access token (shown only this once" in out
-    assert "curl http://" in out and "<ACCESS_TOKEN>" in out
+    # The token just shown, as the README's $TOKEN, and the curl line using it.
+    token = re.search(r"^  (infd_ep_\S+)$", out, re.M)
+    assert token is not None and f"  export TOKEN={token.group(1)}\n" in out
+    assert re.search(r"^  export URL=http://\S+/endpoints/[0-9a-f-]{36}$", out, re.M)
+    assert "curl $URL/openai/v1/chat/completions" in out and 'Bearer $TOKEN"' in out
+    assert "<ACCESS_TOKEN>" not in out
 
     code, out, _ = run(capsys, "create", "pics", "--model", "tiny-sdxl", "--location", "local",
                        "--json")  # fmt: skip
@@ -139,3 +145,31 @@ def test_detail_names_the_replicas_hardware(capsys: pytest.CaptureFixture[str]) 
 
 def test_table_formatting() -> None:
     assert client_cli.format_table([]) == "No endpoints."
+
+
+def test_the_console_address_as_typed_leads_to_it(api: TestClient) -> None:
+    moved = api.get("/console", follow_redirects=False)
+    assert (moved.status_code, moved.headers["location"]) == (308, "/console/")
+    assert api.get("/console?next=x", follow_redirects=False).headers["location"] == (
+        "/console/?next=x"
+    )
+    assert api.get("/console").status_code == 200  # the sign-in page
+
+
+def test_a_quota_on_an_unknown_gpu_type_is_refused(api: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    assert api.post("/inference/projects", json={"id": "ml"}, headers=auth).status_code == 201
+    answer = api.put(
+        "/inference/projects/ml/quota-limit", json={"gpus": {"A100": 8}}, headers=auth
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("unknown_gpu_type", "gpus")
+    assert "A100" in error["message"] and "A100-80GB" in error["message"]
+    ok = api.put("/inference/projects/ml/quota", json={"gpus": {"A100-80GB": 4}}, headers=auth)
+    assert ok.status_code == 200 and ok.json()["quota"]["gpus"] == {"A100-80GB": 4}
+    created = api.post(
+        "/inference/projects", json={"id": "cv", "quotaLimit": {"gpus": {"H100": 1}}},
+        headers=auth,
+    )  # fmt: skip
+    assert created.status_code == 400 and created.json()["error"]["param"] == "quotaLimit.gpus"

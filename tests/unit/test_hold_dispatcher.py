@@ -126,17 +126,17 @@ def test_held_bytes_are_counted_while_held_and_given_back_however_they_leave() -
             [A], held_request_overhead_bytes=100, max_held_bytes_per_endpoint=700
         )
         await dispatcher.acquire(ep, NONE, clock() + 60)
-        placed = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60, 200))
-        leaving = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60, 250))
+        placed = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60, size=200))
+        leaving = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60, size=250))
         await turns()
         assert dispatcher.held_bytes(EP) == dispatcher.held_bytes() == 650
         with pytest.raises(TooManyRequests):  # 650 + 100 + 1 > 700
-            await dispatcher.acquire(ep, NONE, clock() + 60, 1)
+            await dispatcher.acquire(ep, NONE, clock() + 60, size=1)
         leaving.cancel()
         dispatcher.release(ep, "a")
         await turns()
         assert placed.result() is A and dispatcher.held_bytes() == 0
-        expiring = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 0.01, 50))
+        expiring = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 0.01, size=50))
         await asyncio.sleep(0.05)
         with pytest.raises(ServiceUnavailable):
             await expiring
