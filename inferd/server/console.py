@@ -25,7 +25,11 @@ class ReplicaLines:
                 r.status.value,
                 r.status_since_wall or r.created_wall,
                 r.reason,
-                r.handle.node if r.handle is not None else None,
+                node=r.handle.node if r.handle is not None else None,
+                waiting=r.load.waiting,
+                kv_cache_usage=r.load.kv_cache_usage,
+                prefix_cache_queries=r.load.prefix_cache_queries,
+                prefix_cache_hits=r.load.prefix_cache_hits,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         ]

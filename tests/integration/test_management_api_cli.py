@@ -94,6 +94,36 @@ def test_create_list_get_update_token_delete(
     assert [r["name"] for r in json.loads(out)["data"]] == ["demo"]
 
 
+def test_list_pages_and_filters(api: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+    names = ["web-1", "web-2", "batch-1", "web-3", "img-1"]
+    for name in names:
+        model = "tiny-sdxl" if name.startswith("img") else "tiny-chat"
+        assert run(capsys, "create", name, "--model", model, "--min-replicas", "0")[0] == 0
+
+    def listed(*argv: str) -> tuple[list[str], str]:
+        code, out, err = run(capsys, "list", "--json", *argv)
+        assert code == 0, err
+        return [r["name"] for r in json.loads(out)["data"]], err
+
+    # Without --limit: every page, followed by the client.
+    assert listed()[0] == names
+    assert listed("--name-prefix", "web-")[0] == ["web-1", "web-2", "web-3"]
+    assert listed("--model", "tiny-sdxl")[0] == ["img-1"]
+    assert listed("--status", "running")[0] == []
+    # With --limit: one page, and the cursor of the next one.
+    code, out, _ = run(capsys, "list", "--json", "--limit", "2", "--name-prefix", "web-")
+    first = json.loads(out)
+    assert [r["name"] for r in first["data"]] == ["web-1", "web-2"]
+    rest, _ = listed("--limit", "2", "--name-prefix", "web-", "--continue", first["continue"])
+    assert rest == ["web-3"]
+    code, out, err = run(capsys, "list", "--limit", "2")
+    assert code == 0 and len(out.strip().splitlines()) == 3  # header + 2
+    assert "--continue " in err
+    # The cursor belongs to its filters.
+    code, _, err = run(capsys, "list", "--limit", "2", "--continue", first["continue"])
+    assert code != 0 and "code: stale_cursor" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
