@@ -94,6 +94,13 @@ class Settings(BaseModel):
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")
+    # Project members register local directories as models only below these
+    # (the operator registers any); Hugging Face sources need none.
+    model_roots: str = Field(
+        "",
+        description="comma-separated directories project members may register models "
+        "from: PATH for every project, PROJECT=PATH for one",
+    )
     # Location used when a create request names none.
     default_location: str = Field("local", description="location when a request names none")
 
