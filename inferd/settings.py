@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from inferd.control.autoscaler import DOWNSCALE_DELAY_S, TARGET_CONCURRENCY, UPSCALE_DELAY_S
 from inferd.control.reconciler import ReconcilerSettings
 from inferd.control.registry import RegistrySettings
+from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ReplicaSettings
@@ -101,8 +102,14 @@ class Settings(BaseModel):
         description="comma-separated directories project members may register models "
         "from: PATH for every project, PROJECT=PATH for one",
     )
-    # Location used when a create request names none.
-    default_location: str = Field("local", description="location when a request names none")
+    # One setting for both, so that a single machine is declared in one place:
+    # where the local launcher's replicas run (its GPUs are offered there) and
+    # the location of a create request that names none.
+    default_location: str = Field(
+        "local",
+        description="this machine's location (local launcher) and the location of a "
+        "request that names none, e.g. us-east",
+    )
 
     # --- Endpoint limits -----------------------------------------------------
     max_replicas_cap: int = Field(8, ge=1, le=1024, description="highest maxReplicas allowed")
@@ -123,6 +130,29 @@ class Settings(BaseModel):
         _GATEWAY.max_hold_seconds,
         gt=0,
         description="longest a request is held waiting for a replica",
+    )
+
+    # --- Gateway: routing -----------------------------------------------------
+    gateway_routing_policy: Literal["prefix", "least_loaded"] = Field(
+        _GATEWAY.routing_policy.value,
+        description="prefix: to the replica likely holding the prompt's KV cache, "
+        "within a load bound; least_loaded: least in-flight work",
+    )
+    gateway_routing_load_factor: float = Field(
+        _GATEWAY.routing_load_factor,
+        ge=1,
+        description="prefix routing's load bound, as a multiple of the mean replica load",
+    )
+    gateway_prefix_block_bytes: int = Field(
+        _GATEWAY.prefix_block_bytes, ge=16, description="prompt bytes per hashed block"
+    )
+    gateway_prefix_max_blocks: int = Field(
+        _GATEWAY.prefix_max_blocks, ge=1, description="blocks hashed per prompt, at most"
+    )
+    gateway_prefix_table_entries: int = Field(
+        _GATEWAY.prefix_table_entries,
+        ge=1,
+        description="prompt block hashes remembered per server (LRU, ~100 bytes each)",
     )
 
     # --- Registry and health ------------------------------------------------
@@ -168,6 +198,13 @@ class Settings(BaseModel):
     cpu_replica_slots: int = Field(
         4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"
     )
+    # nvidia-smi's device names are matched to configs/gpus.yaml; a GPU whose
+    # name matches no type (a workstation card, a new model) is declared here.
+    gpu_types: str = Field(
+        "",
+        description="this machine's GPU types when detection matches none: one for all "
+        "(L40S) or by index (0=H100-80GB,1=L4)",
+    )
     replica_orphan_timeout_seconds: float = Field(
         60.0,
         gt=0,
@@ -203,6 +240,11 @@ class Settings(BaseModel):
             max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
             max_held_requests=self.gateway_max_queued_per_endpoint,
             max_hold_seconds=self.gateway_hold_timeout_seconds,
+            routing_policy=Policy(self.gateway_routing_policy),
+            routing_load_factor=self.gateway_routing_load_factor,
+            prefix_block_bytes=self.gateway_prefix_block_bytes,
+            prefix_max_blocks=self.gateway_prefix_max_blocks,
+            prefix_table_entries=self.gateway_prefix_table_entries,
         )
 
     @property

@@ -131,6 +131,15 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def create_migrated_database(self) -> str:
+        """A new database with the store's schema (the coordination's tables
+        included), as an `inferd serve` leaves it; its URL."""
+        from inferd.control.stores.postgres import PostgresStore
+
+        url = self.create_database()
+        PostgresStore.open(url).close_sync()
+        return url
+
     def destroy(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self.stop("immediate")

@@ -56,6 +56,9 @@ class ReplicaReport(BaseModel):
     # are still refused).
     status: ReplicaStatus = Field(strict=False)
     reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    # The engine serving the model (vllm, transformers, diffusers, fake);
+    # None before it is chosen, and from replicas older than this field.
+    engine: str | None = Field(default=None, max_length=40)
     # Where the gateway reaches it; None until it listens.
     url: str | None = Field(default=None, max_length=MAX_URL_CHARS)
     # Increases with every report a replica sends: the registry ignores a

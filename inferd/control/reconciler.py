@@ -39,7 +39,7 @@ from inferd.control.autoscaler import (
     ScalingSettings,
     decide,
 )
-from inferd.control.leader import Deposed
+from inferd.control.cluster.ports import Deposed
 from inferd.control.model import ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,

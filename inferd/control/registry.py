@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,8 @@ from inferd.control.model import utc_now_text
 from inferd.control.ports import ReplicaHandle
 from inferd.gateway.directory import RoutableReplica
 from inferd.vocab import ReplicaStatus
+
+logger = logging.getLogger(__name__)
 
 _FORWARD = {
     ReplicaStatus.STARTING: 0,
@@ -75,6 +78,7 @@ class Replica:
     status: ReplicaStatus = ReplicaStatus.STARTING
     reason: str | None = None
     url: str | None = None
+    engine: str | None = None  # as the replica reports it
     load: ReplicaLoad = ReplicaLoad()
     created_at: float = 0.0  # clock
     status_since: float = 0.0  # clock
@@ -219,6 +223,7 @@ class Registry:
             status=status,
             reason=reason,
             url=report.url or replica.url,
+            engine=report.engine or replica.engine,
             load=ReplicaLoad(
                 in_flight=load.in_flight,
                 running=load.running,
@@ -239,6 +244,16 @@ class Registry:
             ),
         )
         self._replicas[replica_id] = updated
+        if status != replica.status:
+            # The operator's terminal follows each replica's life here (the
+            # report requests themselves are not access-logged).
+            logger.info(
+                "replica %s of endpoint %s: %s%s",
+                replica_id,
+                replica.endpoint_id,
+                f"ready at {updated.url}" if status is ReplicaStatus.READY else status.value,
+                f" ({reason})" if reason else "",
+            )
         if status != replica.status or replica.unreachable:
             self._changed(updated)
         return True

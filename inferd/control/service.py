@@ -34,9 +34,15 @@ from inferd.control.model import (
     EndpointGone,
     utc_now,
 )
+from inferd.control.paging import EndpointFilter, Page
 from inferd.control.placement import Placement, resolve_placement
 from inferd.control.ports import Capacity, EndpointStore, TokenStore
-from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
+from inferd.control.records import (
+    DEFAULT_IMAGE_SIZE,
+    EndpointRuntime,
+    build_record,
+    derive_status,
+)
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
 
@@ -231,6 +237,26 @@ class EndpointService:
     def record_json(self, endpoint_id: str) -> bytes:
         """`record(endpoint_id)` as JSON bytes, from the render cache."""
         return self._rendered_json(self.row(endpoint_id))
+
+    async def page(self, where: EndpointFilter, after: int | None, limit: int) -> Page[Endpoint]:
+        """A page of endpoints read from the store (which may know of another
+        instance's create before this copy does); rows this copy holds
+        unchanged are its own objects, so their rendered records are reused."""
+        page = await self._store.page_endpoints(where, after, limit)
+        rows = [self._current(row) for row in page.items]
+        return Page(rows, page.after)
+
+    def _current(self, stored: Endpoint) -> Endpoint:
+        held = self._rows.get(stored.id)
+        return held if held is not None and held == stored else stored
+
+    def status_of(self, row: Endpoint) -> str:
+        runtime = self.runtime_of(row.id)
+        return derive_status(row, runtime.replicas, runtime.waiting_for).status.value
+
+    def row_json(self, row: Endpoint) -> bytes:
+        """The record of `row` (from `page`) as JSON bytes."""
+        return self._rendered_json(row)
 
     def records(self) -> list[dict[str, Any]]:
         return [self._build(row) for row in self._rows.values()]

@@ -4,7 +4,7 @@ account service with the caller's principal, map the result."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -56,9 +56,19 @@ def parse_time(request: Request, name: str) -> datetime | None:
     return at
 
 
-def _quota(body: QuotaBody | None) -> Quota:
+def _quota(body: QuotaBody | None, gpu_types: Collection[str], param: str = "gpus") -> Quota:
+    """The quota a body asks for. A GPU type the catalog does not have would
+    limit nothing (no endpoint can use it): refused, with the known ones."""
     if body is None:
         return Quota()
+    unknown = sorted(set(body.gpus) - set(gpu_types))
+    if unknown:
+        raise BadRequest(
+            f"Unknown GPU type(s) in the quota: {', '.join(unknown)}. GPU types: "
+            f"{', '.join(sorted(gpu_types))} (GET /inference/gpu-types).",
+            param=param,
+            code="unknown_gpu_type",
+        )
     return Quota(endpoints=body.endpoints, replicas=body.replicas, gpus=dict(body.gpus))
 
 
@@ -134,6 +144,7 @@ class AccountRoutes:
         currency: Callable[[], str],
         max_body_bytes: int,
         models_of: Callable[[str], Sequence[str]],
+        gpu_types: Callable[[], Collection[str]],
     ) -> None:
         self.accounts = accounts
         self.endpoints = endpoints
@@ -142,6 +153,7 @@ class AccountRoutes:
         self.models_of = models_of
         self.currency = currency
         self.max_body_bytes = max_body_bytes
+        self.gpu_types = gpu_types
 
     def operations(self) -> list[Operation]:
         R, W, M = Action.READ, Action.WRITE, Action.MANAGE
@@ -188,7 +200,10 @@ class AccountRoutes:
     async def create_project(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateProjectRequest, self.max_body_bytes)
         project = await self.accounts.create_project(
-            principal, req.id, _quota(req.quota), _quota(req.quotaLimit)
+            principal,
+            req.id,
+            _quota(req.quota, self.gpu_types(), "quota.gpus"),
+            _quota(req.quotaLimit, self.gpu_types(), "quotaLimit.gpus"),
         )
         return JSONResponse(project_info(project, principal), status_code=201)
 
@@ -215,7 +230,7 @@ class AccountRoutes:
         project_id = request.path_params["id"]
         await self.accounts.project(principal, project_id)  # 404 before a 400 about the body
         req = await read_model(request, QuotaBody, self.max_body_bytes)
-        project = await setter(principal, project_id, _quota(req))
+        project = await setter(principal, project_id, _quota(req, self.gpu_types()))
         return JSONResponse(project_info(project, principal))
 
     # --- members -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import pytest
 from inferd.control.tokens import hash_token, new_admin_key
 from inferd.testing import ServeHandle, free_port, open_loop
 from inferd.testing_postgres import PostgresServer
+from tests.timings import HANG_S, record_timing
 
 pytestmark = pytest.mark.slow
 
@@ -147,28 +148,31 @@ def test_what_one_instance_writes_holds_on_the_others_at_once(cluster: Cluster) 
     endpoint_id, token = created["id"], created["accessToken"]
     # Created through A: B and C know it at once.
     took = wait_for(
-        lambda: cluster.admin(b).get(f"/inference/endpoints/{endpoint_id}").status_code == 200, 1
+        lambda: cluster.admin(b).get(f"/inference/endpoints/{endpoint_id}").status_code == 200,
+        HANG_S,
     )
     wait_for(
-        lambda: cluster.admin(c).get(f"/inference/endpoints/{endpoint_id}").status_code == 200, 1
+        lambda: cluster.admin(c).get(f"/inference/endpoints/{endpoint_id}").status_code == 200,
+        HANG_S,
     )
-    print(f"endpoint visible on B {took * 1000:.0f} ms after its creation on A")
+    record_timing("cluster: endpoint created on A visible on B", took)
     # It answers through every instance once its replica is ready.
     wait_for(lambda: chat(b, endpoint_id, token, 5).status_code == 200, 60)
     for instance in (a, b, c):
         assert chat(instance, endpoint_id, token).status_code == 200
-    # A token re-issued through B stops working on A within 1 s.
+    # A token re-issued through B stops working on A (how soon: a goal of
+    # benchmarks/fault_timings.py, 1 s).
     with cluster.admin(b) as api:
         new_token = api.post(f"/inference/endpoints/{endpoint_id}/access-token").json()[
             "accessToken"
         ]
-    took = wait_for(lambda: chat(a, endpoint_id, token).status_code == 401, 1.0, interval=0.02)
-    print(f"old token refused on A {took * 1000:.0f} ms after the re-issue on B")
+    took = wait_for(lambda: chat(a, endpoint_id, token).status_code == 401, HANG_S, interval=0.02)
+    record_timing("cluster: token re-issued on B refused on A", took)
     assert chat(a, endpoint_id, new_token).status_code == 200
     assert chat(c, endpoint_id, token).status_code == 401
 
 
-def test_a_revoked_admin_key_stops_working_everywhere_within_a_second(cluster: Cluster) -> None:
+def test_a_revoked_admin_key_stops_working_everywhere(cluster: Cluster) -> None:
     from inferd.control.stores.postgres import PostgresStore
 
     old, new = cluster.admin_key, new_admin_key()
@@ -188,10 +192,10 @@ def test_a_revoked_admin_key_stops_working_everywhere_within_a_second(cluster: C
     for instance in cluster.live():
         took = wait_for(
             lambda i=instance: cluster.admin(i, old).get("/inference/endpoints").status_code == 401,
-            1.0,
+            HANG_S,
             interval=0.02,
         )
-        print(f"revoked admin key refused by {health(instance)['instance']} after {took:.2f}s")
+        record_timing("cluster: revoked admin key refused", took)
         assert cluster.admin(instance, new).get("/inference/endpoints").status_code == 200
 
 

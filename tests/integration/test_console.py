@@ -226,6 +226,9 @@ def test_create_form_recommends_and_explains(client: TestClient) -> None:
     best = re.search(r'value="([^"]+)" checked', page.text)
     assert best and best.group(1) == "cpu:1"
     assert 'class="rejected"' in page.text  # options that do not fit, with their reasons
+    # Each fitting option shows its error band, with what it rests on as the tooltip.
+    band = re.search(r'<td class="num" title="([^"]*)" data-testid="error-band">±(\d+)%', page.text)
+    assert band and "published" in band.group(1) and int(band.group(2)) > 0
     envelope = client.get(
         "/console/endpoints/new/envelope",
         params={

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,7 +52,12 @@ def test_create_list_get_update_token_delete(
                        "--max-replicas", "2", "--retention", "30")  # fmt: skip
     assert code == 0
     assert "Access token (shown only this once" in out
-    assert "curl http://" in out and "<ACCESS_TOKEN>" in out
+    # The token just shown, as the README's $TOKEN, and the curl line using it.
+    token = re.search(r"^  (infd_ep_\S+)$", out, re.M)
+    assert token is not None and f"  export TOKEN={token.group(1)}\n" in out
+    assert re.search(r"^  export URL=http://\S+/endpoints/[0-9a-f-]{36}$", out, re.M)
+    assert "curl $URL/openai/v1/chat/completions" in out and 'Bearer $TOKEN"' in out
+    assert "<ACCESS_TOKEN>" not in out
 
     code, out, _ = run(capsys, "create", "pics", "--model", "tiny-sdxl", "--location", "local",
                        "--json")  # fmt: skip

@@ -68,8 +68,13 @@ def test_errors_go_to_stderr(
     assert err.startswith("inferd: ") and message in err
 
 
-def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_list(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("INFERD_API_KEY", "INFERD_ADMIN_KEY"):
+        monkeypatch.delenv(name, raising=False)
     status, out, _ = run(["models", "list"], capsys)
+    # Without a key the server's registered models cannot be listed: said so.
+    assert status == 0 and "include the models registered on the server" in out
+    status, out, _ = run(["models", "list", "--catalog"], capsys)
     assert status == 0
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert rows["llama-3.1-70b-instruct"][1:4] == ["chat", "70.6B", "bf16"]

@@ -76,13 +76,18 @@ def _user_id(value: str) -> str:
 
 @dataclass(frozen=True)
 class KeyScope:
-    """The keys of one user a caller manages: all of them (None), or those
-    limited to one of `projects`."""
+    """The keys of one user a caller manages: all of them (`projects` None),
+    or those limited to one of `projects`, and with `whole_user` also those
+    for all of the user's projects (when every one of them is in `projects`:
+    such a key acts nowhere else)."""
 
     projects: frozenset[str] | None
+    whole_user: bool = False
 
     def covers(self, key: UserKey) -> bool:
-        return self.projects is None or key.project_id in self.projects
+        if self.projects is None or key.project_id in self.projects:
+            return True
+        return key.project_id is None and self.whole_user
 
     def project_for_new_key(self, asked: str | None, user_id: str) -> str | None:
         """The project a new key is limited to: what was asked, within this
@@ -300,23 +305,22 @@ class AccountService:
         The operator and the user (through a key for all their projects)
         manage every key of the user. A key limited to one project, and an
         admin of a project the user is a member of, manage only the user's
-        keys of that project: nobody mints, lists or revokes a key that acts
-        where they could not act themselves."""
+        keys that act nowhere but there: nobody mints, lists or revokes a
+        key that acts where they could not act themselves."""
         if principal.operator or (principal.id == user_id and principal.scope is None):
             if await self.store.get_user(user_id) is None:
                 raise _user_missing(user_id)
             return KeyScope(None)
+        memberships = {m.project_id for m in await self.store.memberships_of(user_id)}
         if principal.id == user_id:
+            # The user through a key of one project: that project's keys.
             assert principal.scope is not None
-            return KeyScope(frozenset({principal.scope}))
-        managed = frozenset(
-            m.project_id
-            for m in await self.store.memberships_of(user_id)
-            if principal.may(Action.MANAGE, m.project_id)
-        )
-        if not managed:
-            raise _user_missing(user_id)
-        return KeyScope(managed)
+            managed = frozenset({principal.scope})
+        else:
+            managed = frozenset(p for p in memberships if principal.may(Action.MANAGE, p))
+            if not managed:
+                raise _user_missing(user_id)
+        return KeyScope(managed, whole_user=managed == memberships)
 
     async def keys(self, principal: Principal, user_id: str) -> list[UserKey]:
         scope = await self.user_scope(principal, user_id)
