@@ -136,16 +136,31 @@ def render_doc(doc: dict[str, Any]) -> str:
         "",
         "- **inferd's own H100 SDXL figures** are the only Hopper image measurements.",
         "  Without them, Hopper's image efficiency falls back to the prior (45% of",
-        "  peak), but the H100 reaches 27% of its peak uncompiled: diffusers' SDXL",
+        f"  peak), but the H100 reaches {doc['parameters']['imageEfficiency.hopper']:.0%} of its "
+        "peak uncompiled: diffusers' SDXL",
         "  UNet kernels do not scale with Hopper's tensor cores as they do on Ampere,",
-        "  so the held-out estimate is about twice too fast. With them in the fit, the",
-        "  H100 image estimate is within 7-37%.",
+        "  so the held-out estimate is about twice too fast. Every estimate for an",
+        "  image generation without its own figures therefore quotes this error.",
         "- **L4** has no published measurement in the dataset (none with a stated",
-        "  setting was found); its estimates rest on the Ada fit from the L40S.",
-        "  **Ada images** likewise have none and keep the prior.",
+        "  setting was found); its estimates rest on the Ada fit from the L40S's FP8",
+        "  figures. **Ada images** have none either and keep the prior.",
         "- TensorRT-LLM v0.6's LLaMA 70B at batch 480 (128 in / 2048 out) is the",
-        "  largest single miss (the model is 2-3x too fast): no other figure shows",
-        "  that engine's large-batch attention slowdown.",
+        "  largest single miss (the model is about twice too fast): no other figure",
+        "  shows that engine's large-batch slowdown.",
+        "",
+        "Reading the parameters: TensorRT-LLM reaches "
+        f"{doc['parameters']['tensorrtLlmComputeFactor']:.2f}x vLLM's fraction of peak",
+        "compute (one factor over every generation; the estimates are of vLLM). vLLM's",
+        "prefill-heavy serving on an H100 reaches "
+        f"{doc['parameters']['computeEfficiency.hopper']:.0%} of the bf16 peak "
+        "(GPUStack's Qwen3-14B runs),",
+        f"an A100 {doc['parameters']['computeEfficiency.ampere']:.0%}; decode reads reach "
+        f"{doc['parameters']['bandwidthEfficiency.hopper']:.0%} of",
+        "Hopper's peak bandwidth, at the edge of what HBM3 delivers, and",
+        f"tensor parallelism keeps {doc['parameters']['tpScalingPerDoubling']:.0%} per "
+        "doubling of the GPUs: so a",
+        "4-way 70B replica is compute-bound on its prompts well before its",
+        "bandwidth is used up.",
         "",
         "## Every figure",
         "",

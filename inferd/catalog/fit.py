@@ -23,15 +23,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
-from inferd.catalog.gpus import GpuType
+from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import (
     CatalogError,
     ChatArchitecture,
     Entry,
+    ModelCatalog,
     ModelSpec,
     chat_architecture,
 )
@@ -40,6 +41,7 @@ from inferd.catalog.perfmodel import (
     PRIOR,
     Parameters,
     Precision,
+    for_engine,
     image_seconds,
     kv_capacity_tokens,
     loaded_step,
@@ -47,8 +49,16 @@ from inferd.catalog.perfmodel import (
     step_seconds,
 )
 
-if TYPE_CHECKING:
-    from inferd.catalog import Catalog
+
+class CatalogView(Protocol):
+    """What the fit reads of a `Catalog` (the package imports this module
+    through `recommend`, so the fit cannot import the package back)."""
+
+    @property
+    def gpus(self) -> GpuCatalog: ...
+
+    @property
+    def models(self) -> ModelCatalog: ...
 
 DATA = Path(__file__).resolve().parent / "data"
 PUBLISHED = DATA / "published.yaml"
@@ -58,7 +68,8 @@ REFIT_SIGMA = 5.0
 MEDIAN_ERROR_GOAL = 0.15
 SOURCE_ERROR_GOAL = 0.25
 SCENARIOS = (
-    "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency", "image",
+    "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency",
+    "served", "served-tpot", "image",
 )  # fmt: skip
 
 
@@ -159,7 +170,7 @@ def published(path: Path = PUBLISHED) -> Dataset:
 class Context:
     """What predicting a row needs besides the parameters."""
 
-    catalog: Catalog
+    catalog: CatalogView
     architectures: Mapping[str, ChatArchitecture]
 
     def gpu(self, name: str) -> GpuType:
@@ -175,6 +186,7 @@ class Context:
 
 
 def predict(params: Parameters, row: Row, ctx: Context) -> float:
+    params = for_engine(params, row.engine)
     gpu = ctx.gpu(row.gpu)
     if row.scenario == "image":
         spec = ctx.image_model(row.model)
@@ -379,7 +391,7 @@ def _in_dataset_order(dataset: Dataset, predictions: Sequence[Prediction]) -> li
     return [by_row[id(r)] for r in dataset.rows]
 
 
-def context(catalog: Catalog, dataset: Dataset) -> Context:
+def context(catalog: CatalogView, dataset: Dataset) -> Context:
     return Context(catalog, dataset.architectures)
 
 

@@ -12,7 +12,9 @@ parameters FLOPs per token plus attention. Its time is the slower of
     FLOPs / (peak tensor FLOP/s x computeEfficiency[generation]
              x 2 x fp8ComputeFactor where FP8 weights meet FP8 tensor cores)
 
-plus `stepOverheadSeconds` (scheduling, kernel launches) and
+(measurements taken with TensorRT-LLM: computeEfficiency x
+tensorrtLlmComputeFactor; the estimates are of vLLM) plus
+`stepOverheadSeconds` (scheduling, kernel launches) and
 `sequenceOverheadSeconds` per decoding sequence (sampling, detokenizing,
 the scheduler's bookkeeping). Tensor
 parallelism over N GPUs multiplies both rates by N x tpScalingPerDoubling ^
@@ -44,6 +46,7 @@ _GLOBAL = (
     "stepOverheadSeconds",
     "sequenceOverheadSeconds",
     "tpScalingPerDoubling",
+    "tensorrtLlmComputeFactor",
     "compiledImageSpeedup",
     "imageOverheadSeconds",
 )
@@ -59,6 +62,7 @@ PRIOR: Mapping[str, float] = {
     "stepOverheadSeconds": 0.003,
     "sequenceOverheadSeconds": 0.00002,
     "tpScalingPerDoubling": 0.9,
+    "tensorrtLlmComputeFactor": 1.0,
     "compiledImageSpeedup": 1.3,
     "imageOverheadSeconds": 0.1,
 }  # fmt: skip
@@ -107,6 +111,21 @@ class Precision:
         if self.weights in ("bf16", "fp16"):
             return "16-bit"
         return self.weights.upper()
+
+
+def for_engine(params: Parameters, engine: str) -> Parameters:
+    """The parameters as a measurement's engine sees them. The model is of
+    vLLM (what inferd serves with); TensorRT-LLM's fused GEMM and attention
+    kernels reach a different fraction of peak compute, one factor for every
+    generation (`tensorrtLlmComputeFactor`). Bandwidth-bound decode is the
+    same weight read in either engine."""
+    if not engine.lower().startswith("tensorrt-llm"):
+        return params
+    factor = params["tensorrtLlmComputeFactor"]
+    return Parameters({
+        k: v * factor if k.startswith("computeEfficiency.") else v
+        for k, v in params.values.items()
+    })  # fmt: skip
 
 
 def precision_of(arch: ChatArchitecture, kv_cache: str = "auto") -> Precision:

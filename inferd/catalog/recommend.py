@@ -47,7 +47,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from inferd.catalog import fit, perfmodel
+import inferd.catalog.fit as fit
+import inferd.catalog.perfmodel as perfmodel
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import ChatArchitecture, ModelSpec
 

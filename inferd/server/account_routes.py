@@ -31,11 +31,11 @@ from inferd.control.accounts.model import (
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Action, Principal, Role
 from inferd.control.accounts.service import AccountService, CreatedKey, key_info
+from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
-
-MAX_AUDIT_ENTRIES = 1000
+from inferd.server.paging import PAGE_PARAMS, paged_body, read_page
 
 
 def parse_time(request: Request, name: str) -> datetime | None:
@@ -172,7 +172,8 @@ class AccountRoutes:
                 "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
             ),
             Operation(
-                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit, (*span, "action")
+                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit,
+                (*span, "action", *PAGE_PARAMS),
             ),
             Operation(
                 "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage, span
@@ -299,15 +300,24 @@ class AccountRoutes:
                     param="action",
                     code="invalid_action",
                 ) from None
+        project_id = request.path_params["id"]
+        query = {"projectId": project_id, "from": request.query_params.get("from"),
+                 "to": request.query_params.get("to"),
+                 "action": ",".join(sorted(a.value for a in actions)) or None}  # fmt: skip
+        page = read_page(request, "audit", query)
         entries = await self.accounts.audit(
             principal,
-            request.path_params["id"],
+            project_id,
             since=parse_time(request, "from"),
             until=parse_time(request, "to"),
             actions=actions,
-            limit=MAX_AUDIT_ENTRIES,
+            limit=page.limit + 1,  # one more only says that more follow
+            after=page.after,
         )
-        return JSONResponse({"data": [audit_info(e) for e in entries]})
+        found = page_of([(e.id, e) for e in entries], page.limit)
+        return JSONResponse(
+            paged_body([audit_info(e) for e in found.items], "audit", query, found.after)
+        )
 
     async def project_usage(self, request: Request, principal: Principal) -> Response:
         rows = await self.endpoints.project_usage(

@@ -171,6 +171,14 @@ def next_cursor(list_name: str, query: Mapping[str, str | None], after: int | No
     return None if after is None else encode_cursor(list_name, query, after)
 
 
+def paged_body(
+    data: list[Any], list_name: str, query: Mapping[str, str | None], after: int | None
+) -> dict[str, Any]:
+    """A list's answer: `data`, and `continue` only when more follow."""
+    cursor = next_cursor(list_name, query, after)
+    return {"data": data} if cursor is None else {"data": data, "continue": cursor}
+
+
 def filter_value(request: Request, name: str) -> str | None:
     """A filter's value; an empty one is a 400 (it would select nothing or
     everything, and either is more likely a client's slip)."""

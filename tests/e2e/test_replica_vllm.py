@@ -16,12 +16,12 @@ from inferd.testing import ReplicaHandle
 from tests.support import (
     MID_GENERATION_WINDOW_S,
     metrics_text,
-    needs_vllm,
+    needs,
     seen_running,
     until_mid_generation,
 )
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 CHAT = "/openai/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Say hello."}]

@@ -122,3 +122,35 @@ def test_tampered_and_stale_cursors_are_400(world: World) -> None:
         assert resp.json()["error"]["code"] == "stale_cursor"
     # Another limit is fine: the position does not depend on it.
     assert world.op("GET", "/endpoints", params={"limit": 2, "continue": cursor}).status_code == 200
+
+
+def test_audit_log_pages(world: World) -> None:
+    admin = world.keys["admin-user"]
+    for _ in range(5):
+        world.endpoint(OWN)
+    whole = world.ok("GET", f"/projects/{OWN}/audit", admin)
+    assert "continue" not in whole
+    made = [e for e in whole["data"] if e["action"] == "endpoint.create"]
+    assert len(made) == 5
+
+    def walk_audit(query: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        pages, params = [], dict(query)
+        while True:
+            body = world.ok("GET", f"/projects/{OWN}/audit", admin, params=params)
+            pages.append(body["data"])
+            if "continue" not in body:
+                return pages
+            params = {**query, "continue": body["continue"]}
+
+    pages = walk_audit({"limit": 2})
+    assert [e for p in pages for e in p] == whole["data"]
+    assert all(len(p) == 2 for p in pages[:-1])
+    filtered = walk_audit({"limit": 2, "action": "endpoint.create"})
+    assert [e for p in filtered for e in p] == made
+    # The cursor is bound to the project and the filters.
+    cursor = world.ok("GET", f"/projects/{OWN}/audit", admin, params={"limit": 1})["continue"]
+    query = {"limit": 1, "continue": cursor, "action": "endpoint.create"}
+    resp = world.op("GET", f"/projects/{OWN}/audit", admin, params=query)
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
+    resp = world.op("GET", f"/projects/{OTHER}/audit", params={"continue": cursor})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"

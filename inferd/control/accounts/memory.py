@@ -173,6 +173,7 @@ class MemoryAccountStore:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         found = [
             e
@@ -181,6 +182,7 @@ class MemoryAccountStore:
             and (since is None or e.at >= since)
             and (until is None or e.at < until)
             and (not actions or e.action in actions)
+            and (after is None or e.id > after)
         ]
         return found[:limit]
 

@@ -80,7 +80,11 @@ class AccountStore(Protocol):
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
-    ) -> list[AuditEntry]: ...
+        after: int | None = None,
+    ) -> list[AuditEntry]:
+        """Oldest first, at most `limit`, only entries whose id is past
+        `after` (a keyset page: ids only grow)."""
+        ...
 
     # --- usage -----------------------------------------------------------------------------
     async def add_usage(self, deltas: Sequence[UsageDelta]) -> None: ...

@@ -355,6 +355,7 @@ class PostgresAccounts:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         rows = await self._rows(
             "SELECT id, at, project_id, actor, action, target, detail FROM audit_log"
@@ -362,9 +363,10 @@ class PostgresAccounts:
             " AND (%s::timestamptz IS NULL OR at >= %s)"
             " AND (%s::timestamptz IS NULL OR at < %s)"
             " AND (cardinality(%s::text[]) = 0 OR action = ANY(%s::text[]))"
+            " AND id > %s"
             " ORDER BY id LIMIT %s",
             (project_id, project_id, since, since, until, until,
-             [a.value for a in actions], [a.value for a in actions], limit),
+             [a.value for a in actions], [a.value for a in actions], after or 0, limit),
         )  # fmt: skip
         return [
             AuditEntry(

@@ -404,11 +404,12 @@ class AccountService:
         until: datetime | None,
         actions: Sequence[AuditAction],
         limit: int,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         await self.project(principal, project_id)
         authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
         return await self.store.audit(
-            project_id, since=since, until=until, actions=actions, limit=limit
+            project_id, since=since, until=until, actions=actions, limit=limit, after=after
         )
 
 

@@ -427,6 +427,7 @@ class SqliteAccounts:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         sql = "SELECT id, at, project_id, actor, action, target, detail FROM audit_log WHERE 1 = 1"
         params: list[Any] = []
@@ -442,6 +443,9 @@ class SqliteAccounts:
         if actions:
             sql += f" AND action IN ({', '.join('?' for _ in actions)})"
             params.extend(a.value for a in actions)
+        if after is not None:
+            sql += " AND id > ?"
+            params.append(after)
         sql += " ORDER BY id LIMIT ?"
         params.append(limit)
         rows = await self._in_thread(self._query, sql, tuple(params))
