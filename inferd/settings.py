@@ -22,7 +22,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from inferd.control.autoscaler import DOWNSCALE_DELAY_S, TARGET_CONCURRENCY, UPSCALE_DELAY_S
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    TARGET_ENGINE_WAITING,
+    TARGET_KV_CACHE_USAGE,
+    UPSCALE_DELAY_S,
+)
 from inferd.control.reconciler import ReconcilerSettings
 from inferd.control.registry import RegistrySettings
 from inferd.gateway.routing import Policy
@@ -185,6 +191,17 @@ class Settings(BaseModel):
     autoscale_downscale_delay_seconds: float = Field(
         DOWNSCALE_DELAY_S, ge=0, description="sustained low load before removing a replica"
     )
+    autoscale_target_kv_cache_usage: float = Field(
+        TARGET_KV_CACHE_USAGE,
+        ge=0,
+        le=1,
+        description="mean KV cache use per replica to aim for (0: not a signal)",
+    )
+    autoscale_target_engine_waiting: float = Field(
+        TARGET_ENGINE_WAITING,
+        ge=0,
+        description="requests queued inside each replica's engine to aim for (0: not a signal)",
+    )
     reconcile_period_seconds: float = Field(
         1.0, gt=0, description="how often desired replicas are applied"
     )
@@ -255,6 +272,8 @@ class Settings(BaseModel):
             target_concurrency=self.autoscale_target_concurrency,
             upscale_delay_s=self.autoscale_upscale_delay_seconds,
             downscale_delay_s=self.autoscale_downscale_delay_seconds,
+            target_kv_cache_usage=self.autoscale_target_kv_cache_usage or None,
+            target_engine_waiting=self.autoscale_target_engine_waiting or None,
         )
 
     @property

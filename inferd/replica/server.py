@@ -131,6 +131,11 @@ class ReplicaProcess:
                 running=load.running if load else 0,
                 waiting=load.waiting if load else 0,
                 kv_cache_usage=load.kv_cache_usage if load else None,
+                prefix_cache_queries=load.prefix_cache_queries if load else 0,
+                prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries)
+                if load
+                else 0,
+                adapters=list(load.adapters) if load else [],
             ),
             # Cumulative since start: a lost report loses nothing.
             usage=ReplicaUsageReport(**self._metrics.usage()) if self._metrics else None,

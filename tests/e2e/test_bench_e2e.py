@@ -39,6 +39,12 @@ def test_bench_a_registered_model_and_recommend_from_the_measurement(
     api = ["--api-url", serve.url, "--admin-key", str(serve.admin_key)]
     assert main(["models", "add", "--source", str(tiny_chat_dir), "--name", "my-tiny", *api]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
+    # Registered models are listed with the catalog's, and recommended from.
+    assert main(["models", "list", *api]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("my-tiny"))
+    assert "registered (global)" in row
+    assert main(["recommend", "my-tiny", "--server", "--location", "local", *api]) == 0
+    assert "Recommended: local 1 x cpu" in capsys.readouterr().out
 
     created = serve.create_endpoint(name="bench-me", modelName="my-tiny", minReplicas=1)
     record = serve.wait_record(created["id"], lambda r: r["status"] == "running", timeout=600)

@@ -39,8 +39,8 @@ def access_record(method: str, path: str, status: int) -> logging.LogRecord:
 @pytest.mark.parametrize(
     ("method", "path", "status", "logged"),
     [
-        ("POST", "/replicas/r-1", 200, False),  # a heartbeat
-        ("POST", "/replicas/r-1", 401, True),  # refused: worth a line
+        ("POST", "/internal/registry/replicas/r-1", 200, False),  # a heartbeat
+        ("POST", "/internal/registry/replicas/r-1", 401, True),  # refused: worth a line
         ("GET", "/inference/endpoints", 200, True),
         ("POST", "/endpoints/e/openai/v1/chat/completions", 200, True),
     ],
@@ -123,3 +123,51 @@ def test_replica_help_explains_every_flag_and_hides_the_launchers() -> None:
     # Hidden, still accepted (launchers pass them).
     args = replica.parse_args(["--model", "m", "--registry-url", "http://x", "--replica-id", "r"])
     assert (args.registry_url, args.replica_id) == ("http://x", "r")
+
+
+def test_a_bench_error_is_the_endpoints_json_as_text() -> None:
+    from inferd.client.bench import _answer
+
+    body = b'{"error": {"message": "too long", "code": "context_length_exceeded"}}'
+    assert _answer(400, body) == (
+        'HTTP 400: {"error": {"message": "too long", "code": "context_length_exceeded"}}'
+    )
+    assert _answer(502, b"<html>bad gateway</html>") == "HTTP 502: <html>bad gateway</html>"
+
+
+def test_a_replica_line_says_since_when_and_what_it_does() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from inferd.client.cli import _replica_line
+
+    since = (datetime.now(UTC) - timedelta(seconds=75)).isoformat().replace("+00:00", "Z")
+    line = _replica_line(
+        {"status": "loading", "gpus": 1, "since": since, "engine": "vllm",
+         "statusReason": "loading tiny-chat with the vllm engine"},
+        "cpu",
+    )  # fmt: skip
+    assert line.startswith(f"loading since {since} (1 min 1")
+    assert line.endswith("s ago) (vllm, cpu): loading tiny-chat with the vllm engine")
+
+
+def test_an_unknown_model_points_at_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recommend", "my-registered-model"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'my-registered-model'" in err and "add --server" in err
+
+
+def test_relative_model_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.catalog.cli import local_source
+    from inferd.catalog.inspect import InspectError
+    from inferd.catalog.sources import parse_source
+
+    (tmp_path / "models" / "x").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    # Here, the CLI: a directory that exists is sent as its absolute path ...
+    assert local_source("models/x") == str(tmp_path / "models" / "x")
+    assert local_source("./models/x") == str(tmp_path / "models" / "x")
+    # ... anything else as given (a repository id).
+    assert local_source("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    # There, the server: a relative path means nothing it could know.
+    with pytest.raises(InspectError, match="relative path: give the directory's absolute path"):
+        parse_source("./models/x")
