@@ -260,11 +260,14 @@ class PostgresAccounts:
         ))  # fmt: skip
         return bool(count)
 
-    async def members_of(self, project_id: str) -> list[Membership]:
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
         rows = await self._rows(
             "SELECT project_id, user_id, role, created_at FROM memberships"
-            " WHERE project_id = %s ORDER BY user_id",
-            (project_id,),
+            " WHERE project_id = %s AND (%s::text IS NULL OR user_id > %s)"
+            " ORDER BY user_id LIMIT %s",
+            (project_id, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), r[3].astimezone(UTC)) for r in rows]
 

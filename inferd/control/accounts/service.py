@@ -218,9 +218,16 @@ class AccountService:
 
     # --- members ----------------------------------------------------------------------
 
-    async def members(self, principal: Principal, project_id: str) -> list[Membership]:
+    async def members(
+        self,
+        principal: Principal,
+        project_id: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Membership]:
         await self.project(principal, project_id)
-        return await self.store.members_of(project_id)
+        return await self.store.members_of(project_id, after=after, limit=limit)
 
     async def put_member(
         self, principal: Principal, project_id: str, user_id: str, role: Role

@@ -319,16 +319,24 @@ class SqliteAccounts:
         )
         return count > 0
 
-    def _memberships(self, where: str, value: str, order: str) -> list[Membership]:
+    def _memberships(
+        self, where: str, value: str, order: str, after: str | None = None, limit: int = -1
+    ) -> list[Membership]:
+        # `order` is the key of the page: the primary key's index serves it.
         rows = self._query(
             f"SELECT project_id, user_id, role, created_at FROM memberships WHERE {where} = ?"
-            f" ORDER BY {order}",
-            (value,),
+            f" AND (? IS NULL OR {order} > ?) ORDER BY {order} LIMIT ?",
+            (value, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), _at_required(r[3])) for r in rows]
 
-    async def members_of(self, project_id: str) -> list[Membership]:
-        return await self._in_thread(self._memberships, "project_id", project_id, "user_id")
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        return await self._in_thread(
+            self._memberships, "project_id", project_id, "user_id", after,
+            -1 if limit is None else limit,
+        )  # fmt: skip
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
         return await self._in_thread(self._memberships, "user_id", user_id, "project_id")
