@@ -101,6 +101,13 @@ class Settings(BaseModel):
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")
+    # Project members register local directories as models only below these
+    # (the operator registers any); Hugging Face sources need none.
+    model_roots: str = Field(
+        "",
+        description="comma-separated directories project members may register models "
+        "from: PATH for every project, PROJECT=PATH for one",
+    )
     # One setting for both, so that a single machine is declared in one place:
     # where the local launcher's replicas run (its GPUs are offered there) and
     # the location of a create request that names none.

@@ -47,6 +47,7 @@ def console_sources(server: Server) -> ConsoleSources:
         resolve=accounts.resolver.resolve,
         public_url=settings.public_url,
         cost_so_far=accounts.meter.cost_so_far,
+        model_owner=server.models.owner_of,
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),

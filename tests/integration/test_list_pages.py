@@ -154,3 +154,33 @@ def test_audit_log_pages(world: World) -> None:
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
     resp = world.op("GET", f"/projects/{OTHER}/audit", params={"continue": cursor})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
+
+
+def test_member_pages(world: World) -> None:
+    for i in range(5):
+        world.add_member(OWN, f"zz-{i}", "developer" if i % 2 else "viewer")
+    whole = world.ok("GET", f"/projects/{OWN}/members")
+    assert "continue" not in whole
+    ids = [m["userId"] for m in whole["data"]]
+    assert ids == sorted(ids) and len(ids) == 8  # the fixture's three and these five
+    seen, params = [], {"limit": "3"}
+    while True:
+        body = world.ok("GET", f"/projects/{OWN}/members", params=params)
+        seen += [m["userId"] for m in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "3", "continue": body["continue"]}
+    assert seen == ids
+    devs = world.ok("GET", f"/projects/{OWN}/members", params={"role": "developer"})["data"]
+    assert {m["userId"] for m in devs} == {"developer-user", "zz-1", "zz-3"}
+    bad = world.op("GET", f"/projects/{OWN}/members", params={"role": "owner"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "role"
+    cursor = world.ok("GET", f"/projects/{OWN}/members", params={"limit": 1})["continue"]
+    stale = world.op("GET", f"/projects/{OTHER}/members", params={"continue": cursor})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+    # A cursor of the endpoint list is not one of a member list.
+    world.endpoint(OWN)
+    world.endpoint(OWN)
+    other_list = world.ok("GET", "/endpoints", params={"limit": 1})["continue"]
+    wrong = world.op("GET", f"/projects/{OWN}/members", params={"continue": other_list})
+    assert wrong.status_code == 400
