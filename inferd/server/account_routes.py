@@ -306,7 +306,9 @@ class AccountRoutes:
 
     async def create_key(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateKeyRequest, self.max_body_bytes)
-        created = await self.accounts.create_key(principal, request.path_params["userId"], req.name)
+        created = await self.accounts.create_key(
+            principal, request.path_params["userId"], req.name, req.projectId
+        )
         return JSONResponse(created_key_info(created), status_code=201)
 
     async def revoke_key(self, request: Request, principal: Principal) -> Response:
