@@ -155,10 +155,9 @@ def _add_validator_rules(schemas: dict[str, Any]) -> None:
     """What the wire models check in validators (invisible to the generated
     schema) and is static, written into the schema. Limits that depend on the
     engine (context length, images per call, structured output support) stay
-    out: those are 400s documented as such."""
+    out: those are 400s documented as such. So do tools and logprobs: vLLM
+    serves them (with a tool parser configured), other engines refuse them."""
     chat = schemas["ChatCompletionRequest"]["properties"]
-    _branch(chat["tools"], "array")["maxItems"] = 0  # tool calling is refused
-    chat["logprobs"]["anyOf"] = [{"type": "boolean", "const": False}, {"type": "null"}]
     _branch(chat["logit_bias"], "object")["propertyNames"] = {"pattern": r"^-?\d{1,10}$"}
     _branch(chat["stop"], "string")["minLength"] = 1
     _branch(chat["stop"], "array")["items"] = {"type": "string", "minLength": 1}
