@@ -135,7 +135,8 @@ WORDS = [
 def engine_args(model: Path, kv_tokens: int) -> dict[str, Any]:
     return {
         "dtype": "float32",
-        "max_model_len": kv_tokens,
+        # One request needs a little less than the whole cache (vLLM checks).
+        "max_model_len": min(4096, kv_tokens - 2 * BLOCK_SIZE),
         "block_size": BLOCK_SIZE,
         "num_gpu_blocks_override": kv_tokens // BLOCK_SIZE,
         "enable_prefix_caching": True,
