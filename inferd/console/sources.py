@@ -34,6 +34,7 @@ class ReplicaLine:
     status: str
     since: str
     reason: str | None
+    node: str | None = None  # where it runs, as its launcher names it
     # What the engine last reported: its queue, KV cache use, and the prompt
     # tokens looked up in / found in its prefix cache since it started.
     waiting: int = 0

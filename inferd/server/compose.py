@@ -112,6 +112,7 @@ def ray_launcher(settings: Settings) -> Launcher:
             namespace=settings.ray_namespace,
             settings=settings.replicas,
             node_ip_address=settings.ray_node_ip_address,
+            spread=settings.ray_placement == "spread",
         )
     except (ConnectionError, RuntimeError) as exc:
         raise LauncherUnavailable(
@@ -363,7 +364,7 @@ async def build(
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service))
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
-            EndpointDirectory(service, registry),
+            EndpointDirectory(service, registry, reconciler),
             verifier,
             gateway_knobs,
             clock=clock,

@@ -25,6 +25,7 @@ class ReplicaLines:
                 r.status.value,
                 r.status_since_wall or r.created_wall,
                 r.reason,
+                node=r.handle.node if r.handle is not None else None,
                 waiting=r.load.waiting,
                 kv_cache_usage=r.load.kv_cache_usage,
                 prefix_cache_queries=r.load.prefix_cache_queries,

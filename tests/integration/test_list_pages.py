@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import jsonschema
 import pytest
 
 from tests.integration.accounts_support import OTHER, OWN, World, world
@@ -184,3 +185,28 @@ def test_member_pages(world: World) -> None:
     other_list = world.ok("GET", "/endpoints", params={"limit": 1})["continue"]
     wrong = world.op("GET", f"/projects/{OWN}/members", params={"continue": other_list})
     assert wrong.status_code == 400
+
+
+def test_pages_and_their_errors_are_documented(world: World) -> None:
+    """Each list's page (with `continue`) and its 400 are in the OpenAPI
+    document, schema included, as are the new query parameters."""
+    doc = world.client.get("/openapi.json").json()
+    for _ in range(2):
+        world.endpoint(OWN)
+    admin = world.keys["admin-user"]
+    calls = [
+        ("/endpoints", "/inference/endpoints"),
+        (f"/projects/{OWN}/audit", "/inference/projects/{id}/audit"),
+        (f"/projects/{OWN}/members", "/inference/projects/{id}/members"),
+    ]
+    for path, template in calls:
+        op = doc["paths"][template]["get"]
+        assert {"limit", "continue"} <= {p["name"] for p in op["parameters"]}
+        for params in ({"limit": 1}, {"limit": 0}):
+            resp = world.op("GET", path, admin, params=params)
+            spec = op["responses"][str(resp.status_code)]
+            schema = {**spec["content"]["application/json"]["schema"],
+                      "components": doc["components"]}  # fmt: skip
+            jsonschema.Draft202012Validator(schema).validate(resp.json())
+            if resp.status_code == 200:
+                assert "continue" in resp.json()
