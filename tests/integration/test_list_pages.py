@@ -9,7 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.integration.accounts_support import OTHER, OWN, World, world
+from inferd.client.api import ManagementClient
+from tests.integration.accounts_support import OPERATOR_KEY, OTHER, OWN, World, world
 
 __all__ = ["world"]
 
@@ -231,3 +232,17 @@ def test_key_pages(world: World) -> None:
     cursor = world.ok("GET", "/users/viewer-user/keys", params={"limit": 1})["continue"]
     stale = world.op("GET", "/users/developer-user/keys", params={"continue": cursor})
     assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+
+
+def test_the_client_walks_every_page(world: World) -> None:
+    """What the CLI's list commands use: with pages of one item, the walk
+    still yields every item once (repeated filters kept on every page)."""
+    client = ManagementClient("http://testserver", OPERATOR_KEY, http=world.client)
+    members = [m["userId"] for m in client.walk(f"/projects/{OWN}/members", {"limit": "1"})]
+    assert members == sorted(["admin-user", "developer-user", "viewer-user"])
+    for _ in range(3):
+        world.endpoint(OWN)
+    query = [("limit", "1"), ("action", "endpoint.create"), ("action", "member.add")]
+    entries = list(client.walk(f"/projects/{OWN}/audit", query))
+    whole = world.ok("GET", f"/projects/{OWN}/audit", params=query[1:])["data"]
+    assert entries == whole and len(entries) == 6
