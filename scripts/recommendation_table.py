@@ -55,6 +55,10 @@ WORKLOADS: tuple[tuple[str, str, ChatWorkload | ImageWorkload, str], ...] = (
 )  # fmt: skip
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -176,8 +180,8 @@ def render_doc(doc: dict[str, Any]) -> str:
         prec = row.precision + (" (FP8 KV)" if row.kv_cache == "fp8" else "")
         lines.append(
             f"| {row.source} | {row.stated_model} | {gpus} | {prec} | {row.engine} | "
-            f"{row.setting()} | {row.stated} | {p['inSample']:.4g} {row.unit} | "
-            f"{p['heldOut']:.4g} {row.unit} | {_pct(err)} |"
+            f"{row.setting()} | {row.stated} | {_num(p['inSample'])} {row.unit} | "
+            f"{_num(p['heldOut'])} {row.unit} | {_pct(err)} |"
         )
     lines += ["", "## The three workloads", ""]
     for model, _flags, work, title in WORKLOADS:

@@ -433,7 +433,7 @@ def _estimate_basis(
     band, evidence = fit.band(gpu.generation, precision)
     if profile is None:
         return fit.parameters, "estimated", band, evidence
-    rows = profile_rows(profile)
+    rows = profile_rows(profile, "bf16" if isinstance(work, ImageWorkload) else precision)
     if not rows:
         return fit.parameters, "estimated", band, evidence + " (the measured profile has no points)"
     ctx = Context(cast(Catalog, _ProfileCatalog(model, gpu)), {})
@@ -473,13 +473,15 @@ class _OneGpu:
         return self._gpu
 
 
-def profile_rows(profile: MeasuredProfile) -> list[Row]:
+def profile_rows(profile: MeasuredProfile, precision: str = "bf16") -> list[Row]:
     """A measured profile as rows of the fit: each concurrency's throughput
-    and TPOT (chat), or seconds per batch of images."""
+    and TPOT (chat), or seconds per batch of images. `precision`: the
+    model's weights (bf16, fp8, int4, ...), so that the refit keeps its
+    quantized kernels' costs."""
     rows: list[Row] = []
     common = dict(
         source="measured", model=profile.model_name, stated_model=profile.model_name,
-        gpu=profile.gpu_type, gpus=profile.gpu_count, precision="bf16",
+        gpu=profile.gpu_type, gpus=profile.gpu_count, precision=precision,
         engine="inferd bench", stated="measured",
     )  # fmt: skip
     for point in profile.points:

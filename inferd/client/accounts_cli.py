@@ -135,6 +135,12 @@ def _register_keys(
             parser.add_argument("key_id", metavar="KEY_ID")
         if name == "create":
             parser.add_argument("--name", required=True, help="what the key is for")
+            parser.add_argument(
+                "--key-project",
+                dest="key_project",
+                help="the one project the key acts in (default: all of the user's, for "
+                "yourself or the operator; the project you administer, for a member)",
+            )
         parser.add_argument("--user", help="whose keys (default: yours)")
         parser.set_defaults(func=_command({"list": _keys_list, "create": _keys_create,
                                            "revoke": _keys_revoke}[name]))  # fmt: skip
@@ -275,8 +281,9 @@ def _user(client: ManagementClient, args: argparse.Namespace) -> str:
     return str(me["id"])
 
 
-_KEY_COLUMNS = (("ID", "id"), ("NAME", "name"), ("KEY", "hint"), ("CREATED", "createdAt"),
-                ("LAST USED", "lastUsedAt"), ("REVOKED", "revokedAt"))  # fmt: skip
+_KEY_COLUMNS = (("ID", "id"), ("NAME", "name"), ("KEY", "hint"), ("PROJECT", "projectId"),
+                ("CREATED", "createdAt"), ("LAST USED", "lastUsedAt"),
+                ("REVOKED", "revokedAt"))  # fmt: skip
 
 
 def _keys_list(client: ManagementClient, args: argparse.Namespace) -> int:
@@ -285,7 +292,10 @@ def _keys_list(client: ManagementClient, args: argparse.Namespace) -> int:
 
 
 def _keys_create(client: ManagementClient, args: argparse.Namespace) -> int:
-    key = client.call("POST", f"/users/{_user(client, args)}/keys", json={"name": args.name})
+    body = {"name": args.name}
+    if args.key_project:
+        body["projectId"] = args.key_project
+    key = client.call("POST", f"/users/{_user(client, args)}/keys", json=body)
     text = f"Key {key['id']} ({key['name']}), shown only this once:\n  {key['key']}"
     return _show(args, key, text)
 

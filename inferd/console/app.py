@@ -329,10 +329,10 @@ class Console:
         assert session.principal is not None
         projects = await self.sources.writable_projects(session.principal)
         catalog = self.sources.catalog
-        models = catalog.models.all()
+        models = self.sources.models_for(session.principal)
         if location not in catalog.gpus.locations:
             location = self.sources.service.default_location
-        if model not in catalog.models:
+        if model not in {m.name for m in models}:
             # The first model that fits somewhere here, not one that cannot run.
             fitting = [
                 m.name for m in models if self.sources.recommendation(m.name, location).options

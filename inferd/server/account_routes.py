@@ -35,7 +35,16 @@ from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
-from inferd.server.paging import PAGE_PARAMS, paged_body, read_page
+from inferd.server.paging import (
+    PAGE_PARAMS,
+    filter_value,
+    paged_body,
+    read_key_page,
+    read_page,
+)
+
+MEMBER_FILTERS = ("role",)
+_ROLES = tuple(r.value for r in Role)
 
 
 def parse_time(request: Request, name: str) -> datetime | None:
@@ -166,7 +175,10 @@ class AccountRoutes:
             Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, self.delete_project),
             Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, self.set_quota),
             Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, self.set_limit),
-            Operation("GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members),
+            Operation(
+                "GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members,
+                (*MEMBER_FILTERS, *PAGE_PARAMS),
+            ),
             Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.put_member),
             Operation(
                 "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
@@ -237,8 +249,26 @@ class AccountRoutes:
     # --- members -------------------------------------------------------------------------
 
     async def list_members(self, request: Request, principal: Principal) -> Response:
-        members = await self.accounts.members(principal, request.path_params["id"])
-        return JSONResponse({"data": [member_info(m) for m in members]})
+        project_id = request.path_params["id"]
+        role = filter_value(request, "role")
+        if role is not None and role not in _ROLES:
+            raise BadRequest(
+                f"Unknown role '{role}'; one of: {', '.join(_ROLES)}.",
+                param="role",
+                code="invalid_value",
+            )
+        query = {"projectId": project_id, "role": role}
+        page = read_key_page(request, "members", query)
+        # The role filter is applied to each page read by keyset (a project
+        # has few members; a page may be short, its cursor goes on).
+        members = await self.accounts.members(
+            principal, project_id, after=page.after, limit=page.limit + 1
+        )
+        more = len(members) > page.limit
+        members = members[: page.limit]
+        after = members[-1].user_id if more else None
+        data = [member_info(m) for m in members if role is None or m.role.value == role]
+        return JSONResponse(paged_body(data, "members", query, after))
 
     async def put_member(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, PutMemberRequest, self.max_body_bytes)
@@ -276,7 +306,9 @@ class AccountRoutes:
 
     async def create_key(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateKeyRequest, self.max_body_bytes)
-        created = await self.accounts.create_key(principal, request.path_params["userId"], req.name)
+        created = await self.accounts.create_key(
+            principal, request.path_params["userId"], req.name, req.projectId
+        )
         return JSONResponse(created_key_info(created), status_code=201)
 
     async def revoke_key(self, request: Request, principal: Principal) -> Response:

@@ -196,6 +196,48 @@ def test_audit_pages_hold_every_entry_once_while_appends_go_on(kind: str, opener
     run(body, reader, opener() if kind in SHARED else reader)
 
 
+def test_member_pages_by_user_id_under_concurrent_changes(kind: str, opener: Opener) -> None:
+    async def body(reader: Store, writer: Store) -> None:
+        await writer.create_project(Project("team", T0))
+        await writer.create_project(Project("other", T0))
+        names = [f"u{i:02d}" for i in range(30)]
+        for name in names:
+            await writer.create_user(User(name, T0))
+            await writer.put_membership(Membership("team", name, Role.VIEWER, T0))
+        await writer.put_membership(Membership("other", "u05", Role.ADMIN, T0))
+        stable = [n for i, n in enumerate(names) if i % 3]
+        leaving = [n for i, n in enumerate(names) if not i % 3]
+
+        async def churn() -> None:
+            for name in leaving:
+                await writer.remove_membership("team", name)
+                await writer.create_user(User(f"{name}-new", T0))
+                await writer.put_membership(Membership("team", f"{name}-new", Role.VIEWER, T0))
+                await asyncio.sleep(0)
+
+        churning = asyncio.create_task(churn())
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            page = await reader.members_of("team", after=after, limit=4)
+            assert all(m.project_id == "team" for m in page)
+            seen += [m.user_id for m in page]
+            if len(page) < 4:
+                break
+            after = page[-1].user_id
+            await asyncio.sleep(0)
+        await churning
+        assert len(await reader.members_of("team")) == 30  # the churn ran to its end
+        assert seen == sorted(seen) and len(seen) == len(set(seen))
+        assert [n for n in seen if n in stable] == stable
+        assert await reader.members_of("team", after="u28") == [
+            Membership("team", "u29", Role.VIEWER, T0)
+        ]
+
+    reader = opener()
+    run(body, reader, opener() if kind in SHARED else reader)
+
+
 def usage(hour: datetime, **figures: float) -> UsageDelta:
     return UsageDelta("e1", "team", hour, "A100", 2, **figures)  # type: ignore[arg-type]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import jsonschema
 import pytest
 
 from tests.integration.accounts_support import OTHER, OWN, World, world
@@ -154,3 +155,58 @@ def test_audit_log_pages(world: World) -> None:
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
     resp = world.op("GET", f"/projects/{OTHER}/audit", params={"continue": cursor})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
+
+
+def test_member_pages(world: World) -> None:
+    for i in range(5):
+        world.add_member(OWN, f"zz-{i}", "developer" if i % 2 else "viewer")
+    whole = world.ok("GET", f"/projects/{OWN}/members")
+    assert "continue" not in whole
+    ids = [m["userId"] for m in whole["data"]]
+    assert ids == sorted(ids) and len(ids) == 8  # the fixture's three and these five
+    seen, params = [], {"limit": "3"}
+    while True:
+        body = world.ok("GET", f"/projects/{OWN}/members", params=params)
+        seen += [m["userId"] for m in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "3", "continue": body["continue"]}
+    assert seen == ids
+    devs = world.ok("GET", f"/projects/{OWN}/members", params={"role": "developer"})["data"]
+    assert {m["userId"] for m in devs} == {"developer-user", "zz-1", "zz-3"}
+    bad = world.op("GET", f"/projects/{OWN}/members", params={"role": "owner"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "role"
+    cursor = world.ok("GET", f"/projects/{OWN}/members", params={"limit": 1})["continue"]
+    stale = world.op("GET", f"/projects/{OTHER}/members", params={"continue": cursor})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+    # A cursor of the endpoint list is not one of a member list.
+    world.endpoint(OWN)
+    world.endpoint(OWN)
+    other_list = world.ok("GET", "/endpoints", params={"limit": 1})["continue"]
+    wrong = world.op("GET", f"/projects/{OWN}/members", params={"continue": other_list})
+    assert wrong.status_code == 400
+
+
+def test_pages_and_their_errors_are_documented(world: World) -> None:
+    """Each list's page (with `continue`) and its 400 are in the OpenAPI
+    document, schema included, as are the new query parameters."""
+    doc = world.client.get("/openapi.json").json()
+    for _ in range(2):
+        world.endpoint(OWN)
+    admin = world.keys["admin-user"]
+    calls = [
+        ("/endpoints", "/inference/endpoints"),
+        (f"/projects/{OWN}/audit", "/inference/projects/{id}/audit"),
+        (f"/projects/{OWN}/members", "/inference/projects/{id}/members"),
+    ]
+    for path, template in calls:
+        op = doc["paths"][template]["get"]
+        assert {"limit", "continue"} <= {p["name"] for p in op["parameters"]}
+        for params in ({"limit": 1}, {"limit": 0}):
+            resp = world.op("GET", path, admin, params=params)
+            spec = op["responses"][str(resp.status_code)]
+            schema = {**spec["content"]["application/json"]["schema"],
+                      "components": doc["components"]}  # fmt: skip
+            jsonschema.Draft202012Validator(schema).validate(resp.json())
+            if resp.status_code == 200:
+                assert "continue" in resp.json()

@@ -72,6 +72,23 @@ class Endpoints(Protocol):
 STATUS_SCAN_FACTOR = 10
 
 
+class ModelOwners(Protocol):
+    """Which models an endpoint of a project may serve (`ModelService`)."""
+
+    def usable_in(self, name: str, project_id: str) -> bool: ...
+
+
+def model_not_usable(name: str, project_id: str) -> BadRequest:
+    # The same answer whether the model exists in another project or
+    # nowhere: another project's models are not revealed.
+    return BadRequest(
+        f"Unknown model '{name}': not a model of GET /inference/models that project "
+        f"'{project_id}' can use.",
+        param="modelName",
+        code="model_not_found",
+    )
+
+
 def not_found(endpoint_id: str) -> NotFound:
     # The same answer as for an id that exists nowhere.
     return NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
@@ -84,11 +101,13 @@ class ProjectEndpoints:
         accounts: AccountService,
         meter: UsageMeter,
         clock: Callable[[], datetime],
+        models: ModelOwners,
     ) -> None:
         self.service = service
         self.accounts = accounts
         self.meter = meter
         self._clock = clock
+        self.models = models
         # Quota checks and the writes they allow happen without interleaving.
         self._lock = asyncio.Lock()
 
@@ -174,6 +193,8 @@ class ProjectEndpoints:
                 f"No project '{project_id}'.", param="projectId", code="project_not_found"
             ),
         )
+        if not self.models.usable_in(req.modelName, project_id):
+            raise model_not_usable(req.modelName, project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(None, req)
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         new = EndpointShape("", gpu_type, gpu_count, req.minReplicas)

@@ -115,11 +115,15 @@ class MemoryAccountStore:
             self._account_changed(f"user:{user_id}")
         return removed
 
-    async def members_of(self, project_id: str) -> list[Membership]:
-        return sorted(
-            (m for m in self._members.values() if m.project_id == project_id),
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        found = sorted(
+            (m for m in self._members.values()
+             if m.project_id == project_id and (after is None or m.user_id > after)),
             key=lambda m: m.user_id,
-        )
+        )  # fmt: skip
+        return found if limit is None else found[:limit]
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
         return sorted(

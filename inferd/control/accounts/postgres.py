@@ -115,7 +115,7 @@ ACCOUNT_TABLES_POSTGRES: tuple[LiteralString, ...] = (
 )
 
 _KEY_COLUMNS: LiteralString = (
-    "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
+    "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at, project_id"
 )
 _USAGE_COLUMNS: LiteralString = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
@@ -131,6 +131,7 @@ def _key(row: Sequence[Any]) -> UserKey:
     return UserKey(
         id=row[0], user_id=row[1], name=row[2], key_hash=bytes(row[3]), hint=row[4],
         created_at=row[5].astimezone(UTC), last_used_at=_utc(row[6]), revoked_at=_utc(row[7]),
+        project_id=row[8],
     )  # fmt: skip
 
 
@@ -259,11 +260,14 @@ class PostgresAccounts:
         ))  # fmt: skip
         return bool(count)
 
-    async def members_of(self, project_id: str) -> list[Membership]:
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
         rows = await self._rows(
             "SELECT project_id, user_id, role, created_at FROM memberships"
-            " WHERE project_id = %s ORDER BY user_id",
-            (project_id,),
+            " WHERE project_id = %s AND (%s::text IS NULL OR user_id > %s)"
+            " ORDER BY user_id LIMIT %s",
+            (project_id, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), r[3].astimezone(UTC)) for r in rows]
 
@@ -281,9 +285,9 @@ class PostgresAccounts:
         try:
             await self._run(self._write(
                 "INSERT INTO user_keys (" + _KEY_COLUMNS + ")"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (key.id, key.user_id, key.name, key.key_hash, key.hint, key.created_at,
-                 key.last_used_at, key.revoked_at),
+                 key.last_used_at, key.revoked_at, key.project_id),
             ))  # fmt: skip
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(key.id) from None

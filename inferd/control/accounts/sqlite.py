@@ -148,7 +148,7 @@ def _project(row: Any) -> Project:
     return Project(row[0], _at_required(row[1]), quota_from_json(row[2]), quota_from_json(row[3]))
 
 
-_KEY_COLUMNS = "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
+_KEY_COLUMNS = "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at, project_id"
 _USAGE_COLUMNS = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
     " prompt_tokens, completion_tokens, images, cost"
@@ -165,6 +165,7 @@ def _key(row: Sequence[Any]) -> UserKey:
         created_at=_at_required(row[5]),
         last_used_at=_at(row[6]),
         revoked_at=_at(row[7]),
+        project_id=row[8],
     )
 
 
@@ -318,16 +319,24 @@ class SqliteAccounts:
         )
         return count > 0
 
-    def _memberships(self, where: str, value: str, order: str) -> list[Membership]:
+    def _memberships(
+        self, where: str, value: str, order: str, after: str | None = None, limit: int = -1
+    ) -> list[Membership]:
+        # `order` is the key of the page: the primary key's index serves it.
         rows = self._query(
             f"SELECT project_id, user_id, role, created_at FROM memberships WHERE {where} = ?"
-            f" ORDER BY {order}",
-            (value,),
+            f" AND (? IS NULL OR {order} > ?) ORDER BY {order} LIMIT ?",
+            (value, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), _at_required(r[3])) for r in rows]
 
-    async def members_of(self, project_id: str) -> list[Membership]:
-        return await self._in_thread(self._memberships, "project_id", project_id, "user_id")
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        return await self._in_thread(
+            self._memberships, "project_id", project_id, "user_id", after,
+            -1 if limit is None else limit,
+        )  # fmt: skip
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
         return await self._in_thread(self._memberships, "user_id", user_id, "project_id")
@@ -343,12 +352,13 @@ class SqliteAccounts:
                 ):
                     raise KeyError(key.user_id)
                 conn.execute(
-                    f"INSERT INTO user_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO user_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         key.id, key.user_id, key.name, key.key_hash, key.hint,
                         rfc3339(key.created_at),
                         rfc3339(key.last_used_at) if key.last_used_at else None,
                         rfc3339(key.revoked_at) if key.revoked_at else None,
+                        key.project_id,
                     ),
                 )  # fmt: skip
 
