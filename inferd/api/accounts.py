@@ -109,6 +109,12 @@ class KeyInfo(_Response):
 
 class KeyList(_Response):
     data: list[KeyInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class CreatedKeyInfo(KeyInfo):

@@ -137,7 +137,8 @@ def accounts_openapi() -> dict[str, Any]:
         },
         "/inference/users/{userId}/keys": {
             "get": _op("listKeys", "A user's management keys (prefix and last 4 only)",
-                       (200, "KeyList", "Keys."), (404,), params=[_USER]),
+                       (200, "KeyList", "A page of keys, oldest first."), (400, 404),
+                       params=[_USER, *query_params(PAGE_PARAMS)]),
             "post": _op("createKey", "Create a management key (shown once)",
                         (201, "CreatedKeyInfo", "The key."), (400, 404, 409, 413),
                         body="CreateKeyRequest", params=[_USER]),
