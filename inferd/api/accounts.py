@@ -86,6 +86,12 @@ class MemberInfo(_Response):
 
 class MemberList(_Response):
     data: list[MemberInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class KeyInfo(_Response):
@@ -103,6 +109,12 @@ class KeyInfo(_Response):
 
 class KeyList(_Response):
     data: list[KeyInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class CreatedKeyInfo(KeyInfo):
@@ -148,6 +160,12 @@ class AuditEntryInfo(_Response):
 
 class AuditList(_Response):
     data: list[AuditEntryInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class UsageInfo(_Response):

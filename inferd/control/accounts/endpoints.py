@@ -325,6 +325,31 @@ class ProjectEndpoints:
         stored = await self.accounts.store.usage(endpoint_id=endpoint_id, since=since, until=until)
         return merge_usage(stored, self.meter.pending(endpoint_id=endpoint_id), since, until)
 
+    async def names_of_deleted(
+        self, principal: Principal, project_id: str, endpoint_ids: Sequence[str]
+    ) -> dict[str, str]:
+        """The names deleted endpoints of the project had (their usage
+        outlives them), from the audit log's create and delete entries."""
+        await self.accounts.project(principal, project_id)
+        wanted = {f"endpoint:{i}": i for i in endpoint_ids}
+        names: dict[str, str] = {}
+        after: int | None = None
+        while wanted:
+            entries = await self.accounts.store.audit(
+                project_id,
+                actions=(AuditAction.ENDPOINT_CREATE, AuditAction.ENDPOINT_DELETE),
+                limit=1000,
+                after=after,
+            )
+            for e in entries:
+                name = e.detail.get("name")
+                if e.target in wanted and isinstance(name, str):
+                    names[wanted[e.target]] = name
+            if len(entries) < 1000:
+                break
+            after = entries[-1].id
+        return names
+
     async def project_usage(
         self, principal: Principal, project_id: str, since: datetime | None, until: datetime | None
     ) -> list[UsageRow]:

@@ -294,10 +294,19 @@ class PostgresAccounts:
         except psycopg.errors.ForeignKeyViolation:
             raise KeyError(key.user_id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        at, key_id = (None, None) if after is None else after
         rows = await self._rows(
-            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s ORDER BY created_at, id",
-            (user_id,),
+            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s"
+            " AND (%s::timestamptz IS NULL OR (created_at, id) > (%s::timestamptz, %s))"
+            " ORDER BY created_at, id LIMIT %s",
+            (user_id, at, at, key_id, limit),
         )
         return [_key(r) for r in rows]
 

@@ -329,9 +329,23 @@ class AccountService:
                 raise _user_missing(user_id)
         return KeyScope(managed, whole_user=managed == memberships)
 
-    async def keys(self, principal: Principal, user_id: str) -> list[UserKey]:
+    async def keys(
+        self,
+        principal: Principal,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> tuple[list[UserKey], UserKey | None]:
+        """The keys of `user_id` the caller manages, from a keyset page of at
+        most `limit` (some may be left out: those the caller does not manage),
+        and the page's last key when more may follow."""
         scope = await self.user_scope(principal, user_id)
-        return [k for k in await self.store.keys_of(user_id) if scope.covers(k)]
+        read_limit = None if limit is None else limit + 1
+        found = await self.store.keys_of(user_id, after=after, limit=read_limit)
+        last = found[limit - 1] if limit is not None and len(found) > limit else None
+        found = found if limit is None else found[:limit]
+        return [k for k in found if scope.covers(k)], last
 
     async def create_key(
         self, principal: Principal, user_id: str, name: str, project_id: str | None = None

@@ -367,11 +367,20 @@ class SqliteAccounts:
         except sqlite3.IntegrityError:
             raise AlreadyExists(key.id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        # Times are stored as fixed-width RFC 3339 text: text order is time order.
+        at, key_id = (None, None) if after is None else (rfc3339(after[0]), after[1])
         rows = await self._in_thread(
             self._query,
-            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ? ORDER BY created_at, id",
-            (user_id,),
+            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ?"
+            " AND (? IS NULL OR (created_at, id) > (?, ?)) ORDER BY created_at, id LIMIT ?",
+            (user_id, at, at, key_id, -1 if limit is None else limit),
         )
         return [_key(r) for r in rows]
 
