@@ -48,7 +48,6 @@ from inferd.control.ports import (
     LoadObservations,
     ReplicaExit,
     ReplicaHandle,
-    ReplicaStore,
     RequestAborter,
 )
 from inferd.control.records import ReplicaFailure
@@ -131,7 +130,6 @@ class Reconciler:
         launcher: Launcher,
         load: LoadObservations,
         aborter: RequestAborter,
-        records: ReplicaStore,
         endpoints: Callable[[], Awaitable[Sequence[EndpointFacts]]],
         models: Callable[[str], ModelSource],
         settings: ReconcilerSettings,
@@ -148,7 +146,6 @@ class Reconciler:
         self.launcher = launcher
         self.load = load
         self.aborter = aborter
-        self.records = records
         self.endpoints = endpoints
         self.models = models
         self.settings = settings
@@ -169,8 +166,6 @@ class Reconciler:
         self._handles: dict[str, ReplicaHandle] = {}
         # Set when a replica of the endpoint ends (deletion waits on it).
         self._ended: dict[str, asyncio.Event] = {}
-        # What the store holds per replica: (status, reason, url).
-        self._persisted: dict[str, tuple[str, str | None, str | None]] = {}
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -269,23 +264,9 @@ class Reconciler:
             await self._sync_records()
 
     async def _sync_records(self) -> None:
-        """Write what changed since the last tick: one place, every transition."""
-        current = {r.replica_id: r for r in self.registry.all()}
-        for replica_id in [rid for rid in self._persisted if rid not in current]:
-            await self.records.delete_replica(replica_id, term=self._term)
-            del self._persisted[replica_id]
-        for replica_id, replica in current.items():
-            state = (replica.status.value, replica.reason, replica.url)
-            if replica_id in self._persisted and self._persisted[replica_id] != state:
-                await self.records.update_replica(
-                    replica_id,
-                    status=state[0],
-                    reason=state[1],
-                    url=state[2],
-                    at=utc_now(),
-                    term=self._term,
-                )
-                self._persisted[replica_id] = state
+        """Every transition of this pass in the store, fenced with the term
+        (the registry writes them)."""
+        await self.registry.flush(self._term)
 
     async def adopt(
         self, records: Sequence[ReplicaRecord], endpoints: Sequence[EndpointFacts]
@@ -319,7 +300,6 @@ class Reconciler:
                     created_wall=record.created_at.isoformat(),
                 )
             )
-            self._persisted[record.id] = (record.status, record.reason, record.url)
             adopted.append(record.id)
         # Adopted replicas count as recent activity (the gateway's memory of
         # requests is gone) and as what each endpoint currently wants.
@@ -492,36 +472,34 @@ class Reconciler:
                 logger.exception("launching a replica for %s failed", row.id)
                 return
             self._handles[replica_id] = handle
-            replica = self.registry.add(
+            at = utc_now()
+            digest = secret_digest(secret)
+            await self.registry.add_launched(
                 Replica(
                     replica_id=replica_id,
                     endpoint_id=row.id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
                     gpu_count=row.gpu_count,
-                    secret_digest=secret_digest(secret),
+                    secret_digest=digest,
                     handle=handle,
-                    created_wall=utc_now().isoformat(),
-                )
-            )
-            at = utc_now()
-            await self.records.insert_replica(
+                    created_wall=at.isoformat(),
+                ),
                 ReplicaRecord(
                     id=replica_id,
                     endpoint_id=row.id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
                     gpu_count=row.gpu_count,
-                    secret_hash=replica.secret_digest,
-                    status=replica.status.value,
+                    secret_hash=digest,
+                    status=ReplicaStatus.STARTING.value,
                     created_at=at,
                     updated_at=at,
                     node=handle.node,
                     placement=dict(handle.placement),
                 ),
-                term=self._term,
+                self._term,
             )
-            self._persisted[replica_id] = (replica.status.value, None, None)
 
     async def _drain(self, replica: Replica, why: str) -> None:
         logger.info("draining replica %s of %s: %s", replica.replica_id, replica.endpoint_id, why)

@@ -204,6 +204,10 @@ class Server:
         self.sampler.start()
         if self.mirror is not None:
             self._followers.append(asyncio.ensure_future(self.mirror.follow()))
+        coordination = self.coordination
+        self._followers.append(
+            asyncio.ensure_future(self.registry.write_rows(lambda: coordination.term))
+        )
         await self.coordination.start(self.leader_duties)
 
     async def stop(self) -> None:
@@ -216,11 +220,8 @@ class Server:
         await self.sampler.stop()
         await self.coordination.stop()
         await self.gateway.shutdown()
-        if self.run_replicas and self.coordination.ends_with_instance:
-            await self.launcher.shutdown(self.settings.replica_drain_timeout_seconds)
-            for replica in self.registry.all():
-                self.registry.remove(replica.replica_id)
-                await self.store.delete_replica(replica.replica_id)
+        if self.coordination.ends_with_instance:
+            await self.replica_duty.end_replicas(self.settings.replica_drain_timeout_seconds)
         await self.accounts.stop()
         await self.stop_following()
 
@@ -296,6 +297,8 @@ async def build(
             failure_periods=health.failure_periods,
             start_timeout_s=health.start_timeout_s,
             on_change=wakeup.ring,
+            # The one writer of replica rows.
+            rows=store,
         )
         launcher = launcher or configured_launcher(settings, catalog)
         gateway_knobs = settings.gateway
@@ -318,7 +321,6 @@ async def build(
             launcher=launcher,
             load=load,
             aborter=gateway_state,
-            records=store,
             endpoints=store.list_endpoints,
             models=CatalogModels(catalog),
             settings=settings.autoscale,
@@ -367,16 +369,12 @@ async def build(
             signals=signals,
             state=gateway_state,
         )
-        replica_duty = ReplicaDuty(store, launcher, reconciler, service, meter_feed, run_replicas)
+        replica_duty = ReplicaDuty(
+            store, registry, launcher, reconciler, service, meter_feed, run_replicas
+        )
         mirror = None
         if not coordination.ends_with_instance:
-            mirror = ReplicaMirror(
-                store,
-                registry,
-                settings.health_period_seconds,
-                heartbeats_needed=lambda: not flag.leading(),
-                clock=clock,
-            )
+            mirror = ReplicaMirror(store, registry)
     except BaseException:
         await store.close()
         raise

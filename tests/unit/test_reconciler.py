@@ -58,8 +58,12 @@ class World:
         self.launcher = FakeLauncher(slots)
         self.traffic = FakeLoad()
         self.records = MemoryStore()
-        self.registry = Registry(clock=self.clock, health_period_s=1, failure_periods=3)
+        self.registry = self.new_registry()
         self.reconciler = self.new_reconciler()
+
+    def new_registry(self) -> Registry:
+        """Writes the replica rows to `records`."""
+        return Registry(clock=self.clock, health_period_s=1, failure_periods=3, rows=self.records)
 
     def new_reconciler(self) -> Reconciler:
         return Reconciler(
@@ -67,7 +71,6 @@ class World:
             launcher=self.launcher,
             load=self.traffic,
             aborter=self.traffic,
-            records=self.records,
             endpoints=self.endpoints,
             models=model_of,
             settings=ReconcilerSettings(
@@ -349,6 +352,7 @@ async def test_adopt_after_restart_keeps_replicas_and_counts_them_as_wanted() ->
     fresh = World(endpoint(min_replicas=0))
     fresh.launcher = w.launcher
     fresh.records = w.records
+    fresh.registry = fresh.new_registry()
     fresh.reconciler = fresh.new_reconciler()
     adopted = await fresh.reconciler.adopt(rows, fresh.rows)
     assert adopted == [rows[0].id]
@@ -396,6 +400,7 @@ async def test_a_deposed_reconciler_stops_acting_on_its_first_refused_write(
 ) -> None:
     w = World(endpoint(min_replicas=1))
     store = w.records = FencingStore()
+    w.registry = w.new_registry()
     w.reconciler = w.new_reconciler()
     await w.open()
     w.reconciler.settings = dataclasses.replace(w.reconciler.settings, period_s=3600)
