@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferd.api.replica import ReplicaReport
+from inferd.control.cluster.ports import Deposed
 from inferd.control.load import ReplicaCount
 from inferd.control.model import ReplicaRecord, StoreUnavailable, utc_now, utc_now_text
 from inferd.control.ports import ReplicaHandle, ReplicaStore
@@ -55,6 +56,10 @@ _FORWARD = {
 LOADING_SILENCE_FACTOR = 5
 # Statuses the control plane sets that a replica's own report cannot undo.
 _STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
+
+
+def _by_id(item: tuple[str, int | None]) -> str:
+    return item[0]
 
 
 def secret_digest(secret: str) -> bytes:
@@ -157,7 +162,9 @@ class Registry:
         self._rows = rows
         # Replicas whose row is behind: changed or removed here since the
         # last write.
-        self._dirty: set[str] = set()
+        self._dirty: dict[str, int | None] = {}
+        # The leader term transitions happen under (None: not leading).
+        self._term: int | None = None
         # Replicas that reported here since the last heartbeat written, and
         # when that heartbeat was written.
         self._heard: set[str] = set()
@@ -218,13 +225,17 @@ class Registry:
 
     # -- replica rows ------------------------------------------------------------------
 
-    async def add_launched(
-        self, replica: Replica, record: ReplicaRecord, term: int | None
-    ) -> Replica:
+    def lead(self, term: int | None) -> None:
+        """This instance leads under `term` from now (None: it does not).
+        Every transition is written fenced with the term it happened under,
+        so a deposed leader's late write is refused however late it runs."""
+        self._term = term
+
+    async def add_launched(self, replica: Replica, record: ReplicaRecord) -> Replica:
         """A replica just launched: known here, and its row inserted now."""
         added = self.add(replica)
         if self._rows is not None:
-            await self._rows.insert_replica(record, term=term)
+            await self._rows.insert_replica(record, term=self._term)
         return added
 
     def drop_rows(self, replica_ids: Sequence[str]) -> None:
@@ -233,34 +244,44 @@ class Registry:
             if replica_id not in self._replicas:
                 self._mark(replica_id)
 
-    async def flush(self, term: int | None) -> None:
-        """Write every row that is behind, fenced with `term` (None: an
-        instance that does not lead; it writes what replicas report to it,
-        and their heartbeats). Raises `Deposed` (nothing more is written)
-        or `StoreUnavailable` (what was not written stays behind)."""
+    async def flush(self) -> None:
+        """Write every row that is behind, each fenced with the term it
+        changed under, and, while this instance does not lead, heartbeats of
+        the replicas that report to it. Raises `Deposed` (that write is
+        dropped: the new leader writes now) or `StoreUnavailable` (what was
+        not written stays behind)."""
         if self._rows is None:
             self._dirty.clear()
             self._heard.clear()
             return
         async with self._write_lock:
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty, {}
             heard, self._heard = self._heard, set()
-            left = set(dirty)
+            left = dict(dirty)
             try:
-                for replica_id in sorted(dirty):
-                    await self._write(replica_id, term)
-                    left.discard(replica_id)
-                if term is None:
+                for replica_id, term in sorted(dirty.items(), key=_by_id):
+                    try:
+                        await self._write(replica_id, term)
+                    except Deposed:
+                        # Whatever changed under that term is the new
+                        # leader's to write now.
+                        left = {r: t for r, t in left.items() if t != term}
+                        raise
+                    del left[replica_id]
+                if self._term is None:
                     now = self._clock()
-                    for replica_id in sorted(heard - dirty):
+                    for replica_id in sorted(heard - dirty.keys()):
                         beat_at = self._beat_at.get(replica_id)
                         if beat_at is None or now - beat_at >= self._health_period:
-                            await self._write(replica_id, term)
+                            await self._write(replica_id, None)
                         else:
                             self._heard.add(replica_id)
             except StoreUnavailable:
-                self._dirty |= left
+                self._dirty = {**left, **self._dirty}
                 self._heard |= heard
+                raise
+            except Deposed:
+                self._dirty = {**left, **self._dirty}
                 raise
 
     async def _write(self, replica_id: str, term: int | None) -> None:
@@ -279,16 +300,15 @@ class Registry:
         )
         self._beat_at[replica_id] = self._clock()
 
-    async def write_rows(self, term: Callable[[], int | None]) -> None:
+    async def write_rows(self) -> None:
         """Runs until cancelled: writes rows soon after they fall behind
-        (reports to an instance that does not lead have no other writer).
-        `term`: this instance's leader term now, or None."""
+        (reports to an instance that does not lead have no other writer)."""
         delay = 0.2
         while True:
             await self._behind.wait()
             self._behind.clear()
             try:
-                await self.flush(term())
+                await self.flush()
                 delay = 0.2
             except StoreUnavailable as exc:
                 logger.warning("could not write replica rows: %s; retrying", exc)
@@ -296,10 +316,10 @@ class Registry:
                 delay = min(delay * 2, 5.0)
                 self._behind.set()
             except Exception as exc:  # Deposed: the new leader writes now
-                logger.warning("writing replica rows stopped: %s", exc)
+                logger.warning("a replica row was not written: %s", exc)
 
     def _mark(self, replica_id: str) -> None:
-        self._dirty.add(replica_id)
+        self._dirty[replica_id] = self._term
         self._behind.set()
 
     # -- reports from replicas ------------------------------------------------------

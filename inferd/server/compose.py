@@ -55,6 +55,7 @@ from inferd.control.cluster.loadshare import max_age
 from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
+from inferd.control.endpoint_rows import FollowedEndpoints
 from inferd.control.launchers.inventory import (
     detect_gpus,
     match_gpu_type,
@@ -169,6 +170,7 @@ class Server:
     series: EndpointSeries
     gateway_state: GatewayState
     journal: ScaleJournal
+    endpoint_rows: FollowedEndpoints
     reconciler: Reconciler
     service: EndpointService
     models: ModelService
@@ -204,10 +206,7 @@ class Server:
         self.sampler.start()
         if self.mirror is not None:
             self._followers.append(asyncio.ensure_future(self.mirror.follow()))
-        coordination = self.coordination
-        self._followers.append(
-            asyncio.ensure_future(self.registry.write_rows(lambda: coordination.term))
-        )
+        self._followers.append(asyncio.ensure_future(self.registry.write_rows()))
         await self.coordination.start(self.leader_duties)
 
     async def stop(self) -> None:
@@ -242,6 +241,9 @@ class Server:
 
         self._followers = [
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
+            asyncio.ensure_future(
+                run("reconciler's endpoints", self.endpoint_rows.follow, self.endpoint_rows.load)
+            ),
             asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
             asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
             asyncio.ensure_future(run("registered models", self.models.follow, self.models.load)),
@@ -290,6 +292,10 @@ async def build(
         verifier = TokenVerifier(store)
         await verifier.load()
         wakeup = Wakeup()
+        # The reconciler's endpoints, followed from the store (each change
+        # rings the reconciler for that endpoint).
+        endpoint_rows = FollowedEndpoints(store, wakeup.ring)
+        await endpoint_rows.load()
         health = settings.registry
         registry = Registry(
             clock=clock,
@@ -321,7 +327,7 @@ async def build(
             launcher=launcher,
             load=load,
             aborter=gateway_state,
-            endpoints=store.list_endpoints,
+            endpoints=endpoint_rows,
             models=CatalogModels(catalog),
             settings=settings.autoscale,
             wakeup=wakeup,
@@ -389,6 +395,7 @@ async def build(
         series=series,
         gateway_state=gateway_state,
         journal=journal,
+        endpoint_rows=endpoint_rows,
         reconciler=reconciler,
         service=service,
         models=models,

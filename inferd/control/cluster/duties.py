@@ -121,6 +121,7 @@ class ReplicaDuty:
         await self._service.finish_pending_deletions()
         if not self._run_replicas:
             return
+        self._registry.lead(term)
         records = await self._store.list_replicas()
         # Those it watches already stay as they are (this instance led
         # before, lost the lead in a database outage, and leads again).
@@ -136,7 +137,7 @@ class ReplicaDuty:
                 adopted | watched | await self._recorded_since(records), self._confirm(term)
             )
         self._registry.drop_rows([record.id for record in records if record.id not in adopted])
-        await self._registry.flush(term)
+        await self._registry.flush()
         if records:
             logger.info("adopted %d of %d replicas", len(adopted), len(records))
         self._reconciler.start(term)
@@ -156,6 +157,7 @@ class ReplicaDuty:
         return confirm
 
     async def stop(self) -> None:
+        self._registry.lead(None)
         if not self._running:
             return
         self._running = False
@@ -170,7 +172,7 @@ class ReplicaDuty:
         await self._launcher.shutdown(grace_s)
         for replica in self._registry.all():
             self._registry.remove(replica.replica_id)
-        await self._registry.flush(None)
+        await self._registry.flush()
 
 
 class Signals:
