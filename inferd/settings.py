@@ -20,9 +20,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from inferd.control.autoscaler import DOWNSCALE_DELAY_S, TARGET_CONCURRENCY, UPSCALE_DELAY_S
+from inferd.catalog.roots import ModelRoots
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    TARGET_ENGINE_WAITING,
+    TARGET_KV_CACHE_USAGE,
+    UPSCALE_DELAY_S,
+)
 from inferd.control.reconciler import ReconcilerSettings
 from inferd.control.registry import RegistrySettings
 from inferd.gateway.routing import Policy
@@ -95,6 +102,20 @@ class Settings(BaseModel):
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")
+    # Project members register local directories as models only below these
+    # (the operator registers any); Hugging Face sources need none.
+    model_roots: str = Field(
+        "",
+        description="comma-separated directories project members may register models "
+        "from: PATH for every project, PROJECT=PATH for one",
+    )
+
+    @field_validator("model_roots")
+    @classmethod
+    def _roots_are_absolute(cls, value: str) -> str:
+        ModelRoots.parse(value)  # a relative root is refused at start, not at first use
+        return value
+
     # One setting for both, so that a single machine is declared in one place:
     # where the local launcher's replicas run (its GPUs are offered there) and
     # the location of a create request that names none.
@@ -112,7 +133,17 @@ class Settings(BaseModel):
     gateway_max_queued_per_endpoint: int = Field(
         _GATEWAY.max_held_requests,
         ge=0,
-        description="requests held per endpoint while no replica is ready",
+        description="requests held per endpoint while no replica is free (each keeps a socket)",
+    )
+    gateway_max_held_bytes_per_endpoint: int = Field(
+        _GATEWAY.max_held_bytes_per_endpoint,
+        ge=0,
+        description="bytes of held requests (bodies plus a fixed cost each) per endpoint",
+    )
+    gateway_max_held_bytes: int = Field(
+        _GATEWAY.max_held_bytes,
+        ge=0,
+        description="bytes of held requests (bodies plus a fixed cost each) in this instance",
     )
     gateway_max_in_flight_per_replica: int = Field(
         _GATEWAY.max_in_flight_per_replica,
@@ -178,6 +209,17 @@ class Settings(BaseModel):
     autoscale_downscale_delay_seconds: float = Field(
         DOWNSCALE_DELAY_S, ge=0, description="sustained low load before removing a replica"
     )
+    autoscale_target_kv_cache_usage: float = Field(
+        TARGET_KV_CACHE_USAGE,
+        ge=0,
+        le=1,
+        description="mean KV cache use per replica to aim for (0: not a signal)",
+    )
+    autoscale_target_engine_waiting: float = Field(
+        TARGET_ENGINE_WAITING,
+        ge=0,
+        description="requests queued inside each replica's engine to aim for (0: not a signal)",
+    )
     reconcile_period_seconds: float = Field(
         1.0, gt=0, description="how often desired replicas are applied"
     )
@@ -217,6 +259,11 @@ class Settings(BaseModel):
     ray_node_ip_address: str | None = Field(
         None, description="this machine's address as the Ray cluster sees it (default: detected)"
     )
+    ray_placement: Literal["spread", "pack"] = Field(
+        "spread",
+        description="spread: an endpoint's replicas on different nodes (and failure domains) "
+        "where there is room; pack: Ray's default, filling one node before the next",
+    )
 
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
@@ -232,6 +279,8 @@ class Settings(BaseModel):
             max_body_bytes=self.max_body_bytes,
             max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
             max_held_requests=self.gateway_max_queued_per_endpoint,
+            max_held_bytes_per_endpoint=self.gateway_max_held_bytes_per_endpoint,
+            max_held_bytes=self.gateway_max_held_bytes,
             max_hold_seconds=self.gateway_hold_timeout_seconds,
             routing_policy=Policy(self.gateway_routing_policy),
             routing_load_factor=self.gateway_routing_load_factor,
@@ -248,6 +297,8 @@ class Settings(BaseModel):
             target_concurrency=self.autoscale_target_concurrency,
             upscale_delay_s=self.autoscale_upscale_delay_seconds,
             downscale_delay_s=self.autoscale_downscale_delay_seconds,
+            target_kv_cache_usage=self.autoscale_target_kv_cache_usage or None,
+            target_engine_waiting=self.autoscale_target_engine_waiting or None,
         )
 
     @property

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferd.catalog import load_catalog, workload
+from inferd.catalog import load_catalog
 from inferd.catalog.cli import format_workload
 from inferd.catalog.fit import (
     FITTED,
@@ -24,9 +24,16 @@ from inferd.catalog.fit import (
     context,
     fitted_document,
     published,
+    reload,
 )
 from inferd.catalog.perfmodel import PRIOR
-from inferd.catalog.workload import ChatWorkload, ImageWorkload, recommend_for_workload
+from inferd.catalog.workload import (
+    ChatWorkload,
+    ImageWorkload,
+    WorkloadOption,
+    WorkloadRecommendation,
+    recommend_for_workload,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "recommendation.md"
@@ -46,6 +53,10 @@ WORKLOADS: tuple[tuple[str, str, ChatWorkload | ImageWorkload, str], ...] = (
     ("sdxl-base-1.0", "--images-per-minute 60", ImageWorkload(60),
      "SDXL: 60 images per minute at 1024x1024, 30 steps"),
 )  # fmt: skip
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _pct(x: float) -> str:
@@ -129,16 +140,31 @@ def render_doc(doc: dict[str, Any]) -> str:
         "",
         "- **inferd's own H100 SDXL figures** are the only Hopper image measurements.",
         "  Without them, Hopper's image efficiency falls back to the prior (45% of",
-        "  peak), but the H100 reaches 27% of its peak uncompiled: diffusers' SDXL",
+        f"  peak), but the H100 reaches {doc['parameters']['imageEfficiency.hopper']:.0%} of its "
+        "peak uncompiled: diffusers' SDXL",
         "  UNet kernels do not scale with Hopper's tensor cores as they do on Ampere,",
-        "  so the held-out estimate is about twice too fast. With them in the fit, the",
-        "  H100 image estimate is within 7-37%.",
+        "  so the held-out estimate is about twice too fast. Every estimate for an",
+        "  image generation without its own figures therefore quotes this error.",
         "- **L4** has no published measurement in the dataset (none with a stated",
-        "  setting was found); its estimates rest on the Ada fit from the L40S.",
-        "  **Ada images** likewise have none and keep the prior.",
+        "  setting was found); its estimates rest on the Ada fit from the L40S's FP8",
+        "  figures. **Ada images** have none either and keep the prior.",
         "- TensorRT-LLM v0.6's LLaMA 70B at batch 480 (128 in / 2048 out) is the",
-        "  largest single miss (the model is 2-3x too fast): no other figure shows",
-        "  that engine's large-batch attention slowdown.",
+        "  largest single miss (the model is about twice too fast): no other figure",
+        "  shows that engine's large-batch slowdown.",
+        "",
+        "Reading the parameters: TensorRT-LLM reaches "
+        f"{doc['parameters']['tensorrtLlmComputeFactor']:.2f}x vLLM's fraction of peak",
+        "compute (one factor over every generation; the estimates are of vLLM). vLLM's",
+        "prefill-heavy serving on an H100 reaches "
+        f"{doc['parameters']['computeEfficiency.hopper']:.0%} of the bf16 peak "
+        "(GPUStack's Qwen3-14B runs),",
+        f"an A100 {doc['parameters']['computeEfficiency.ampere']:.0%}; decode reads reach "
+        f"{doc['parameters']['bandwidthEfficiency.hopper']:.0%} of",
+        "Hopper's peak bandwidth, at the edge of what HBM3 delivers, and",
+        f"tensor parallelism keeps {doc['parameters']['tpScalingPerDoubling']:.0%} per "
+        "doubling of the GPUs: so a",
+        "4-way 70B replica is compute-bound on its prompts well before its",
+        "bandwidth is used up.",
         "",
         "## Every figure",
         "",
@@ -154,28 +180,13 @@ def render_doc(doc: dict[str, Any]) -> str:
         prec = row.precision + (" (FP8 KV)" if row.kv_cache == "fp8" else "")
         lines.append(
             f"| {row.source} | {row.stated_model} | {gpus} | {prec} | {row.engine} | "
-            f"{row.setting()} | {row.stated} | {p['inSample']:.4g} {row.unit} | "
-            f"{p['heldOut']:.4g} {row.unit} | {_pct(err)} |"
+            f"{row.setting()} | {row.stated} | {_num(p['inSample'])} {row.unit} | "
+            f"{_num(p['heldOut'])} {row.unit} | {_pct(err)} |"
         )
     lines += ["", "## The three workloads", ""]
     for model, _flags, work, title in WORKLOADS:
         rec = recommend_for_workload(catalog.models.get(model), catalog.gpus, work, "us-east")
-        best = rec.best()
-        lines.append(f"### {title}")
-        lines.append("")
-        if best is None:
-            lines.append("No option meets the targets.")
-        else:
-            lines.append(f"Pick: **{best.gpu_count} x {best.gpu_type}**, {best.replicas} "
-                         f"replica(s), {best.total_hourly_price:.2f} {rec.currency}/h. "
-                         f"It rests on {best.evidence}.")  # fmt: skip
-            lines.append("")
-            for o in rec.options[1:4]:
-                ratio = o.total_hourly_price / best.total_hourly_price - 1
-                lines.append(f"- next: {o.gpu_count} x {o.gpu_type}, {o.replicas} replica(s), "
-                             f"{o.total_hourly_price:.2f} {rec.currency}/h ({ratio:+.0%}); "
-                             f"{o.evidence}")  # fmt: skip
-        lines.append("")
+        lines += [f"### {title}", "", *explain(rec), ""]
     lines += [
         "Where an endpoint has been measured (`inferd bench ENDPOINT`), the",
         "recommendation refits the bandwidth and compute efficiencies of that GPU's",
@@ -185,6 +196,52 @@ def render_doc(doc: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _speed(o: WorkloadOption) -> str:
+    p = o.performance
+    assert p is not None
+    if p.seconds_per_image_p95 is not None:
+        return (f"batch {p.batch}, {p.throughput * 60:.1f} images/minute a replica, "
+                f"{p.seconds_per_image_p95:.2f} s an image (p95)")  # fmt: skip
+    assert p.ttft_p95_s is not None and p.tpot_p95_s is not None
+    return (f"batch {p.batch}, {p.throughput:,.0f} output tokens/s a replica, TTFT p95 "
+            f"{p.ttft_p95_s * 1000:.0f} ms, TPOT p95 {p.tpot_p95_s * 1000:.1f} ms")  # fmt: skip
+
+
+def explain(rec: WorkloadRecommendation) -> list[str]:
+    """The pick, against the cheapest option of every other GPU type, with
+    the error bands that decide whether the difference is real."""
+    best = rec.best()
+    if best is None:
+        return ["No option meets the targets."]
+    assert best.error_band is not None
+    out = [
+        f"Pick: **{best.gpu_count} x {best.gpu_type}**, {best.replicas} replica(s), "
+        f"{best.total_hourly_price:.2f} {rec.currency}/h ({_speed(best)}). "
+        f"The estimate rests on {best.evidence}.",
+        "",
+    ]
+    seen = {best.gpu_type}
+    for o in rec.options:
+        if o.gpu_type in seen or len(seen) > 4:
+            continue
+        seen.add(o.gpu_type)
+        assert o.error_band is not None
+        more = o.total_hourly_price / best.total_hourly_price - 1
+        together = best.error_band + o.error_band
+        verdict = (
+            f"more than both error bands together ({together:.0%}): the pick holds on this evidence"
+            if more > together
+            else f"within both error bands together ({together:.0%}): on this evidence the two "
+            "are not told apart"
+        )
+        out.append(
+            f"- {o.gpu_count} x {o.gpu_type}: {o.replicas} replica(s), "
+            f"{o.total_hourly_price:.2f} {rec.currency}/h, {more:+.0%}, {verdict}. "
+            f"({_speed(o)}; {o.evidence}.)"
+        )
+    return out
 
 
 def replace_examples(readme: str, examples: str) -> str:
@@ -211,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path} is stale: run python scripts/recommendation_table.py", file=sys.stderr)
         return 1 if stale else 0
     FITTED.write_text(fitted_text)
-    workload.reload_fitted()
+    reload()
     DOC.write_text(render_doc(doc))
     README.write_text(replace_examples(README.read_text(), render_examples()))
     print(f"wrote {FITTED}, {DOC}, {README}")

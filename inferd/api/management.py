@@ -182,6 +182,11 @@ class Replica(_Response):
         "replica reports it; null until it has chosen one. Chat models run on transformers "
         "where vLLM is not installed.",
     )
+    node: str | None = Field(
+        None,
+        description="Where the replica runs: `local` on the control plane's machine; on a "
+        "Ray cluster the node's address and id. Null before it is placed.",
+    )
 
 
 class ReplicaFailureInfo(_Response):
@@ -342,6 +347,11 @@ class GpuTypeInfo(_CatalogResponse):
     interconnect: Literal["nvlink", "pcie", "none"]
     memoryMib: int | None
     totalMemoryGb: float
+    generation: Literal["ampere", "ada", "hopper", "cpu"] = Field(
+        default="ampere",
+        description="Tensor-core generation: which fitted efficiencies the recommender uses "
+        "(ada and hopper have FP8 tensor cores).",
+    )
     allowedCounts: list[int] = Field(description="GPUs per replica allowed for this type.")
     capacity: dict[str, GpuCapacity] = Field(
         default_factory=dict,
@@ -381,6 +391,12 @@ class GpuOptionInfo(_CatalogResponse):
     costPerMillionTokens: float | None
     estSecondsPerImage: float | None
     costPerImage: float | None
+    evidence: str = Field(
+        default="", description="What the estimate rests on: the measurements and its error band."
+    )
+    errorBand: float | None = Field(
+        default=None, description="Relative error band of the estimate (0.12: ±12%)."
+    )
 
 
 class RecommendationInfo(_CatalogResponse):

@@ -177,6 +177,7 @@ def _option_row(option: Mapping[str, Any], currency: str) -> list[str]:
         f"{option['memoryNeededGb']:.1f} / {option['memoryAvailableGb']:.1f} GB",
         speed,
         cost,
+        "-" if option.get("errorBand") is None else f"±{option['errorBand']:.0%}",
     ]
 
 
@@ -197,7 +198,7 @@ def format_recommendation(rec: Mapping[str, Any]) -> str:
         f"({basis})",
         "",
     ]
-    headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost"]
+    headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost", "error"]
     rows = [_option_row(o, currency) for o in (*options, *rejected)]
     if rows:
         lines.append(format_table(headers, rows))
@@ -448,11 +449,13 @@ def _print_model(model: dict[str, Any]) -> None:
     keys = ("architectureClass", "projectId", "revision", "chatTemplate", "toolCallParser",
             "reasoningParser")  # fmt: skip
     for key in keys:
-        if key in model:
-            print(f"  {key:<18} {model[key]}")
+        if key == "projectId" and key in model and model[key] is None:
+            print(f"  {key:<18} - (global: every project sees it)")
+        elif key in model:
+            print(f"  {key:<18} {'-' if model[key] is None else model[key]}")
     for key in ("layers", "kvHeads", "headDim", "contextLength", "quantization", "weightBits"):
         if key in arch:
-            print(f"  {key:<18} {arch[key]}")
+            print(f"  {key:<18} {'-' if arch[key] is None else arch[key]}")
 
 
 def cmd_models_build(args: argparse.Namespace) -> int:
@@ -464,5 +467,13 @@ def cmd_models_build(args: argparse.Namespace) -> int:
             f"only the built-in tiny models can be built: {', '.join(TINY_BUILDERS)} "
             f"(got {args.name!r})"
         )
+    from inferd.catalog.tiny import default_cache_dir, fingerprint
+
+    target = (args.cache_dir or default_cache_dir()) / f"{name}-{fingerprint(name)}"
+    if not (target / ".complete").exists():
+        # Seconds to a minute on a CPU: say so before it starts (stderr, so
+        # that stdout stays the directory alone, for scripts).
+        print(f"building {name} into {target} (once; later runs reuse it) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
     print(ensure_tiny_model(name, args.cache_dir))
     return 0

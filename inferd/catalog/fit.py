@@ -23,16 +23,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
-from inferd.catalog import Catalog
-from inferd.catalog.gpus import GpuType
+from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import (
     CatalogError,
     ChatArchitecture,
     Entry,
+    ModelCatalog,
     ModelSpec,
     chat_architecture,
 )
@@ -41,12 +41,24 @@ from inferd.catalog.perfmodel import (
     PRIOR,
     Parameters,
     Precision,
+    for_engine,
     image_seconds,
     kv_capacity_tokens,
     loaded_step,
     prefill_seconds,
     step_seconds,
 )
+
+
+class CatalogView(Protocol):
+    """What the fit reads of a `Catalog` (the package imports this module
+    through `recommend`, so the fit cannot import the package back)."""
+
+    @property
+    def gpus(self) -> GpuCatalog: ...
+
+    @property
+    def models(self) -> ModelCatalog: ...
 
 DATA = Path(__file__).resolve().parent / "data"
 PUBLISHED = DATA / "published.yaml"
@@ -56,7 +68,8 @@ REFIT_SIGMA = 5.0
 MEDIAN_ERROR_GOAL = 0.15
 SOURCE_ERROR_GOAL = 0.25
 SCENARIOS = (
-    "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency", "image",
+    "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency",
+    "served", "served-tpot", "image",
 )  # fmt: skip
 
 
@@ -157,7 +170,7 @@ def published(path: Path = PUBLISHED) -> Dataset:
 class Context:
     """What predicting a row needs besides the parameters."""
 
-    catalog: Catalog
+    catalog: CatalogView
     architectures: Mapping[str, ChatArchitecture]
 
     def gpu(self, name: str) -> GpuType:
@@ -173,6 +186,7 @@ class Context:
 
 
 def predict(params: Parameters, row: Row, ctx: Context) -> float:
+    params = for_engine(params, row.engine)
     gpu = ctx.gpu(row.gpu)
     if row.scenario == "image":
         spec = ctx.image_model(row.model)
@@ -377,7 +391,7 @@ def _in_dataset_order(dataset: Dataset, predictions: Sequence[Prediction]) -> li
     return [by_row[id(r)] for r in dataset.rows]
 
 
-def context(catalog: Catalog, dataset: Dataset) -> Context:
+def context(catalog: CatalogView, dataset: Dataset) -> Context:
     return Context(catalog, dataset.architectures)
 
 
@@ -391,7 +405,13 @@ class Fitted:
     overall_error: float
 
     def band(self, generation: str, precision: str) -> tuple[float, str]:
-        """The error band of an estimate, and what it rests on, in words."""
+        """The error band of an estimate, and what it rests on, in words.
+
+        Measured group: its median held-out error. Unmeasured: no smaller
+        than the overall error, and as large as the worst error seen where
+        the fit had to carry over - the same generation's other chat
+        precisions for chat, every image group for images (an image
+        efficiency does not carry over between generations)."""
         key = evidence_key(generation, precision)
         group = self.evidence.get(key)
         if group and group["measurements"] >= 2:
@@ -400,16 +420,24 @@ class Fitted:
                 f"±{err:.0%} (median held-out error of {group['measurements']} published "
                 f"measurements of {key}, {', '.join(group['gpus'])})"
             )
-        near = [g for k, g in self.evidence.items() if k.startswith(generation + " ")]
-        count = sum(g["measurements"] for g in near)
-        what = (
-            f"{count} measurements of other {generation} precisions"
-            if count
-            else (f"no {generation} measurement")
-        )
-        return self.overall_error, (
-            f"±{self.overall_error:.0%} (no published measurement of {key}; overall held-out "
-            f"error, {what})"
+        if precision == "image":
+            near = {k: g for k, g in self.evidence.items() if k.endswith(" image")}
+            what = "the largest held-out error of any GPU generation's images"
+        else:
+            near = {
+                k: g for k, g in self.evidence.items()
+                if k.startswith(generation + " ") and not k.endswith(" image")
+            }  # fmt: skip
+            what = (
+                f"the held-out error of {generation}'s other precisions"
+                if near
+                else ("the overall held-out error")
+            )
+        err = max([self.overall_error, *(float(g["medianAbsError"]) for g in near.values())])
+        basis = ", ".join(f"{g['measurements']} of {k}" for k, g in near.items())
+        return err, (
+            f"±{err:.0%} (no published measurement of {key}; {what}"
+            + (f": {basis})" if basis else ")")
         )
 
 
@@ -420,6 +448,23 @@ def load_fitted(path: Path = FITTED) -> Fitted:
         evidence=MappingProxyType(doc["evidence"]),
         overall_error=float(doc["overallMedianAbsError"]),
     )
+
+
+_CURRENT: Fitted | None = None
+
+
+def current() -> Fitted:
+    """The committed fit (`data/fitted.json`), read once."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = load_fitted()
+    return _CURRENT
+
+
+def reload() -> None:
+    """Forget the cached fit (after `data/fitted.json` was rewritten)."""
+    global _CURRENT
+    _CURRENT = None
 
 
 def refit_for(base: Parameters, rows: Sequence[Row], ctx: Context, gen: str) -> Parameters:

@@ -12,7 +12,9 @@ parameters FLOPs per token plus attention. Its time is the slower of
     FLOPs / (peak tensor FLOP/s x computeEfficiency[generation]
              x 2 x fp8ComputeFactor where FP8 weights meet FP8 tensor cores)
 
-plus `stepOverheadSeconds` (scheduling, kernel launches) and
+(measurements taken with TensorRT-LLM: computeEfficiency x
+tensorrtLlmComputeFactor; the estimates are of vLLM) plus
+`stepOverheadSeconds` (scheduling, kernel launches) and
 `sequenceOverheadSeconds` per decoding sequence (sampling, detokenizing,
 the scheduler's bookkeeping). Tensor
 parallelism over N GPUs multiplies both rates by N x tpScalingPerDoubling ^
@@ -44,6 +46,7 @@ _GLOBAL = (
     "stepOverheadSeconds",
     "sequenceOverheadSeconds",
     "tpScalingPerDoubling",
+    "tensorrtLlmComputeFactor",
     "compiledImageSpeedup",
     "imageOverheadSeconds",
 )
@@ -59,6 +62,7 @@ PRIOR: Mapping[str, float] = {
     "stepOverheadSeconds": 0.003,
     "sequenceOverheadSeconds": 0.00002,
     "tpScalingPerDoubling": 0.9,
+    "tensorrtLlmComputeFactor": 1.0,
     "compiledImageSpeedup": 1.3,
     "imageOverheadSeconds": 0.1,
 }  # fmt: skip
@@ -107,6 +111,21 @@ class Precision:
         if self.weights in ("bf16", "fp16"):
             return "16-bit"
         return self.weights.upper()
+
+
+def for_engine(params: Parameters, engine: str) -> Parameters:
+    """The parameters as a measurement's engine sees them. The model is of
+    vLLM (what inferd serves with); TensorRT-LLM's fused GEMM and attention
+    kernels reach a different fraction of peak compute, one factor for every
+    generation (`tensorrtLlmComputeFactor`). Bandwidth-bound decode is the
+    same weight read in either engine."""
+    if not engine.lower().startswith("tensorrt-llm"):
+        return params
+    factor = params["tensorrtLlmComputeFactor"]
+    return Parameters({
+        k: v * factor if k.startswith("computeEfficiency.") else v
+        for k, v in params.values.items()
+    })  # fmt: skip
 
 
 def precision_of(arch: ChatArchitecture, kv_cache: str = "auto") -> Precision:
@@ -167,6 +186,21 @@ def _bandwidth(params: Parameters, gpu: GpuType, precision: Precision) -> float:
     return gpu.memory_bandwidth_gbps * 1e9 * eff
 
 
+@dataclass(frozen=True)
+class StepTime:
+    memory_s: float  # reading weights and KV cache at the fitted bandwidth
+    compute_s: float  # the FLOPs at the fitted compute rate
+    fixed_s: float  # step and per-sequence overheads
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.fixed_s
+
+    @property
+    def bound(self) -> str:
+        return "memory-bandwidth" if self.memory_s >= self.compute_s else "compute"
+
+
 def step_seconds(
     params: Parameters,
     arch: ChatArchitecture,
@@ -181,6 +215,23 @@ def step_seconds(
     """One engine step: `decoding` sequences each attending to `context`
     tokens, plus `prefill_tokens` prompt tokens attending to
     `prefill_context` tokens on average."""
+    return step_time(
+        params, arch, precision, gpu, count, decoding, context, prefill_tokens, prefill_context
+    ).seconds
+
+
+def step_time(
+    params: Parameters,
+    arch: ChatArchitecture,
+    precision: Precision,
+    gpu: GpuType,
+    count: int,
+    decoding: float,
+    context: float,
+    prefill_tokens: float = 0.0,
+    prefill_context: float = 0.0,
+) -> StepTime:
+    """`step_seconds`, with which roof bounds it."""
     scale = tp_scale(params, gpu, count)
     kv = kv_bytes_per_token(arch, precision, count)
     bytes_read = weight_bytes(arch, precision) + decoding * context * kv + prefill_tokens * kv
@@ -191,7 +242,7 @@ def step_seconds(
     t_memory = bytes_read / (_bandwidth(params, gpu, precision) * scale)
     t_compute = flops / (_compute_rate(params, gpu, precision) * scale)
     fixed = params["stepOverheadSeconds"] + decoding * params["sequenceOverheadSeconds"]
-    return max(t_memory, t_compute) + fixed
+    return StepTime(t_memory, t_compute, fixed)
 
 
 def prefill_seconds(

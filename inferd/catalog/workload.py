@@ -10,8 +10,9 @@ throughput, and the hourly cost of them all. Options are ranked by that
 total; each rejected option says why.
 
 The chat model: vLLM's scheduler (continuous batching, chunked prefill,
-`max_num_batched_tokens` per step: 8192 on GPUs of 70 GiB and more, 2048
-below, as vLLM defaults) in steady state at batch B, each step timed by
+its default token budget per step and sequences at once: 8192 and 1024 on
+GPUs of 70 GiB and more but the A100, 2048 and 256 below; see
+`SchedulerLimits`) in steady state at batch B, each step timed by
 `inferd.catalog.perfmodel` with the parameters fitted to published
 measurements (`inferd/catalog/data/fitted.json`, docs/recommendation.md):
   a step carries B decoding sequences plus B x prompt/output prompt tokens
@@ -49,7 +50,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from inferd.catalog import Catalog, perfmodel
-from inferd.catalog.fit import Context, Fitted, Row, load_fitted, refit_for
+from inferd.catalog.fit import Context, Fitted, Row, current, refit_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import ModelSpec
 from inferd.catalog.perfmodel import Parameters, loaded_step, precision_of
@@ -69,34 +70,38 @@ TPOT_P95_OVER_MEAN = 1.15
 IMAGE_P95_OVER_MEAN = 1.1
 TARGET_UTILIZATION = 0.8
 PEAK_OVER_STATED_LOAD = 2.0
-# vLLM's default max_num_seqs: the scheduler never runs more at once.
-MAX_CHAT_BATCH = 256
 MAX_IMAGE_BATCH = 8
-# vLLM's default max_num_batched_tokens for its API server, by GPU memory.
-LARGE_GPU_MIB = 70 * 1024
-TOKEN_BUDGET_LARGE_GPU = 8192
-TOKEN_BUDGET_SMALL_GPU = 2048
 
-_FITTED: Fitted | None = None
 
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """vLLM's defaults for its API server (vllm/engine/arg_utils.py): the
+    prompt and decode tokens one step may carry, and the sequences it runs
+    at once. Larger on GPUs of 70 GiB or more except the A100 (where a large
+    budget was measured to cost throughput), largest from 160 GiB."""
+
+    token_budget: int
+    max_sequences: int
+
+
+SMALL_GPU_LIMITS = SchedulerLimits(2048, 256)
+LARGE_GPU_LIMITS = SchedulerLimits(8192, 1024)
+HUGE_GPU_LIMITS = SchedulerLimits(16384, 1024)
+# The most any GPU allows: the bound of a batch search.
+MAX_CHAT_BATCH = HUGE_GPU_LIMITS.max_sequences
+
+
+def scheduler_limits(gpu: GpuType) -> SchedulerLimits:
+    gib = (gpu.memory_mib or gpu.memory_gb * 1e9 / 2**20) / 1024
+    if gib >= 160:
+        return HUGE_GPU_LIMITS
+    if gib >= 70 and not gpu.name.upper().startswith("A100"):
+        return LARGE_GPU_LIMITS
+    return SMALL_GPU_LIMITS
 
 def fitted() -> Fitted:
-    """The parameters fitted to published measurements (read once)."""
-    global _FITTED
-    if _FITTED is None:
-        _FITTED = load_fitted()
-    return _FITTED
-
-
-def reload_fitted() -> None:
-    """Forget the cached fit (after `data/fitted.json` was rewritten)."""
-    global _FITTED
-    _FITTED = None
-
-
-def token_budget(gpu: GpuType) -> int:
-    mib = gpu.memory_mib or gpu.memory_gb * 1e9 / 2**20
-    return TOKEN_BUDGET_LARGE_GPU if mib >= LARGE_GPU_MIB else TOKEN_BUDGET_SMALL_GPU
+    """The parameters fitted to published measurements."""
+    return current()
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,7 @@ def chat_performance(
     params = params or fitted().parameters
     step = loaded_step(
         params, arch, precision_of(arch), gpu, count, batch,
-        work.prompt_tokens, work.output_tokens, token_budget(gpu),
+        work.prompt_tokens, work.output_tokens, scheduler_limits(gpu).token_budget,
     )  # fmt: skip
     seq = work.prompt_tokens + work.output_tokens
     return Performance(
@@ -383,7 +388,8 @@ def _evaluate(
     # A refitted model is trusted up to the largest concurrency measured.
     measured_max = max((p.concurrency for p in profile.points), default=0) if profile else 0
     if isinstance(work, ChatWorkload):
-        limit = min(MAX_CHAT_BATCH, measured_max or MAX_CHAT_BATCH)
+        most = scheduler_limits(gpu).max_sequences
+        limit = min(most, measured_max or most)
         perf, reasons = _chat_option(model, gpu, count, work, available, params, limit)
         load = work.requests_per_s
     else:
@@ -427,7 +433,7 @@ def _estimate_basis(
     band, evidence = fit.band(gpu.generation, precision)
     if profile is None:
         return fit.parameters, "estimated", band, evidence
-    rows = profile_rows(profile)
+    rows = profile_rows(profile, "bf16" if isinstance(work, ImageWorkload) else precision)
     if not rows:
         return fit.parameters, "estimated", band, evidence + " (the measured profile has no points)"
     ctx = Context(cast(Catalog, _ProfileCatalog(model, gpu)), {})
@@ -467,13 +473,15 @@ class _OneGpu:
         return self._gpu
 
 
-def profile_rows(profile: MeasuredProfile) -> list[Row]:
+def profile_rows(profile: MeasuredProfile, precision: str = "bf16") -> list[Row]:
     """A measured profile as rows of the fit: each concurrency's throughput
-    and TPOT (chat), or seconds per batch of images."""
+    and TPOT (chat), or seconds per batch of images. `precision`: the
+    model's weights (bf16, fp8, int4, ...), so that the refit keeps its
+    quantized kernels' costs."""
     rows: list[Row] = []
     common = dict(
         source="measured", model=profile.model_name, stated_model=profile.model_name,
-        gpu=profile.gpu_type, gpus=profile.gpu_count, precision="bf16",
+        gpu=profile.gpu_type, gpus=profile.gpu_count, precision=precision,
         engine="inferd bench", stated="measured",
     )  # fmt: skip
     for point in profile.points:
@@ -502,8 +510,10 @@ def _chat_option(
     work: ChatWorkload,
     available: float,
     params: Parameters,
-    max_batch: int = MAX_CHAT_BATCH,
+    max_batch: int | None = None,
 ) -> tuple[Performance | None, list[str]]:
+    scheduler_max = scheduler_limits(gpu).max_sequences
+    max_batch = scheduler_max if max_batch is None else max_batch
     seq = work.prompt_tokens + work.output_tokens
     if seq > model.chat.context_length:
         return None, [
@@ -522,8 +532,8 @@ def _chat_option(
     perf = found
     assert perf.ttft_p95_s is not None and perf.tpot_p95_s is not None
     limit = (
-        "the largest measured" if max_batch < MAX_CHAT_BATCH and perf.batch == max_batch
-        else "the scheduler's limit" if perf.batch == MAX_CHAT_BATCH
+        "the largest measured" if max_batch < scheduler_max and perf.batch == max_batch
+        else "the scheduler's limit" if perf.batch == scheduler_max
         else "the largest that meets"
     )  # fmt: skip
     return perf, [
@@ -584,8 +594,10 @@ def assumptions(work: Workload) -> dict[str, Any]:
             **common,
             "batching": "vLLM continuous batching with chunked prefill: a step carries the "
             "batch's decodes plus batch x prompt/output prompt tokens, within the token budget",
-            "tokenBudgetPerStep": {
-                "gpusOf70GiBOrMore": TOKEN_BUDGET_LARGE_GPU, "smaller": TOKEN_BUDGET_SMALL_GPU
+            "schedulerLimits": {
+                "smallGpus": vars(SMALL_GPU_LIMITS),
+                "gpusOf70GiBOrMoreButA100": vars(LARGE_GPU_LIMITS),
+                "gpusOf160GiBOrMore": vars(HUGE_GPU_LIMITS),
             },
             "ttftP95OverMean": TTFT_P95_OVER_MEAN,
             "tpotP95OverMean": TPOT_P95_OVER_MEAN,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from inferd.client.api import DEFAULT_API_URL, ApiError, ManagementClient
+from inferd.client.paging import list_pages, more_hint, page_args
 
 if TYPE_CHECKING:
     from inferd.catalog.registered import ProfilePoint
@@ -76,6 +77,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     listing = sub.add_parser("list", parents=[common], help="list endpoints")
     listing.add_argument("--project", help="only this project's endpoints")
+    listing.add_argument("--status", help="only endpoints in this status (e.g. running)")
+    listing.add_argument("--model", help="only endpoints serving this model")
+    listing.add_argument("--location", help="only endpoints in this location")
+    listing.add_argument("--name-prefix", help="only endpoints whose name starts with this")
+    page_args(listing)
     listing.set_defaults(func=command(_list))
 
     get = sub.add_parser("get", parents=[common], help="show one endpoint")
@@ -217,11 +223,14 @@ def try_it_command(record: Mapping[str, Any]) -> str:
 
 
 def _list(client: ManagementClient, args: argparse.Namespace) -> int:
-    records = client.list_endpoints(args.project)
+    query = {"projectId": args.project, "status": args.status, "modelName": args.model,
+             "locationName": args.location, "namePrefix": args.name_prefix}  # fmt: skip
+    records, cursor = list_pages(client, "/endpoints", query, args)
     if args.json:
-        _print_json({"data": records})
+        _print_json({"data": records, **({"continue": cursor} if cursor else {})})
     else:
         print(format_table(records))
+        more_hint(cursor)
     return 0
 
 

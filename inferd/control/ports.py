@@ -35,12 +35,14 @@ class EndpointStore(Protocol):
         """Every endpoint, oldest first."""
         ...
 
-    async def page_endpoints(
+    async def page_endpoint_ids(
         self, where: EndpointFilter, after: int | None, limit: int
-    ) -> Page[Endpoint]:
-        """Up to `limit` endpoints matching `where` whose position is past
-        `after` (None: from the start), oldest first, read by keyset in the
-        database (see `inferd.control.paging`)."""
+    ) -> Page[str]:
+        """The ids of up to `limit` endpoints matching `where` whose position
+        is past `after` (None: from the start), oldest first, read by keyset
+        in the database (see `inferd.control.paging`). Ids, not rows: the
+        service holds the rows already (change-fed), and decoding a thousand
+        rows costs more than the query."""
         ...
 
     async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:

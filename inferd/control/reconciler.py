@@ -19,6 +19,9 @@ Rules it keeps:
   ones are drained only once enough new ones are ready.
 - A replica that fails before it was ever ready is retried with backoff;
   its failure stays visible in the record until a replica is ready again.
+  One that was serving (lost with its node, its actor, its engine) is
+  replaced at once, and while its replacements come the endpoint is
+  `initializing`, as at scale from zero, never `failed`.
 - Deletion drains every replica and waits for the processes to end.
 """
 
@@ -37,6 +40,8 @@ from typing import Protocol
 from inferd.control.autoscaler import (
     DOWNSCALE_DELAY_S,
     TARGET_CONCURRENCY,
+    TARGET_ENGINE_WAITING,
+    TARGET_KV_CACHE_USAGE,
     UPSCALE_DELAY_S,
     Observations,
     ScalerState,
@@ -50,6 +55,7 @@ from inferd.control.ports import (
     ExitReason,
     Launcher,
     LoadObservations,
+    PlacementKey,
     ReplicaExit,
     ReplicaHandle,
     RequestAborter,
@@ -112,6 +118,14 @@ class ReconcilerSettings:
     target_concurrency: float = TARGET_CONCURRENCY
     upscale_delay_s: float = UPSCALE_DELAY_S
     downscale_delay_s: float = DOWNSCALE_DELAY_S
+    target_kv_cache_usage: float | None = TARGET_KV_CACHE_USAGE
+    target_engine_waiting: float | None = TARGET_ENGINE_WAITING
+
+
+def _mean_kv_cache_usage(ready: Sequence[Replica]) -> float | None:
+    """Over the replicas whose engine reports one (vLLM does)."""
+    usages = [r.load.kv_cache_usage for r in ready if r.load.kv_cache_usage is not None]
+    return sum(usages) / len(usages) if usages else None
 
 
 @dataclass
@@ -126,6 +140,14 @@ class _Plan:
     # restart): counts as a request for the retention rule.
     activity_at: float | None = None
     last_failure: ReplicaFailure | None = None
+    # Replicas seen ready (their failure is a loss, not a crash loop).
+    served: set[str] = field(default_factory=set)
+    # Why replacements are on the way after serving replicas were lost.
+    replacing: str | None = None
+    # Why no replica can be placed anywhere, even on an idle cluster (no
+    # node of the location has the GPU type or enough of it): the gateway
+    # refuses at once instead of holding requests for nothing.
+    unplaceable: str | None = None
 
 
 class Reconciler:
@@ -270,6 +292,25 @@ class Reconciler:
         plan = self._plans.get(endpoint_id)
         return plan.last_failure if plan else None
 
+    def replacing(self, endpoint_id: str) -> str | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.replacing if plan else None
+
+    def unplaceable(self, endpoint_id: str) -> str | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.unplaceable if plan else None
+
+    async def _never_fits(self, row: EndpointFacts, reason: str | None) -> str | None:
+        """`reason` when not even an idle cluster could place the endpoint's
+        replica (fewer units of its type in its location than one replica
+        needs), else None."""
+        if reason is None:
+            return None
+        capacity = await self.launcher.capacity()
+        need = 1 if row.gpu_type == "cpu" else row.gpu_count
+        total = capacity.total.get(PlacementKey(row.location_name, row.gpu_type), 0)
+        return reason if total < need else None
+
     def running(self) -> list[str]:
         """Replica ids whose process has not ended."""
         return list(self._handles)
@@ -369,6 +410,10 @@ class Reconciler:
                 # Stopped on purpose, past its grace period: gone, not failed.
                 self.registry.remove(replica.replica_id)
             else:
+                served = (
+                    replica.status is ReplicaStatus.READY
+                    or replica.replica_id in self.plan(replica.endpoint_id).served
+                )
                 if replica.status is not ReplicaStatus.FAILED:
                     last_line = _last_line(exited.detail)
                     code = exited.returncode
@@ -385,7 +430,7 @@ class Reconciler:
                     )
                 failed = self.registry.get(replica.replica_id)
                 assert failed is not None
-                self._note_failure(failed)
+                self._note_failure(failed, served)
             await self._sync_records()
         # Its endpoint, and those waiting for capacity: some is free now.
         self.wake(replica.endpoint_id)
@@ -393,18 +438,27 @@ class Reconciler:
             if plan.capacity_reason is not None:
                 self.wake(endpoint_id)
 
-    def _note_failure(self, replica: Replica) -> None:
+    def _note_failure(self, replica: Replica, served: bool) -> None:
+        """A crash loop (a replica that never became ready) backs off; a
+        replica lost while serving is replaced at once."""
         plan = self.plan(replica.endpoint_id)
-        plan.failures += 1
-        backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
-        plan.next_launch_at = self.clock() + backoff
+        why = replica.reason or "no reason given"
+        if served:
+            backoff = 0.0
+            plan.next_launch_at = self.clock()
+            plan.replacing = f"replacing lost replica {replica.replica_id}: {why}"
+        else:
+            plan.failures += 1
+            backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
+            plan.next_launch_at = self.clock() + backoff
+            plan.replacing = None  # its replacement failed too: say so
         wanted = plan.scaler.desired
         self.journal.record(
             replica.endpoint_id,
             wanted,
             wanted,
-            f"replica {replica.replica_id} failed ({replica.reason or 'no reason given'}); "
-            f"replacing it in {backoff:.0f}s",
+            f"replica {replica.replica_id} failed ({why}); "
+            + (f"replacing it in {backoff:.0f}s" if backoff else "replacing it now"),
             ScaleCause.FAILURE,
         )
         plan.last_failure = ReplicaFailure(
@@ -421,11 +475,19 @@ class Reconciler:
     async def _reconcile(self, row: EndpointFacts, rows: Sequence[EndpointFacts]) -> None:
         now = self.clock()
         plan = self.plan(row.id)
+        if plan.unplaceable is not None:  # nodes may have joined since
+            plan.unplaceable = await self._never_fits(
+                row,
+                await self.launcher.cannot_place(row.location_name, row.gpu_type, row.gpu_count),
+            )
         replicas = self.registry.of_endpoint(row.id)
         active = [r for r in replicas if r.live and r.status is not ReplicaStatus.DRAINING]
         ready = [r for r in active if r.status is ReplicaStatus.READY]
+        plan.served.intersection_update(r.replica_id for r in replicas)
+        plan.served.update(r.replica_id for r in ready)
         if ready:
             plan.failures = 0
+            plan.replacing = None
             self._prune_failed(replicas, keep=0)
         else:
             self._prune_failed(replicas, keep=KEEP_FAILED)
@@ -440,6 +502,8 @@ class Reconciler:
             ready=len(ready),
             coming_up=len(active) - len(ready),
             last_request_at=last,
+            kv_cache_usage=_mean_kv_cache_usage(ready),
+            engine_waiting=sum(r.load.waiting for r in ready),
         )
         decision = decide(self._scaling(row), observations, plan.scaler, now)
         if decision.desired != plan.scaler.desired:
@@ -453,6 +517,8 @@ class Reconciler:
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]
         missing = desired - len(current)
+        if desired == 0:
+            plan.replacing = None  # nothing is coming: scaled to zero
         if missing > 0:
             await self._launch(row, plan, missing, now)
             plan.capacity_reason = plan.capacity_reason or quota_reason
@@ -476,6 +542,8 @@ class Reconciler:
             target_concurrency=s.target_concurrency,
             upscale_delay_s=s.upscale_delay_s,
             downscale_delay_s=s.downscale_delay_s,
+            target_kv_cache_usage=s.target_kv_cache_usage,
+            target_engine_waiting=s.target_engine_waiting,
         )
 
     async def _launch(self, row: EndpointFacts, plan: _Plan, count: int, now: float) -> None:
@@ -486,6 +554,7 @@ class Reconciler:
                 row.location_name, row.gpu_type, row.gpu_count
             )
             plan.capacity_reason = reason
+            plan.unplaceable = await self._never_fits(row, reason)
             if reason is not None:
                 return
             replica_id = f"r-{uuid.uuid4().hex[:12]}"

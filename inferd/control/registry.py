@@ -72,6 +72,10 @@ class ReplicaLoad:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+    # Prefix cache: prompt tokens looked up and found, since the replica started.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    adapters: frozenset[str] = frozenset()
     # Running totals since the replica started (for tokens/s and images/s).
     generated_tokens: int = 0
     images: int = 0
@@ -367,6 +371,9 @@ class Registry:
                 running=load.running,
                 waiting=load.waiting,
                 kv_cache_usage=load.kv_cache_usage,
+                prefix_cache_queries=load.prefix_cache_queries,
+                prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries),
+                adapters=frozenset(load.adapters),
                 # A report without usage keeps the last totals (not a reset).
                 generated_tokens=usage.completion_tokens
                 if usage
@@ -499,7 +506,13 @@ class Registry:
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return [
-            RoutableReplica(r.replica_id, r.url or "", r.load.waiting)
+            RoutableReplica(
+                r.replica_id,
+                r.url or "",
+                r.load.waiting,
+                r.load.adapters,
+                call_key=r.secret_digest.hex(),
+            )
             for r in self._replicas.values()
             if r.endpoint_id == endpoint_id and r.routable
         ]

@@ -220,6 +220,7 @@ class EndpointService:
             image_size=self._image_size(row),
             waiting_for=runtime.waiting_for,
             last_failure=runtime.last_failure,
+            replacing=runtime.replacing,
         )
 
     def _rendered_json(self, row: Endpoint) -> bytes:
@@ -239,16 +240,16 @@ class EndpointService:
         return self._rendered_json(self.row(endpoint_id))
 
     async def page(self, where: EndpointFilter, after: int | None, limit: int) -> Page[Endpoint]:
-        """A page of endpoints read from the store (which may know of another
-        instance's create before this copy does); rows this copy holds
-        unchanged are its own objects, so their rendered records are reused."""
-        page = await self._store.page_endpoints(where, after, limit)
-        rows = [self._current(row) for row in page.items]
+        """A page of endpoints: which ones, from the store's keyset; their
+        rows from this copy (as `record` answers them), or from the store for
+        one this copy has not heard of yet (another instance's create)."""
+        page = await self._store.page_endpoint_ids(where, after, limit)
+        rows: list[Endpoint] = []
+        for endpoint_id in page.items:
+            row = self._rows.get(endpoint_id) or await self._store.get_endpoint(endpoint_id)
+            if row is not None:  # None: deleted since the page was read
+                rows.append(row)
         return Page(rows, page.after)
-
-    def _current(self, stored: Endpoint) -> Endpoint:
-        held = self._rows.get(stored.id)
-        return held if held is not None and held == stored else stored
 
     def status_of(self, row: Endpoint) -> str:
         runtime = self.runtime_of(row.id)

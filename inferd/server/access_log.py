@@ -1,6 +1,7 @@
 """What the server's access log leaves out: the replicas' own status reports.
 
-Every replica reports every couple of seconds (`POST /replicas/{id}`); one
+Every replica reports every couple of seconds (`POST
+/internal/registry/replicas/{id}`); one
 access-log line each would bury the requests an operator reads the log for.
 A report that was refused is still logged, and the registry logs each
 replica's status changes itself (loading, ready, failed).
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import logging
 
-REPORT_PATH_PREFIX = "/replicas/"
+from inferd.control.registry_api import REGISTRY_PATH
+
+REPORT_PATH_PREFIX = REGISTRY_PATH + "/replicas/"
 
 
 class QuietReplicaReports(logging.Filter):

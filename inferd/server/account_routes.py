@@ -31,11 +31,20 @@ from inferd.control.accounts.model import (
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Action, Principal, Role
 from inferd.control.accounts.service import AccountService, CreatedKey, key_info
+from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
+from inferd.server.paging import (
+    PAGE_PARAMS,
+    filter_value,
+    paged_body,
+    read_key_page,
+    read_page,
+)
 
-MAX_AUDIT_ENTRIES = 1000
+MEMBER_FILTERS = ("role",)
+_ROLES = tuple(r.value for r in Role)
 
 
 def parse_time(request: Request, name: str) -> datetime | None:
@@ -136,6 +145,25 @@ def usage_document(rows: list[UsageRow], currency: str) -> dict[str, Any]:
     return {"currency": currency, "totals": totals, "data": data}
 
 
+def _key_position(after: str | None) -> tuple[datetime, str] | None:
+    """A keys page's position: the created-at (to the microsecond) and id
+    of the last key of the page before."""
+    if after is None:
+        return None
+    at, _, key_id = after.partition("|")
+    try:
+        created = datetime.fromisoformat(at)
+    except ValueError:
+        created = None
+    if created is None or created.tzinfo is None or not key_id:
+        raise BadRequest(
+            "The 'continue' value is not a cursor of this list.",
+            param="continue",
+            code="invalid_cursor",
+        )
+    return created, key_id
+
+
 class AccountRoutes:
     def __init__(
         self,
@@ -166,20 +194,26 @@ class AccountRoutes:
             Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, self.delete_project),
             Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, self.set_quota),
             Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, self.set_limit),
-            Operation("GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members),
+            Operation(
+                "GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members,
+                (*MEMBER_FILTERS, *PAGE_PARAMS),
+            ),
             Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.put_member),
             Operation(
                 "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
             ),
             Operation(
-                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit, (*span, "action")
+                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit,
+                (*span, "action", *PAGE_PARAMS),
             ),
             Operation(
                 "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage, span
             ),
             Operation("GET", "/users", Target.OPERATOR, M, self.list_users),
             Operation("POST", "/users", Target.OPERATOR, M, self.create_user),
-            Operation("GET", "/users/{userId}/keys", Target.USER, R, self.list_keys),
+            Operation(
+                "GET", "/users/{userId}/keys", Target.USER, R, self.list_keys, PAGE_PARAMS
+            ),
             Operation("POST", "/users/{userId}/keys", Target.USER, W, self.create_key),
             Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, self.revoke_key),
             Operation(
@@ -236,8 +270,26 @@ class AccountRoutes:
     # --- members -------------------------------------------------------------------------
 
     async def list_members(self, request: Request, principal: Principal) -> Response:
-        members = await self.accounts.members(principal, request.path_params["id"])
-        return JSONResponse({"data": [member_info(m) for m in members]})
+        project_id = request.path_params["id"]
+        role = filter_value(request, "role")
+        if role is not None and role not in _ROLES:
+            raise BadRequest(
+                f"Unknown role '{role}'; one of: {', '.join(_ROLES)}.",
+                param="role",
+                code="invalid_value",
+            )
+        query = {"projectId": project_id, "role": role}
+        page = read_key_page(request, "members", query)
+        # The role filter is applied to each page read by keyset (a project
+        # has few members; a page may be short, its cursor goes on).
+        members = await self.accounts.members(
+            principal, project_id, after=page.after, limit=page.limit + 1
+        )
+        more = len(members) > page.limit
+        members = members[: page.limit]
+        after = members[-1].user_id if more else None
+        data = [member_info(m) for m in members if role is None or m.role.value == role]
+        return JSONResponse(paged_body(data, "members", query, after))
 
     async def put_member(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, PutMemberRequest, self.max_body_bytes)
@@ -269,13 +321,22 @@ class AccountRoutes:
         return JSONResponse(body, status_code=201)
 
     async def list_keys(self, request: Request, principal: Principal) -> Response:
-        keys = await self.accounts.keys(principal, request.path_params["userId"])
+        user_id = request.path_params["userId"]
+        query = {"userId": user_id}
+        page = read_key_page(request, "keys", query)
+        keys, last = await self.accounts.keys(
+            principal, user_id, after=_key_position(page.after), limit=page.limit
+        )
         pending = self.accounts.resolver.pending_last_used
-        return JSONResponse({"data": [key_info(k, pending(k.id)) for k in keys]})
+        data = [key_info(k, pending(k.id)) for k in keys]
+        after = None if last is None else f"{last.created_at.isoformat()}|{last.id}"
+        return JSONResponse(paged_body(data, "keys", query, after))
 
     async def create_key(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateKeyRequest, self.max_body_bytes)
-        created = await self.accounts.create_key(principal, request.path_params["userId"], req.name)
+        created = await self.accounts.create_key(
+            principal, request.path_params["userId"], req.name, req.projectId
+        )
         return JSONResponse(created_key_info(created), status_code=201)
 
     async def revoke_key(self, request: Request, principal: Principal) -> Response:
@@ -297,15 +358,24 @@ class AccountRoutes:
                     param="action",
                     code="invalid_action",
                 ) from None
+        project_id = request.path_params["id"]
+        query = {"projectId": project_id, "from": request.query_params.get("from"),
+                 "to": request.query_params.get("to"),
+                 "action": ",".join(sorted(a.value for a in actions)) or None}  # fmt: skip
+        page = read_page(request, "audit", query)
         entries = await self.accounts.audit(
             principal,
-            request.path_params["id"],
+            project_id,
             since=parse_time(request, "from"),
             until=parse_time(request, "to"),
             actions=actions,
-            limit=MAX_AUDIT_ENTRIES,
+            limit=page.limit + 1,  # one more only says that more follow
+            after=page.after,
         )
-        return JSONResponse({"data": [audit_info(e) for e in entries]})
+        found = page_of([(e.id, e) for e in entries], page.limit)
+        return JSONResponse(
+            paged_body([audit_info(e) for e in found.items], "audit", query, found.after)
+        )
 
     async def project_usage(self, request: Request, principal: Principal) -> Response:
         rows = await self.endpoints.project_usage(

@@ -21,7 +21,15 @@ class ReplicaLines:
     def __call__(self, endpoint_id: str) -> Sequence[ReplicaLine]:
         return [
             ReplicaLine(
-                r.replica_id, r.status.value, r.status_since_wall or r.created_wall, r.reason
+                r.replica_id,
+                r.status.value,
+                r.status_since_wall or r.created_wall,
+                r.reason,
+                node=r.handle.node if r.handle is not None else None,
+                waiting=r.load.waiting,
+                kv_cache_usage=r.load.kv_cache_usage,
+                prefix_cache_queries=r.load.prefix_cache_queries,
+                prefix_cache_hits=r.load.prefix_cache_hits,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         ]
@@ -39,6 +47,7 @@ def console_sources(server: Server) -> ConsoleSources:
         resolve=accounts.resolver.resolve,
         public_url=settings.public_url,
         cost_so_far=accounts.meter.cost_so_far,
+        model_owner=server.models.owner_of,
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),

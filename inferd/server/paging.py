@@ -47,6 +47,10 @@ QUERY_DOCS: dict[str, tuple[str, dict[str, Any]]] = {
         {"type": "string", "minLength": 1},
     ),
     "projectId": ("Only this project's items.", {"type": "string", "minLength": 1}),
+    "role": (
+        "Only members with this role.",
+        {"type": "string", "enum": ["admin", "developer", "viewer"]},
+    ),
     "status": (
         "Only endpoints in this status.",
         {"type": "string", "enum": [s.value for s in EndpointStatus]},
@@ -79,6 +83,14 @@ class PageRequest:
     after: int | None  # None: the first page
 
 
+@dataclass(frozen=True)
+class KeyPageRequest:
+    """A page of a list ordered by a text key (a user id, a model name)."""
+
+    limit: int
+    after: str | None
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -98,7 +110,7 @@ def query_digest(list_name: str, query: Mapping[str, str | None]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def encode_cursor(list_name: str, query: Mapping[str, str | None], after: int) -> str:
+def encode_cursor(list_name: str, query: Mapping[str, str | None], after: int | str) -> str:
     payload = json.dumps(
         {"v": CURSOR_VERSION, "q": query_digest(list_name, query), "a": after},
         separators=(",", ":"),
@@ -124,8 +136,11 @@ def _stale() -> BadRequest:
     )
 
 
-def decode_cursor(cursor: str, list_name: str, query: Mapping[str, str | None]) -> int:
-    """The position a cursor resumes after; a 400 for an edited or foreign one."""
+def decode_cursor(
+    cursor: str, list_name: str, query: Mapping[str, str | None], kind: type = int
+) -> Any:
+    """The position (of type `kind`) a cursor resumes after; a 400 for an
+    edited or foreign one."""
     try:
         raw = _unb64(cursor)
     except (binascii.Error, ValueError):
@@ -142,13 +157,30 @@ def decode_cursor(cursor: str, list_name: str, query: Mapping[str, str | None]) 
     if fields.get("v") != CURSOR_VERSION or fields.get("q") != query_digest(list_name, query):
         raise _stale()
     after = fields.get("a")
-    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+    if kind is int and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
+        raise _invalid()
+    if kind is str and not isinstance(after, str):
         raise _invalid()
     return after
 
 
 def read_page(request: Request, list_name: str, query: Mapping[str, str | None]) -> PageRequest:
     """`limit` (1..MAX_PAGE_SIZE, default DEFAULT_PAGE_SIZE) and `continue`."""
+    cursor = request.query_params.get("continue")
+    after = None if cursor is None else decode_cursor(cursor, list_name, query)
+    return PageRequest(read_limit(request), after)
+
+
+def read_key_page(
+    request: Request, list_name: str, query: Mapping[str, str | None]
+) -> KeyPageRequest:
+    """As `read_page`, for a list ordered by a text key."""
+    cursor = request.query_params.get("continue")
+    after = None if cursor is None else decode_cursor(cursor, list_name, query, str)
+    return KeyPageRequest(read_limit(request), after)
+
+
+def read_limit(request: Request) -> int:
     raw_limit = request.query_params.get("limit")
     limit = DEFAULT_PAGE_SIZE
     if raw_limit is not None:
@@ -162,13 +194,21 @@ def read_page(request: Request, list_name: str, query: Mapping[str, str | None])
                 param="limit",
                 code="invalid_value",
             )
-    cursor = request.query_params.get("continue")
-    after = None if cursor is None else decode_cursor(cursor, list_name, query)
-    return PageRequest(limit, after)
+    return limit
 
 
-def next_cursor(list_name: str, query: Mapping[str, str | None], after: int | None) -> str | None:
+def next_cursor(
+    list_name: str, query: Mapping[str, str | None], after: int | str | None
+) -> str | None:
     return None if after is None else encode_cursor(list_name, query, after)
+
+
+def paged_body(
+    data: list[Any], list_name: str, query: Mapping[str, str | None], after: int | str | None
+) -> dict[str, Any]:
+    """A list's answer: `data`, and `continue` only when more follow."""
+    cursor = next_cursor(list_name, query, after)
+    return {"data": data} if cursor is None else {"data": data, "continue": cursor}
 
 
 def filter_value(request: Request, name: str) -> str | None:

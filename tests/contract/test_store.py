@@ -312,9 +312,9 @@ async def walk(store: Store, where: EndpointFilter, limit: int) -> list[list[str
     pages: list[list[str]] = []
     after: int | None = None
     while True:
-        page = await store.page_endpoints(where, after, limit)
+        page = await store.page_endpoint_ids(where, after, limit)
         assert len(page.items) <= limit
-        pages.append([e.id for e in page.items])
+        pages.append(list(page.items))
         if page.after is None:
             return pages
         assert after is None or page.after > after  # positions only move forward
@@ -332,7 +332,7 @@ def test_pages_hold_every_endpoint_once_in_order(opener: Opener) -> None:
         # A limit the list fills exactly: the last full page says nothing follows.
         assert await walk(store, EndpointFilter(), 7) == [everything]
         assert await walk(store, EndpointFilter(), 100) == [everything]
-        assert (await store.page_endpoints(EndpointFilter(), None, 3)).after is not None
+        assert (await store.page_endpoint_ids(EndpointFilter(), None, 3)).after is not None
 
     run(body, opener())
 
@@ -399,8 +399,8 @@ def test_paging_under_concurrent_inserts_and_deletes(kind: str, opener: Opener) 
         after: int | None = None
         churning = asyncio.create_task(churn())
         while True:
-            page = await reader.page_endpoints(EndpointFilter(), after, 4)
-            seen.extend(e.id for e in page.items)
+            page = await reader.page_endpoint_ids(EndpointFilter(), after, 4)
+            seen.extend(page.items)
             if page.after is None:
                 break
             after = page.after

@@ -31,6 +31,7 @@ from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.testing import ReplicaHandle, free_port, verifier_for
+from tests.support import require
 from tests.timings import HANG_S
 
 pytestmark = pytest.mark.timeout(120)
@@ -304,7 +305,9 @@ def test_stream_is_passed_through_as_it_arrives(serve: Callable[..., GatewayServ
 
 
 def test_openai_client_chat_and_images(serve: Callable[..., GatewayServer]) -> None:
-    openai = pytest.importorskip("openai")
+    require("openai", "the official client talks to the gateway")
+    import openai
+
     gw = serve()
     client = openai.OpenAI(base_url=gw.url() + "/openai/v1", api_key=TOKENS[CHAT_EP])
     completion = client.chat.completions.create(model="tiny-chat", messages=HELLO, max_tokens=5)
@@ -480,8 +483,8 @@ def test_client_disconnect_aborts_the_replica_work(
     if stream:
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
     sock.close()  # the client goes away mid-generation
-    elapsed = wait_until(lambda: metric(replicas[1].url, "inferd_engine_running") == 0, 2)
-    assert elapsed < 2
+    # Aborted, not left to generate its 2,000 tokens (which takes far longer).
+    wait_until(lambda: metric(replicas[1].url, "inferd_engine_running") == 0, 2)
     wait_until(lambda: gw.gateway.traffic(CHAT_EP).in_flight == 0, HANG_S)
 
 

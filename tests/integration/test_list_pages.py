@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import jsonschema
 import pytest
 
-from tests.integration.accounts_support import OTHER, OWN, World, world
+from inferd.client.api import ManagementClient
+from tests.integration.accounts_support import OPERATOR_KEY, OTHER, OWN, World, world
 
 __all__ = ["world"]
 
@@ -122,3 +124,125 @@ def test_tampered_and_stale_cursors_are_400(world: World) -> None:
         assert resp.json()["error"]["code"] == "stale_cursor"
     # Another limit is fine: the position does not depend on it.
     assert world.op("GET", "/endpoints", params={"limit": 2, "continue": cursor}).status_code == 200
+
+
+def test_audit_log_pages(world: World) -> None:
+    admin = world.keys["admin-user"]
+    for _ in range(5):
+        world.endpoint(OWN)
+    whole = world.ok("GET", f"/projects/{OWN}/audit", admin)
+    assert "continue" not in whole
+    made = [e for e in whole["data"] if e["action"] == "endpoint.create"]
+    assert len(made) == 5
+
+    def walk_audit(query: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        pages, params = [], dict(query)
+        while True:
+            body = world.ok("GET", f"/projects/{OWN}/audit", admin, params=params)
+            pages.append(body["data"])
+            if "continue" not in body:
+                return pages
+            params = {**query, "continue": body["continue"]}
+
+    pages = walk_audit({"limit": 2})
+    assert [e for p in pages for e in p] == whole["data"]
+    assert all(len(p) == 2 for p in pages[:-1])
+    filtered = walk_audit({"limit": 2, "action": "endpoint.create"})
+    assert [e for p in filtered for e in p] == made
+    # The cursor is bound to the project and the filters.
+    cursor = world.ok("GET", f"/projects/{OWN}/audit", admin, params={"limit": 1})["continue"]
+    query = {"limit": 1, "continue": cursor, "action": "endpoint.create"}
+    resp = world.op("GET", f"/projects/{OWN}/audit", admin, params=query)
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
+    resp = world.op("GET", f"/projects/{OTHER}/audit", params={"continue": cursor})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "stale_cursor"
+
+
+def test_member_pages(world: World) -> None:
+    for i in range(5):
+        world.add_member(OWN, f"zz-{i}", "developer" if i % 2 else "viewer")
+    whole = world.ok("GET", f"/projects/{OWN}/members")
+    assert "continue" not in whole
+    ids = [m["userId"] for m in whole["data"]]
+    assert ids == sorted(ids) and len(ids) == 8  # the fixture's three and these five
+    seen, params = [], {"limit": "3"}
+    while True:
+        body = world.ok("GET", f"/projects/{OWN}/members", params=params)
+        seen += [m["userId"] for m in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "3", "continue": body["continue"]}
+    assert seen == ids
+    devs = world.ok("GET", f"/projects/{OWN}/members", params={"role": "developer"})["data"]
+    assert {m["userId"] for m in devs} == {"developer-user", "zz-1", "zz-3"}
+    bad = world.op("GET", f"/projects/{OWN}/members", params={"role": "owner"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "role"
+    cursor = world.ok("GET", f"/projects/{OWN}/members", params={"limit": 1})["continue"]
+    stale = world.op("GET", f"/projects/{OTHER}/members", params={"continue": cursor})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+    # A cursor of the endpoint list is not one of a member list.
+    world.endpoint(OWN)
+    world.endpoint(OWN)
+    other_list = world.ok("GET", "/endpoints", params={"limit": 1})["continue"]
+    wrong = world.op("GET", f"/projects/{OWN}/members", params={"continue": other_list})
+    assert wrong.status_code == 400
+
+
+def test_pages_and_their_errors_are_documented(world: World) -> None:
+    """Each list's page (with `continue`) and its 400 are in the OpenAPI
+    document, schema included, as are the new query parameters."""
+    doc = world.client.get("/openapi.json").json()
+    for _ in range(2):
+        world.endpoint(OWN)
+        world.new_key("admin-user")
+    admin = world.keys["admin-user"]
+    calls = [
+        ("/endpoints", "/inference/endpoints"),
+        (f"/projects/{OWN}/audit", "/inference/projects/{id}/audit"),
+        (f"/projects/{OWN}/members", "/inference/projects/{id}/members"),
+        ("/users/admin-user/keys", "/inference/users/{userId}/keys"),
+    ]
+    for path, template in calls:
+        op = doc["paths"][template]["get"]
+        assert {"limit", "continue"} <= {p["name"] for p in op["parameters"]}
+        for params in ({"limit": 1}, {"limit": 0}):
+            resp = world.op("GET", path, admin, params=params)
+            spec = op["responses"][str(resp.status_code)]
+            schema = {**spec["content"]["application/json"]["schema"],
+                      "components": doc["components"]}  # fmt: skip
+            jsonschema.Draft202012Validator(schema).validate(resp.json())
+            if resp.status_code == 200:
+                assert "continue" in resp.json()
+
+
+def test_key_pages(world: World) -> None:
+    made = [world.new_key("viewer-user")["id"] for _ in range(4)]
+    whole = world.ok("GET", "/users/viewer-user/keys")
+    assert "continue" not in whole
+    ids = [k["id"] for k in whole["data"]]
+    assert ids[-4:] == made and len(ids) == 5  # the first key, then these
+    seen, params = [], {"limit": "2"}
+    while True:
+        body = world.ok("GET", "/users/viewer-user/keys", params=params)
+        seen += [k["id"] for k in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "2", "continue": body["continue"]}
+    assert seen == ids
+    cursor = world.ok("GET", "/users/viewer-user/keys", params={"limit": 1})["continue"]
+    stale = world.op("GET", "/users/developer-user/keys", params={"continue": cursor})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+
+
+def test_the_client_walks_every_page(world: World) -> None:
+    """What the CLI's list commands use: with pages of one item, the walk
+    still yields every item once (repeated filters kept on every page)."""
+    client = ManagementClient("http://testserver", OPERATOR_KEY, http=world.client)
+    members = [m["userId"] for m in client.walk(f"/projects/{OWN}/members", {"limit": "1"})]
+    assert members == sorted(["admin-user", "developer-user", "viewer-user"])
+    for _ in range(3):
+        world.endpoint(OWN)
+    query = [("limit", "1"), ("action", "endpoint.create"), ("action", "member.add")]
+    entries = list(client.walk(f"/projects/{OWN}/audit", query))
+    whole = world.ok("GET", f"/projects/{OWN}/audit", params=query[1:])["data"]
+    assert entries == whole and len(entries) == 6

@@ -29,8 +29,7 @@ from tests.reliability.fault_support import (
 )
 from tests.support import (
     MID_GENERATION_WINDOW_S,
-    needs_diffusers,
-    needs_vllm,
+    needs,
     seen_running,
     until_mid_generation,
 )
@@ -45,7 +44,7 @@ def engine_running(replica: ReplicaHandle) -> float:
     return metric(replica.url, "inferd_engine_running")
 
 
-@needs_vllm
+@needs("vllm")
 @pytest.mark.reliability(item=5)
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "non-streamed"])
 @pytest.mark.parametrize("via", ["replica", "gateway"])
@@ -127,7 +126,7 @@ def assert_answered_or_cleanly_refused(responses: list[httpx.Response]) -> dict[
     return by_status
 
 
-@needs_diffusers
+@needs("diffusers")
 @pytest.mark.reliability(item=6)
 def test_sixteen_concurrent_images_on_diffusers(diffusers_replica: ReplicaHandle) -> None:
     """16 concurrent image requests straight at a diffusers replica: each 200
@@ -140,7 +139,7 @@ def test_sixteen_concurrent_images_on_diffusers(diffusers_replica: ReplicaHandle
     assert metric(diffusers_replica.url, "inferd_requests_in_flight") == 0
 
 
-@needs_diffusers
+@needs("diffusers")
 @pytest.mark.reliability(item=6)
 def test_sixteen_concurrent_images_through_a_bounded_gateway(
     diffusers_replica: ReplicaHandle, gateway_in_front: Callable[..., GatewayInFront]
@@ -163,7 +162,7 @@ def test_sixteen_concurrent_images_through_a_bounded_gateway(
     wait_until(lambda: gateway.in_flight() == 0, 5, what="the gateway drained")
 
 
-@needs_diffusers
+@needs("diffusers")
 @pytest.mark.reliability(item=6)
 def test_sixteen_concurrent_images_through_an_endpoint(
     serve_factory: Callable[..., ServeHandle],

@@ -62,7 +62,7 @@ def test_a_light_workload_picks_a_small_gpu(catalog: Catalog) -> None:
     ("rps", "replicas"),
     # One 1 x H100 replica at its largest batch meeting the targets serves
     # `capacity` requests/s; replicas = ceil(rps / (0.8 x capacity)).
-    [(0.1, 1), (5, 1), (20, 2), (60, 4)],
+    [(0.1, 1), (5, 1), (20, 2), (60, 5)],
 )
 def test_replicas_follow_the_load(catalog: Catalog, rps: float, replicas: int) -> None:
     work = ChatWorkload(rps, 1000, 200, 1.0, 0.030)

@@ -115,11 +115,15 @@ class MemoryAccountStore:
             self._account_changed(f"user:{user_id}")
         return removed
 
-    async def members_of(self, project_id: str) -> list[Membership]:
-        return sorted(
-            (m for m in self._members.values() if m.project_id == project_id),
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        found = sorted(
+            (m for m in self._members.values()
+             if m.project_id == project_id and (after is None or m.user_id > after)),
             key=lambda m: m.user_id,
-        )
+        )  # fmt: skip
+        return found if limit is None else found[:limit]
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
         return sorted(
@@ -134,11 +138,19 @@ class MemoryAccountStore:
             raise KeyError(key.user_id)
         self._keys[key.id] = key
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
-        return sorted(
-            (k for k in self._keys.values() if k.user_id == user_id),
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        found = sorted(
+            (k for k in self._keys.values()
+             if k.user_id == user_id and (after is None or (k.created_at, k.id) > after)),
             key=lambda k: (k.created_at, k.id),
-        )
+        )  # fmt: skip
+        return found if limit is None else found[:limit]
 
     async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
         for key in self._keys.values():
@@ -173,6 +185,7 @@ class MemoryAccountStore:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         found = [
             e
@@ -181,6 +194,7 @@ class MemoryAccountStore:
             and (since is None or e.at >= since)
             and (until is None or e.at < until)
             and (not actions or e.action in actions)
+            and (after is None or e.id > after)
         ]
         return found[:limit]
 

@@ -115,7 +115,7 @@ ACCOUNT_TABLES_POSTGRES: tuple[LiteralString, ...] = (
 )
 
 _KEY_COLUMNS: LiteralString = (
-    "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
+    "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at, project_id"
 )
 _USAGE_COLUMNS: LiteralString = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
@@ -131,6 +131,7 @@ def _key(row: Sequence[Any]) -> UserKey:
     return UserKey(
         id=row[0], user_id=row[1], name=row[2], key_hash=bytes(row[3]), hint=row[4],
         created_at=row[5].astimezone(UTC), last_used_at=_utc(row[6]), revoked_at=_utc(row[7]),
+        project_id=row[8],
     )  # fmt: skip
 
 
@@ -259,11 +260,14 @@ class PostgresAccounts:
         ))  # fmt: skip
         return bool(count)
 
-    async def members_of(self, project_id: str) -> list[Membership]:
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
         rows = await self._rows(
             "SELECT project_id, user_id, role, created_at FROM memberships"
-            " WHERE project_id = %s ORDER BY user_id",
-            (project_id,),
+            " WHERE project_id = %s AND (%s::text IS NULL OR user_id > %s)"
+            " ORDER BY user_id LIMIT %s",
+            (project_id, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), r[3].astimezone(UTC)) for r in rows]
 
@@ -281,19 +285,28 @@ class PostgresAccounts:
         try:
             await self._run(self._write(
                 "INSERT INTO user_keys (" + _KEY_COLUMNS + ")"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (key.id, key.user_id, key.name, key.key_hash, key.hint, key.created_at,
-                 key.last_used_at, key.revoked_at),
+                 key.last_used_at, key.revoked_at, key.project_id),
             ))  # fmt: skip
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(key.id) from None
         except psycopg.errors.ForeignKeyViolation:
             raise KeyError(key.user_id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        at, key_id = (None, None) if after is None else after
         rows = await self._rows(
-            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s ORDER BY created_at, id",
-            (user_id,),
+            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s"
+            " AND (%s::timestamptz IS NULL OR (created_at, id) > (%s::timestamptz, %s))"
+            " ORDER BY created_at, id LIMIT %s",
+            (user_id, at, at, key_id, limit),
         )
         return [_key(r) for r in rows]
 
@@ -354,6 +367,7 @@ class PostgresAccounts:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         rows = await self._rows(
             "SELECT id, at, project_id, actor, action, target, detail FROM audit_log"
@@ -361,9 +375,10 @@ class PostgresAccounts:
             " AND (%s::timestamptz IS NULL OR at >= %s)"
             " AND (%s::timestamptz IS NULL OR at < %s)"
             " AND (cardinality(%s::text[]) = 0 OR action = ANY(%s::text[]))"
+            " AND id > %s"
             " ORDER BY id LIMIT %s",
             (project_id, project_id, since, since, until, until,
-             [a.value for a in actions], [a.value for a in actions], limit),
+             [a.value for a in actions], [a.value for a in actions], after or 0, limit),
         )  # fmt: skip
         return [
             AuditEntry(

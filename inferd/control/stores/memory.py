@@ -105,15 +105,15 @@ class MemoryStore(MemoryAccountStore):
         self._check()
         return list(self._endpoints.values())
 
-    async def page_endpoints(
+    async def page_endpoint_ids(
         self, where: EndpointFilter, after: int | None, limit: int
-    ) -> Page[Endpoint]:
+    ) -> Page[str]:
         self._check()
-        rows: list[tuple[int, Endpoint]] = []
+        rows: list[tuple[int, str]] = []
         for endpoint in self._endpoints.values():  # insertion order: by position
             position = self._positions[endpoint.id]
             if (after is None or position > after) and where.matches(endpoint):
-                rows.append((position, endpoint))
+                rows.append((position, endpoint.id))
                 if len(rows) > limit:
                     break
         return page_of(rows, limit)

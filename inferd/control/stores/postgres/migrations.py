@@ -197,7 +197,13 @@ _V6 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+_V7 = Migration(
+    7,
+    "a management key may be limited to one project (NULL: every project of its user)",
+    ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 
 
 def latest_version() -> int:

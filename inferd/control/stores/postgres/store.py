@@ -305,20 +305,19 @@ class PostgresStore(PostgresAccounts):
 
         return await self._run(query)
 
-    async def page_endpoints(
+    async def page_endpoint_ids(
         self, where: EndpointFilter, after: int | None, limit: int
-    ) -> Page[Endpoint]:
+    ) -> Page[str]:
         if where.selects_nothing():
             return Page([], None)
         conditions, params = _endpoint_conditions(where, after)
-        statement = sql.SQL("SELECT seq, {} FROM endpoints {} ORDER BY seq LIMIT %s").format(
-            _ENDPOINT_LIST,
+        statement = sql.SQL("SELECT seq, id FROM endpoints {} ORDER BY seq LIMIT %s").format(
             sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
         )
 
-        def query(conn: psycopg.Connection) -> Page[Endpoint]:
+        def query(conn: psycopg.Connection) -> Page[str]:
             rows = conn.execute(statement, (*params, limit + 1)).fetchall()
-            return page_of([(int(r[0]), _endpoint(r[1:])) for r in rows], limit)
+            return page_of([(int(r[0]), str(r[1])) for r in rows], limit)
 
         return await self._run(query)
 

@@ -279,19 +279,19 @@ class SqliteStore(SqliteAccounts):
         rows = await self._run(self._query, _SELECT_ENDPOINT + " ORDER BY rowid")
         return [_endpoint(r) for r in rows]
 
-    async def page_endpoints(
+    async def page_endpoint_ids(
         self, where: EndpointFilter, after: int | None, limit: int
-    ) -> Page[Endpoint]:
+    ) -> Page[str]:
         if where.selects_nothing():
             return Page([], None)
         conditions, params = _endpoint_conditions(where, after)
         query = (
-            f"SELECT rowid, {', '.join(_ENDPOINT_COLUMNS)} FROM endpoints"
+            "SELECT rowid, id FROM endpoints"
             f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
             " ORDER BY rowid LIMIT ?"
         )
         rows = await self._run(self._query, query, (*params, limit + 1))
-        return page_of([(int(r[0]), _endpoint(r[1:])) for r in rows], limit)
+        return page_of([(int(r[0]), str(r[1])) for r in rows], limit)
 
     @contextlib.asynccontextmanager
     async def quota_lock(self, project_id: str) -> AsyncIterator[None]:
