@@ -257,6 +257,8 @@ class Reconciler:
             if (
                 plan.scaler != ScalerState()
                 or plan.capacity_reason is not None
+                or plan.unplaceable is not None
+                or plan.replacing is not None
                 or plan.failures
                 or plan.next_launch_at > now
             ):
