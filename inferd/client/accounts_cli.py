@@ -258,7 +258,8 @@ def _members_put(client: ManagementClient, args: argparse.Namespace) -> int:
     body = client.call(
         "PUT", f"/projects/{args.project}/members/{args.user}", json={"role": args.role}
     )
-    text = f"{args.user} is {args.role} in {args.project}."
+    # A project admin's new user is the project's own: `<project>:<name>`.
+    text = f"{body['member']['userId']} is {args.role} in {args.project}."
     if body["createdKey"]:
         text += (f"\nNew user; their management key (shown only this once):\n"
                  f"  {body['createdKey']['key']}")  # fmt: skip
