@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from inferd.client.api import ManagementClient
 
 from inferd.catalog import Catalog, CatalogError, GpuOption, Recommendation, load_catalog
-from inferd.catalog.models import parse_size
+from inferd.catalog.models import TEXT_KINDS, parse_size
 from inferd.catalog.recommend import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT_TOKENS
 
 
@@ -339,7 +339,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for s in specs:
-        if s.kind == "chat":
+        if s.kind in TEXT_KINDS:
             detail = f"context {s.chat.context_length}"
         else:
             assert s.default_size is not None

@@ -50,7 +50,7 @@ from types import MappingProxyType
 from typing import Any
 
 from inferd.catalog.gpus import GpuCatalog, GpuType
-from inferd.catalog.models import ChatArchitecture, ModelSpec
+from inferd.catalog.models import TEXT_KINDS, ChatArchitecture, ModelSpec
 
 DEFAULT_CONCURRENCY = 16
 DEFAULT_CONTEXT_TOKENS = 4096
@@ -74,6 +74,11 @@ STEP_OVERHEAD_S = 0.003
 IMAGE_OVERHEAD_S = 0.1
 MIN_TOKENS_PER_S_PER_SEQUENCE = 5.0
 MAX_SECONDS_PER_IMAGE = 60.0
+# Embedders and cross-encoders run one forward pass over each input (a
+# prefill, no decode): large matrix products, compute-bound past a few
+# hundred tokens, at a higher share of the peak than a decode step reaches.
+POOLING_COMPUTE_EFFICIENCY = 0.6
+POOLING_KINDS = ("embedding", "rerank")
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,25 @@ def decode_tokens_per_s(
     return concurrency / step, "memory-bandwidth" if t_memory >= t_compute else "compute"
 
 
+def pooling_tokens_per_s(
+    arch: ChatArchitecture, gpu: GpuType, count: int, concurrency: int, seq_tokens: int
+) -> tuple[float, str]:
+    """Input tokens/s of an embedder or cross-encoder, and the roof that
+    bounds it: each step is one forward pass over a batch of `concurrency`
+    inputs of `seq_tokens` tokens, reading the weights once."""
+    scale = count * tp_efficiency(gpu, count)
+    tokens = concurrency * seq_tokens
+    attention = 2 * arch.layers * arch.attention_heads * arch.head_dim * seq_tokens
+    flops = tokens * (2 * arch.parameters + attention)
+    achievable = gpu.bf16_tflops * 1e12 * POOLING_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype)
+    t_compute = flops / (achievable * scale)
+    t_memory = arch.weight_bytes / (
+        gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY * scale
+    )
+    step = max(t_compute, t_memory) + STEP_OVERHEAD_S
+    return tokens / step, "compute" if t_compute >= t_memory else "memory-bandwidth"
+
+
 def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
     """Seconds per image at the default size and steps, its TFLOPs, and the bound."""
     arch = spec.image
@@ -254,7 +278,7 @@ def _structural_problems(
         problems.append(
             "an image pipeline runs on one GPU per replica; more GPUs add cost, not speed"
         )
-    if model.kind == "chat" and model.chat.attention_heads % count:
+    if model.kind in TEXT_KINDS and model.chat.attention_heads % count:
         problems.append(
             f"{model.chat.attention_heads} attention heads do not split evenly over {count} GPUs "
             "(tensor parallelism needs a divisor)"
@@ -274,7 +298,9 @@ def _evaluate(
     gpu = gpus.gpu_types[gpu_type]
     price = gpus.price_per_gpu(location, gpu_type) * count
     available = count * gpu.total_memory_gb * USABLE_MEMORY_FRACTION
-    if model.kind == "chat":
+    if model.kind in TEXT_KINDS:
+        # A pooling model keeps no cache between steps, but vLLM sizes one
+        # for a decoder embedder's prefill: the chat bound is a safe one.
         memory = chat_memory(model.chat, count, concurrency, seq_tokens)
     else:
         memory = image_memory(model)
@@ -298,6 +324,19 @@ def _evaluate(
     if problems:
         return replace(base, reasons=tuple(problems))
     reasons = [f"needs {fit_text} of {available:.1f} GB usable"]
+    if model.kind in POOLING_KINDS:
+        rate, bound = pooling_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
+        reasons.append(
+            f"{bound}-bound: {rate:,.0f} input tokens/s for batches of {concurrency} inputs of "
+            f"{seq_tokens} tokens (one forward pass each, no decode)"
+        )
+        return replace(
+            base,
+            fits=True,
+            reasons=tuple(reasons),
+            # Per million input tokens: what an embedding or rerank API bills.
+            cost_per_million_tokens=price / (3600 * rate) * 1e6,
+        )
     if model.kind == "chat":
         rate, bound = decode_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
         per_sequence = rate / concurrency
@@ -399,6 +438,14 @@ def assumptions(model: ModelSpec, concurrency: int, seq_tokens: int) -> dict[str
         "stepOverheadSeconds": STEP_OVERHEAD_S,
         "tensorParallelScalingPerDoubling": dict(TP_SCALING_PER_DOUBLING),
     }
+    if model.kind in POOLING_KINDS:
+        return {
+            "inputsPerBatch": concurrency,
+            "tokensPerInput": seq_tokens,
+            "poolingComputeEfficiency": POOLING_COMPUTE_EFFICIENCY,
+            "costPerMillionTokensCounts": "input tokens",
+            **common,
+        }
     if model.kind == "chat":
         return {
             "concurrency": concurrency,
@@ -438,7 +485,7 @@ def recommend(
     """
     if concurrency < 1 or context_tokens < 1:
         raise ValueError("concurrency and context_tokens must be at least 1")
-    seq_tokens = min(context_tokens, model.chat.context_length) if model.kind == "chat" else 0
+    seq_tokens = min(context_tokens, model.chat.context_length) if model.kind in TEXT_KINDS else 0
     options = [
         _evaluate(model, gpus, loc, name, count, concurrency, seq_tokens)
         for loc, name, count in _candidates(model, gpus, location, gpu_type, gpu_count)
