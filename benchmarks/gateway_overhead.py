@@ -13,6 +13,12 @@ Parts:
 - stream: fake engine with token_delay_s=0 (the gateway's per-token cost
   is all there is to see), streamed, 64 tokens: output tokens/s ratio (goal
   >= 0.95) and TTFT p50 delta (goal <= +2 ms).
+- routing: what the routing choice costs per request for a 4k-token
+  conversation (about 16 KB of messages), in process: least-loaded (the
+  policy before prefix routing) against prefix routing (block hashes, the
+  prefix table, rendezvous order; budget 50 us). Then the same
+  conversation through two gateway processes, one per policy, alternating:
+  the gateway's CPU per request before and after.
 - serve: the production path. `inferd serve` (management API, registry,
   reconciler and gateway in one process) with one endpoint pinned at one
   fake-engine replica; the load goes to the endpoint's `url` with its token
@@ -51,7 +57,9 @@ MODEL = "tiny-chat"
 # --- the gateway process ---------------------------------------------------------
 
 
-def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> None:
+def serve_gateway(
+    replica_url: str, port: int, token: str, upstream: str, routing: str = "prefix"
+) -> None:
     import contextlib
     from collections.abc import AsyncIterator
 
@@ -63,6 +71,7 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
 
     from inferd.gateway.app import Gateway, gateway_routes
     from inferd.gateway.directory import EndpointRoute, RoutableReplica
+    from inferd.gateway.routing import Policy
     from inferd.gateway.settings import GatewaySettings
     from inferd.gateway.static import StaticDirectory
     from inferd.gateway.upstream import HttpxUpstream
@@ -73,7 +82,7 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
     directory.add_endpoint(
         EndpointRoute(ENDPOINT_ID, "chat", MODEL), [RoutableReplica("r-1", replica_url)]
     )
-    settings = GatewaySettings(max_in_flight_per_replica=256)
+    settings = GatewaySettings(max_in_flight_per_replica=256, routing_policy=Policy(routing))
     client = HttpxUpstream() if upstream == "httpx" else None
     gateway = Gateway(directory, verifier_for({ENDPOINT_ID: token}), settings, upstream=client)
 
@@ -102,11 +111,13 @@ def serve_gateway(replica_url: str, port: int, token: str, upstream: str) -> Non
     )
 
 
-def start_gateway(replica_url: str, token: str, upstream: str) -> tuple[Any, str]:
+def start_gateway(
+    replica_url: str, token: str, upstream: str, routing: str = "prefix"
+) -> tuple[Any, str]:
     port = free_port()
     command = [
         sys.executable, __file__, "--serve-gateway", "--replica-url", replica_url,
-        "--port", str(port), "--token", token, "--upstream", upstream,
+        "--port", str(port), "--token", token, "--upstream", upstream, "--routing", routing,
     ]  # fmt: skip
     process = subprocess.Popen(command, start_new_session=True)
     try:
@@ -202,6 +213,102 @@ def run_part(
     return compare(part, runs, stream)
 
 
+def conversation(words: int = 3000, turns: int = 6) -> list[dict[str, str]]:
+    """A multi-turn chat of about `words` words (~4k tokens, ~16 KB)."""
+    per = words // (turns * 2 + 1)
+    text = " ".join(f"word{i % 97}" for i in range(per))
+    messages = [{"role": "system", "content": f"You are agent 7. {text}"}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: {text}"})
+        messages.append({"role": "assistant", "content": f"Answer {turn}: {text}"})
+    messages.append({"role": "user", "content": "And finally?"})
+    return messages
+
+
+def routing_decision_cpu(iterations: int = 20_000) -> list[dict[str, Any]]:
+    """CPU per routing choice for one 4k-token conversation, 4 replicas:
+    the whole per-request routing path of each policy, new conversation
+    each time (the prefix table misses, then records)."""
+    import json
+    import time
+
+    from inferd.gateway.affinity import PrefixTable, request_prefix
+    from inferd.gateway.directory import RoutableReplica
+    from inferd.gateway.routing import Affinity, Policy, choose_replica
+    from inferd.gateway.settings import GatewaySettings
+
+    settings = GatewaySettings()
+    replicas = [RoutableReplica(f"replica-{i}", f"http://127.0.0.1:{9000 + i}") for i in range(4)]
+    in_flight = {"replica-0": 3, "replica-1": 2, "replica-2": 5}
+    messages = conversation()
+    bodies = []
+    for i in range(64):  # distinct conversations (first block differs)
+        messages[0] = {**messages[0], "content": f"agent {i} " + messages[0]["content"]}
+        bodies.append(json.dumps({"model": MODEL, "messages": messages, "stream": True}).encode())
+    table = PrefixTable(settings.prefix_table_entries)
+
+    def least_loaded(body: bytes, turn: int) -> None:
+        choose_replica(replicas, in_flight, max_in_flight=256, turn=turn)
+
+    def prefix(body: bytes, turn: int) -> None:
+        p = request_prefix(
+            body, ENDPOINT_ID, base_model=MODEL,
+            block_bytes=settings.prefix_block_bytes, max_blocks=settings.prefix_max_blocks,
+        )  # fmt: skip
+        affinity = Affinity(p.home, table.lookup(p.blocks), p.adapter)
+        choice = choose_replica(
+            replicas, in_flight, max_in_flight=256, turn=turn, affinity=affinity,
+            policy=Policy.PREFIX, load_factor=settings.routing_load_factor,
+        )  # fmt: skip
+        assert choice.replica is not None
+        table.record(p.blocks, choice.replica.replica_id)
+
+    rows = []
+    for name, decide in (("least_loaded (before)", least_loaded), ("prefix (after)", prefix)):
+        samples = []
+        for _ in range(3):
+            started = time.process_time()
+            for i in range(iterations):
+                decide(bodies[i % 64], i)
+            samples.append((time.process_time() - started) / iterations)
+        rows.append({
+            "part": "routing decision, 4k-token chat", "label": name,
+            "requests": iterations * 3, "body bytes": len(bodies[0]),
+            "cpu us/decision": round(statistics.median(samples) * 1e6, 2),
+        })  # fmt: skip
+    return rows
+
+
+def run_routing_part(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], Any]:
+    """The 4k-token conversation through one gateway per policy."""
+    token = new_endpoint_token()
+    targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (url, {})}
+    pids: dict[str, int] = {}
+    gateways = []
+    try:
+        for routing in ("least_loaded", "prefix"):
+            process, gateway_url = start_gateway(url, token, "pool", routing)
+            gateways.append(process)
+            targets[f"gateway-{routing}"] = (gateway_url, {"Authorization": f"Bearer {token}"})
+            pids[f"gateway-{routing}"] = process.pid
+        chat_urls = {n: (u + "/openai/v1/chat/completions", h) for n, (u, h) in targets.items()}
+        extra = {"messages": conversation()}
+
+        def rounds_of(count: int, size: int, cpu: dict[str, int]) -> dict[str, list[LoadResult]]:
+            return asyncio.run(
+                chat_rounds(chat_urls, model=MODEL, rounds=count, requests=size, concurrency=8,
+                            max_tokens=2, stream=False, cpu_pids=cpu, timeout_s=300, extra=extra)
+            )  # fmt: skip
+
+        rounds_of(1, 32, {})
+        runs = rounds_of(args.rounds, args.requests, pids)
+    finally:
+        for process in gateways:
+            process.terminate()
+            process.wait(30)
+    return compare("fake 4k-token chat c=8", runs, False)
+
+
 def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
     """The parts measured through a real `inferd serve` endpoint URL."""
     import tempfile
@@ -244,7 +351,7 @@ def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
 COLUMNS = [
     "part", "label", "requests", "errors", "latency_p50_ms", "latency_p99_ms", "added p50 ms",
     "added p99 ms", "output_tokens_per_s", "tok/s ratio", "ttft_p50_ms", "ttft p50 delta ms",
-    "gateway cpu us/req",
+    "gateway cpu us/req", "body bytes", "cpu us/decision",
 ]  # fmt: skip
 
 
@@ -266,9 +373,11 @@ def main() -> int:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="pool", help=argparse.SUPPRESS)
+    parser.add_argument("--routing", default="prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-routing", action="store_true")
     args = parser.parse_args()
     if args.serve_gateway:
-        serve_gateway(args.replica_url, args.port, args.token, args.upstream)
+        serve_gateway(args.replica_url, args.port, args.token, args.upstream, args.routing)
         return 0
 
     rows: list[dict[str, Any]] = []
@@ -277,6 +386,19 @@ def main() -> int:
     def add(part: str, result: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
         rows.extend(result[0])
         report["parts"][part] = result[1]
+
+    if not args.skip_routing:
+        rows.extend(routing_decision_cpu())
+        report["parts"]["routing decision"] = rows[-2:]
+        long = ReplicaHandle(
+            MODEL,
+            ["--engine", "fake", "--engine-arg", "token_delay_s=0",
+             "--engine-arg", "context_length=32768"],
+        )  # fmt: skip
+        try:
+            add("fake 4k-token chat c=8", run_routing_part(long.wait_ready(60).url, args))
+        finally:
+            long.stop()
 
     if not args.skip_fake:
         fake = ReplicaHandle(MODEL, ["--engine", "fake", "--engine-arg", "token_delay_s=0"])

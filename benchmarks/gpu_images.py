@@ -1,6 +1,8 @@
 """Seconds per image of a full-size SDXL on a CUDA GPU: inferd's diffusers
-engine at its default settings and with `optimize=True`, and the bare
-pipeline, against the 2.54 s/image diffusers' guide reports for a tuned SDXL.
+engine at its default settings and with `optimize=True`, against the bare
+pipeline measured in the same run (the reference). The 2.54 s/image that
+diffusers' guide reports for a tuned SDXL on an A100 is printed for context,
+never judged against: it was measured on another machine.
 
     .venv/bin/python benchmarks/gpu_images.py [--steps 30] [--size 1024] [--runs 3]
         [--device-index 0] [--variants bare default optimize]
@@ -26,8 +28,10 @@ Variants, each on a freshly built pipeline (same seed), one after another:
   Compilation happens in the warm-up call, reported apart.
 
 Each variant: one warm-up call at the measured size (not timed in the rate;
-its time is shown), then `--runs` timed images, median reported. Reference:
-diffusers' "Accelerate inference of text-to-image diffusion models" tutorial
+its time is shown), then `--runs` timed images, median reported. Goal: the
+engine's fastest settings at or under the bare pipeline's median (the engine
+also encodes a PNG). Context: diffusers' "Accelerate inference of
+text-to-image diffusion models" tutorial
 (https://huggingface.co/docs/diffusers/tutorials/fast_diffusion): 2.54 s
 per 1024x1024 image, 30 steps, SDXL on an 80 GB 400 W A100 with bf16, SDPA
 and torch.compile.
@@ -245,7 +249,6 @@ class VariantResult:
             "s_per_image": round(median, 3),
             "min_s": round(min(self.seconds), 3),
             "max_s": round(max(self.seconds), 3),
-            "vs guide": round(median / GUIDE_S_PER_IMAGE, 3),
         }
 
 
@@ -426,7 +429,8 @@ def main() -> int:
     report: dict[str, Any] = {
         "config": {**vars(args), "out": str(args.out), "size": size, "steps": steps},
         "device": gpu,
-        "reference": {"s_per_image": GUIDE_S_PER_IMAGE, "source": GUIDE},
+        "reference": "the bare pipeline, measured in this run",
+        "context": {"s_per_image": GUIDE_S_PER_IMAGE, "source": GUIDE},
     }
     if args.smoke:
         check = meta_parameter_check()
@@ -448,11 +452,15 @@ def main() -> int:
             print(f"{result.variant}: {result.row()}")
             free(device)
     rows = [r.row() for r in results]
+    bare = next((r["s_per_image"] for r in rows if r["variant"].startswith("bare")), None)
+    for row in rows:
+        row["vs bare"] = round(row["s_per_image"] / bare, 3) if bare else None
     if device.startswith("cuda"):
         report["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print_table(
         f"SDXL-architecture pipeline, random fp16 weights, {size}x{size}, {steps} steps, on "
-        f"{gpu}; reference {GUIDE_S_PER_IMAGE} s/image ({GUIDE}); {load_average()}",
+        f"{gpu}; reference: the bare pipeline, this run (context, not judged: "
+        f"{GUIDE_S_PER_IMAGE} s/image, {GUIDE}); {load_average()}",
         rows,
         list(rows[0]),
     )
@@ -461,15 +469,17 @@ def main() -> int:
     if args.smoke:
         print("\n--smoke: code path checked at toy scale on the CPU; no goal is judged.")
         report["goal_met"] = None
-    elif best is not None:
-        met = best["s_per_image"] <= GUIDE_S_PER_IMAGE
+    elif best is not None and bare is not None:
+        met = best["s_per_image"] <= bare
         print(
-            f"\ngoal: the engine's fastest settings at or under the guide's "
-            f"{GUIDE_S_PER_IMAGE} s/image: {'met' if met else 'NOT met'} "
-            f"({best['variant']}: {best['s_per_image']} s; the guide's GPU was an A100, "
-            "compare per device)"
+            f"\ngoal: the engine's fastest settings at or under the bare pipeline's "
+            f"{bare} s/image, same run: {'met' if met else 'NOT met'} "
+            f"({best['variant']}: {best['s_per_image']} s)"
         )
         report["goal_met"] = met
+    else:
+        print("\nno goal judged: it needs the bare variant and an engine variant in one run")
+        report["goal_met"] = None
     report["results"] = rows
     write_report("gpu_images_smoke" if args.smoke else "gpu_images", report, args.out)
     return 0

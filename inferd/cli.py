@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from inferd import __version__
+
 # (module, help). Each module exposes `register(subparsers)`, which adds its
 # parser(s) and sets `func=` to a callable taking the parsed args and
 # returning an exit status.
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inferd", description="GPU model-serving runtime with an embedded control plane."
     )
+    parser.add_argument("--version", action="version", version=f"inferd {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in _SUBCOMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)

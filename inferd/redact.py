@@ -15,8 +15,9 @@ from collections.abc import Mapping
 # truncated or mistyped token is redacted too.
 TOKEN_PATTERN = re.compile(r"infd_(?:ep|admin|key)_[0-9A-Za-z]{8,}")
 # Whatever follows "Bearer " is a secret even when it is not one of ours
-# (an operator-chosen admin key).
-_BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
+# (an operator-chosen admin key); but not a placeholder such as "<your key>"
+# in inferd's own hints, which no key starts with.
+_BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)(?!<)[^\s\"',;]+")
 
 
 def redact(text: str) -> str:

@@ -22,9 +22,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from inferd.control.autoscaler import DOWNSCALE_DELAY_S, TARGET_CONCURRENCY, UPSCALE_DELAY_S
+from inferd.control.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    TARGET_ENGINE_WAITING,
+    TARGET_KV_CACHE_USAGE,
+    UPSCALE_DELAY_S,
+)
 from inferd.control.reconciler import ReconcilerSettings
 from inferd.control.registry import RegistrySettings
+from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ReplicaSettings
@@ -94,8 +101,14 @@ class Settings(BaseModel):
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")
-    # Location used when a create request names none.
-    default_location: str = Field("local", description="location when a request names none")
+    # One setting for both, so that a single machine is declared in one place:
+    # where the local launcher's replicas run (its GPUs are offered there) and
+    # the location of a create request that names none.
+    default_location: str = Field(
+        "local",
+        description="this machine's location (local launcher) and the location of a "
+        "request that names none, e.g. us-east",
+    )
 
     # --- Endpoint limits -----------------------------------------------------
     max_replicas_cap: int = Field(8, ge=1, le=1024, description="highest maxReplicas allowed")
@@ -116,6 +129,29 @@ class Settings(BaseModel):
         _GATEWAY.max_hold_seconds,
         gt=0,
         description="longest a request is held waiting for a replica",
+    )
+
+    # --- Gateway: routing -----------------------------------------------------
+    gateway_routing_policy: Literal["prefix", "least_loaded"] = Field(
+        _GATEWAY.routing_policy.value,
+        description="prefix: to the replica likely holding the prompt's KV cache, "
+        "within a load bound; least_loaded: least in-flight work",
+    )
+    gateway_routing_load_factor: float = Field(
+        _GATEWAY.routing_load_factor,
+        ge=1,
+        description="prefix routing's load bound, as a multiple of the mean replica load",
+    )
+    gateway_prefix_block_bytes: int = Field(
+        _GATEWAY.prefix_block_bytes, ge=16, description="prompt bytes per hashed block"
+    )
+    gateway_prefix_max_blocks: int = Field(
+        _GATEWAY.prefix_max_blocks, ge=1, description="blocks hashed per prompt, at most"
+    )
+    gateway_prefix_table_entries: int = Field(
+        _GATEWAY.prefix_table_entries,
+        ge=1,
+        description="prompt block hashes remembered per server (LRU, ~100 bytes each)",
     )
 
     # --- Registry and health ------------------------------------------------
@@ -148,6 +184,17 @@ class Settings(BaseModel):
     autoscale_downscale_delay_seconds: float = Field(
         DOWNSCALE_DELAY_S, ge=0, description="sustained low load before removing a replica"
     )
+    autoscale_target_kv_cache_usage: float = Field(
+        TARGET_KV_CACHE_USAGE,
+        ge=0,
+        le=1,
+        description="mean KV cache use per replica to aim for (0: not a signal)",
+    )
+    autoscale_target_engine_waiting: float = Field(
+        TARGET_ENGINE_WAITING,
+        ge=0,
+        description="requests queued inside each replica's engine to aim for (0: not a signal)",
+    )
     reconcile_period_seconds: float = Field(
         1.0, gt=0, description="how often desired replicas are applied"
     )
@@ -160,6 +207,13 @@ class Settings(BaseModel):
     )
     cpu_replica_slots: int = Field(
         4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"
+    )
+    # nvidia-smi's device names are matched to configs/gpus.yaml; a GPU whose
+    # name matches no type (a workstation card, a new model) is declared here.
+    gpu_types: str = Field(
+        "",
+        description="this machine's GPU types when detection matches none: one for all "
+        "(L40S) or by index (0=H100-80GB,1=L4)",
     )
     replica_orphan_timeout_seconds: float = Field(
         60.0,
@@ -196,6 +250,11 @@ class Settings(BaseModel):
             max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
             max_held_requests=self.gateway_max_queued_per_endpoint,
             max_hold_seconds=self.gateway_hold_timeout_seconds,
+            routing_policy=Policy(self.gateway_routing_policy),
+            routing_load_factor=self.gateway_routing_load_factor,
+            prefix_block_bytes=self.gateway_prefix_block_bytes,
+            prefix_max_blocks=self.gateway_prefix_max_blocks,
+            prefix_table_entries=self.gateway_prefix_table_entries,
         )
 
     @property
@@ -206,6 +265,8 @@ class Settings(BaseModel):
             target_concurrency=self.autoscale_target_concurrency,
             upscale_delay_s=self.autoscale_upscale_delay_seconds,
             downscale_delay_s=self.autoscale_downscale_delay_seconds,
+            target_kv_cache_usage=self.autoscale_target_kv_cache_usage or None,
+            target_engine_waiting=self.autoscale_target_engine_waiting or None,
         )
 
     @property

@@ -235,7 +235,7 @@ class ServeHandle:
         """A replica's own base URL, from the line it logs when it binds."""
         log = self.state_dir / "state" / "logs" / f"replica-{replica_id}.log"
         text = log.read_text(errors="replace") if log.exists() else ""
-        match = re.search(rf"replica {replica_id} serving \S+ on (http://\S+)", text)
+        match = re.search(rf"replica {replica_id} serving .*? on (http://\S+)", text)
         if match is None:
             raise AssertionError(f"replica {replica_id} has not logged its URL")
         return match.group(1)

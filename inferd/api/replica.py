@@ -11,6 +11,8 @@ one after the other (this is the one contract that crosses machines).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -18,6 +20,7 @@ from inferd.vocab import ReplicaStatus
 
 MAX_REASON_CHARS = 2000
 MAX_URL_CHARS = 2048
+MAX_ADAPTERS = 256
 
 _STRICT = ConfigDict(
     strict=True, extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True
@@ -33,6 +36,14 @@ class ReplicaLoadReport(BaseModel):
     running: int = Field(default=0, ge=0)
     waiting: int = Field(default=0, ge=0)
     kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
+    # Prompt tokens looked up in the engine's prefix cache since the replica
+    # started, and those found (cumulative: a lost report loses nothing).
+    prefix_cache_queries: int = Field(default=0, ge=0)
+    prefix_cache_hits: int = Field(default=0, ge=0)
+    # LoRA adapters the engine has loaded now.
+    adapters: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=MAX_ADAPTERS
+    )
 
 
 class ReplicaUsageReport(BaseModel):
@@ -56,6 +67,9 @@ class ReplicaReport(BaseModel):
     # are still refused).
     status: ReplicaStatus = Field(strict=False)
     reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    # The engine serving the model (vllm, transformers, diffusers, fake);
+    # None before it is chosen, and from replicas older than this field.
+    engine: str | None = Field(default=None, max_length=40)
     # Where the gateway reaches it; None until it listens.
     url: str | None = Field(default=None, max_length=MAX_URL_CHARS)
     # Increases with every report a replica sends: the registry ignores a

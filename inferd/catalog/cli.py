@@ -10,14 +10,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inferd.client.api import ManagementClient
 
-from inferd.catalog import Catalog, CatalogError, GpuOption, Recommendation, load_catalog
+from inferd.catalog import Catalog, CatalogError, load_catalog
 from inferd.catalog.models import TEXT_KINDS, parse_size
 from inferd.catalog.recommend import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT_TOKENS
 
@@ -74,8 +74,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     models = subparsers.add_parser("models", help="the model catalog and the tiny local models")
     sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
-    ls = sub.add_parser("list", help="list catalog models")
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from inferd.client.cli import api_args, command
+
+    api = api_args()
+    ls = sub.add_parser(
+        "list",
+        parents=[api],
+        help="list the models endpoints can use",
+        description="With a management key (--key, INFERD_API_KEY or INFERD_ADMIN_KEY): "
+        "the server's models, registered ones included. Without one, or with --catalog: "
+        "the bundled catalog.",
+    )
+    ls.add_argument("--catalog", action="store_true", help="the bundled catalog only")
     _catalog_args(ls)
     ls.set_defaults(func=cmd_models_list)
     build = sub.add_parser("build", help="build a tiny local model (tiny-chat, tiny-sdxl)")
@@ -83,15 +93,17 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     build.add_argument("--cache-dir", type=Path, help="where to build (default: the model cache)")
     build.set_defaults(func=cmd_models_build)
 
-    from inferd.client.cli import api_args, command
-
-    api = api_args()
     add = sub.add_parser(
         "add",
         parents=[api],
         help="register a model on the server from a Hugging Face repository or a directory",
     )
-    add.add_argument("--source", required=True, help="org/name or an absolute directory")
+    add.add_argument(
+        "--source",
+        required=True,
+        help="a Hugging Face repository (org/name) or a directory (on the server's machine; "
+        "an existing relative one is made absolute)",
+    )
     add.add_argument("--revision", help="branch, tag or commit of a repository")
     add.add_argument("--name", help="name for endpoints (default: from the source)")
     add.add_argument("--description")
@@ -112,6 +124,13 @@ def _catalog_args(parser: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace) -> Catalog:
     return load_catalog(args.models_dir, args.configs_dir)
+
+
+def _unknown_model(exc: KeyError) -> str:
+    # The local catalog has only the bundled models: a registered one is on
+    # the server.
+    message = str(exc.args[0]) if exc.args else str(exc)
+    return f"{message}. A model registered on the server (`inferd models add`): add --server"
 
 
 def _fail(message: str) -> int:
@@ -142,51 +161,56 @@ def _steps(count: int | None) -> str:
     return f"{count} step{'' if count == 1 else 's'}"
 
 
-def _option_row(option: GpuOption, currency: str) -> list[str]:
-    if option.est_seconds_per_image is not None:
-        speed = f"{option.est_seconds_per_image:.2f} s/image"
-        cost = _money(option.cost_per_image, currency) + " /image"
-    elif option.est_output_tokens_per_s is not None:
-        speed = f"{option.est_output_tokens_per_s:,.0f} tokens/s"
-        cost = _money(option.cost_per_million_tokens, currency) + " /1M tokens"
+def _option_row(option: Mapping[str, Any], currency: str) -> list[str]:
+    if option["estSecondsPerImage"] is not None:
+        speed = f"{option['estSecondsPerImage']:.2f} s/image"
+        cost = _money(option["costPerImage"], currency) + " /image"
+    elif option["estOutputTokensPerS"] is not None:
+        speed = f"{option['estOutputTokensPerS']:,.0f} tokens/s"
+        cost = _money(option["costPerMillionTokens"], currency) + " /1M tokens"
     else:
         speed, cost = "-", "-"
     return [
-        f"{option.location} {option.gpu_count} x {option.gpu_type}",
-        "yes" if option.fits else "no",
-        f"{option.hourly_price:,.2f} {currency}/h",
-        f"{option.memory_needed_gb:.1f} / {option.memory_available_gb:.1f} GB",
+        f"{option['location']} {option['gpuCount']} x {option['gpuType']}",
+        "yes" if option["fits"] else "no",
+        f"{option['hourlyPrice']:,.2f} {currency}/h",
+        f"{option['memoryNeededGb']:.1f} / {option['memoryAvailableGb']:.1f} GB",
         speed,
         cost,
+        "-" if option.get("errorBand") is None else f"±{option['errorBand']:.0%}",
     ]
 
 
-def format_recommendation(rec: Recommendation) -> str:
-    where = f"in {rec.location}" if rec.location else "in every location"
-    a = rec.assumptions
+def format_recommendation(rec: Mapping[str, Any]) -> str:
+    """A recommendation without a workload, as `Recommendation.to_dict()`
+    (and the API) give it: the same table for the catalog and `--server`."""
+    where = f"in {rec['location']}" if rec["location"] else "in every location"
+    a = rec["assumptions"]
     if "concurrency" in a:
         basis = f"{a['concurrency']} concurrent sequences of {a['contextTokensPerSequence']} tokens"
     else:
         basis = (
             f"{_steps(a['steps'])} at {a['size']}, batches of up to {a['imagesPerBatch']} images"
         )
+    options, rejected, currency = rec["options"], rec["rejected"], rec["currency"]
     lines = [
-        f"{rec.model} {where}: {len(rec.options)} option(s) fit, {len(rec.rejected)} rejected "
-        f"({basis})",
+        f"{rec['model']} {where}: {len(options)} option(s) fit, {len(rejected)} rejected ({basis})",
         "",
     ]
-    headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost"]
-    rows = [_option_row(o, rec.currency) for o in (*rec.options, *rec.rejected)]
+    headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost", "error"]
+    rows = [_option_row(o, currency) for o in (*options, *rejected)]
     if rows:
         lines.append(format_table(headers, rows))
-    best = rec.best()
+    best = rec["best"]
     if best is not None:
-        lines += ["", f"Recommended: {best.location} {best.gpu_count} x {best.gpu_type}"]
-        lines += [f"  - {reason}" for reason in best.reasons]
-    if rec.rejected:
+        lines += ["", f"Recommended: {best['location']} {best['gpuCount']} x {best['gpuType']}"]
+        lines += [f"  - {reason}" for reason in best["reasons"]]
+    if rejected:
         lines += ["", "Rejected:"]
-        for o in rec.rejected:
-            lines.append(f"  {o.location} {o.gpu_count} x {o.gpu_type}: {'; '.join(o.reasons)}")
+        for o in rejected:
+            lines.append(
+                f"  {o['location']} {o['gpuCount']} x {o['gpuType']}: {'; '.join(o['reasons'])}"
+            )
     return "\n".join(lines)
 
 
@@ -226,11 +250,12 @@ def format_workload(rec: dict[str, Any]) -> str:
         rows.append([
             f"{o['location']} {o['gpuCount']} x {o['gpuType']}", str(o["batch"]), speed,
             f"{o['replicas']} ({o['minReplicas']}-{o['maxReplicas']})",
-            f"{o['totalHourlyPrice']:,.2f} {currency}/h", unit, o["basis"],
+            f"{o['totalHourlyPrice']:,.2f} {currency}/h", unit,
+            "-" if o.get("errorBand") is None else f"±{o['errorBand']:.0%}", o["basis"],
         ])  # fmt: skip
     if rows:
         headers = ["option", "batch", "throughput", "replicas (min-max)", "total", "unit cost",
-                   "basis"]  # fmt: skip
+                   "error", "basis"]  # fmt: skip
         lines.append(format_table(headers, rows))
     best = rec["best"]
     if best is not None:
@@ -285,10 +310,14 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
                 gpu_type=args.gpu_type, gpu_count=args.gpu_count,
             ).to_dict()  # fmt: skip
         except KeyError as exc:
-            return _fail(str(exc.args[0]) if exc.args else str(exc))
+            return _fail(_unknown_model(exc))
         except (CatalogError, ValueError) as exc:
             return _fail(str(exc))
-    print(json.dumps(rec, indent=2) if args.json else format_workload(rec))
+    if args.json:
+        print(json.dumps(rec, indent=2))
+    else:
+        # The server answers a workload's sizing only when one was asked for.
+        print(format_workload(rec) if "workload" in rec else format_recommendation(rec))
     return 0
 
 
@@ -311,13 +340,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             context_tokens=args.context_tokens,
         )
     except KeyError as exc:
-        return _fail(str(exc.args[0]) if exc.args else str(exc))
+        return _fail(_unknown_model(exc))
     except (CatalogError, ValueError) as exc:
         return _fail(str(exc))
     if args.json:
         print(json.dumps(rec.to_dict(), indent=2))
     else:
-        print(format_recommendation(rec))
+        print(format_recommendation(rec.to_dict()))
     return 0
 
 
@@ -329,29 +358,55 @@ def _params(count: int) -> str:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
+    import os
+
+    from inferd.client.cli import command, key_from
+
+    if not args.catalog and key_from(args, os.environ):
+        return command(_models_list_server)(args)
     try:
         catalog = _load(args)
     except CatalogError as exc:
         return _fail(str(exc))
-    specs = catalog.models.all()
+    models = [{**spec.to_dict(), "registered": False} for spec in catalog.models.all()]
     if args.json:
-        print(json.dumps([s.to_dict() for s in specs], indent=2))
+        print(json.dumps(models, indent=2))
         return 0
-    rows = []
-    for s in specs:
-        if s.kind in TEXT_KINDS:
-            detail = f"context {s.chat.context_length}"
-        else:
-            assert s.default_size is not None
-            detail = f"{s.default_size[0]}x{s.default_size[1]}, {_steps(s.default_steps)}"
-        arch = s.architecture
-        rows.append([s.name, s.kind, _params(arch.parameters), arch.dtype, detail, s.source])
-    print(format_table(["name", "kind", "params", "dtype", "defaults", "source"], rows))
+    print(format_models(models))
+    if not args.catalog:
+        print("\n(the bundled catalog: pass --key or set INFERD_API_KEY/INFERD_ADMIN_KEY to "
+              "include the models registered on the server)")  # fmt: skip
     return 0
 
 
+def _models_list_server(client: ManagementClient, args: argparse.Namespace) -> int:
+    models = client.list_models()
+    print(json.dumps(models, indent=2) if args.json else format_models(models))
+    return 0
+
+
+def format_models(models: Sequence[Mapping[str, Any]]) -> str:
+    """Models as the API lists them (catalog and registered alike)."""
+    rows = []
+    for m in models:
+        arch = m["architecture"]
+        if m["kind"] in TEXT_KINDS:
+            detail = f"context {arch.get('contextLength')}"
+        else:
+            detail = f"{m['defaultSize']}, {_steps(m['defaultSteps'])}"
+        origin = "catalog"
+        if m.get("registered"):
+            origin = f"registered ({m['projectId'] or 'global'})"
+        rows.append(
+            [m["name"], m["kind"], _params(m["parameters"]), str(arch.get("dtype")), detail,
+             origin, m["source"]]
+        )  # fmt: skip
+    headers = ["name", "kind", "params", "dtype", "defaults", "from", "source"]
+    return format_table(headers, rows) if rows else "No models."
+
+
 def _models_add(client: ManagementClient, args: argparse.Namespace) -> int:
-    body = {"source": args.source}
+    body = {"source": local_source(args.source)}
     for key in ("revision", "name", "description"):
         if getattr(args, key):
             body[key] = getattr(args, key)
@@ -361,6 +416,16 @@ def _models_add(client: ManagementClient, args: argparse.Namespace) -> int:
     else:
         _print_model(model)
     return 0
+
+
+def local_source(source: str) -> str:
+    """A directory that exists here, relative or not (`models/x`, `./x`), as
+    the absolute path the server needs; anything else (an `org/name`
+    repository id) as given."""
+    path = Path(source).expanduser()
+    if path.is_dir() and not path.is_absolute():
+        return str(path.resolve())
+    return source
 
 
 def _models_show(client: ManagementClient, args: argparse.Namespace) -> int:
@@ -399,5 +464,13 @@ def cmd_models_build(args: argparse.Namespace) -> int:
             f"only the built-in tiny models can be built: {', '.join(TINY_BUILDERS)} "
             f"(got {args.name!r})"
         )
+    from inferd.catalog.tiny import default_cache_dir, fingerprint
+
+    target = (args.cache_dir or default_cache_dir()) / f"{name}-{fingerprint(name)}"
+    if not (target / ".complete").exists():
+        # Seconds to a minute on a CPU: say so before it starts (stderr, so
+        # that stdout stays the directory alone, for scripts).
+        print(f"building {name} into {target} (once; later runs reuse it) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
     print(ensure_tiny_model(name, args.cache_dir))
     return 0

@@ -16,6 +16,8 @@ from typing import Any
 from inferd.catalog.models import CatalogError, Entry, camel_dict, read_yaml
 
 INTERCONNECTS = ("nvlink", "pcie", "none")
+# Tensor-core generations the performance model tells apart (FP8 from ada on).
+GENERATIONS = ("ampere", "ada", "hopper", "cpu")
 DEFAULT_ALLOWED_COUNTS = (1, 2, 4, 8)
 _MIB = 1024 * 1024
 
@@ -30,6 +32,7 @@ class GpuType:
     interconnect: str = "pcie"
     # Total memory as the driver reports it; None: memory_gb is exact.
     memory_mib: int | None = None
+    generation: str = "ampere"
 
     @property
     def total_memory_gb(self) -> float:
@@ -147,6 +150,7 @@ def _gpu_type(data: Any, where: str) -> tuple[GpuType, tuple[int, ...] | None]:
         bf16_tflops=e.number("bf16Tflops"),
         interconnect=e.choice("interconnect", INTERCONNECTS),
         memory_mib=mib,
+        generation=e.choice("generation", GENERATIONS) if "generation" in e.data else "ampere",
     )
     if min(gpu.memory_gb, gpu.memory_bandwidth_gbps, gpu.bf16_tflops) <= 0:
         raise CatalogError(f"{where}: memory, bandwidth and TFLOP/s must be positive")

@@ -337,7 +337,7 @@ def parse_size(text: str, where: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def _chat_architecture(e: Entry) -> ChatArchitecture:
+def chat_architecture(e: Entry) -> ChatArchitecture:
     arch = ChatArchitecture(
         family=e.text("family"),
         parameters=e.integer("parameters"),
@@ -399,7 +399,7 @@ def parse_model(data: Any, where: str) -> ModelSpec:
     }
     if kind in TEXT_KINDS:
         return ModelSpec(
-            architecture=_chat_architecture(e.mapping("architecture")),
+            architecture=chat_architecture(e.mapping("architecture")),
             tool_call_parser=e.optional_text("toolCallParser"),
             reasoning_parser=e.optional_text("reasoningParser"),
             **common,

@@ -18,21 +18,20 @@ Fit (GB of 10^9 bytes) -- must not exceed `count x device memory x 0.9`
          default size (the engine runs a request's images as one batch)
          + the same overhead.
 
-Throughput:
-  chat decode, one step for the whole batch: each step reads all weights once
-    (shared by the batch) plus each sequence's KV cache (on average half its
-    window), at 75% of peak bandwidth; and computes 2 x parameters FLOPs per
-    token plus attention over that context, at 50% of peak dense bf16
-    (fp32 models: half that, TF32). The slower of the two bounds wins, plus
-    3 ms per step of scheduling, sampling and launches. Prefill is not
-    counted: the estimate is of output tokens.
-  image: steps x UNet evaluations per step (2 with classifier-free guidance)
-    + one VAE decode, at 45% of peak dense bf16 (the 2.54 s diffusers reports
-    for a tuned SDXL on an A100 is 52%), or the weight reads per UNet
-    evaluation, whichever is slower; plus 3 ms per step and 0.1 s per image
-    (text encoders, VAE upcast, PNG encoding).
-  Tensor parallelism: aggregate bandwidth and FLOP/s of N GPUs, times 0.9 per
-    doubling over NVLink or 0.8 over PCIe (all-reduce per layer).
+Throughput: the step-time model of `inferd.catalog.perfmodel` with the
+  parameters fitted to published measurements (docs/recommendation.md):
+  chat decode, one step for the whole batch: all weights read once plus each
+    sequence's KV cache (on average half its window), against the batch's
+    FLOPs, each at the fitted fraction of peak for the GPU's generation and
+    the model's precision (FP8 on FP8 tensor cores, AWQ/GPTQ weight-only),
+    plus the fitted per-step and per-sequence overheads; tensor parallelism
+    at the fitted scaling per doubling. Prefill is not counted: the estimate
+    is of output tokens.
+  image: the UNet evaluations and VAE decode at the fitted image efficiency
+    of the generation, plus the fitted cost per image.
+  Every option says what its estimate rests on and its error band (the
+  held-out error of the published measurements of that generation and
+  precision).
 
 An option that fits but would serve under 5 tokens/s per sequence, or take
 over 60 s per image, is rejected as too slow: a CPU may hold a 8B model but
@@ -43,12 +42,13 @@ GPUs, then the lower hourly price.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+import inferd.catalog.fit as fit
+import inferd.catalog.perfmodel as perfmodel
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import TEXT_KINDS, ChatArchitecture, ModelSpec
 
@@ -57,27 +57,9 @@ DEFAULT_CONTEXT_TOKENS = 4096
 USABLE_MEMORY_FRACTION = 0.9
 OVERHEAD_GB_PER_GPU = 1.5
 OVERHEAD_FRACTION_OF_WEIGHTS = 0.02
-MEMORY_BANDWIDTH_EFFICIENCY = 0.75
-DECODE_COMPUTE_EFFICIENCY = 0.5
-IMAGE_COMPUTE_EFFICIENCY = 0.45
-# Tensor-parallel efficiency per doubling of the GPU count.
-TP_SCALING_PER_DOUBLING: Mapping[str, float] = MappingProxyType(
-    {"nvlink": 0.9, "pcie": 0.8, "none": 1.0}
-)
-# Fraction of the dense bf16 rate a dtype computes at (fp32 runs as TF32).
-COMPUTE_RATE_BY_DTYPE: Mapping[str, float] = MappingProxyType({"fp32": 0.5})
-# Fixed costs the roofline misses: scheduling, sampling and kernel launches
-# per decode or denoising step; text encoding, VAE upcast and PNG encoding
-# per image. They dominate for small models (SDXL-Turbo's one 512x512 step
-# is ~30 ms of FLOPs on an A100; Stability reports 207 ms per image).
-STEP_OVERHEAD_S = 0.003
-IMAGE_OVERHEAD_S = 0.1
 MIN_TOKENS_PER_S_PER_SEQUENCE = 5.0
 MAX_SECONDS_PER_IMAGE = 60.0
-# Embedders and cross-encoders run one forward pass over each input (a
-# prefill, no decode): large matrix products, compute-bound past a few
-# hundred tokens, at a higher share of the peak than a decode step reaches.
-POOLING_COMPUTE_EFFICIENCY = 0.6
+# Embedders and cross-encoders: one forward pass over each input, no decode.
 POOLING_KINDS = ("embedding", "rerank")
 
 
@@ -95,6 +77,9 @@ class GpuOption:
     cost_per_million_tokens: float | None = None
     est_seconds_per_image: float | None = None
     cost_per_image: float | None = None
+    # What the estimate rests on, in words, and its relative error band.
+    evidence: str = ""
+    error_band: float | None = None
 
     @property
     def label(self) -> str:
@@ -114,6 +99,8 @@ class GpuOption:
             "costPerMillionTokens": _round(self.cost_per_million_tokens, 4),
             "estSecondsPerImage": _round(self.est_seconds_per_image, 3),
             "costPerImage": _round(self.cost_per_image, 6),
+            "evidence": self.evidence,
+            "errorBand": _round(self.error_band, 4),
         }
 
 
@@ -164,14 +151,6 @@ class _Memory:
         )
 
 
-def tp_efficiency(gpu: GpuType, count: int) -> float:
-    return float(TP_SCALING_PER_DOUBLING[gpu.interconnect] ** math.log2(count))
-
-
-def _compute_rate(dtype: str) -> float:
-    return COMPUTE_RATE_BY_DTYPE.get(dtype, 1.0)
-
-
 def _overhead_gb(weights_gb: float, count: int) -> float:
     return OVERHEAD_GB_PER_GPU * count + OVERHEAD_FRACTION_OF_WEIGHTS * weights_gb
 
@@ -213,38 +192,24 @@ def decode_tokens_per_s(
     half of `seq_tokens`, a window filled from empty)."""
     if avg_context is None:
         avg_context = seq_tokens / 2
-    scale = count * tp_efficiency(gpu, count)
-    kv_read = concurrency * avg_context * arch.kv_bytes_per_token * _kv_replication(arch, count)
-    bytes_per_step = arch.weight_bytes + kv_read
-    t_memory = bytes_per_step / (
-        gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY * scale
-    )
-    flops_per_token = (
-        2 * arch.parameters + 4 * arch.layers * arch.attention_heads * arch.head_dim * avg_context
-    )
-    achievable = gpu.bf16_tflops * 1e12 * DECODE_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype)
-    t_compute = concurrency * flops_per_token / (achievable * scale)
-    step = max(t_memory, t_compute) + STEP_OVERHEAD_S
-    return concurrency / step, "memory-bandwidth" if t_memory >= t_compute else "compute"
+    step = perfmodel.step_time(
+        fit.current().parameters, arch, perfmodel.precision_of(arch), gpu, count,
+        concurrency, avg_context,
+    )  # fmt: skip
+    return concurrency / step.seconds, step.bound
 
 
 def pooling_tokens_per_s(
     arch: ChatArchitecture, gpu: GpuType, count: int, concurrency: int, seq_tokens: int
-) -> tuple[float, str]:
-    """Input tokens/s of an embedder or cross-encoder, and the roof that
-    bounds it: each step is one forward pass over a batch of `concurrency`
-    inputs of `seq_tokens` tokens, reading the weights once."""
-    scale = count * tp_efficiency(gpu, count)
-    tokens = concurrency * seq_tokens
-    attention = 2 * arch.layers * arch.attention_heads * arch.head_dim * seq_tokens
-    flops = tokens * (2 * arch.parameters + attention)
-    achievable = gpu.bf16_tflops * 1e12 * POOLING_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype)
-    t_compute = flops / (achievable * scale)
-    t_memory = arch.weight_bytes / (
-        gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY * scale
-    )
-    step = max(t_compute, t_memory) + STEP_OVERHEAD_S
-    return tokens / step, "compute" if t_compute >= t_memory else "memory-bandwidth"
+) -> float:
+    """Input tokens/s of an embedder or cross-encoder: each step is the
+    prefill of `concurrency` inputs of `seq_tokens` tokens (the fitted step
+    model's prefill), with nothing decoded after it."""
+    seconds = perfmodel.prefill_seconds(
+        fit.current().parameters, arch, perfmodel.precision_of(arch), gpu, count,
+        seq_tokens, concurrency,
+    )  # fmt: skip
+    return concurrency * seq_tokens / seconds
 
 
 def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
@@ -253,15 +218,20 @@ def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
     assert spec.default_steps is not None
     evaluations = spec.default_steps * arch.guidance_evaluations
     tflops = evaluations * arch.unet_tflops_per_step + arch.vae_decode_tflops
-    achievable = gpu.bf16_tflops * IMAGE_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype)
-    t_compute = tflops / achievable
-    unet_bytes = arch.unet_parameters * arch.bytes_per_param
-    t_memory = (
-        evaluations * unet_bytes / (gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY)
+    params = fit.current().parameters
+    seconds = perfmodel.image_seconds(params, arch, gpu, 1, spec.default_steps)
+    compute = tflops / (gpu.bf16_tflops * params.per_generation("imageEfficiency", gpu.generation))
+    bound = (
+        "compute"
+        if compute >= seconds - params["imageOverheadSeconds"] - 1e-12
+        else ("memory-bandwidth")
     )
-    bound = "compute" if t_compute >= t_memory else "memory-bandwidth"
-    fixed = spec.default_steps * STEP_OVERHEAD_S + IMAGE_OVERHEAD_S
-    return max(t_compute, t_memory) + fixed, tflops, bound
+    return seconds, tflops, bound
+
+
+def _evidence(model: ModelSpec, gpu: GpuType) -> tuple[float, str]:
+    precision = "image" if model.kind == "image" else perfmodel.precision_of(model.chat).weights
+    return fit.current().band(gpu.generation, precision)
 
 
 def _structural_problems(
@@ -324,12 +294,15 @@ def _evaluate(
     if problems:
         return replace(base, reasons=tuple(problems))
     reasons = [f"needs {fit_text} of {available:.1f} GB usable"]
+    band, evidence = _evidence(model, gpu)
+    base = replace(base, evidence=evidence, error_band=band)
     if model.kind in POOLING_KINDS:
-        rate, bound = pooling_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
+        rate = pooling_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
         reasons.append(
-            f"{bound}-bound: {rate:,.0f} input tokens/s for batches of {concurrency} inputs of "
-            f"{seq_tokens} tokens (one forward pass each, no decode)"
+            f"{rate:,.0f} input tokens/s for batches of {concurrency} inputs of {seq_tokens} "
+            "tokens (one forward pass each, no decode)"
         )
+        reasons.append(f"rests on: {evidence}")
         return replace(
             base,
             fits=True,
@@ -349,6 +322,8 @@ def _evaluate(
             reasons.append(
                 f"too slow: under {MIN_TOKENS_PER_S_PER_SEQUENCE:g} tokens/s per sequence"
             )
+        else:
+            reasons.append(f"rests on: {evidence}")
         return replace(
             base,
             fits=fits,
@@ -364,6 +339,8 @@ def _evaluate(
     fits = seconds <= MAX_SECONDS_PER_IMAGE
     if not fits:
         reasons.append(f"too slow: over {MAX_SECONDS_PER_IMAGE:g} s per image")
+    else:
+        reasons.append(f"rests on: {evidence}")
     return replace(
         base,
         fits=fits,
@@ -434,15 +411,14 @@ def assumptions(model: ModelSpec, concurrency: int, seq_tokens: int) -> dict[str
         "usableMemoryFraction": USABLE_MEMORY_FRACTION,
         "overheadGbPerGpu": OVERHEAD_GB_PER_GPU,
         "overheadFractionOfWeights": OVERHEAD_FRACTION_OF_WEIGHTS,
-        "memoryBandwidthEfficiency": MEMORY_BANDWIDTH_EFFICIENCY,
-        "stepOverheadSeconds": STEP_OVERHEAD_S,
-        "tensorParallelScalingPerDoubling": dict(TP_SCALING_PER_DOUBLING),
+        "fittedParameters": perfmodel.describe(fit.current().parameters),
+        "heldOutMedianAbsError": fit.current().overall_error,
+        "basis": "the step-time model fitted to published measurements (docs/recommendation.md)",
     }
     if model.kind in POOLING_KINDS:
         return {
             "inputsPerBatch": concurrency,
             "tokensPerInput": seq_tokens,
-            "poolingComputeEfficiency": POOLING_COMPUTE_EFFICIENCY,
             "costPerMillionTokensCounts": "input tokens",
             **common,
         }
@@ -451,7 +427,6 @@ def assumptions(model: ModelSpec, concurrency: int, seq_tokens: int) -> dict[str
             "concurrency": concurrency,
             "contextTokensPerSequence": seq_tokens,
             "averageContextTokens": seq_tokens / 2,
-            "decodeComputeEfficiency": DECODE_COMPUTE_EFFICIENCY,
             "minTokensPerSecondPerSequence": MIN_TOKENS_PER_S_PER_SEQUENCE,
             **common,
         }
@@ -459,8 +434,6 @@ def assumptions(model: ModelSpec, concurrency: int, seq_tokens: int) -> dict[str
         "imagesPerBatch": model.max_n,
         "size": model.to_dict()["defaultSize"],
         "steps": model.default_steps,
-        "imageComputeEfficiency": IMAGE_COMPUTE_EFFICIENCY,
-        "imageOverheadSeconds": IMAGE_OVERHEAD_S,
         "maxSecondsPerImage": MAX_SECONDS_PER_IMAGE,
         **common,
     }

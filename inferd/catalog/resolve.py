@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.catalog.hub import download_hint, hub_unreachable
 from inferd.catalog.models import ModelCatalog, ModelSpec
 
 BUILTIN_PREFIX = "builtin:"
@@ -103,7 +104,7 @@ def _hugging_face(repo_id: str, ref: str, revision: str | None = None) -> Path:
     advice = (
         "No network access to the Hugging Face Hub and no copy in the local Hugging Face "
         "cache: this machine cannot fetch the weights. Download them where a network "
-        "exists (huggingface-cli download " + repo_id + ") and pass that local directory "
+        f"exists ({download_hint(repo_id)}) and pass that local directory "
         "as the model instead (a diffusers pipeline with model_index.json, or a "
         "transformers checkpoint with config.json)."
     )
@@ -117,7 +118,21 @@ def _hugging_face(repo_id: str, ref: str, revision: str | None = None) -> Path:
     try:
         # The env var is read here, not only at huggingface_hub's import, so a
         # setting made after import (tests, a supervisor) is honoured too.
-        path = snapshot_download(repo_id, revision=revision, local_files_only=offline)
+        path = snapshot_download(repo_id, revision=revision, local_files_only=True)
+        return Path(path)
+    except Exception:  # not (completely) in the cache: a download, where possible
+        if offline:
+            raise ModelUnavailable(
+                f"Model {ref!r}: Hugging Face repository {repo_id!r} is not in the local cache "
+                f"(HF_HUB_OFFLINE is set: cache only). {advice}"
+            ) from None
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        raise ModelUnavailable(
+            f"Model {ref!r}: the Hugging Face Hub cannot be reached ({unreachable}). {advice}"
+        )
+    try:
+        path = snapshot_download(repo_id, revision=revision)
     except Exception as exc:  # offline, unknown repo, gated, timeouts: all "unavailable"
         mode = " (HF_HUB_OFFLINE is set: cache only)" if offline else ""
         raise ModelUnavailable(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferd.catalog.hub import download_hint, hub_unreachable
 from inferd.catalog.inspect import InspectError
 
 HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -56,7 +57,13 @@ def parse_source(source: str, revision: str | None = None) -> ModelSource:
     if revision is not None and not _REVISION.match(revision):
         raise InspectError(f"revision {revision!r} is not a branch, tag or commit name")
     path = Path(text).expanduser()
-    if path.is_absolute() or text.startswith((".", "~")):
+    if text.startswith("."):
+        # The server's working directory is nobody's idea of "here".
+        raise InspectError(
+            f"source {text!r} is a relative path: give the directory's absolute path "
+            "(`inferd models add` turns a relative path into one)"
+        )
+    if path.is_absolute() or text.startswith("~"):
         if revision is not None:
             raise InspectError("a revision applies to a Hugging Face repository, not a directory")
         if not path.is_dir():
@@ -170,6 +177,8 @@ def hub_file_getter(
             "give a local directory"
         ) from None
 
+    unreachable: list[str | None] = []  # asked once, at the first file not cached
+
     def get(filename: str) -> Path | None:
         cached = hub.try_to_load_from_cache(
             repo_id, filename, cache_dir=cache_dir, revision=revision
@@ -180,6 +189,15 @@ def hub_file_getter(
             return None
         if offline:
             return None
+        if not unreachable:
+            unreachable.append(hub_unreachable())
+        if unreachable[0] is not None:
+            raise InspectError(
+                f"{repo_id!r} is not in the local Hugging Face cache and the Hub cannot be "
+                f"reached from the server: {unreachable[0]}. Download it where a network "
+                f"exists ({download_hint(repo_id)}) and register that directory "
+                "(--source /absolute/DIR)"
+            )
         try:
             return Path(
                 hub.hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir)
@@ -207,7 +225,7 @@ def read_hub(source: ModelSource, get: FileGetter) -> ModelFiles:
             f"Hugging Face repository {source.repo_id!r}{at}: neither model_index.json nor "
             "config.json is in the local Hugging Face cache, and it cannot be fetched here "
             "(no network, or HF_HUB_OFFLINE is set). Download it where a network exists "
-            f"(huggingface-cli download {source.repo_id}) or register a local directory"
+            f"({download_hint(source.repo_id)}) and register that directory"
         )
     snapshot = found.parent
     commit = snapshot.name if snapshot.parent.name == "snapshots" else None

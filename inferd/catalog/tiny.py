@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from inferd.quiet_warnings import drop_torchvision_fallback_warning
+
 # name -> (module, builder function). Builders take an output directory.
 TINY_BUILDERS: dict[str, tuple[str, str]] = {
     "tiny-chat": ("inferd.catalog.tiny_chat", "build_tiny_chat"),
@@ -65,6 +67,8 @@ def ensure_tiny_model(name: str, cache_dir: Path | None = None) -> Path:
         if (target / ".complete").exists():
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
+        # Not in the builders: their source is the build's fingerprint.
+        drop_torchvision_fallback_warning()
         try:
             build(tmp)
             (tmp / ".complete").write_text("ok\n")

@@ -9,29 +9,36 @@ that batch with prefill counted, the replicas the load needs at that
 throughput, and the hourly cost of them all. Options are ranked by that
 total; each rejected option says why.
 
-The chat model (continuous batching, as vLLM runs it), per replica at batch B:
-  prefill of one request: its prompt's FLOPs (2 x parameters + attention
-    over the prompt, per token) at 50% of peak dense bf16, or one read of
-    the weights, whichever is slower;
-  decode step: the roofline of `inferd.catalog.recommend` at batch B, each
-    sequence attending to prompt + half the output on average;
-  TPOT (mean) = step + B x prefill / output tokens: the B sequences in
-    flight each started with a prefill that stalled everyone's decoding;
-  TTFT (mean) = prefill + one step (the new prompt joins at the next step);
-  throughput = B / TPOT output tokens/s; requests/s = that / output tokens.
+The chat model: vLLM's scheduler (continuous batching, chunked prefill,
+its default token budget per step and sequences at once: 8192 and 1024 on
+GPUs of 70 GiB and more but the A100, 2048 and 256 below; see
+`SchedulerLimits`) in steady state at batch B, each step timed by
+`inferd.catalog.perfmodel` with the parameters fitted to published
+measurements (`inferd/catalog/data/fitted.json`, docs/recommendation.md):
+  a step carries B decoding sequences plus B x prompt/output prompt tokens
+    (a request's prompt is chunked over its decode steps); TPOT (mean) = that
+    step; where the prompt tokens exceed the budget, fewer sequences decode
+    and the rest wait, which TTFT counts;
+  TTFT (mean) = the steps a prompt's chunks take + the wait for a slot;
+  throughput = decoding sequences / step; requests/s = that / output tokens.
   p95 = mean x 2 for TTFT (prompts arriving together queue behind each
-    other) and x 1.15 for TPOT.
-The image model, per replica at batch b (images denoised together):
-  b x FLOPs per image at the requested size and steps at 45% of peak, or
-  the weight reads per step, plus fixed per-step and per-image costs; every
-  image of a batch finishes together, so seconds per image (p95) = 1.1 x
-  the batch's time.
+  other) and x 1.15 for TPOT.
+The image model, per replica at batch b (images denoised together): the
+  UNet's and VAE's FLOPs at the requested size and steps at the fitted
+  image efficiency of the GPU's generation, plus a fixed cost per image;
+  every image of a batch finishes together, so seconds per image (p95) =
+  1.1 x the batch's time.
+Every option states what its estimate rests on and its error band: the
+  median held-out error of the published measurements of the same GPU
+  generation and precision (leave-one-source-out).
 Replicas run at 80% of their capacity (headroom for bursts and queueing):
   replicas = ceil(load / (0.8 x capacity)). Suggested minReplicas is that
   count; maxReplicas twice it, for peaks of twice the stated load.
-A measured profile for the model, GPU type and count replaces the estimate:
-  the largest measured concurrency that met the targets, at its measured
-  throughput ("measured on ..." instead of "estimated").
+A measured profile for the model, GPU type and count (`inferd bench`)
+  refits the model for that option: its generation's bandwidth and compute
+  efficiencies and the step overhead are fitted to the measured throughput
+  and TPOT, and the option is estimated with them ("measured on ...,
+  model refitted to N measured points" instead of "estimated").
 """
 
 from __future__ import annotations
@@ -40,38 +47,62 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
+from inferd.catalog import Catalog, perfmodel
+from inferd.catalog.fit import Context, Fitted, Row, current, refit_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import ModelSpec
+from inferd.catalog.perfmodel import Parameters, loaded_step, precision_of
 from inferd.catalog.recommend import (
-    DECODE_COMPUTE_EFFICIENCY,
-    IMAGE_COMPUTE_EFFICIENCY,
-    IMAGE_OVERHEAD_S,
-    MEMORY_BANDWIDTH_EFFICIENCY,
     OVERHEAD_FRACTION_OF_WEIGHTS,
     OVERHEAD_GB_PER_GPU,
-    STEP_OVERHEAD_S,
     USABLE_MEMORY_FRACTION,
     _candidates,
-    _compute_rate,
     _overhead_gb,
     _structural_problems,
     chat_memory,
-    decode_tokens_per_s,
-    tp_efficiency,
 )
-from inferd.catalog.registered import MeasuredProfile, ProfilePoint
+from inferd.catalog.registered import MeasuredProfile
 
-PREFILL_COMPUTE_EFFICIENCY = 0.5
 TTFT_P95_OVER_MEAN = 2.0
 TPOT_P95_OVER_MEAN = 1.15
 IMAGE_P95_OVER_MEAN = 1.1
 TARGET_UTILIZATION = 0.8
 PEAK_OVER_STATED_LOAD = 2.0
-# vLLM's default max_num_seqs: the scheduler never runs more at once.
-MAX_CHAT_BATCH = 256
 MAX_IMAGE_BATCH = 8
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """vLLM's defaults for its API server (vllm/engine/arg_utils.py): the
+    prompt and decode tokens one step may carry, and the sequences it runs
+    at once. Larger on GPUs of 70 GiB or more except the A100 (where a large
+    budget was measured to cost throughput), largest from 160 GiB."""
+
+    token_budget: int
+    max_sequences: int
+
+
+SMALL_GPU_LIMITS = SchedulerLimits(2048, 256)
+LARGE_GPU_LIMITS = SchedulerLimits(8192, 1024)
+HUGE_GPU_LIMITS = SchedulerLimits(16384, 1024)
+# The most any GPU allows: the bound of a batch search.
+MAX_CHAT_BATCH = HUGE_GPU_LIMITS.max_sequences
+
+
+def scheduler_limits(gpu: GpuType) -> SchedulerLimits:
+    gib = (gpu.memory_mib or gpu.memory_gb * 1e9 / 2**20) / 1024
+    if gib >= 160:
+        return HUGE_GPU_LIMITS
+    if gib >= 70 and not gpu.name.upper().startswith("A100"):
+        return LARGE_GPU_LIMITS
+    return SMALL_GPU_LIMITS
+
+
+def fitted() -> Fitted:
+    """The parameters fitted to published measurements."""
+    return current()
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,9 @@ class WorkloadOption:
     cost_per_image: float | None = None
     min_replicas: int = 0
     max_replicas: int = 0
+    # What the estimate rests on, in words, and its relative error band.
+    evidence: str = ""
+    error_band: float | None = None
 
     @property
     def label(self) -> str:
@@ -174,6 +208,8 @@ class WorkloadOption:
             "costPerImage": _round(self.cost_per_image, 6),
             "minReplicas": self.min_replicas,
             "maxReplicas": self.max_replicas,
+            "evidence": self.evidence,
+            "errorBand": _round(self.error_band, 4),
         }  # fmt: skip
 
 
@@ -215,37 +251,28 @@ def _round(value: float | None, digits: int) -> float | None:
 # --- chat -----------------------------------------------------------------------------
 
 
-def prefill_seconds(model: ModelSpec, gpu: GpuType, count: int, prompt_tokens: int) -> float:
-    """One request's prompt through the model, alone."""
-    arch = model.chat
-    scale = count * tp_efficiency(gpu, count)
-    flops = prompt_tokens * (
-        2 * arch.parameters + 2 * arch.layers * arch.attention_heads * arch.head_dim * prompt_tokens
-    )
-    rate = gpu.bf16_tflops * 1e12 * PREFILL_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype) * scale
-    weights = arch.weight_bytes / (
-        gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY * scale
-    )
-    return max(flops / rate, weights) + STEP_OVERHEAD_S
-
-
 def chat_performance(
-    model: ModelSpec, gpu: GpuType, count: int, batch: int, work: ChatWorkload
+    model: ModelSpec,
+    gpu: GpuType,
+    count: int,
+    batch: int,
+    work: ChatWorkload,
+    params: Parameters | None = None,
 ) -> Performance:
+    """One replica at `batch` requests in flight, in vLLM's steady state."""
     arch = model.chat
+    params = params or fitted().parameters
+    step = loaded_step(
+        params, arch, precision_of(arch), gpu, count, batch,
+        work.prompt_tokens, work.output_tokens, scheduler_limits(gpu).token_budget,
+    )  # fmt: skip
     seq = work.prompt_tokens + work.output_tokens
-    avg_context = work.prompt_tokens + work.output_tokens / 2
-    rate, _ = decode_tokens_per_s(arch, gpu, count, batch, seq, avg_context=avg_context)
-    step = batch / rate
-    prefill = prefill_seconds(model, gpu, count, work.prompt_tokens)
-    tpot = step + batch * prefill / work.output_tokens
-    throughput = batch / tpot
     return Performance(
         batch=batch,
-        throughput=throughput,
-        requests_per_s=throughput / work.output_tokens,
-        ttft_p95_s=TTFT_P95_OVER_MEAN * (prefill + step),
-        tpot_p95_s=TPOT_P95_OVER_MEAN * tpot,
+        throughput=step.output_tokens_per_s,
+        requests_per_s=step.output_tokens_per_s / work.output_tokens,
+        ttft_p95_s=TTFT_P95_OVER_MEAN * step.ttft_s,
+        tpot_p95_s=TPOT_P95_OVER_MEAN * step.step_s,
         memory_gb=chat_memory(arch, count, batch, seq).total_gb,
     )
 
@@ -285,19 +312,6 @@ def _largest_batch(evaluate: Any, misses: Any, limit: int) -> tuple[Performance 
     return best, []
 
 
-def _measured_point(
-    profile: MeasuredProfile, ttft: float | None, tpot: float | None, spi: float | None
-) -> ProfilePoint | None:
-    ok = [
-        p
-        for p in profile.points
-        if (ttft is None or p.ttft_p95_s <= ttft)
-        and (tpot is None or p.tpot_p95_s <= tpot)
-        and (spi is None or p.seconds_per_image_p95 <= spi)
-    ]
-    return max(ok, key=lambda p: p.concurrency) if ok else None
-
-
 def _measured_label(profile: MeasuredProfile) -> str:
     day = profile.measured_at[:10] or "an unknown date"
     return f"measured on {profile.gpu_count} x {profile.gpu_type}, {day}"
@@ -307,21 +321,18 @@ def _measured_label(profile: MeasuredProfile) -> str:
 
 
 def image_performance(
-    model: ModelSpec, gpu: GpuType, batch: int, size: tuple[int, int], steps: int
+    model: ModelSpec,
+    gpu: GpuType,
+    batch: int,
+    size: tuple[int, int],
+    steps: int,
+    params: Parameters | None = None,
 ) -> Performance:
     arch = model.image
     assert model.default_size is not None
     pixels = size[0] * size[1] / (model.default_size[0] * model.default_size[1])
-    evaluations = steps * arch.guidance_evaluations
-    tflops = (evaluations * arch.unet_tflops_per_step + arch.vae_decode_tflops) * pixels
-    achievable = gpu.bf16_tflops * IMAGE_COMPUTE_EFFICIENCY * _compute_rate(arch.dtype)
-    weights_read = evaluations * arch.unet_parameters * arch.bytes_per_param
-    t_memory = weights_read / (gpu.memory_bandwidth_gbps * 1e9 * MEMORY_BANDWIDTH_EFFICIENCY)
-    seconds = (
-        max(batch * tflops / achievable, t_memory)
-        + steps * STEP_OVERHEAD_S
-        + batch * IMAGE_OVERHEAD_S
-    )
+    params = params or fitted().parameters
+    seconds = perfmodel.image_seconds(params, arch, gpu, batch, steps, pixels)
     weights = arch.parameters * arch.bytes_per_param / 1e9
     memory = weights + arch.activation_gb_per_image * pixels * batch + _overhead_gb(weights, 1)
     return Performance(
@@ -359,6 +370,7 @@ def _evaluate(
     gpu = gpus.gpu_types[gpu_type]
     price = gpus.price_per_gpu(location, gpu_type) * count
     available = count * gpu.total_memory_gb * USABLE_MEMORY_FRACTION
+    params, basis, band, evidence = _estimate_basis(model, gpu, work, profile)
     base = WorkloadOption(
         location=location,
         gpu_type=gpu_type,
@@ -366,17 +378,24 @@ def _evaluate(
         fits=False,
         reasons=(),
         hourly_price=price,
-        basis="estimated" if profile is None else _measured_label(profile),
+        basis=basis,
         memory_available_gb=available,
+        evidence=evidence,
+        error_band=band,
     )
     problems = _structural_problems(model, gpus, gpu_type, count)
     if problems:
         return replace(base, reasons=tuple(problems))
+    # A refitted model is trusted up to the largest concurrency measured.
+    measured_max = max((p.concurrency for p in profile.points), default=0) if profile else 0
     if isinstance(work, ChatWorkload):
-        perf, reasons = _chat_option(model, gpu, count, work, available, profile)
+        most = scheduler_limits(gpu).max_sequences
+        limit = min(most, measured_max or most)
+        perf, reasons = _chat_option(model, gpu, count, work, available, params, limit)
         load = work.requests_per_s
     else:
-        perf, reasons = _image_option(model, gpu, work, available, profile)
+        limit = min(MAX_IMAGE_BATCH, measured_max or MAX_IMAGE_BATCH)
+        perf, reasons = _image_option(model, gpu, work, available, params, limit)
         load = work.images_per_minute / 60
     if perf is None:
         return replace(base, reasons=tuple(reasons))
@@ -387,6 +406,7 @@ def _evaluate(
         f"{'requests' if isinstance(work, ChatWorkload) else 'images'}/s each serve "
         f"{load:.3g}/s: {total:.2f} {gpus.currency}/h"
     )
+    reasons.append(f"rests on: {evidence}")
     out = replace(
         base,
         fits=True,
@@ -403,50 +423,125 @@ def _evaluate(
     return replace(out, cost_per_image=total / (work.images_per_minute * 60))
 
 
+def _estimate_basis(
+    model: ModelSpec, gpu: GpuType, work: Workload, profile: MeasuredProfile | None
+) -> tuple[Parameters, str, float, str]:
+    """The parameters to estimate with, the basis label, the error band and
+    what it rests on: the published fit, or that fit refitted to this
+    option's own measured profile."""
+    fit = fitted()
+    precision = "image" if isinstance(work, ImageWorkload) else precision_of(model.chat).weights
+    band, evidence = fit.band(gpu.generation, precision)
+    if profile is None:
+        return fit.parameters, "estimated", band, evidence
+    rows = profile_rows(profile, "bf16" if isinstance(work, ImageWorkload) else precision)
+    if not rows:
+        return fit.parameters, "estimated", band, evidence + " (the measured profile has no points)"
+    ctx = Context(cast(Catalog, _ProfileCatalog(model, gpu)), {})
+    params = refit_for(fit.parameters, rows, ctx, gpu.generation)
+    from inferd.catalog.fit import median_abs, predict, relative_error
+
+    err = median_abs(relative_error(predict(params, r, ctx), r) for r in rows)
+    label = f"{_measured_label(profile)}, model refitted to {len(rows)} measured points"
+    return (
+        params,
+        label,
+        err,
+        (
+            f"±{err:.0%} (the model refitted to {len(rows)} measured points of "
+            f"{profile.endpoint or 'this endpoint'} on {profile.gpu_count} x {profile.gpu_type}; "
+            f"published fit alone: {evidence})"
+        ),
+    )
+
+
+class _ProfileCatalog:
+    """Just enough of a Catalog for predicting one model on one GPU type."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuType) -> None:
+        self.models = _One(model)
+        self.gpus = _OneGpu(gpu)
+
+
+class _One:
+    def __init__(self, model: ModelSpec) -> None:
+        self._model = model
+
+    def get(self, name: str) -> ModelSpec:
+        return self._model
+
+
+class _OneGpu:
+    def __init__(self, gpu: GpuType) -> None:
+        self._gpu = gpu
+
+    def gpu_type(self, name: str) -> GpuType:
+        return self._gpu
+
+
+def profile_rows(profile: MeasuredProfile, precision: str = "bf16") -> list[Row]:
+    """A measured profile as rows of the fit: each concurrency's throughput
+    and TPOT (chat), or seconds per batch of images. `precision`: the
+    model's weights (bf16, fp8, int4, ...), so that the refit keeps its
+    quantized kernels' costs."""
+    rows: list[Row] = []
+    common = dict(
+        source="measured", model=profile.model_name, stated_model=profile.model_name,
+        gpu=profile.gpu_type, gpus=profile.gpu_count, precision=precision,
+        engine="inferd bench", stated="measured",
+    )  # fmt: skip
+    for point in profile.points:
+        if profile.kind == "image":
+            if point.images_per_s > 0:
+                rows.append(Row(**common, scenario="image", batch=1,  # type: ignore[arg-type]
+                                steps=profile.output_tokens or 30,
+                                value=point.concurrency / point.images_per_s
+                                / max(1, point.concurrency)))  # fmt: skip
+            continue
+        if point.output_tokens_per_s > 0:
+            rows.append(Row(**common, scenario="served", batch=point.concurrency,  # type: ignore[arg-type]
+                            input=profile.prompt_tokens, output=profile.output_tokens,
+                            value=point.output_tokens_per_s))  # fmt: skip
+        if point.tpot_p95_s > 0:
+            rows.append(Row(**common, scenario="served-tpot", batch=point.concurrency,  # type: ignore[arg-type]
+                            input=profile.prompt_tokens, output=profile.output_tokens,
+                            value=1000 * point.tpot_p95_s / TPOT_P95_OVER_MEAN))  # fmt: skip
+    return rows
+
+
 def _chat_option(
     model: ModelSpec,
     gpu: GpuType,
     count: int,
     work: ChatWorkload,
     available: float,
-    profile: MeasuredProfile | None,
+    params: Parameters,
+    max_batch: int | None = None,
 ) -> tuple[Performance | None, list[str]]:
+    scheduler_max = scheduler_limits(gpu).max_sequences
+    max_batch = scheduler_max if max_batch is None else max_batch
     seq = work.prompt_tokens + work.output_tokens
     if seq > model.chat.context_length:
         return None, [
             f"prompt + output = {seq} tokens exceeds the model's context of "
             f"{model.chat.context_length}"
         ]
-    if profile is not None:
-        point = _measured_point(profile, work.ttft_p95_s, work.tpot_p95_s, None)
-        label = _measured_label(profile)
-        if point is None:
-            return None, [f"{label}: no measured concurrency met the latency targets"]
-        perf = Performance(
-            batch=point.concurrency,
-            throughput=point.output_tokens_per_s,
-            requests_per_s=point.output_tokens_per_s / max(1, profile.output_tokens),
-            ttft_p95_s=point.ttft_p95_s,
-            tpot_p95_s=point.tpot_p95_s,
-        )
-        reasons = [
-            f"{label}: concurrency {point.concurrency} met the targets at "
-            f"{point.output_tokens_per_s:,.0f} output tokens/s (prompt {profile.prompt_tokens}, "
-            f"output {profile.output_tokens} tokens)"
-        ]
-        return perf, reasons
 
     def misses(p: Performance) -> list[str]:
         return _chat_misses(p, work, available)
 
     found, problems = _largest_batch(
-        lambda b: chat_performance(model, gpu, count, b, work), misses, MAX_CHAT_BATCH
+        lambda b: chat_performance(model, gpu, count, b, work, params), misses, max_batch
     )
     if found is None:
         return None, [f"even one sequence at a time: {'; '.join(problems)}"]
     perf = found
     assert perf.ttft_p95_s is not None and perf.tpot_p95_s is not None
-    limit = "the scheduler's limit" if perf.batch == MAX_CHAT_BATCH else "the largest that meets"
+    limit = (
+        "the largest measured" if max_batch < scheduler_max and perf.batch == max_batch
+        else "the scheduler's limit" if perf.batch == scheduler_max
+        else "the largest that meets"
+    )  # fmt: skip
     return perf, [
         f"estimated: batch {perf.batch} ({limit} the targets and fits "
         f"{perf.memory_gb:.1f} of {available:.1f} GB): {perf.throughput:,.0f} output tokens/s "
@@ -460,33 +555,18 @@ def _image_option(
     gpu: GpuType,
     work: ImageWorkload,
     available: float,
-    profile: MeasuredProfile | None,
+    params: Parameters,
+    max_batch: int = MAX_IMAGE_BATCH,
 ) -> tuple[Performance | None, list[str]]:
     assert model.default_size is not None and model.default_steps is not None
     size = work.size or model.default_size
     steps = work.steps or model.default_steps
-    if profile is not None:
-        point = _measured_point(profile, None, None, work.seconds_per_image_p95)
-        label = _measured_label(profile)
-        if point is None:
-            return None, [f"{label}: no measured concurrency met {work.seconds_per_image_p95} s"]
-        perf = Performance(
-            batch=point.concurrency,
-            throughput=point.images_per_s,
-            requests_per_s=point.images_per_s,
-            seconds_per_image_p95=point.seconds_per_image_p95,
-        )
-        return perf, [
-            f"{label}: concurrency {point.concurrency} met the target at "
-            f"{point.images_per_s * 60:.1f} images/minute ({profile.image_size}, "
-            f"{profile.output_tokens} steps)"
-        ]
 
     def misses(p: Performance) -> list[str]:
         return _image_misses(p, work, available)
 
     found, problems = _largest_batch(
-        lambda b: image_performance(model, gpu, b, size, steps), misses, MAX_IMAGE_BATCH
+        lambda b: image_performance(model, gpu, b, size, steps, params), misses, max_batch
     )
     if found is None:
         return None, [f"even one image at a time: {'; '.join(problems)}"]
@@ -503,30 +583,34 @@ def _image_option(
 
 
 def assumptions(work: Workload) -> dict[str, Any]:
+    fit = fitted()
     common: dict[str, Any] = {
         "targetUtilization": TARGET_UTILIZATION,
         "maxReplicasOverLoad": PEAK_OVER_STATED_LOAD,
         "usableMemoryFraction": USABLE_MEMORY_FRACTION,
         "overheadGbPerGpu": OVERHEAD_GB_PER_GPU,
         "overheadFractionOfWeights": OVERHEAD_FRACTION_OF_WEIGHTS,
-        "memoryBandwidthEfficiency": MEMORY_BANDWIDTH_EFFICIENCY,
-        "stepOverheadSeconds": STEP_OVERHEAD_S,
-        "basis": "measured profiles where they exist, else the roofline estimate",
+        "basis": "the step-time model fitted to published measurements "
+        "(docs/recommendation.md), refitted to a measured profile where one exists",
+        "fittedParameters": perfmodel.describe(fit.parameters),
+        "heldOutMedianAbsError": fit.overall_error,
     }
     if isinstance(work, ChatWorkload):
         return {
             **common,
-            "batching": "continuous; TPOT = decode step + batch x prefill / output tokens",
-            "prefillComputeEfficiency": PREFILL_COMPUTE_EFFICIENCY,
-            "decodeComputeEfficiency": DECODE_COMPUTE_EFFICIENCY,
+            "batching": "vLLM continuous batching with chunked prefill: a step carries the "
+            "batch's decodes plus batch x prompt/output prompt tokens, within the token budget",
+            "schedulerLimits": {
+                "smallGpus": vars(SMALL_GPU_LIMITS),
+                "gpusOf70GiBOrMoreButA100": vars(LARGE_GPU_LIMITS),
+                "gpusOf160GiBOrMore": vars(HUGE_GPU_LIMITS),
+            },
             "ttftP95OverMean": TTFT_P95_OVER_MEAN,
             "tpotP95OverMean": TPOT_P95_OVER_MEAN,
             "maxBatch": MAX_CHAT_BATCH,
         }
     return {
         **common,
-        "imageComputeEfficiency": IMAGE_COMPUTE_EFFICIENCY,
-        "imageOverheadSeconds": IMAGE_OVERHEAD_S,
         "secondsPerImageP95OverMean": IMAGE_P95_OVER_MEAN,
         "maxBatch": MAX_IMAGE_BATCH,
     }

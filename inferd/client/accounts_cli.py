@@ -295,7 +295,7 @@ def _keys_revoke(client: ManagementClient, args: argparse.Namespace) -> int:
     return _show(args, {"revoked": args.key_id}, f"Revoked key {args.key_id}.")
 
 
-_USAGE_COLUMNS = (("HOUR", "hour"), ("ENDPOINT", "endpointId"), ("GPU", "gpu"),
+_USAGE_COLUMNS = (("HOUR", "hour"), ("ENDPOINT", "endpoint"), ("GPU", "gpu"),
                   ("REPLICA-S", "replicaSeconds"), ("REQUESTS", "requests"),
                   ("PROMPT", "promptTokens"), ("COMPLETION", "completionTokens"),
                   ("IMAGES", "images"), ("COST", "cost"))  # fmt: skip
@@ -308,7 +308,14 @@ def _usage(client: ManagementClient, args: argparse.Namespace) -> int:
     else:
         path = f"/projects/{args.target}/usage"
     body = client.call("GET", path, params=params)
-    rows = [{**r, "gpu": f"{r['gpuCount']} x {r['gpuType']}"} for r in body["data"]]
+    # Endpoints by name where they still exist (a deleted one keeps its id).
+    names = {e["id"]: e["name"] for e in client.list_endpoints(
+        None if args.usage_of == "endpoint" else args.target)}  # fmt: skip
+    rows = [
+        {**r, "gpu": f"{r['gpuCount']} x {r['gpuType']}",
+         "endpoint": names.get(r["endpointId"], r["endpointId"])}
+        for r in body["data"]
+    ]  # fmt: skip
     t = body["totals"]
     text = table(rows, _USAGE_COLUMNS, "No usage recorded.") + (
         f"\ntotal: {t['replicaSeconds']} replica-seconds, {t['requests']} requests, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -93,10 +94,28 @@ class ManagementClient:
         result: dict[str, Any] = self._call("POST", "/endpoints", json=body)
         return result
 
-    def list_endpoints(self, project_id: str | None = None) -> list[dict[str, Any]]:
-        params = {"projectId": project_id} if project_id else None
-        result: list[dict[str, Any]] = self._call("GET", "/endpoints", params=params)["data"]
-        return result
+    def page(self, path: str, params: Mapping[str, str]) -> tuple[list[Any], str | None]:
+        """One page of a list and its `continue` cursor (None: the last page)."""
+        body = self._call("GET", path, params=dict(params))
+        return list(body["data"]), body.get("continue")
+
+    def walk(self, path: str, params: Mapping[str, str] | None = None) -> Iterator[Any]:
+        """Every item of a list, page after page."""
+        query = dict(params or {})
+        while True:
+            items, cursor = self.page(path, query)
+            yield from items
+            if cursor is None:
+                return
+            query["continue"] = cursor
+
+    def list_endpoints(
+        self, project_id: str | None = None, **filters: str | None
+    ) -> list[dict[str, Any]]:
+        """Every endpoint the key sees (all pages); `filters`: status,
+        modelName, locationName, namePrefix."""
+        params = {k: v for k, v in {"projectId": project_id, **filters}.items() if v}
+        return list(self.walk("/endpoints", params))
 
     def get_endpoint(self, endpoint_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/endpoints/{endpoint_id}")

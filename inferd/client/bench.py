@@ -14,11 +14,12 @@ time. Percentiles are nearest-rank over the level's requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -36,6 +37,9 @@ class BenchPlan:
     image_size: str = ""  # "" : the model's default
     image_steps: int | None = None
     timeout_s: float = 300.0
+    # Words of the prompt text; None: `prompt_tokens` (found by `calibrate`,
+    # since how many tokens a word is depends on the model's tokenizer).
+    prompt_words: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +85,60 @@ class BenchError(RuntimeError):
     """A benchmark request failed; the message has the endpoint's answer."""
 
 
+def _answer(status: int, body: bytes) -> str:
+    """An error answer as text: the JSON error body as JSON, anything else
+    decoded, cut to a readable length."""
+    text = body.decode("utf-8", "replace")
+    with contextlib.suppress(ValueError):
+        text = json.dumps(json.loads(text))
+    return f"HTTP {status}: {text[:1000]}"
+
+
+def _prompt(words: int) -> str:
+    return " ".join(["hello"] * max(1, words))
+
+
+async def _prompt_tokens_of(
+    http: httpx.AsyncClient, url: str, headers: dict[str, str], model: str, words: int
+) -> int:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": _prompt(words)}],
+        "max_tokens": 1,
+    }
+    resp = await http.post(url, json=body, headers=headers)
+    if resp.status_code != 200:
+        raise BenchError(_answer(resp.status_code, resp.content))
+    return int(resp.json()["usage"]["prompt_tokens"])
+
+
+async def calibrate(record: dict[str, Any], token: str, plan: BenchPlan) -> BenchPlan:
+    """The plan with `prompt_words` set so that the prompt is `prompt_tokens`
+    long in the endpoint's own tokenizer (two short probes: the tokens per
+    word, and the chat template's own tokens)."""
+    url = record["url"] + example_path("chat")
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(timeout=plan.timeout_s) as http:
+        model = record["modelName"]
+        short = await _prompt_tokens_of(http, url, headers, model, 16)
+        long = await _prompt_tokens_of(http, url, headers, model, 64)
+    per_word = max(1e-3, (long - short) / 48)
+    overhead = short - 16 * per_word
+    words = math.floor((plan.prompt_tokens - overhead) / per_word)
+    if words < 1:
+        raise BenchError(
+            f"--prompt-tokens {plan.prompt_tokens} is shorter than the chat template alone "
+            f"({overhead:.0f} tokens)"
+        )
+    return replace(plan, prompt_words=words)
+
+
 async def _chat_once(
     http: httpx.AsyncClient, url: str, headers: dict[str, str], model: str, plan: BenchPlan
 ) -> Sample:
     body = {
         "model": model,
-        # About one token per word for a byte-level BPE tokenizer.
-        "messages": [{"role": "user", "content": " ".join(["hello"] * plan.prompt_tokens)}],
+        "messages": [{"role": "user", "content": _prompt(plan.prompt_words or plan.prompt_tokens)}],
         "max_tokens": plan.output_tokens,
         "ignore_eos": True,
         "stream": True,
@@ -99,7 +150,7 @@ async def _chat_once(
     usage_tokens: int | None = None
     async with http.stream("POST", url, json=body, headers=headers) as resp:
         if resp.status_code != 200:
-            raise BenchError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+            raise BenchError(_answer(resp.status_code, await resp.aread()))
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -127,7 +178,7 @@ async def _image_once(
     resp = await http.post(url, json=body, headers=headers)
     elapsed = time.perf_counter() - start
     if resp.status_code != 200:
-        raise BenchError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        raise BenchError(_answer(resp.status_code, resp.content))
     return Sample(elapsed, elapsed, len(resp.json().get("data") or []))
 
 
@@ -135,7 +186,7 @@ async def run_level(
     record: dict[str, Any], token: str, concurrency: int, plan: BenchPlan
 ) -> ProfilePoint:
     """`plan.requests` requests at `concurrency` against the endpoint `record`."""
-    kind = "image" if example_path("image") in record["exampleCommand"] else "chat"
+    kind = "image" if is_image_endpoint(record) else "chat"
     url = record["url"] + example_path(kind)
     headers = {"Authorization": f"Bearer {token}"}
     once = _image_once if kind == "image" else _chat_once
@@ -158,8 +209,27 @@ async def run_level(
     return point(concurrency, samples, wall)
 
 
-def run_bench(record: dict[str, Any], token: str, plan: BenchPlan) -> list[ProfilePoint]:
-    return [asyncio.run(run_level(record, token, c, plan)) for c in plan.concurrencies]
+def is_image_endpoint(record: dict[str, Any]) -> bool:
+    return example_path("image") in record["exampleCommand"]
+
+
+def run_bench(
+    record: dict[str, Any],
+    token: str,
+    plan: BenchPlan,
+    on_level: Callable[[int, ProfilePoint | None], None] = lambda c, p: None,
+) -> list[ProfilePoint]:
+    """Every level in turn; `on_level(c, None)` as level c starts and
+    `on_level(c, point)` when it is done (the CLI's progress)."""
+    if not is_image_endpoint(record) and plan.prompt_words is None:
+        plan = asyncio.run(calibrate(record, token, plan))
+    points = []
+    for concurrency in plan.concurrencies:
+        on_level(concurrency, None)
+        point = asyncio.run(run_level(record, token, concurrency, plan))
+        on_level(concurrency, point)
+        points.append(point)
+    return points
 
 
 def profile_body(

@@ -11,11 +11,16 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from inferd.client.api import DEFAULT_API_URL, ApiError, ManagementClient
+from inferd.client.paging import list_pages, more_hint, page_args
+
+if TYPE_CHECKING:
+    from inferd.catalog.registered import ProfilePoint
 
 LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ID", "id"),
@@ -72,6 +77,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     listing = sub.add_parser("list", parents=[common], help="list endpoints")
     listing.add_argument("--project", help="only this project's endpoints")
+    listing.add_argument("--status", help="only endpoints in this status (e.g. running)")
+    listing.add_argument("--model", help="only endpoints serving this model")
+    listing.add_argument("--location", help="only endpoints in this location")
+    listing.add_argument("--name-prefix", help="only endpoints whose name starts with this")
+    page_args(listing)
     listing.set_defaults(func=command(_list))
 
     get = sub.add_parser("get", parents=[common], help="show one endpoint")
@@ -191,21 +201,36 @@ def _create(client: ManagementClient, args: argparse.Namespace) -> int:
         _print_json(record)
         return 0
     _print_detail(record)
+    token = record["accessToken"]
     print()
     print("Access token (shown only this once; keep it secret):")
-    print(f"  {record['accessToken']}")
+    print(f"  {token}")
+    print()
+    print("Use it from this shell (the README's $URL and $TOKEN):")
+    print(f"  export URL={record['url']}")
+    print(f"  export TOKEN={token}")
     print()
     print("Try it:")
-    print(f"  {record['exampleCommand']}")
+    print(f"  {try_it_command(record)}")
     return 0
 
 
+def try_it_command(record: Mapping[str, Any]) -> str:
+    """The record's example with the variables exported just above (the
+    token itself stays out of the shell's history)."""
+    example: str = record["exampleCommand"]
+    return example.replace(record["url"], "$URL").replace("<ACCESS_TOKEN>", "$TOKEN")
+
+
 def _list(client: ManagementClient, args: argparse.Namespace) -> int:
-    records = client.list_endpoints(args.project)
+    query = {"projectId": args.project, "status": args.status, "modelName": args.model,
+             "locationName": args.location, "namePrefix": args.name_prefix}  # fmt: skip
+    records, cursor = list_pages(client, "/endpoints", query, args)
     if args.json:
-        _print_json({"data": records})
+        _print_json({"data": records, **({"continue": cursor} if cursor else {})})
     else:
         print(format_table(records))
+        more_hint(cursor)
     return 0
 
 
@@ -268,6 +293,12 @@ def _bench(client: ManagementClient, args: argparse.Namespace) -> int:
         print("error: concurrencies and --requests must be at least 1", file=sys.stderr)
         return 2
     record = client.get_endpoint(client.resolve(args.endpoint))
+    context = client.get_model(record["modelName"])["architecture"].get("contextLength")
+    if context and args.prompt_tokens + args.output_tokens > context:
+        print(f"error: --prompt-tokens {args.prompt_tokens} + --output-tokens "
+              f"{args.output_tokens} exceed {record['modelName']}'s context of {context} "
+              "tokens", file=sys.stderr)  # fmt: skip
+        return 2
     plan = BenchPlan(
         concurrencies=levels,
         requests=args.requests,
@@ -276,8 +307,18 @@ def _bench(client: ManagementClient, args: argparse.Namespace) -> int:
         image_size=args.image_size,
         timeout_s=max(args.timeout, 60.0),
     )
+
+    def progress(concurrency: int, point: ProfilePoint | None) -> None:
+        # Each level as it ends (a level can take minutes): on stderr, so
+        # that --json output stays one document.
+        if point is None:
+            print(f"concurrency {concurrency}: {plan.requests} requests ...", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        else:
+            print(f"concurrency {concurrency}: {_point_text(point)}", file=sys.stderr, flush=True)
+
     try:
-        points = run_bench(record, token, plan)
+        points = run_bench(record, token, plan, progress)
     except (BenchError, httpx.HTTPError) as exc:
         print(f"error: benchmark request failed: {exc}", file=sys.stderr)
         return 1
@@ -290,16 +331,18 @@ def _bench(client: ManagementClient, args: argparse.Namespace) -> int:
     print(f"{record['modelName']} on {record['gpuCount']} x {record['gpuType']} "
           f"({record['name']}):")  # fmt: skip
     for p in points:
-        if p.images_per_s:
-            print(f"  concurrency {p.concurrency:>3}: {p.images_per_s * 60:8.2f} images/min, "
-                  f"p95 {p.seconds_per_image_p95:.2f} s/image ({p.requests} requests)")  # fmt: skip
-        else:
-            print(f"  concurrency {p.concurrency:>3}: {p.output_tokens_per_s:8.1f} tokens/s, "
-                  f"TTFT p95 {p.ttft_p95_s * 1000:.0f} ms, TPOT p95 {p.tpot_p95_s * 1000:.1f} ms "
-                  f"({p.requests} requests)")  # fmt: skip
+        print(f"  concurrency {p.concurrency:>3}: {_point_text(p)}")
     if not args.no_record:
         print("Recorded: recommendations for this model now use it on this GPU type and count.")
     return 0
+
+
+def _point_text(p: ProfilePoint) -> str:
+    if p.images_per_s:
+        return (f"{p.images_per_s * 60:8.2f} images/min, p95 {p.seconds_per_image_p95:.2f} "
+                f"s/image ({p.requests} requests)")  # fmt: skip
+    return (f"{p.output_tokens_per_s:8.1f} tokens/s, TTFT p95 {p.ttft_p95_s * 1000:.0f} ms, "
+            f"TPOT p95 {p.tpot_p95_s * 1000:.1f} ms ({p.requests} requests)")  # fmt: skip
 
 
 Action = Callable[[ManagementClient, argparse.Namespace], int]
@@ -344,10 +387,31 @@ def _cell(record: Mapping[str, Any], key: str) -> str:
     return "" if value is None else str(value)
 
 
-def _replica_cell(replica: Mapping[str, Any], gpu_type: str) -> str:
+def _replica_line(replica: Mapping[str, Any], gpu_type: str) -> str:
+    """`loading since 07:21:04Z (12 s), vllm, cpu: loading the model` - the
+    status, since when, the engine and what it is doing."""
     gpus = replica["gpus"]
     hardware = "cpu" if gpu_type == "cpu" else f"{gpus} GPU{'' if gpus == 1 else 's'}"
-    return f"{replica['status']} ({hardware})"
+    parts = [replica["status"]]
+    since = replica.get("since")
+    if since:
+        parts.append(f"since {since}{_ago(since)}")
+    details = [d for d in (replica.get("engine"), hardware) if d]
+    line = f"{' '.join(parts)} ({', '.join(details)})"
+    if replica.get("statusReason"):
+        line += f": {replica['statusReason']}"
+    return line
+
+
+def _ago(since: str) -> str:
+    try:
+        then = datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        return ""
+    seconds = max(0, int((datetime.now(UTC) - then).total_seconds()))
+    if seconds < 60:
+        return f" ({seconds} s ago)"
+    return f" ({seconds // 60} min {seconds % 60} s ago)"
 
 
 def format_table(records: Sequence[Mapping[str, Any]]) -> str:
@@ -363,13 +427,18 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _print_detail(record: Mapping[str, Any]) -> None:
+    currency = record.get("currency", "")
     for key in DETAIL_FIELDS:
         value = record.get(key)
-        if key == "hourlyPrice":
-            value = f"{value} {record.get('currency', '')}".strip()
+        if key in ("hourlyPrice", "costSoFar") and value is not None:
+            value = f"{value:.2f} {currency}".strip()
+        if key == "costSoFar":
+            value = f"{value} (this month)"
         if key == "statusReason" and value is None:
             continue
-        print(f"{key:<34} {value}")
+        print(f"{key:<34} {'-' if value is None else value}")
     replicas = record.get("replicas") or []
-    summary = ", ".join(_replica_cell(r, record["gpuType"]) for r in replicas) or "none"
-    print(f"{'replicas':<34} {summary}")
+    if not replicas:
+        print(f"{'replicas':<34} none")
+    for index, replica in enumerate(replicas):
+        print(f"{'replicas' if index == 0 else '':<34} {_replica_line(replica, record['gpuType'])}")

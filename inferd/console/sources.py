@@ -33,6 +33,18 @@ class ReplicaLine:
     status: str
     since: str
     reason: str | None
+    # What the engine last reported: its queue, KV cache use, and the prompt
+    # tokens looked up in / found in its prefix cache since it started.
+    waiting: int = 0
+    kv_cache_usage: float | None = None
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        if not self.prefix_cache_queries:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
 
 
 def _no_replicas(endpoint_id: str) -> Sequence[ReplicaLine]:

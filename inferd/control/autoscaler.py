@@ -3,6 +3,16 @@ previous state and the clock.
 
 - Target: enough replicas that each carries about `target_concurrency`
   requests (in flight plus waiting), within [minReplicas, maxReplicas].
+  Concurrency is a weak signal for LLMs (a few long prompts fill a KV cache
+  that 8 short ones barely touch), so two engine signals can ask for more:
+  - KV cache: enough replicas that their mean KV cache use stays at
+    `target_kv_cache_usage` (ready x usage / target, as KServe and llm-d
+    scale on it); it also keeps replicas that the KV cache still needs from
+    being removed on low concurrency.
+  - Engine queue: requests queued inside the engines (admitted by the
+    gateway, not yet running: the engine has no room) beyond
+    `target_engine_waiting` per replica ask for one replica per that many.
+  The largest of the three wins.
 - Up: after the load has asked for more for `upscale_delay_s`; at once when a
   request waits and no replica is ready or coming (scale from zero).
 - Down: after the load has asked for fewer for `downscale_delay_s`.
@@ -23,6 +33,8 @@ from dataclasses import dataclass, replace
 TARGET_CONCURRENCY = 8.0
 UPSCALE_DELAY_S = 5.0
 DOWNSCALE_DELAY_S = 60.0
+TARGET_KV_CACHE_USAGE = 0.8
+TARGET_ENGINE_WAITING = 2.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,9 @@ class ScalingSettings:
     target_concurrency: float = TARGET_CONCURRENCY
     upscale_delay_s: float = UPSCALE_DELAY_S
     downscale_delay_s: float = DOWNSCALE_DELAY_S
+    # None or 0 turns a signal off.
+    target_kv_cache_usage: float | None = TARGET_KV_CACHE_USAGE
+    target_engine_waiting: float | None = TARGET_ENGINE_WAITING
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,10 @@ class Observations:
     ready: int  # replicas taking traffic
     coming_up: int  # replicas starting or loading
     last_request_at: float | None  # clock seconds; None: never called
+    # What the ready replicas' engines last reported: mean KV cache use (None
+    # where no engine reports one) and requests queued inside the engines.
+    kv_cache_usage: float | None = None
+    engine_waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,27 @@ def target_replicas(settings: ScalingSettings, obs: Observations, now: float) ->
     """What the load alone asks for, clamped to the bounds and the retention rule."""
     load = obs.in_flight + obs.held
     by_load = math.ceil(load / settings.target_concurrency) if load else 0
+    signal = f"{load} requests at {settings.target_concurrency:g} per replica"
+    target_kv = settings.target_kv_cache_usage
+    # The engine signals speak for requests in progress; an idle endpoint's
+    # last report must not hold replicas past the retention period.
+    if load and target_kv and obs.kv_cache_usage is not None and obs.ready:
+        by_kv = math.ceil(obs.ready * obs.kv_cache_usage / target_kv - 1e-9)
+        if by_kv > by_load:
+            by_load = by_kv
+            signal = (
+                f"KV cache {obs.kv_cache_usage:.0%} used on {obs.ready} replicas "
+                f"at {target_kv:.0%} per replica"
+            )
+    target_waiting = settings.target_engine_waiting
+    if load and target_waiting and obs.engine_waiting > target_waiting * obs.ready:
+        by_queue = math.ceil(obs.engine_waiting / target_waiting)
+        if by_queue > by_load:
+            by_load = by_queue
+            signal = (
+                f"{obs.engine_waiting} requests queued in the engines "
+                f"at {target_waiting:g} per replica"
+            )
     idle_for = math.inf if obs.last_request_at is None else now - obs.last_request_at
     if settings.min_replicas > 0:
         floor, why = settings.min_replicas, "minReplicas"
@@ -73,7 +113,7 @@ def target_replicas(settings: ScalingSettings, obs: Observations, now: float) ->
         floor, why = 0, "idle past the retention period"
     target = min(max(by_load, floor), settings.max_replicas)
     if by_load > floor:
-        why = f"{load} requests at {settings.target_concurrency:g} per replica"
+        why = signal
     if by_load > settings.max_replicas:
         why += f" (capped at maxReplicas {settings.max_replicas})"
     return target, why

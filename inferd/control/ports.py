@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 from inferd.catalog.registered import ModelStore, ProfileStore
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.model import Change, Endpoint, EndpointChanges, ReplicaRecord
+from inferd.control.paging import EndpointFilter, Page
 from inferd.replica.config import ReplicaSpec
 
 # --- stores ---------------------------------------------------------------------------
@@ -32,6 +33,16 @@ class EndpointStore(Protocol):
 
     async def list_endpoints(self) -> list[Endpoint]:
         """Every endpoint, oldest first."""
+        ...
+
+    async def page_endpoint_ids(
+        self, where: EndpointFilter, after: int | None, limit: int
+    ) -> Page[str]:
+        """The ids of up to `limit` endpoints matching `where` whose position
+        is past `after` (None: from the start), oldest first, read by keyset
+        in the database (see `inferd.control.paging`). Ids, not rows: the
+        service holds the rows already (change-fed), and decoding a thousand
+        rows costs more than the query."""
         ...
 
     async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:

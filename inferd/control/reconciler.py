@@ -33,13 +33,15 @@ from typing import Protocol
 from inferd.control.autoscaler import (
     DOWNSCALE_DELAY_S,
     TARGET_CONCURRENCY,
+    TARGET_ENGINE_WAITING,
+    TARGET_KV_CACHE_USAGE,
     UPSCALE_DELAY_S,
     Observations,
     ScalerState,
     ScalingSettings,
     decide,
 )
-from inferd.control.leader import Deposed
+from inferd.control.cluster.ports import Deposed
 from inferd.control.model import ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,
@@ -107,6 +109,14 @@ class ReconcilerSettings:
     target_concurrency: float = TARGET_CONCURRENCY
     upscale_delay_s: float = UPSCALE_DELAY_S
     downscale_delay_s: float = DOWNSCALE_DELAY_S
+    target_kv_cache_usage: float | None = TARGET_KV_CACHE_USAGE
+    target_engine_waiting: float | None = TARGET_ENGINE_WAITING
+
+
+def _mean_kv_cache_usage(ready: Sequence[Replica]) -> float | None:
+    """Over the replicas whose engine reports one (vLLM does)."""
+    usages = [r.load.kv_cache_usage for r in ready if r.load.kv_cache_usage is not None]
+    return sum(usages) / len(usages) if usages else None
 
 
 @dataclass
@@ -419,6 +429,8 @@ class Reconciler:
             ready=len(ready),
             coming_up=len(active) - len(ready),
             last_request_at=last,
+            kv_cache_usage=_mean_kv_cache_usage(ready),
+            engine_waiting=sum(r.load.waiting for r in ready),
         )
         decision = decide(self._scaling(row), observations, plan.scaler, now)
         if decision.desired != plan.scaler.desired:
@@ -455,6 +467,8 @@ class Reconciler:
             target_concurrency=s.target_concurrency,
             upscale_delay_s=s.upscale_delay_s,
             downscale_delay_s=s.downscale_delay_s,
+            target_kv_cache_usage=s.target_kv_cache_usage,
+            target_engine_waiting=s.target_engine_waiting,
         )
 
     async def _launch(self, row: EndpointFacts, plan: _Plan, count: int, now: float) -> None:

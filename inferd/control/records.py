@@ -30,6 +30,7 @@ class ReplicaView:
     reason: str | None = None
     replica_id: str = ""
     since: str | None = None  # RFC 3339 time the replica entered its status
+    engine: str | None = None  # the engine serving it, once the replica says
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ def build_record(
                 "id": r.replica_id,
                 "statusReason": r.reason,
                 "since": r.since,
+                "engine": r.engine,
             }
             for r in current
         ],

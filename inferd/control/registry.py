@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,8 @@ from inferd.control.model import utc_now_text
 from inferd.control.ports import ReplicaHandle
 from inferd.gateway.directory import RoutableReplica
 from inferd.vocab import ReplicaStatus
+
+logger = logging.getLogger(__name__)
 
 _FORWARD = {
     ReplicaStatus.STARTING: 0,
@@ -55,6 +58,10 @@ class ReplicaLoad:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+    # Prefix cache: prompt tokens looked up and found, since the replica started.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    adapters: frozenset[str] = frozenset()
     # Running totals since the replica started (for tokens/s and images/s).
     generated_tokens: int = 0
     images: int = 0
@@ -75,6 +82,7 @@ class Replica:
     status: ReplicaStatus = ReplicaStatus.STARTING
     reason: str | None = None
     url: str | None = None
+    engine: str | None = None  # as the replica reports it
     load: ReplicaLoad = ReplicaLoad()
     created_at: float = 0.0  # clock
     status_since: float = 0.0  # clock
@@ -219,11 +227,15 @@ class Registry:
             status=status,
             reason=reason,
             url=report.url or replica.url,
+            engine=report.engine or replica.engine,
             load=ReplicaLoad(
                 in_flight=load.in_flight,
                 running=load.running,
                 waiting=load.waiting,
                 kv_cache_usage=load.kv_cache_usage,
+                prefix_cache_queries=load.prefix_cache_queries,
+                prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries),
+                adapters=frozenset(load.adapters),
                 # A report without usage keeps the last totals (not a reset).
                 generated_tokens=usage.completion_tokens
                 if usage
@@ -239,6 +251,16 @@ class Registry:
             ),
         )
         self._replicas[replica_id] = updated
+        if status != replica.status:
+            # The operator's terminal follows each replica's life here (the
+            # report requests themselves are not access-logged).
+            logger.info(
+                "replica %s of endpoint %s: %s%s",
+                replica_id,
+                replica.endpoint_id,
+                f"ready at {updated.url}" if status is ReplicaStatus.READY else status.value,
+                f" ({reason})" if reason else "",
+            )
         if status != replica.status or replica.unreachable:
             self._changed(updated)
         return True
@@ -341,7 +363,7 @@ class Registry:
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return [
-            RoutableReplica(r.replica_id, r.url or "", r.load.waiting)
+            RoutableReplica(r.replica_id, r.url or "", r.load.waiting, r.load.adapters)
             for r in self._replicas.values()
             if r.endpoint_id == endpoint_id and r.routable
         ]

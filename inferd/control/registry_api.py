@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd.api.replica import ReplicaReport
+from inferd.control.engine_figures import EndpointEngines, engine_families
 from inferd.control.registry import Registry, ReportRejected
 from inferd.errors import error_body
 from inferd.gateway.auth import bearer_token
@@ -69,7 +70,9 @@ def _rejected(exc: ReportRejected) -> Response:
 
 
 class ReplicaCollector(Collector):
-    """`inferd_replicas{endpoint, status}`: replicas by endpoint and status."""
+    """`inferd_replicas{endpoint, status}`: replicas by endpoint and status;
+    and what the replicas report of their engines, per endpoint (prefix
+    cache hits, KV cache use, engine queue)."""
 
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
@@ -79,12 +82,15 @@ class ReplicaCollector(Collector):
             "inferd_replicas", "Replicas by endpoint and status.", labels=["endpoint", "status"]
         )
         counts: dict[tuple[str, str], int] = {}
+        engines: dict[str, EndpointEngines] = {}
         for replica in self._registry.all():
             key = (replica.endpoint_id, replica.status.value)
             counts[key] = counts.get(key, 0) + 1
+            if replica.routable:
+                engines.setdefault(replica.endpoint_id, EndpointEngines()).add(replica.load)
         for (endpoint, status), count in sorted(counts.items()):
             family.add_metric([endpoint, status], count)
-        return [family]
+        return [family, *engine_families(engines)]
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []

@@ -34,9 +34,15 @@ from inferd.control.model import (
     EndpointGone,
     utc_now,
 )
+from inferd.control.paging import EndpointFilter, Page
 from inferd.control.placement import Placement, resolve_placement
 from inferd.control.ports import Capacity, EndpointStore, TokenStore
-from inferd.control.records import DEFAULT_IMAGE_SIZE, EndpointRuntime, build_record
+from inferd.control.records import (
+    DEFAULT_IMAGE_SIZE,
+    EndpointRuntime,
+    build_record,
+    derive_status,
+)
 from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
 
@@ -231,6 +237,26 @@ class EndpointService:
     def record_json(self, endpoint_id: str) -> bytes:
         """`record(endpoint_id)` as JSON bytes, from the render cache."""
         return self._rendered_json(self.row(endpoint_id))
+
+    async def page(self, where: EndpointFilter, after: int | None, limit: int) -> Page[Endpoint]:
+        """A page of endpoints: which ones, from the store's keyset; their
+        rows from this copy (as `record` answers them), or from the store for
+        one this copy has not heard of yet (another instance's create)."""
+        page = await self._store.page_endpoint_ids(where, after, limit)
+        rows: list[Endpoint] = []
+        for endpoint_id in page.items:
+            row = self._rows.get(endpoint_id) or await self._store.get_endpoint(endpoint_id)
+            if row is not None:  # None: deleted since the page was read
+                rows.append(row)
+        return Page(rows, page.after)
+
+    def status_of(self, row: Endpoint) -> str:
+        runtime = self.runtime_of(row.id)
+        return derive_status(row, runtime.replicas, runtime.waiting_for).status.value
+
+    def row_json(self, row: Endpoint) -> bytes:
+        """The record of `row` (from `page`) as JSON bytes."""
+        return self._rendered_json(row)
 
     def records(self) -> list[dict[str, Any]]:
         return [self._build(row) for row in self._rows.values()]

@@ -37,6 +37,7 @@ class ReplicaViews:
                 reason=r.reason,
                 replica_id=r.replica_id,
                 since=r.status_since_wall or None,
+                engine=r.engine,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         )

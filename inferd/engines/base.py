@@ -215,6 +215,13 @@ class EngineLoad:
     waiting: int
     # Fraction of the KV cache in use (vLLM); None where not meaningful.
     kv_cache_usage: float | None = None
+    # Prompt tokens looked up in the prefix cache since start, and how many
+    # were found there (vLLM's automatic prefix caching); the hit rate over
+    # any period is the ratio of their differences.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    # LoRA adapters loaded now (a request naming one prefers this replica).
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ from inferd.engines.base import (
     validate_image_request,
 )
 from inferd.errors import ServiceUnavailable
+from inferd.quiet_warnings import drop_torchvision_fallback_warning
 from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ def _resolve_dtype(options: EngineOptions, device: str) -> Any:
 
 def load_pipeline(model_path: Path, device: str, dtype: Any) -> Any:
     """Load a text-to-image pipeline on `device`; the default loader."""
+    drop_torchvision_fallback_warning()
     from diffusers import AutoPipelineForText2Image
     from diffusers.utils import deprecation_utils
 

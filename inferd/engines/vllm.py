@@ -48,6 +48,9 @@ class _LoadTracker:
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
+        # Running totals: vLLM hands each interval's prefix-cache counts.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
 
 def _stat_logger_factory(tracker: _LoadTracker) -> Any:
@@ -68,6 +71,10 @@ def _stat_logger_factory(tracker: _LoadTracker) -> Any:
                 tracker.running = scheduler_stats.num_running_reqs
                 tracker.waiting = scheduler_stats.num_waiting_reqs
                 tracker.kv_cache_usage = scheduler_stats.kv_cache_usage
+                prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if prefix is not None and not getattr(prefix, "reset", False):
+                    tracker.prefix_cache_queries += prefix.queries
+                    tracker.prefix_cache_hits += prefix.hits
 
         def log_engine_initialized(self) -> None:
             pass
@@ -418,6 +425,8 @@ class VllmTextEngine:
             running=running,
             waiting=max(0, unfinished - running),
             kv_cache_usage=self._tracker.kv_cache_usage,
+            prefix_cache_queries=self._tracker.prefix_cache_queries,
+            prefix_cache_hits=self._tracker.prefix_cache_hits,
         )
 
     async def check_health(self) -> None:

@@ -26,11 +26,13 @@ from inferd.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
 from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.proxy import Relayed, forward
+from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
@@ -133,6 +135,8 @@ class Gateway:
         self._book = self.state.book
         self._replica_urls = self.state.replica_urls
         self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
+        # Where this gateway sent which prompt prefixes (bounded, LRU).
+        self.prefixes = PrefixTable(self.settings.prefix_table_entries)
 
     # -- lifecycle and what the control plane reads -----------------------
 
@@ -178,10 +182,12 @@ class Gateway:
             endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
             body = await self._read_body(receive, content_length)
+            assert endpoint is not None
+            prefix = self._prefix(endpoint, route, body)
             ep = self._book.endpoint(endpoint_id)
             ep.arrived(self.clock())
             try:
-                status = await self._serve(ep, route, headers, body, receive, send)
+                status = await self._serve(ep, route, headers, body, prefix, receive, send)
             finally:
                 ep.ended(self.clock())
         except InferdError as exc:
@@ -204,6 +210,26 @@ class Gateway:
                 f"{route.path} is not available on it.",
                 code="unsupported_route",
             )
+
+    def _prefix(
+        self, endpoint: EndpointRoute, route: GatewayRoute, body: bytes
+    ) -> RequestPrefix | None:
+        """What the routing choice needs of a request's prompt (see
+        `inferd.gateway.affinity`); None for bodiless routes."""
+        if not body or route.method != "POST":
+            return None
+        settings = self.settings
+        if settings.routing_policy is not Policy.PREFIX:
+            model = requested_model(body)
+            adapter = model if model and model != endpoint.model_name else None
+            return RequestPrefix(None, (), adapter)
+        return request_prefix(
+            body,
+            endpoint.endpoint_id,
+            base_model=endpoint.model_name,
+            block_bytes=settings.prefix_block_bytes,
+            max_blocks=settings.prefix_max_blocks,
+        )
 
     async def _read_body(self, receive: Receive, content_length: bytes | None) -> bytes:
         limit = self.settings.max_body_bytes
@@ -236,6 +262,7 @@ class Gateway:
         route: GatewayRoute,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
+        prefix: RequestPrefix | None,
         receive: Receive,
         send: Send,
     ) -> int:
@@ -247,7 +274,7 @@ class Gateway:
         watch = _DisconnectWatch(task)
         watcher = asyncio.get_running_loop().create_task(watch.run(receive))
         try:
-            return await self._dispatch(ep, route, headers, body, send)
+            return await self._dispatch(ep, route, headers, body, prefix, send)
         except asyncio.CancelledError:
             if watch.gone and task.uncancel() == 0:
                 return CLIENT_GONE
@@ -262,6 +289,7 @@ class Gateway:
         route: GatewayRoute,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
+        prefix: RequestPrefix | None,
         send: Send,
     ) -> int:
         settings = self.settings
@@ -270,9 +298,16 @@ class Gateway:
         arrived = self.clock()
         deadline = arrived + settings.max_hold_seconds
         exclude: frozenset[str] = frozenset()
+        affinity = NO_AFFINITY
+        if prefix is not None:
+            affinity = Affinity(prefix.home, self.prefixes.lookup(prefix.blocks), prefix.adapter)
         for _ in range(settings.max_attempts):
-            replica = await dispatcher.acquire(ep, exclude, deadline)
+            replica = await dispatcher.acquire(ep, exclude, deadline, affinity)
             rid = replica.replica_id
+            if prefix is not None and prefix.blocks:
+                # Recorded before the answer: the next turn of a conversation
+                # may arrive while this one still streams.
+                self.prefixes.record(prefix.blocks, rid)
             self._replica_urls[rid] = replica.url
             begun = self.clock()
             if begun - arrived > 0.001:

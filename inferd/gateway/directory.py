@@ -32,6 +32,9 @@ class RoutableReplica:
     # Engine queue depth from the replica's last report; the gateway adds its
     # own in-flight count to rank replicas.
     reported_waiting: int = 0
+    # LoRA adapters the replica reported loaded: a request naming one of them
+    # prefers this replica.
+    adapters: frozenset[str] = frozenset()
 
 
 class ReplicaDirectory(Protocol):

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from inferd.errors import InferdError, NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import ReplicaDirectory, RoutableReplica
-from inferd.gateway.routing import Outcome, choose_replica
+from inferd.gateway.routing import NO_AFFINITY, Affinity, Choice, Outcome, Reason, choose_replica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.traffic import EndpointTraffic
 
@@ -47,6 +47,7 @@ NO_SCALING: CapacitySignal = _NoScaling()
 # Directory re-asked for capacity at most this often while requests wait.
 _CAPACITY_REPEAT_S = 1.0
 MAX_RETRY_AFTER_S = 600
+_DEFAULT_SETTINGS = GatewaySettings()
 
 
 class Verdict(enum.Enum):
@@ -78,6 +79,7 @@ def admit(outcome: Outcome, held: int, max_held: int) -> Admission:
 class Placement:
     index: int  # position in the queue given to plan_release
     replica: RoutableReplica
+    reason: Reason | None = None
 
 
 def plan_release(
@@ -87,26 +89,37 @@ def plan_release(
     *,
     max_in_flight: int,
     turn: int,
+    affinities: Sequence[Affinity] | None = None,
+    settings: GatewaySettings | None = None,
 ) -> tuple[list[Placement], int]:
-    """Held requests (given by what each must avoid, in queue order) that can
-    go now, and to which replica; first come first placed. A request that can
-    go nowhere (every replica it may use is busy or tried) does not block the
-    ones behind it. Returns the placements and the advanced turn counter;
-    `in_flight` is not modified."""
+    """Held requests (given by what each must avoid, in queue order, and
+    optionally by their prefix affinity) that can go now, and to which
+    replica; first come first placed. A request that can go nowhere (every
+    replica it may use is busy or tried) does not block the ones behind it.
+    Returns the placements and the advanced turn counter; `in_flight` is not
+    modified."""
     placements: list[Placement] = []
     load = dict(in_flight)
+    settings = settings or _DEFAULT_SETTINGS
     for index, exclude in enumerate(excluded):
         if all(load.get(r.replica_id, 0) >= max_in_flight for r in replicas):
             break  # every replica is full: nobody else can go
         choice = choose_replica(
-            replicas, load, max_in_flight=max_in_flight, turn=turn, exclude=exclude
+            replicas,
+            load,
+            max_in_flight=max_in_flight,
+            turn=turn,
+            exclude=exclude,
+            affinity=affinities[index] if affinities is not None else NO_AFFINITY,
+            policy=settings.routing_policy,
+            load_factor=settings.routing_load_factor,
         )
         if choice.replica is None:
             continue
         turn += 1
         rid = choice.replica.replica_id
         load[rid] = load.get(rid, 0) + 1
-        placements.append(Placement(index, choice.replica))
+        placements.append(Placement(index, choice.replica, choice.reason))
     return placements, turn
 
 
@@ -132,11 +145,17 @@ def retry_after(
 
 
 class Waiter:
-    __slots__ = ("exclude", "future")
+    __slots__ = ("affinity", "exclude", "future")
 
-    def __init__(self, future: asyncio.Future[RoutableReplica], exclude: frozenset[str]) -> None:
+    def __init__(
+        self,
+        future: asyncio.Future[RoutableReplica],
+        exclude: frozenset[str],
+        affinity: Affinity = NO_AFFINITY,
+    ) -> None:
         self.future = future
         self.exclude = exclude
+        self.affinity = affinity
 
 
 class _HeldRequests:
@@ -227,8 +246,32 @@ class Dispatcher:
         if self.idle(endpoint_id):
             self._held.pop(endpoint_id, None)
 
+    def choose(
+        self,
+        replicas: Sequence[RoutableReplica],
+        ep: EndpointTraffic,
+        turn: int,
+        exclude: frozenset[str],
+        affinity: Affinity,
+    ) -> Choice:
+        settings = self._settings
+        return choose_replica(
+            replicas,
+            ep.in_flight,
+            max_in_flight=self._cap,
+            turn=turn,
+            exclude=exclude,
+            affinity=affinity,
+            policy=settings.routing_policy,
+            load_factor=settings.routing_load_factor,
+        )
+
     async def acquire(
-        self, ep: EndpointTraffic, exclude: frozenset[str], deadline: float
+        self,
+        ep: EndpointTraffic,
+        exclude: frozenset[str],
+        deadline: float,
+        affinity: Affinity = NO_AFFINITY,
     ) -> RoutableReplica:
         """A replica slot for one request (release it with `release`), at once
         or after holding; raises 429/503 past the bounds."""
@@ -237,14 +280,13 @@ class Dispatcher:
         replicas = directory.ready_replicas(ep.endpoint_id)
         if held.scale_requested_at is not None and replicas:
             self._cold_start_done(held)
-        choice = choose_replica(
-            replicas, ep.in_flight, max_in_flight=self._cap, turn=held.turn, exclude=exclude
-        )
+        choice = self.choose(replicas, ep, held.turn, exclude, affinity)
         admission = admit(choice.outcome, len(held.queue), self._settings.max_held_requests)
         if admission.verdict is Verdict.FORWARD:
             assert choice.replica is not None
             held.turn += 1
             ep.reserve(choice.replica.replica_id)
+            ep.routed_by(choice.reason)
             return choice.replica
         if self._closed:
             raise ServiceUnavailable("The gateway is shutting down.", code="shutting_down")
@@ -255,13 +297,13 @@ class Dispatcher:
             self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
             raise self._refusal(ep, admission.status == 503, len(replicas))
-        return await self._hold(ep, exclude, deadline - now)
+        return await self._hold(ep, exclude, deadline - now, affinity)
 
     async def _hold(
-        self, ep: EndpointTraffic, exclude: frozenset[str], timeout: float
+        self, ep: EndpointTraffic, exclude: frozenset[str], timeout: float, affinity: Affinity
     ) -> RoutableReplica:
         loop = asyncio.get_running_loop()
-        waiter = Waiter(loop.create_future(), exclude)
+        waiter = Waiter(loop.create_future(), exclude, affinity)
         held = self._state(ep)
         held.add(waiter)
         self.pump(ep)
@@ -312,6 +354,8 @@ class Dispatcher:
             ep.in_flight,
             max_in_flight=self._cap,
             turn=held.turn,
+            affinities=[w.affinity for w in waiters],
+            settings=self._settings,
         )
         for placement in placements:
             waiter = waiters[placement.index]
@@ -319,6 +363,7 @@ class Dispatcher:
             if waiter.future.done():  # cancelled in this very loop turn
                 continue
             ep.reserve(placement.replica.replica_id)
+            ep.routed_by(placement.reason)
             waiter.future.set_result(placement.replica)
 
     def _cold_start_done(self, held: _HeldRequests) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from inferd.gateway.traffic import EndpointTraffic
@@ -33,7 +33,7 @@ class _TrafficCollector(Collector):
     def __init__(self, endpoints: Callable[[], Iterable[EndpointTraffic]]) -> None:
         self._endpoints = endpoints
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         in_flight = GaugeMetricFamily(
             "inferd_gateway_in_flight_requests",
             "Requests forwarded to a replica and not finished, per endpoint.",
@@ -44,11 +44,21 @@ class _TrafficCollector(Collector):
             "Requests held by the gateway waiting for a replica, per endpoint.",
             labels=["endpoint"],
         )
+        routed = CounterMetricFamily(
+            "inferd_gateway_routed_requests",
+            "Requests forwarded, by why the replica was chosen: cached (this gateway "
+            "sent the prefix there before), home (first in the prefix's rendezvous "
+            "order), spilled (home was over the load bound), least_loaded.",
+            labels=["endpoint", "reason"],
+        )
         for ep in list(self._endpoints()):
             in_flight.add_metric([ep.endpoint_id], ep.in_flight_total)
             held.add_metric([ep.endpoint_id], ep.held)
+            for reason, count in list(ep.routed.items()):
+                routed.add_metric([ep.endpoint_id, reason], count)
         yield in_flight
         yield held
+        yield routed
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

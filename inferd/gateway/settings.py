@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferd.gateway.routing import DEFAULT_LOAD_FACTOR, Policy
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 
 
@@ -30,6 +31,20 @@ class GatewaySettings:
     cold_start_estimate_seconds: float = 10.0
     # Service times kept per endpoint (for Retry-After and the autoscaler).
     service_time_window: int = 64
+    # Routing (see `inferd.gateway.routing`): `prefix` sends a request where
+    # its prompt's KV cache most likely is, within a load bound of
+    # `routing_load_factor` times the mean load; `least_loaded` ignores
+    # prefixes.
+    routing_policy: Policy = Policy.PREFIX
+    routing_load_factor: float = DEFAULT_LOAD_FACTOR
+    # Prompts are hashed in blocks of this many bytes (about a quarter as many
+    # tokens), at most `prefix_max_blocks` of them (the rest of a longer
+    # prompt does not change where it goes).
+    prefix_block_bytes: int = 512
+    prefix_max_blocks: int = 64
+    # Block hashes remembered with the replica they were sent to (LRU; about
+    # 100 bytes each).
+    prefix_table_entries: int = 65_536
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -44,3 +59,9 @@ class GatewaySettings:
             raise ValueError("max_attempts must be at least 1")
         if self.service_time_window < 1:
             raise ValueError("service_time_window must be at least 1")
+        if self.routing_load_factor < 1:
+            raise ValueError("routing_load_factor must be at least 1")
+        if self.prefix_block_bytes < 16 or self.prefix_max_blocks < 1:
+            raise ValueError("prefix_block_bytes must be at least 16, prefix_max_blocks at least 1")
+        if self.prefix_table_entries < 1:
+            raise ValueError("prefix_table_entries must be at least 1")

@@ -12,6 +12,10 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferd.gateway.routing import Reason
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class EndpointTraffic:
         "in_flight_total",
         "last_request_at",
         "requests_total",
+        "routed",
         "service_times",
     )
 
@@ -56,6 +61,9 @@ class EndpointTraffic:
         self.last_request_at: float | None = None
         self.requests_total = 0
         self.service_times: deque[float] = deque(maxlen=window)
+        # Requests forwarded, by why the routing choice went where it did
+        # (`routing.Reason` values).
+        self.routed: dict[str, int] = {}
 
     def arrived(self, now: float) -> None:
         self.last_request_at = now
@@ -78,6 +86,11 @@ class EndpointTraffic:
         else:
             self.in_flight.pop(replica_id, None)
         self.in_flight_total -= 1
+
+    def routed_by(self, reason: Reason | None) -> None:
+        if reason is not None:
+            key = reason.value
+            self.routed[key] = self.routed.get(key, 0) + 1
 
     def finished(self, service_s: float) -> None:
         self.service_times.append(service_s)

@@ -57,6 +57,7 @@ def build_app(
     metrics: ReplicaMetrics,
     model: ServedModel,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    engine_name: str | None = None,
 ) -> Starlette:
     async def wrong_kind(request: Request) -> Response:
         raise NotFound(
@@ -90,7 +91,12 @@ def build_app(
 
     async def health(request: Request) -> Response:
         ready = state.status is ReplicaStatus.READY
-        body = {"status": state.status.value, "model": model.name, "reason": state.reason}
+        body = {
+            "status": state.status.value,
+            "model": model.name,
+            "engine": engine_name,
+            "reason": state.reason,
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_route(request: Request) -> Response:
@@ -105,6 +111,9 @@ def build_app(
         )
 
     routes += [
+        # `/healthz` as on `inferd serve`; `/health` as on vLLM's own server,
+        # so that probes written for either find the replica.
+        Route("/healthz", health, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
         Route(MODELS_PATH, list_models, methods=["GET"]),

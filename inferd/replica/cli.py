@@ -19,7 +19,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    parser = subparsers.add_parser("replica", help="run one replica: load a model and serve it")
+    parser = subparsers.add_parser(
+        "replica",
+        help="run one replica: load a model and serve it",
+        description="Load one model and serve it on its own, without the control plane: "
+        "chat on /openai/v1/chat/completions, images on /v1/images/generations, "
+        "status on /healthz.",
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -257,8 +257,15 @@ def to_argv(config: ReplicaConfig) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `inferd replica`. What a launcher passes to the replicas it
+    runs (the resolved model, the registry, the secret's companions) is
+    accepted but hidden from `--help`: a person starting a replica by hand
+    never needs it."""
+    internal = argparse.SUPPRESS
     parser.add_argument(
-        "--model", required=True, help="catalog name, local directory or HF repo id"
+        "--model",
+        required=True,
+        help="catalog name (see `inferd models list`), local directory or Hugging Face repo id",
     )
     parser.add_argument(
         "--served-model-name",
@@ -266,17 +273,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="name clients use in 'model' (repeatable; the first is reported back)",
     )
+    parser.add_argument("--model-source", default=None, help=internal)
     parser.add_argument(
-        "--model-source",
-        default=None,
-        help="the resolved model (HF repo id, builtin:NAME or a directory); with "
-        "--model-kind, the catalog is not read",
+        "--model-kind", choices=[k.value for k in ModelKind], default=None, help=internal
     )
-    parser.add_argument("--model-kind", choices=[k.value for k in ModelKind], default=None)
+    parser.add_argument("--serving-defaults", default=None, help=internal)
     parser.add_argument(
-        "--serving-defaults", default=None, help="the catalog's serving defaults (JSON object)"
+        "--engine",
+        choices=ENGINE_NAMES,
+        default="auto",
+        help="auto: diffusers for image models, vLLM for chat (transformers where vLLM "
+        "is not installed)",
     )
-    parser.add_argument("--engine", choices=ENGINE_NAMES, default="auto")
     parser.add_argument(
         "--engine-arg",
         action="append",
@@ -284,13 +292,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="engine-specific option; VALUE is parsed as JSON when it can be",
     )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: cuda where a GPU is visible, else cpu",
+    )
     parser.add_argument("--gpus", default="", help="comma-separated GPU indices for this replica")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--cpu-kv-cache-gib", type=int, default=1)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--optimize", action="store_true", help="engine's fastest settings")
+    parser.add_argument("--dtype", default="auto", help="weights' dtype (auto: the model's)")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
+    )
+    parser.add_argument(
+        "--cpu-kv-cache-gib", type=int, default=1, help="KV cache size on a CPU (GiB)"
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of GPU memory vLLM may take (0-1)",
+    )
+    parser.add_argument(
+        "--optimize",
+        action="store_true",
+        help="diffusers' fastest settings (fused QKV, channels-last, torch.compile); a "
+        "long warm-up",
+    )
     parser.add_argument(
         "--tool-call-parser",
         default=None,
@@ -301,33 +328,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM reasoning parser (deepseek_r1, qwen3, ...); default: the catalog entry",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument(
-        "--advertise-host", default=None, help="address reported to the registry (default: --host)"
-    )
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
+    parser.add_argument("--advertise-host", default=None, help=internal)
+    parser.add_argument("--port", type=int, default=0, help="TCP port (0 picks a free one)")
     parser.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
-    parser.add_argument("--registry-url", default=None)
+    parser.add_argument("--registry-url", default=None, help=internal)
+    parser.add_argument("--registry-fallback-url", action="append", default=[], help=internal)
+    parser.add_argument("--replica-id", default="", help=internal)
+    parser.add_argument("--endpoint-id", default=None, help=internal)
+    parser.add_argument("--report-interval", type=float, default=2.0, help=internal)
+    parser.add_argument("--orphan-timeout", type=float, default=None, help=internal)
     parser.add_argument(
-        "--registry-fallback-url",
-        action="append",
-        default=[],
-        help="where to report when the registry URL cannot be reached (repeatable)",
-    )
-    parser.add_argument("--replica-id", default="")
-    parser.add_argument("--endpoint-id", default=None)
-    parser.add_argument("--report-interval", type=float, default=2.0)
-    parser.add_argument(
-        "--orphan-timeout",
+        "--drain-timeout",
         type=float,
-        default=None,
-        help="drain and exit when the registry is unreachable this long (seconds)",
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        help="seconds in-flight requests get to finish after SIGTERM",
     )
-    parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S)
+    parser.add_argument("--health-interval", type=float, default=1.0, help=internal)
     parser.add_argument(
-        "--health-interval", type=float, default=1.0, help="seconds between engine health checks"
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body (bytes)",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
         "--request-timeout",
         type=float,
@@ -340,10 +363,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_CONNECTIONS,
         help="open connections at most; one more is refused with 503",
     )
-    parser.add_argument("--no-warmup", action="store_true")
-    parser.add_argument("--models-dir", type=Path, default=None)
-    parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--no-warmup", action="store_true", help="skip the warm-up request before ready"
+    )
+    parser.add_argument(
+        "--models-dir", type=Path, default=None, help="model catalog (default: models/catalog)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where tiny models are built (default: ~/.cache/inferd)",
+    )
+    parser.add_argument("--log-level", default="info", help="critical|error|warning|info|debug")
 
 
 def parse_engine_args(items: list[str]) -> dict[str, Any]:

@@ -50,6 +50,18 @@ class ReplicaMetrics:
         waiting.set_function(lambda: engine.load().waiting)
         kv = Gauge("inferd_kv_cache_usage", "Fraction of the KV cache in use.", registry=r)
         kv.set_function(lambda: engine.load().kv_cache_usage or 0.0)
+        queried = Gauge(
+            "inferd_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache since start.",
+            registry=r,
+        )
+        queried.set_function(lambda: engine.load().prefix_cache_queries)
+        hits = Gauge(
+            "inferd_prefix_cache_hit_tokens",
+            "Prompt tokens found in the prefix cache since start.",
+            registry=r,
+        )
+        hits.set_function(lambda: engine.load().prefix_cache_hits)
         ready = Gauge("inferd_replica_ready", "1 when the replica takes requests.", registry=r)
         ready.set_function(lambda: 1.0 if state.status.value == "ready" else 0.0)
 

@@ -34,7 +34,7 @@ from inferd.engines.base import (
     TextEngine,
     TextRequest,
 )
-from inferd.engines.factory import create_engine
+from inferd.engines.factory import choose_engine, create_engine
 from inferd.http_limits import limited_protocol
 from inferd.replica.app import build_app
 from inferd.replica.chat import ServedModel
@@ -115,6 +115,9 @@ class ReplicaProcess:
         self._reporter: StatusReporter | None = None
         self._engine: Engine | None = None
         self._metrics: ReplicaMetrics | None = None
+        # Which engine serves the model (vLLM, or transformers where vLLM is
+        # not installed, ...): reported, so that a fallback is seen.
+        self._engine_name: str | None = None
 
     def _snapshot(self) -> ReplicaReport:
         load = self._engine.load() if self._engine is not None else None
@@ -123,6 +126,7 @@ class ReplicaProcess:
             endpoint_id=self.config.endpoint_id,
             status=self.state.status,
             reason=self.state.reason,
+            engine=self._engine_name,
             url=self.url or None,
             seq=0,  # numbered by the reporter as it sends
             load=ReplicaLoadReport(
@@ -130,6 +134,11 @@ class ReplicaProcess:
                 running=load.running if load else 0,
                 waiting=load.waiting if load else 0,
                 kv_cache_usage=load.kv_cache_usage if load else None,
+                prefix_cache_queries=load.prefix_cache_queries if load else 0,
+                prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries)
+                if load
+                else 0,
+                adapters=list(load.adapters) if load else [],
             ),
             # Cumulative since start: a lost report loses nothing.
             usage=ReplicaUsageReport(**self._metrics.usage()) if self._metrics else None,
@@ -161,8 +170,11 @@ class ReplicaProcess:
 
     async def _serve(self) -> int:
         config = self.config
+        self.state.note(f"preparing {config.model}: building or downloading its weights")
         try:
-            name, kind, path, defaults = resolve(config)
+            # In a thread: a build or a download takes minutes, and the
+            # reporter keeps telling the registry this replica is alive.
+            name, kind, path, defaults = await asyncio.to_thread(resolve, config)
         except Exception as exc:
             self.state.set(ReplicaStatus.FAILED, f"model unavailable: {exc}")
             logger.error("cannot resolve model %r: %s", config.model, exc)
@@ -172,6 +184,7 @@ class ReplicaProcess:
             config.engine, serving=with_parsers_given(defaults, config.engine.serving)
         )
         try:
+            self._engine_name = choose_engine(kind, options.engine)
             self._engine = create_engine(self._model_name, kind, path, options)
         except ValueError as exc:  # an unknown engine or engine option
             self.state.set(ReplicaStatus.FAILED, f"bad engine settings: {exc}")
@@ -179,7 +192,14 @@ class ReplicaProcess:
             return 1
         metrics = self._metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
-        app = build_app(self._engine, self.state, metrics, served, config.max_body_bytes)
+        app = build_app(
+            self._engine,
+            self.state,
+            metrics,
+            served,
+            config.max_body_bytes,
+            engine_name=self._engine_name,
+        )
         sock = bind_socket(config.host, config.port)
         port = sock.getsockname()[1]
         self.url = f"http://{_url_host(config.advertise_host or config.host)}:{port}"
@@ -197,10 +217,20 @@ class ReplicaProcess:
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         if config.port_file is not None:
             config.port_file.write_text(f"{port}\n")
-        logger.info("replica %s serving %s on %s", config.replica_id, self._model_name, self.url)
+        logger.info(
+            "replica %s serving %s with the %s engine on %s",
+            config.replica_id,
+            self._model_name,
+            self._engine_name,
+            self.url,
+        )
+        if options.engine == "auto" and self._engine_name == "transformers":
+            logger.warning("vLLM is not installed: chat runs on the transformers engine")
 
         exit_code = 0
-        self.state.set(ReplicaStatus.LOADING)
+        self.state.set(
+            ReplicaStatus.LOADING, f"loading {self._model_name} with the {self._engine_name} engine"
+        )
         loading = asyncio.ensure_future(self._load())
         drain = asyncio.ensure_future(self._drain_requested.wait())
         await asyncio.wait({loading, drain, serving}, return_when=asyncio.FIRST_COMPLETED)
@@ -252,6 +282,7 @@ class ReplicaProcess:
         assert engine is not None  # created before loading starts
         await engine.start()
         if self.config.warmup:
+            self.state.note("warming up: one request through the engine")
             await warm_up(engine)
 
 

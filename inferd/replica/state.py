@@ -53,6 +53,16 @@ class ReplicaState:
         for listener in self._listeners:
             listener()
 
+    def note(self, progress: str) -> None:
+        """What a long step (a build, a download, a load) is doing now: the
+        reason of a starting or loading replica, reported like a status
+        change so that the endpoint record shows it while it lasts."""
+        if self.status not in (ReplicaStatus.STARTING, ReplicaStatus.LOADING):
+            return
+        self.reason = progress
+        for listener in self._listeners:
+            listener()
+
     def admit(self) -> InFlight:
         if self.status is not ReplicaStatus.READY:
             code = {

@@ -4,7 +4,7 @@ account service with the caller's principal, map the result."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -31,11 +31,20 @@ from inferd.control.accounts.model import (
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Action, Principal, Role
 from inferd.control.accounts.service import AccountService, CreatedKey, key_info
+from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
+from inferd.server.paging import (
+    PAGE_PARAMS,
+    filter_value,
+    paged_body,
+    read_key_page,
+    read_page,
+)
 
-MAX_AUDIT_ENTRIES = 1000
+MEMBER_FILTERS = ("role",)
+_ROLES = tuple(r.value for r in Role)
 
 
 def parse_time(request: Request, name: str) -> datetime | None:
@@ -56,9 +65,19 @@ def parse_time(request: Request, name: str) -> datetime | None:
     return at
 
 
-def _quota(body: QuotaBody | None) -> Quota:
+def _quota(body: QuotaBody | None, gpu_types: Collection[str], param: str = "gpus") -> Quota:
+    """The quota a body asks for. A GPU type the catalog does not have would
+    limit nothing (no endpoint can use it): refused, with the known ones."""
     if body is None:
         return Quota()
+    unknown = sorted(set(body.gpus) - set(gpu_types))
+    if unknown:
+        raise BadRequest(
+            f"Unknown GPU type(s) in the quota: {', '.join(unknown)}. GPU types: "
+            f"{', '.join(sorted(gpu_types))} (GET /inference/gpu-types).",
+            param=param,
+            code="unknown_gpu_type",
+        )
     return Quota(endpoints=body.endpoints, replicas=body.replicas, gpus=dict(body.gpus))
 
 
@@ -134,6 +153,7 @@ class AccountRoutes:
         currency: Callable[[], str],
         max_body_bytes: int,
         models_of: Callable[[str], Sequence[str]],
+        gpu_types: Callable[[], Collection[str]],
     ) -> None:
         self.accounts = accounts
         self.endpoints = endpoints
@@ -142,6 +162,7 @@ class AccountRoutes:
         self.models_of = models_of
         self.currency = currency
         self.max_body_bytes = max_body_bytes
+        self.gpu_types = gpu_types
 
     def operations(self) -> list[Operation]:
         R, W, M = Action.READ, Action.WRITE, Action.MANAGE
@@ -154,13 +175,17 @@ class AccountRoutes:
             Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, self.delete_project),
             Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, self.set_quota),
             Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, self.set_limit),
-            Operation("GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members),
+            Operation(
+                "GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members,
+                (*MEMBER_FILTERS, *PAGE_PARAMS),
+            ),
             Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.put_member),
             Operation(
                 "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
             ),
             Operation(
-                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit, (*span, "action")
+                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit,
+                (*span, "action", *PAGE_PARAMS),
             ),
             Operation(
                 "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage, span
@@ -188,7 +213,10 @@ class AccountRoutes:
     async def create_project(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateProjectRequest, self.max_body_bytes)
         project = await self.accounts.create_project(
-            principal, req.id, _quota(req.quota), _quota(req.quotaLimit)
+            principal,
+            req.id,
+            _quota(req.quota, self.gpu_types(), "quota.gpus"),
+            _quota(req.quotaLimit, self.gpu_types(), "quotaLimit.gpus"),
         )
         return JSONResponse(project_info(project, principal), status_code=201)
 
@@ -215,14 +243,32 @@ class AccountRoutes:
         project_id = request.path_params["id"]
         await self.accounts.project(principal, project_id)  # 404 before a 400 about the body
         req = await read_model(request, QuotaBody, self.max_body_bytes)
-        project = await setter(principal, project_id, _quota(req))
+        project = await setter(principal, project_id, _quota(req, self.gpu_types()))
         return JSONResponse(project_info(project, principal))
 
     # --- members -------------------------------------------------------------------------
 
     async def list_members(self, request: Request, principal: Principal) -> Response:
-        members = await self.accounts.members(principal, request.path_params["id"])
-        return JSONResponse({"data": [member_info(m) for m in members]})
+        project_id = request.path_params["id"]
+        role = filter_value(request, "role")
+        if role is not None and role not in _ROLES:
+            raise BadRequest(
+                f"Unknown role '{role}'; one of: {', '.join(_ROLES)}.",
+                param="role",
+                code="invalid_value",
+            )
+        query = {"projectId": project_id, "role": role}
+        page = read_key_page(request, "members", query)
+        # The role filter is applied to each page read by keyset (a project
+        # has few members; a page may be short, its cursor goes on).
+        members = await self.accounts.members(
+            principal, project_id, after=page.after, limit=page.limit + 1
+        )
+        more = len(members) > page.limit
+        members = members[: page.limit]
+        after = members[-1].user_id if more else None
+        data = [member_info(m) for m in members if role is None or m.role.value == role]
+        return JSONResponse(paged_body(data, "members", query, after))
 
     async def put_member(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, PutMemberRequest, self.max_body_bytes)
@@ -282,15 +328,24 @@ class AccountRoutes:
                     param="action",
                     code="invalid_action",
                 ) from None
+        project_id = request.path_params["id"]
+        query = {"projectId": project_id, "from": request.query_params.get("from"),
+                 "to": request.query_params.get("to"),
+                 "action": ",".join(sorted(a.value for a in actions)) or None}  # fmt: skip
+        page = read_page(request, "audit", query)
         entries = await self.accounts.audit(
             principal,
-            request.path_params["id"],
+            project_id,
             since=parse_time(request, "from"),
             until=parse_time(request, "to"),
             actions=actions,
-            limit=MAX_AUDIT_ENTRIES,
+            limit=page.limit + 1,  # one more only says that more follow
+            after=page.after,
         )
-        return JSONResponse({"data": [audit_info(e) for e in entries]})
+        found = page_of([(e.id, e) for e in entries], page.limit)
+        return JSONResponse(
+            paged_body([audit_info(e) for e in found.items], "audit", query, found.after)
+        )
 
     async def project_usage(self, request: Request, principal: Principal) -> Response:
         rows = await self.endpoints.project_usage(

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
 from inferd.catalog import Catalog
@@ -90,11 +90,18 @@ def serving_routes(server: Server) -> list[BaseRoute]:
         *gateway_routes(server.gateway),
         report_route(
             server.registry,
-            after_report=server.cluster.mirror.reported if server.cluster else None,
+            after_report=server.mirror.reported if server.mirror else None,
             on_report=server.meter_feed.reported,
         ),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+
+
+async def console_home_redirect(request: Request) -> Response:
+    """`/console` -> `/console/` (the console's pages are below it), keeping
+    the query; every other path of the server stays exact."""
+    query = f"?{request.url.query}" if request.url.query else ""
+    return RedirectResponse(f"/console/{query}", status_code=308)
 
 
 def management_operations(management: ManagementRoutes, accounts: AccountRoutes) -> list[Operation]:
@@ -126,6 +133,7 @@ def create_app(server: Server) -> Starlette:
         lambda: server.catalog.gpus.currency,
         settings.max_body_bytes,
         server.models.of_project,
+        lambda: server.catalog.gpus.gpu_types.keys(),
     )
     access = AccessCheck(accounts.endpoints, accounts.service, server.models)
     operations = management_operations(management, account_routes)
@@ -154,6 +162,8 @@ def create_app(server: Server) -> Starlette:
                 middleware=[Middleware(ResolvePrincipal, resolver=accounts.resolver)],
             ),
             *serving_routes(server),
+            # The console's address as typed: its pages live under `/console/`.
+            Route("/console", console_home_redirect, methods=["GET", "HEAD"]),
             console.mount(),
         ],
         exception_handlers=EXCEPTION_HANDLERS,

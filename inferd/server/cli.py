@@ -16,6 +16,7 @@ import logging.config
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -55,9 +56,13 @@ def _log_config(level: str) -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     # Redact anything token-shaped on every handler, whoever logs it.
-    config["filters"] = {"redact": {"()": "inferd.redact.RedactingFilter"}}
+    config["filters"] = {
+        "redact": {"()": "inferd.redact.RedactingFilter"},
+        "quiet_reports": {"()": "inferd.server.access_log.QuietReplicaReports"},
+    }
     for handler in config["handlers"].values():
         handler["filters"] = ["redact"]
+    config["handlers"]["access"]["filters"] = ["quiet_reports", "redact"]
     config["loggers"]["inferd"] = {
         "handlers": ["default"],
         "level": level.upper(),
@@ -67,25 +72,54 @@ def _log_config(level: str) -> dict[str, Any]:
     return config
 
 
-def _banner(settings: Settings, state: str, generated_key: str | None) -> str:
+def _banner(
+    settings: Settings,
+    state: str,
+    generated_key: str | None,
+    *,
+    replicas: str = "",
+    admin_key_source: str | None = None,
+) -> str:
+    url = settings.public_url
     lines = [
         f"inferd {__version__} control plane",
-        f"  management API  {settings.public_url}/inference  (OpenAPI: "
-        f"{settings.public_url}/openapi.json)",
-        f"  endpoint URLs   {settings.public_url}/endpoints/<id>",
+        f"  management API  {url}/inference  (OpenAPI: {url}/openapi.json)",
+        f"  web console     {url}/console/",
+        f"  endpoint URLs   {url}/endpoints/<id>",
         f"  state           {state}",
     ]
+    if replicas:
+        lines.append(f"  replicas        {replicas}")
+    if settings.launcher == "local":
+        lines.append(f"  replica logs    {settings.state_dir / 'logs'}/replica-<id>.log")
+    if admin_key_source is not None:
+        # Said out loud: a key exported for the CLI in this shell is taken by
+        # the server too, and then the stored (printed) key does not open it.
+        lines.append(
+            f"  admin key       the one in {admin_key_source}; the stored keys do not "
+            "open the API while it is set"
+        )
     if generated_key is not None:
         lines += [
             "",
-            "Admin key (shown only this once; inferd keeps only its hash):",
+            "Admin key (shown only this once; inferd keeps only its hash;",
+            "`inferd serve --rotate-admin-key` replaces a lost one):",
             f"  {generated_key}",
             "Use it as the bearer token of the management API, e.g.",
             f"  export INFERD_ADMIN_KEY={generated_key}",
-            f"  export INFERD_API_URL={settings.public_url}",
+            f"  export INFERD_API_URL={url}",
             "",
         ]
     return "\n".join(lines)
+
+
+def admin_key_source(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """Where the operator's admin key comes from, or None (generated and stored)."""
+    if getattr(args, "admin_key", None):
+        return "--admin-key"
+    if env.get("INFERD_ADMIN_KEY"):
+        return "the environment (INFERD_ADMIN_KEY)"
+    return None
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:
@@ -100,14 +134,32 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"inferd serve: {exc}", file=sys.stderr)
         return 2
+    key_source = admin_key_source(args, os.environ)
+    if key_source is None and settings.admin_key is not None:
+        key_source = "the config file (admin_key)"
+    if args.rotate_admin_key and key_source is not None:
+        print(
+            f"inferd serve: --rotate-admin-key replaces the stored (generated) admin key, but "
+            f"the admin key is set in {key_source}: unset it to use and rotate the stored one",
+            file=sys.stderr,
+        )
+        return 2
     log_config = _log_config(settings.log_level)
     logging.config.dictConfig(log_config)
     # One event loop for everything: the store's change-feed followers run
     # in the loop that serves.
-    return asyncio.run(_serve(settings, log_config, rotate_admin_key=args.rotate_admin_key))
+    return asyncio.run(
+        _serve(settings, log_config, rotate_admin_key=args.rotate_admin_key, key_source=key_source)
+    )
 
 
-async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin_key: bool) -> int:
+async def _serve(
+    settings: Settings,
+    log_config: dict[str, Any],
+    *,
+    rotate_admin_key: bool,
+    key_source: str | None = None,
+) -> int:
     import uvicorn
 
     from inferd.catalog import CatalogError
@@ -134,7 +186,15 @@ async def _serve(settings: Settings, log_config: dict[str, Any], *, rotate_admin
         print(f"inferd serve: cannot open the state in {where}: {exc}", file=sys.stderr)
         return 1
     try:
-        print(_banner(settings, built.store.describe(), built.generated_admin_key), flush=True)
+        describe = getattr(built.launcher, "describe", None)
+        banner = _banner(
+            settings,
+            built.store.describe(),
+            built.generated_admin_key,
+            replicas=describe() if describe is not None else f"{settings.launcher} launcher",
+            admin_key_source=key_source,
+        )
+        print(banner, flush=True)
         app = create_app(built)
         config = uvicorn.Config(
             app,

@@ -15,13 +15,15 @@ callback points at something that does not exist yet:
     (registry -> meter), series sampler (registry, gateway state, service)
     -> endpoint directory -> gateway (asks the reconciler for capacity)
 
-`Server.start()`/`stop()` run in the serving event loop (the app lifespan);
-`inferd.server.app.create_app` only puts HTTP routes on a built server.
+`Server.start()`/`stop()` run in the serving event loop (the app lifespan),
+in one order for both run modes; `inferd.server.app.create_app` only puts
+HTTP routes on a built server.
 
-With a PostgreSQL store, the server is one instance of a cluster
-(`ClusterMember`): it publishes its load and takes part in the leader
-election, and runs the reconciler (and samples the replicas' GPU time for
-usage) only while it leads; its registry follows the replicas in the store.
+The one choice between run modes is the `Coordination` adapter
+(`inferd.control.cluster`): a single instance is a cluster of one (`Solo`:
+it leads at once); with a PostgreSQL store, instances elect one leader
+(`Postgres`). Either way the reconciler (and the usage meter's
+replica-seconds) run only while this instance leads.
 """
 
 from __future__ import annotations
@@ -42,12 +44,24 @@ from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.plane import Accounts, EndpointPrices, ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.service import AccountService
-from inferd.control.launchers.inventory import detect_gpus, match_gpu_type
+from inferd.control.cluster.duties import (
+    LeaderDrain,
+    LeaderDutySet,
+    LeaderFlag,
+    ReplicaDuty,
+    Signals,
+)
+from inferd.control.cluster.loadshare import max_age
+from inferd.control.cluster.ports import Coordination
+from inferd.control.cluster.postgres import Postgres
+from inferd.control.cluster.solo import Solo
+from inferd.control.launchers.inventory import (
+    detect_gpus,
+    match_gpu_type,
+    parse_declared_gpu_types,
+)
 from inferd.control.launchers.local import LocalLauncher
-from inferd.control.leader import LeaderInfo, PostgresElection
-from inferd.control.load import STALE_AFTER_S, MergedLoad
-from inferd.control.loadshare import max_age
-from inferd.control.model import ReplicaRecord
+from inferd.control.load import MergedLoad
 from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
 from inferd.control.reconciler import Reconciler
@@ -65,14 +79,6 @@ from inferd.gateway.app import Gateway
 from inferd.gateway.state import GatewayState
 from inferd.replica.config import ModelSource, model_source
 from inferd.server.auth import AdminAuth, provision_admin_key
-from inferd.server.cluster import (
-    ClusterDrain,
-    ClusterLoadFeed,
-    ClusterSignals,
-    LeaderDutySet,
-    LeaderFlag,
-    LoadPublisher,
-)
 from inferd.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -114,9 +120,21 @@ def ray_launcher(settings: Settings) -> Launcher:
 
 def local_launcher(settings: Settings, catalog: Catalog) -> LocalLauncher:
     gpu_types = catalog.gpus.gpu_types
-    gpus = [(gpu, match_gpu_type(gpu, gpu_types)) for gpu in detect_gpus()]
+    try:
+        declared = parse_declared_gpu_types(settings.gpu_types, gpu_types)
+    except ValueError as exc:
+        raise LauncherUnavailable(f"--gpu-types: {exc}") from None
+    gpus = [
+        (gpu, declared.get(gpu.index, declared.get(-1)) or match_gpu_type(gpu, gpu_types))
+        for gpu in detect_gpus()
+    ]
     for gpu, gpu_type in gpus:
-        logger.info("GPU %d: %s -> %s", gpu.index, gpu.name, gpu_type or "(no catalog type)")
+        logger.info(
+            "GPU %d: %s -> %s",
+            gpu.index,
+            gpu.name,
+            gpu_type or "(no catalog type: declare one with --gpu-types)",
+        )
     return LocalLauncher(
         settings=settings.replicas,
         log_dir=settings.state_dir / "logs",
@@ -139,96 +157,6 @@ class CatalogModels:
 Hook = Callable[[], Awaitable[None]]
 
 
-class ReplicaDuty:
-    """What only one instance may do: adopt the replicas in the store that
-    this launcher does not watch yet (all of them at a first start; a dead
-    leader's, for its successor), then reconcile. Started at start-up by a
-    single instance, on each election in a cluster."""
-
-    def __init__(
-        self,
-        store: Store,
-        launcher: Launcher,
-        reconciler: Reconciler,
-        service: EndpointService,
-        meter_feed: MeterFeed,
-        clustered: bool,
-    ) -> None:
-        self._store = store
-        self._launcher = launcher
-        self._reconciler = reconciler
-        self._service = service
-        # Replica-seconds are sampled where the replicas are reconciled: by
-        # one instance, so that a cluster does not count them twice.
-        self._meter_feed = meter_feed
-        self._clustered = clustered
-
-    async def start(self, term: int) -> None:
-        # The leader's replica writes carry its term, so that they are
-        # refused once another instance leads; a single instance has none.
-        fence = term if self._clustered else None
-        if self._clustered:
-            await self._service.finish_pending_deletions()
-        records = await self._store.list_replicas()
-        # Those it watches already stay as they are (this instance led
-        # before, lost the lead in a database outage, and leads again).
-        watched = set(self._reconciler.running())
-        records = [record for record in records if record.id not in watched]
-        endpoints = await self._store.list_endpoints()
-        adopted = set(await self._reconciler.adopt(records, endpoints))
-        sweep = getattr(self._launcher, "sweep_orphans", None)
-        if sweep is not None:  # a cluster may hold replicas the store never recorded
-            await sweep(
-                adopted | watched | await self._recorded_since(records), self._confirm(fence)
-            )
-        for record in records:
-            if record.id not in adopted:
-                await self._store.delete_replica(record.id, term=fence)
-        if records:
-            logger.info("adopted %d of %d replicas", len(adopted), len(records))
-        self._reconciler.start(fence)
-        self._meter_feed.start()
-
-    async def _recorded_since(self, records: list[ReplicaRecord]) -> set[str]:
-        """Replicas recorded after `records` was read: a successor's, should
-        this instance have lost the lead meanwhile; never orphans."""
-        seen = {record.id for record in records}
-        return {r.id for r in await self._store.list_replicas() if r.id not in seen}
-
-    def _confirm(self, fence: int | None) -> Callable[[], Awaitable[None]]:
-        async def confirm() -> None:
-            if fence is not None:
-                await self._store.confirm_term(fence)
-
-        return confirm
-
-    async def stop(self) -> None:
-        await self._meter_feed.stop()
-        await self._reconciler.stop()
-
-
-@dataclass
-class ClusterMember:
-    """This instance's part in a cluster of instances on one PostgreSQL."""
-
-    instance_id: str
-    election: PostgresElection
-    publisher: LoadPublisher
-    mirror: ReplicaMirror
-
-    def health(self) -> dict[str, Any]:
-        info: LeaderInfo | None = self.election.info
-        leading = self.election.leading
-        return {
-            "instance": self.instance_id,
-            "leader": {
-                "instance": self.instance_id if leading else (info.holder if info else None),
-                "term": info.term if info else None,
-                "self": leading,
-            },
-        }
-
-
 @dataclass
 class Server:
     settings: Settings
@@ -249,55 +177,46 @@ class Server:
     sampler: SeriesSampler
     gateway: Gateway
     replica_duty: ReplicaDuty
+    # Started each time this instance leads: the flag, then the replicas.
+    leader_duties: LeaderDutySet
+    coordination: Coordination
+    # Follows the replicas other instances record (None: nobody else does).
+    mirror: ReplicaMirror | None = None
     # Plaintext of an admin key generated at the first start: print once.
     generated_admin_key: str | None = None
     # False: the management API alone (tests, benchmarks): no replica is
     # adopted, launched or stopped.
     run_replicas: bool = True
-    cluster: ClusterMember | None = None
     _followers: list[asyncio.Task[None]] = field(default_factory=list)
 
     def health(self) -> dict[str, Any]:
         """More for `GET /healthz`: in a cluster, who answered and who leads."""
-        return self.cluster.health() if self.cluster is not None else {}
+        return self.coordination.health()
 
     async def start(self) -> None:
-        """In the serving event loop: follow the store, finish deletions a
-        previous run left, adopt the replicas it left running, start
-        reconciling (in a cluster: each time this instance is elected)."""
+        """In the serving event loop: follow the store, then serve, then
+        join the coordination, which starts the leader duties (finish
+        deletions a previous leader left, adopt the replicas it left
+        running, reconcile) whenever this instance leads: at once alone."""
         self.start_following()
         await self.accounts.start()
         await self.gateway.startup()
         self.sampler.start()
-        if self.cluster is not None:
-            cluster = self.cluster
-            cluster.publisher.start()
-            self._followers.append(asyncio.ensure_future(cluster.mirror.follow()))
-            cluster.election.start()
-            return
-        await self.service.finish_pending_deletions()
-        if not self.run_replicas:
-            return
-        await self.replica_duty.start(0)
+        if self.mirror is not None:
+            self._followers.append(asyncio.ensure_future(self.mirror.follow()))
+        await self.coordination.start(self.leader_duties)
 
     async def stop(self) -> None:
+        """The reverse. Leaving the coordination stops the leader duties
+        (the reconciler, and the usage meter's replica-seconds up to now,
+        before the accounts' last flush); in a cluster the lock goes with
+        the session and another instance adopts the replicas, which keep
+        running. A cluster of one ends with its instance: a clean stop
+        leaves no replica running."""
         await self.sampler.stop()
-        if self.cluster is not None:
-            # Leader duties stop and the lock goes with the session: another
-            # instance takes over at once and adopts the replicas, which keep
-            # running (they are the cluster's, not this instance's).
-            await self.cluster.election.stop()
-            await self.cluster.publisher.stop()
-            await self.gateway.shutdown()
-            await self.accounts.stop()
-            await self.stop_following()
-            return
-        # The reconciler, and the usage meter's replica-seconds up to now
-        # (before the accounts' last flush).
-        await self.replica_duty.stop()
+        await self.coordination.stop()
         await self.gateway.shutdown()
-        if self.run_replicas:
-            # Embedded mode owns its replicas: a clean stop leaves none running.
+        if self.run_replicas and self.coordination.ends_with_instance:
             await self.launcher.shutdown(self.settings.replica_drain_timeout_seconds)
             for replica in self.registry.all():
                 self.registry.remove(replica.replica_id)
@@ -383,13 +302,12 @@ async def build(
         # Per-minute figures of each endpoint, recorded by inferd itself.
         series = EndpointSeries()
         gateway_state = GatewayState(gateway_knobs, observers=[AnsweredRequests(series)])
-        interval = settings.cluster_load_interval_seconds
         load = MergedLoad(
             gateway_state,
             registry,
             clock=clock,
-            # Other instances' samples are re-published every interval.
-            stale_after_s=max_age(interval) if settings.clustered else STALE_AFTER_S,
+            # Other instances' samples (a cluster's) are re-published every interval.
+            stale_after_s=max_age(settings.cluster_load_interval_seconds),
         )
         resolver = PrincipalResolver(store, admin.auth.is_valid)
         account_service = AccountService(store, resolver, utc_now)
@@ -409,20 +327,12 @@ async def build(
             journal=journal,
             replica_cap=ProjectQuotaCap(account_service, registry),
         )
-        cluster = None
-        signals: Any = reconciler
-        drain: Any = reconciler
+        coordination = coordination_for(settings, store, gateway_state, load, reconciler, clock)
         flag = LeaderFlag()
-        publisher = None
-        if settings.clustered:
-            publisher = _load_publisher(settings, gateway_state, clock)
-            signals = ClusterSignals(reconciler, publisher)
-            drain = ClusterDrain(
-                reconciler,
-                flag.leading,
-                store,
-                timeout_s=settings.replica_drain_timeout_seconds + 30,
-            )
+        signals = Signals(reconciler, coordination)
+        drain = LeaderDrain(
+            reconciler, flag, store, timeout_s=settings.replica_drain_timeout_seconds + 30
+        )
         service = EndpointService(
             store,
             catalog,
@@ -457,12 +367,15 @@ async def build(
             signals=signals,
             state=gateway_state,
         )
-        replica_duty = ReplicaDuty(
-            store, launcher, reconciler, service, meter_feed, settings.clustered
-        )
-        if publisher is not None:
-            cluster = _cluster_member(
-                settings, store, registry, load, reconciler, publisher, flag, replica_duty, clock
+        replica_duty = ReplicaDuty(store, launcher, reconciler, service, meter_feed, run_replicas)
+        mirror = None
+        if not coordination.ends_with_instance:
+            mirror = ReplicaMirror(
+                store,
+                registry,
+                settings.health_period_seconds,
+                heartbeats_needed=lambda: not flag.leading(),
+                clock=clock,
             )
     except BaseException:
         await store.close()
@@ -488,44 +401,31 @@ async def build(
         generated_admin_key=admin.generated_key,
         run_replicas=run_replicas,
         replica_duty=replica_duty,
-        cluster=cluster,
+        leader_duties=LeaderDutySet([flag, replica_duty]),
+        coordination=coordination,
+        mirror=mirror,
     )
 
 
-def _load_publisher(
-    settings: Settings, gateway_state: GatewayState, clock: Callable[[], float]
-) -> LoadPublisher:
-    return LoadPublisher(
-        settings.database_url,
-        settings.cluster_instance_id,
-        lambda: [ep.snapshot() for ep in gateway_state.book.all()],
-        settings.cluster_load_interval_seconds,
-        clock,
-    )
-
-
-def _cluster_member(
+def coordination_for(
     settings: Settings,
     store: Store,
-    registry: Registry,
+    gateway_state: GatewayState,
     load: MergedLoad,
     reconciler: Reconciler,
-    publisher: LoadPublisher,
-    flag: LeaderFlag,
-    replica_duty: ReplicaDuty,
     clock: Callable[[], float],
-) -> ClusterMember:
-    url = settings.database_url
-    instance_id = settings.cluster_instance_id
-    interval = settings.cluster_load_interval_seconds
-    feed = ClusterLoadFeed(url, instance_id, load.publish, reconciler.wake, interval, clock)
-    # Started in this order on election, stopped in reverse when it ends.
-    election = PostgresElection(url, instance_id, LeaderDutySet([flag, feed, replica_duty]))
-    mirror = ReplicaMirror(
-        store,
-        registry,
-        settings.health_period_seconds,
-        heartbeats_needed=lambda: not flag.leading(),
+) -> Coordination:
+    """The one difference between the run modes."""
+    if not settings.clustered:
+        return Solo(settings.cluster_instance_id, on_wake=reconciler.wake)
+    return Postgres(
+        settings.database_url,
+        settings.cluster_instance_id,
+        traffic=lambda: [ep.snapshot() for ep in gateway_state.book.all()],
+        on_remote_load=load.publish,
+        on_wake=reconciler.wake,
+        # No claim before the store's own pool answers (after an outage).
+        ready=store.schema_version,
+        interval_s=settings.cluster_load_interval_seconds,
         clock=clock,
     )
-    return ClusterMember(instance_id, election, publisher, mirror)

@@ -21,7 +21,14 @@ class ReplicaLines:
     def __call__(self, endpoint_id: str) -> Sequence[ReplicaLine]:
         return [
             ReplicaLine(
-                r.replica_id, r.status.value, r.status_since_wall or r.created_wall, r.reason
+                r.replica_id,
+                r.status.value,
+                r.status_since_wall or r.created_wall,
+                r.reason,
+                waiting=r.load.waiting,
+                kv_cache_usage=r.load.kv_cache_usage,
+                prefix_cache_queries=r.load.prefix_cache_queries,
+                prefix_cache_hits=r.load.prefix_cache_hits,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         ]

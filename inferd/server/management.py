@@ -32,11 +32,22 @@ from inferd.control.accounts.roles import Action, Principal, authorize
 from inferd.control.accounts.service import project_missing
 from inferd.control.model import utc_now_text
 from inferd.control.model_service import ModelService
+from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Capacity
 from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
+from inferd.server.paging import (
+    ENDPOINT_FILTERS,
+    PAGE_PARAMS,
+    filter_value,
+    next_cursor,
+    read_page,
+)
+from inferd.vocab import EndpointStatus
+
+_STATUSES = tuple(s.value for s in EndpointStatus)
 
 
 class ManagementRoutes:
@@ -56,7 +67,10 @@ class ManagementRoutes:
     def operations(self) -> list[Operation]:
         R, W = Action.READ, Action.WRITE
         return [
-            Operation("GET", "/endpoints", Target.ANY, R, self.list_endpoints, ("projectId",)),
+            Operation(
+                "GET", "/endpoints", Target.ANY, R, self.list_endpoints,
+                (*ENDPOINT_FILTERS, *PAGE_PARAMS),
+            ),
             Operation("POST", "/endpoints", Target.NEW_ENDPOINT, W, self.create_endpoint),
             Operation("GET", "/endpoints/{id}", Target.ENDPOINT, R, self.get_endpoint),
             Operation("PATCH", "/endpoints/{id}", Target.ENDPOINT, W, self.update_endpoint),
@@ -81,9 +95,28 @@ class ManagementRoutes:
     # --- endpoints -------------------------------------------------------------------
 
     async def list_endpoints(self, request: Request, principal: Principal) -> Response:
-        project_id = request.query_params.get("projectId")
-        data = self.endpoints.list_json(principal, project_id)
-        return Response(data, media_type="application/json")
+        query = {name: filter_value(request, name) for name in ENDPOINT_FILTERS}
+        status = query["status"]
+        if status is not None and status not in _STATUSES:
+            raise BadRequest(
+                f"Unknown status '{status}'; one of: {', '.join(_STATUSES)}.",
+                param="status",
+                code="invalid_value",
+            )
+        page = read_page(request, "endpoints", query)
+        project_id = query["projectId"]
+        where = EndpointFilter(
+            project_ids=None if project_id is None else frozenset([project_id]),
+            model_name=query["modelName"],
+            location_name=query["locationName"],
+            name_prefix=query["namePrefix"],
+        )
+        data, after = await self.endpoints.page_json(
+            principal, where, status, page.after, page.limit
+        )
+        cursor = next_cursor("endpoints", query, after)
+        more = b"" if cursor is None else b',"continue":' + render_json(cursor)
+        return Response(b'{"data":[' + data + b"]" + more + b"}", media_type="application/json")
 
     async def create_endpoint(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateEndpointRequest, self.max_body_bytes)

@@ -19,6 +19,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from inferd import __version__
 from inferd.api import management as wire
+from inferd.server.paging import ENDPOINT_FILTERS, PAGE_PARAMS, query_params
 
 _REF = "#/components/schemas/{model}"
 
@@ -233,17 +234,9 @@ def build_openapi(
             "get": _op(
                 "listEndpoints",
                 "List the endpoints of the caller's projects",
-                (200, "EndpointList", "Endpoints, oldest first."),
-                (),
-                params=[
-                    {
-                        "name": "projectId",
-                        "in": "query",
-                        "required": False,
-                        "description": "Only this project's endpoints.",
-                        "schema": {"type": "string"},
-                    }
-                ],
+                (200, "EndpointList", "A page of endpoints, oldest first."),
+                (400,),
+                params=query_params(ENDPOINT_FILTERS + PAGE_PARAMS),
             ),
             "post": _op(
                 "createEndpoint",

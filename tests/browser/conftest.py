@@ -6,14 +6,12 @@ developer machine and fail with `CI` set."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-CHROMIUM = os.environ.get("INFERD_CHROMIUM", "/usr/bin/chromium")
+from tests.support import chromium_path, require
+
 EXPECT_TIMEOUT_MS = 30_000
 CHROMIUM_ARGS = [
     "--headless",
@@ -26,30 +24,16 @@ CHROMIUM_ARGS = [
 ]
 
 
-def chromium_path() -> str | None:
-    if Path(CHROMIUM).exists():
-        return CHROMIUM
-    return shutil.which("chromium")
-
-
 # Per module, not per session: Playwright's sync API keeps an event loop
 # running in the main thread while it is started, and every later test that
 # calls asyncio.run() (most integration tests) would fail.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    require("chromium", "the console's browser tests drive it")
+    require("playwright", "the console's browser tests drive Chromium with it")
     path = chromium_path()
-    if path is None:
-        message = "Chromium is not installed (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("playwright is not installed (pip install -e '.[test]')")
-        pytest.skip("playwright is not installed")
-    from playwright.sync_api import expect
+    assert path is not None
+    from playwright.sync_api import expect, sync_playwright
 
     # The suite shares a 2-core machine with real engines loading: a page
     # that needs a store commit can take seconds under that load.

@@ -16,14 +16,12 @@ import httpx
 import pytest
 
 from inferd.testing import ServeHandle
-from tests.support import needs_diffusers, needs_vllm
+from tests.support import needs
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.timeout(1500),
-    needs_vllm,
-    needs_diffusers,
 ]
 
 SERVE_SETTINGS = {
@@ -101,6 +99,7 @@ def chat(serve: ServeHandle, endpoint_id: str, token: str) -> httpx.Response:
     )
 
 
+@needs("vllm")
 def test_chat_endpoint_from_create_to_delete(
     serve: ServeHandle, context: Any, tmp_path: Path
 ) -> None:
@@ -184,6 +183,7 @@ def test_chat_endpoint_from_create_to_delete(
     assert chat(serve, endpoint_id, new_token).status_code in (401, 404)
 
 
+@needs("diffusers")
 def test_image_playground_on_tiny_sdxl(serve: ServeHandle, context: Any) -> None:
     from playwright.sync_api import expect
 
@@ -209,6 +209,7 @@ def test_image_playground_on_tiny_sdxl(serve: ServeHandle, context: Any) -> None
     expect(page).to_have_url(re.compile(r"/console/endpoints$"))
 
 
+# No engine: the page and the form are what this checks.
 def test_html_in_a_name_renders_as_text_and_a_post_without_csrf_is_refused(
     serve: ServeHandle, context: Any
 ) -> None:

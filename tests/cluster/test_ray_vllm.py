@@ -15,9 +15,9 @@ import pytest
 
 from inferd.testing import ServeHandle
 from inferd.testing_cluster import LocalCluster
-from tests.support import needs_vllm
+from tests.support import needs
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 
 @pytest.fixture

@@ -155,6 +155,89 @@ def test_audit_log(opener: Opener) -> None:
     run(body, opener())
 
 
+def test_audit_pages_hold_every_entry_once_while_appends_go_on(kind: str, opener: Opener) -> None:
+    """Keyset pages of the audit log (past the last id seen): with another
+    writer appending meanwhile, every entry of the walk's start is read once,
+    in order, and a filter holds on every page."""
+
+    async def body(reader: Store, writer: Store) -> None:
+        def entry(i: int) -> AuditEntry:
+            action = AuditAction.KEY_CREATE if i % 3 == 0 else AuditAction.ENDPOINT_CREATE
+            return AuditEntry(T0 + timedelta(seconds=i), "team", "operator", action, f"t:{i}", {})
+
+        for i in range(25):
+            await writer.append_audit(entry(i))
+        before = [e.id for e in await reader.audit("team")]
+        assert len(before) == 25
+
+        async def more() -> None:
+            for i in range(25, 60):
+                await writer.append_audit(entry(i))
+                await asyncio.sleep(0)
+
+        appending = asyncio.create_task(more())
+        seen: list[int] = []
+        after: int | None = None
+        while True:
+            page = await reader.audit("team", limit=4, after=after)
+            seen += [e.id for e in page]
+            if len(page) < 4:
+                break
+            after = page[-1].id
+        await appending
+        assert len(seen) == len(set(seen))
+        assert seen[: len(before)] == before and seen == sorted(seen)
+        keys = await reader.audit(
+            "team", actions=[AuditAction.KEY_CREATE], limit=3, after=before[2]
+        )
+        assert [e.target for e in keys] == ["t:3", "t:6", "t:9"]
+
+    reader = opener()
+    run(body, reader, opener() if kind in SHARED else reader)
+
+
+def test_member_pages_by_user_id_under_concurrent_changes(kind: str, opener: Opener) -> None:
+    async def body(reader: Store, writer: Store) -> None:
+        await writer.create_project(Project("team", T0))
+        await writer.create_project(Project("other", T0))
+        names = [f"u{i:02d}" for i in range(30)]
+        for name in names:
+            await writer.create_user(User(name, T0))
+            await writer.put_membership(Membership("team", name, Role.VIEWER, T0))
+        await writer.put_membership(Membership("other", "u05", Role.ADMIN, T0))
+        stable = [n for i, n in enumerate(names) if i % 3]
+        leaving = [n for i, n in enumerate(names) if not i % 3]
+
+        async def churn() -> None:
+            for name in leaving:
+                await writer.remove_membership("team", name)
+                await writer.create_user(User(f"{name}-new", T0))
+                await writer.put_membership(Membership("team", f"{name}-new", Role.VIEWER, T0))
+                await asyncio.sleep(0)
+
+        churning = asyncio.create_task(churn())
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            page = await reader.members_of("team", after=after, limit=4)
+            assert all(m.project_id == "team" for m in page)
+            seen += [m.user_id for m in page]
+            if len(page) < 4:
+                break
+            after = page[-1].user_id
+            await asyncio.sleep(0)
+        await churning
+        assert len(await reader.members_of("team")) == 30  # the churn ran to its end
+        assert seen == sorted(seen) and len(seen) == len(set(seen))
+        assert [n for n in seen if n in stable] == stable
+        assert await reader.members_of("team", after="u28") == [
+            Membership("team", "u29", Role.VIEWER, T0)
+        ]
+
+    reader = opener()
+    run(body, reader, opener() if kind in SHARED else reader)
+
+
 def usage(hour: datetime, **figures: float) -> UsageDelta:
     return UsageDelta("e1", "team", hour, "A100", 2, **figures)  # type: ignore[arg-type]
 

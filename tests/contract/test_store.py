@@ -32,6 +32,7 @@ from inferd.control.model import (
     EndpointGone,
     StoreUnavailable,
 )
+from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Store
 from inferd.control.stores import open_store
 from inferd.testing_postgres import PostgresServer
@@ -303,6 +304,118 @@ def test_concurrent_writers(opener: Opener) -> None:
     run(body, opener(), opener())
 
 
+# --- pages -------------------------------------------------------------------------------
+
+
+async def walk(store: Store, where: EndpointFilter, limit: int) -> list[list[str]]:
+    """Every page of `where`, as ids, following the positions."""
+    pages: list[list[str]] = []
+    after: int | None = None
+    while True:
+        page = await store.page_endpoint_ids(where, after, limit)
+        assert len(page.items) <= limit
+        pages.append(list(page.items))
+        if page.after is None:
+            return pages
+        assert after is None or page.after > after  # positions only move forward
+        after = page.after
+
+
+def test_pages_hold_every_endpoint_once_in_order(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        for n in range(1, 8):
+            await store.insert_endpoint(endpoint(n), digest(n))
+        everything = [e.id for e in await store.list_endpoints()]
+        pages = await walk(store, EndpointFilter(), 3)
+        assert [len(p) for p in pages] == [3, 3, 1]
+        assert [i for p in pages for i in p] == everything
+        # A limit the list fills exactly: the last full page says nothing follows.
+        assert await walk(store, EndpointFilter(), 7) == [everything]
+        assert await walk(store, EndpointFilter(), 100) == [everything]
+        assert (await store.page_endpoint_ids(EndpointFilter(), None, 3)).after is not None
+
+    run(body, opener())
+
+
+def test_page_filters(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        rows = [
+            endpoint(1, "web-a", project_id="p1"),
+            endpoint(2, "web-b", project_id="p2", model_name="tiny-sdxl", model_kind="image"),
+            endpoint(3, "batch-a", project_id="p1", location_name="eu-west"),
+            endpoint(4, "web_c", project_id="p1"),
+            endpoint(5, "webhook", project_id="p3", location_name="eu-west"),
+        ]
+        for n, row in enumerate(rows, start=1):
+            await store.insert_endpoint(row, digest(n))
+
+        async def ids(where: EndpointFilter, limit: int = 2) -> list[str]:
+            return [i for p in await walk(store, where, limit) for i in p]
+
+        def of(*ns: int) -> list[str]:
+            return [endpoint(n).id for n in ns]
+
+        assert await ids(EndpointFilter(project_ids=frozenset({"p1"}))) == of(1, 3, 4)
+        assert await ids(EndpointFilter(project_ids=frozenset({"p1", "p3"}))) == of(1, 3, 4, 5)
+        assert await ids(EndpointFilter(project_ids=frozenset())) == []
+        assert await ids(EndpointFilter(model_name="tiny-sdxl")) == of(2)
+        assert await ids(EndpointFilter(location_name="eu-west")) == of(3, 5)
+        assert await ids(EndpointFilter(name_prefix="web")) == of(1, 2, 4, 5)
+        # A prefix is literal: no wildcards, case counts.
+        assert await ids(EndpointFilter(name_prefix="web_")) == of(4)
+        assert await ids(EndpointFilter(name_prefix="web%")) == []
+        assert await ids(EndpointFilter(name_prefix="WEB")) == []
+        both = EndpointFilter(
+            project_ids=frozenset({"p1", "p3"}), location_name="eu-west", name_prefix="web"
+        )
+        assert await ids(both, limit=1) == of(5)
+
+    run(body, opener())
+
+
+def test_paging_under_concurrent_inserts_and_deletes(kind: str, opener: Opener) -> None:
+    """Endpoints present for the whole walk are seen exactly once, in order,
+    while another writer (on a database: another connection) inserts and
+    deletes between (and during) pages."""
+
+    async def body(reader: Store, writer: Store) -> None:
+        stable = [endpoint(n) for n in range(1, 61, 2)]  # present throughout
+        doomed = [endpoint(n) for n in range(2, 61, 2)]  # deleted while paging
+        for row in sorted([*stable, *doomed], key=lambda r: r.name):
+            await writer.insert_endpoint(row, digest(int(row.id[-4:])))
+        stable_ids = {e.id for e in stable}
+        order = [e.id for e in await reader.list_endpoints() if e.id in stable_ids]
+        assert len(order) == len(stable)
+        fresh = iter(range(100, 400))
+
+        async def churn() -> None:
+            for row in doomed:
+                await writer.delete_endpoint(row.id)
+                n = next(fresh)
+                await writer.insert_endpoint(endpoint(n), digest(n))
+                await asyncio.sleep(0)
+
+        seen: list[str] = []
+        after: int | None = None
+        churning = asyncio.create_task(churn())
+        while True:
+            page = await reader.page_endpoint_ids(EndpointFilter(), after, 4)
+            seen.extend(page.items)
+            if page.after is None:
+                break
+            after = page.after
+            await asyncio.sleep(0)
+        await churning
+        assert len(await reader.list_endpoints()) == 60  # the churn ran to its end
+        assert len(seen) == len(set(seen)), "an endpoint appeared twice"
+        assert [i for i in seen if i in stable_ids] == order
+        known = {*stable_ids, *(e.id for e in doomed), *(endpoint(n).id for n in range(100, 400))}
+        assert set(seen) <= known
+
+    reader = opener()
+    run(body, reader, opener() if kind in SHARED else reader)
+
+
 # --- a database that goes away ----------------------------------------------------------------
 
 
@@ -408,9 +521,7 @@ def test_model_changes_reach_the_feed(opener: Opener) -> None:
     run(body, opener())
 
 
-def test_replica_writes_under_the_current_leader_term(
-    opener: Opener, kind: str, store_url: str
-) -> None:
+def test_replica_writes_under_the_current_leader_term(opener: Opener, kind: str) -> None:
     """A leader's writes carry its term. A single-instance store has no other
     leader and takes any term; PostgreSQL takes the current one (0 here: no
     election has run), refusing others (tests/integration/test_leader_postgres.py)."""
@@ -418,13 +529,7 @@ def test_replica_writes_under_the_current_leader_term(
     async def body(store: Store) -> None:
         term = 7
         if kind == "postgres":
-            import psycopg
-
-            from inferd.control.leader import ensure_schema
-
-            async with await psycopg.AsyncConnection.connect(store_url, autocommit=True) as conn:
-                await ensure_schema(conn)
-            term = 0
+            term = 0  # the migrations' leader row
         e = endpoint(1)
         await store.insert_endpoint(e, digest(1))
         r1 = replica(1, e.id)

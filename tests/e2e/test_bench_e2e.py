@@ -13,6 +13,11 @@ import pytest
 
 from inferd.cli import main
 from inferd.testing import ServeHandle
+from tests.support import needs
+
+# The profile recorded is vLLM's: a replica that fell back to transformers
+# would measure another engine under the same name.
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +39,17 @@ def test_bench_a_registered_model_and_recommend_from_the_measurement(
     api = ["--api-url", serve.url, "--admin-key", str(serve.admin_key)]
     assert main(["models", "add", "--source", str(tiny_chat_dir), "--name", "my-tiny", *api]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
+    # Registered models are listed with the catalog's, and recommended from.
+    assert main(["models", "list", *api]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("my-tiny"))
+    assert "registered (global)" in row
+    assert main(["recommend", "my-tiny", "--server", "--location", "local", *api]) == 0
+    assert "Recommended: local 1 x cpu" in capsys.readouterr().out
 
     created = serve.create_endpoint(name="bench-me", modelName="my-tiny", minReplicas=1)
     record = serve.wait_record(created["id"], lambda r: r["status"] == "running", timeout=600)
     assert record["modelName"] == "my-tiny"
+    assert [r["engine"] for r in record["replicas"]] == ["vllm"]
 
     # The model cannot go while the endpoint uses it.
     assert main(["models", "delete", "my-tiny", *api]) == 1
@@ -45,10 +57,22 @@ def test_bench_a_registered_model_and_recommend_from_the_measurement(
 
     status = main([
         "bench", "bench-me", "--token", created["accessToken"], "--concurrency", "1,2",
-        "--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8", "--json", *api,
+        "--requests", "4", "--prompt-tokens", "64", "--output-tokens", "8", "--json", *api,
     ])  # fmt: skip
-    assert status == 0
-    profile = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    profile = json.loads(out)
+    # Each level reported as it starts and ends, on stderr (stdout is the JSON).
+    progress = [
+        (line.split(":")[0], "starts" if line.endswith("...") else "ends")
+        for line in err.splitlines()
+        if line.startswith("concurrency ")
+    ]
+    assert progress == [
+        ("concurrency 1", "starts"), ("concurrency 1", "ends"),
+        ("concurrency 2", "starts"), ("concurrency 2", "ends"),
+    ]  # fmt: skip
+    assert profile["promptTokens"] == 64
     assert (profile["gpuType"], profile["gpuCount"]) == ("cpu", 1)
     assert [p["concurrency"] for p in profile["points"]] == [1, 2]
     for point in profile["points"]:
@@ -58,7 +82,7 @@ def test_bench_a_registered_model_and_recommend_from_the_measurement(
 
     assert main([
         "recommend", "my-tiny", "--server", "--location", "local", "--requests-per-second",
-        "0.1", "--prompt-tokens", "16", "--output-tokens", "8", "--json", *api,
+        "0.1", "--prompt-tokens", "64", "--output-tokens", "8", "--json", *api,
     ]) == 0  # fmt: skip
     rec = json.loads(capsys.readouterr().out)
     (option,) = rec["options"]

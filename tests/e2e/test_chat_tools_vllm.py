@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from inferd.testing import WEATHER_TOOL, ReplicaHandle
-from tests.support import needs_vllm
+from tests.support import needs
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 TOOLS: list[Any] = [
     WEATHER_TOOL,

@@ -15,8 +15,7 @@ import pytest
 
 from inferd.testing import ServeHandle
 from inferd.testing_postgres import PostgresServer
-
-FAILOVER_GOAL_S = 5.0
+from tests.timings import HANG_S, record_timing
 
 
 def health(instance: ServeHandle) -> dict[str, Any]:
@@ -88,11 +87,12 @@ def test_one_leader_named_by_every_instance_and_replaced_after_sigkill(
     leader = by_name[name]
     leader.stop(signal.SIGKILL)
     survivors = [i for i in instances if i is not leader]
-    took = wait_for(lambda: any(health(i)["leader"]["self"] for i in survivors), FAILOVER_GOAL_S)
-    wait_for(lambda: len(leaders(survivors)) == 1, 2)
+    # How soon (goal 5 s) is benchmarks/failover.py's; here only a hang fails.
+    took = wait_for(lambda: any(health(i)["leader"]["self"] for i in survivors), HANG_S)
+    wait_for(lambda: len(leaders(survivors)) == 1, HANG_S)
     ((new_name, new_term),) = leaders(survivors)
     assert new_name != name and new_term > term
-    print(f"new leader {new_name} (term {new_term}) {took:.2f}s after SIGKILL")
+    record_timing("cluster: new leader after SIGKILL", took)
 
 
 def test_instances_keep_answering_through_a_postgres_restart(

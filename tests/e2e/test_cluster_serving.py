@@ -27,6 +27,7 @@ import pytest
 from inferd.control.tokens import hash_token, new_admin_key
 from inferd.testing import ServeHandle, free_port, open_loop
 from inferd.testing_postgres import PostgresServer
+from tests.timings import HANG_S, record_timing
 
 pytestmark = pytest.mark.slow
 
@@ -147,28 +148,31 @@ def test_what_one_instance_writes_holds_on_the_others_at_once(cluster: Cluster) 
     endpoint_id, token = created["id"], created["accessToken"]
     # Created through A: B and C know it at once.
     took = wait_for(
-        lambda: cluster.admin(b).get(f"/inference/endpoints/{endpoint_id}").status_code == 200, 1
+        lambda: cluster.admin(b).get(f"/inference/endpoints/{endpoint_id}").status_code == 200,
+        HANG_S,
     )
     wait_for(
-        lambda: cluster.admin(c).get(f"/inference/endpoints/{endpoint_id}").status_code == 200, 1
+        lambda: cluster.admin(c).get(f"/inference/endpoints/{endpoint_id}").status_code == 200,
+        HANG_S,
     )
-    print(f"endpoint visible on B {took * 1000:.0f} ms after its creation on A")
+    record_timing("cluster: endpoint created on A visible on B", took)
     # It answers through every instance once its replica is ready.
     wait_for(lambda: chat(b, endpoint_id, token, 5).status_code == 200, 60)
     for instance in (a, b, c):
         assert chat(instance, endpoint_id, token).status_code == 200
-    # A token re-issued through B stops working on A within 1 s.
+    # A token re-issued through B stops working on A (how soon: a goal of
+    # benchmarks/fault_timings.py, 1 s).
     with cluster.admin(b) as api:
         new_token = api.post(f"/inference/endpoints/{endpoint_id}/access-token").json()[
             "accessToken"
         ]
-    took = wait_for(lambda: chat(a, endpoint_id, token).status_code == 401, 1.0, interval=0.02)
-    print(f"old token refused on A {took * 1000:.0f} ms after the re-issue on B")
+    took = wait_for(lambda: chat(a, endpoint_id, token).status_code == 401, HANG_S, interval=0.02)
+    record_timing("cluster: token re-issued on B refused on A", took)
     assert chat(a, endpoint_id, new_token).status_code == 200
     assert chat(c, endpoint_id, token).status_code == 401
 
 
-def test_a_revoked_admin_key_stops_working_everywhere_within_a_second(cluster: Cluster) -> None:
+def test_a_revoked_admin_key_stops_working_everywhere(cluster: Cluster) -> None:
     from inferd.control.stores.postgres import PostgresStore
 
     old, new = cluster.admin_key, new_admin_key()
@@ -188,10 +192,10 @@ def test_a_revoked_admin_key_stops_working_everywhere_within_a_second(cluster: C
     for instance in cluster.live():
         took = wait_for(
             lambda i=instance: cluster.admin(i, old).get("/inference/endpoints").status_code == 401,
-            1.0,
+            HANG_S,
             interval=0.02,
         )
-        print(f"revoked admin key refused by {health(instance)['instance']} after {took:.2f}s")
+        record_timing("cluster: revoked admin key refused", took)
         assert cluster.admin(instance, new).get("/inference/endpoints").status_code == 200
 
 
@@ -230,6 +234,73 @@ def test_a_request_held_at_zero_on_a_follower_wakes_the_leader(cluster: Cluster)
     # Exactly one replica was launched for it, by the leader.
     record = cluster.admin(follower).get(f"/inference/endpoints/{endpoint_id}").json()
     assert len([r for r in record["replicas"] if r["status"] == "ready"]) == 1
+
+
+def replica_url(cluster: Cluster, replica_id: str) -> str:
+    """From the log of whichever instance launched it."""
+    for instance in cluster.instances:
+        try:
+            return instance.replica_url(replica_id)
+        except AssertionError:
+            continue
+    raise AssertionError(f"no instance logged replica {replica_id}'s URL")
+
+
+def served_by_replica(cluster: Cluster, replica_ids: list[str]) -> dict[str, int]:
+    """Chat requests each replica has answered (its own /metrics)."""
+    counts = {}
+    for rid in replica_ids:
+        text = httpx.get(replica_url(cluster, rid) + "/metrics", timeout=10).text
+        counts[rid] = sum(
+            int(float(m.group(1)))
+            for m in re.finditer(
+                r'^inferd_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M
+            )
+        )
+    return counts
+
+
+def test_instances_send_each_conversation_to_one_replica(cluster: Cluster) -> None:
+    """Prefix routing agrees across instances without a round trip: the
+    turns of a conversation, sent through every instance in turn, all land
+    on one replica; different conversations spread."""
+    created = create(cluster, cluster.leader(), "affinity", minReplicas=3, maxReplicas=3)
+    endpoint_id, token = created["id"], created["accessToken"]
+
+    def ready_on(instance: ServeHandle) -> list[str]:
+        with cluster.admin(instance) as api:
+            record = api.get(f"/inference/endpoints/{endpoint_id}").json()
+        return sorted(r["id"] for r in record["replicas"] if r["status"] == "ready")
+
+    wait_for(lambda: len(ready_on(cluster.leader())) == 3, 120)
+    replica_ids = ready_on(cluster.leader())
+    instances = cluster.live()
+    # Every instance sees the three ready replicas (through the store).
+    for instance in instances:
+        wait_for(lambda i=instance: ready_on(i) == replica_ids, 30)
+    homes = set()
+    for n in range(6):
+        before = served_by_replica(cluster, replica_ids)
+        messages = [{"role": "system", "content": f"You are assistant number {n}. " * 40}]
+        for turn in range(len(instances) * 2):
+            messages.append({"role": "user", "content": f"Question {turn} of conversation {n}?"})
+            response = httpx.post(
+                f"{instances[turn % len(instances)].url}/endpoints/{endpoint_id}"
+                "/openai/v1/chat/completions",
+                json={"model": "tiny-chat", "messages": messages, "max_tokens": 4},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text
+            answer = response.json()["choices"][0]["message"]["content"]
+            messages.append({"role": "assistant", "content": answer})
+        after = served_by_replica(cluster, replica_ids)
+        grew = {rid: after[rid] - before[rid] for rid in replica_ids if after[rid] != before[rid]}
+        assert list(grew.values()) == [len(instances) * 2], grew  # one replica took every turn
+        homes |= set(grew)
+    assert len(homes) >= 2  # and conversations spread
+    with cluster.admin(cluster.leader()) as api:
+        assert api.delete(f"/inference/endpoints/{endpoint_id}").status_code in (200, 202, 204)
 
 
 def test_leader_sigkilled_under_load_no_request_fails(cluster: Cluster) -> None:

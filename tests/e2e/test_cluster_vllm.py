@@ -13,9 +13,9 @@ import pytest
 
 from inferd.testing import ServeHandle, free_port
 from inferd.testing_postgres import PostgresServer
-from tests.support import needs_vllm
+from tests.support import needs
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 ADMIN_KEY_RE = re.compile(r"infd_admin_[0-9A-Za-z]{38}")
 

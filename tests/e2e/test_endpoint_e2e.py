@@ -18,11 +18,11 @@ import openai
 import pytest
 
 from inferd.testing import ServeHandle
-from tests.support import needs_diffusers, needs_vllm
+from tests.support import needs
 
 T = TypeVar("T")
 
-pytestmark = [needs_vllm, needs_diffusers, pytest.mark.slow]
+pytestmark = [needs("vllm", "diffusers"), pytest.mark.slow]
 
 # Long enough that a busy machine does not scale the endpoint down between
 # two steps of the test that expect it running.

@@ -17,9 +17,9 @@ import pytest
 
 from inferd import procfs
 from inferd.testing import ReplicaHandle, ServeHandle
-from tests.support import FakeRegistry, needs_vllm
+from tests.support import FakeRegistry, needs
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 CHAT = "/openai/v1/chat/completions"
 

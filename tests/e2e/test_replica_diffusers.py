@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from inferd.testing import ReplicaHandle
-from tests.support import needs_diffusers
+from tests.support import needs
 
-pytestmark = [needs_diffusers, pytest.mark.slow]
+pytestmark = [needs("diffusers"), pytest.mark.slow]
 
 
 def decode_png(b64: str) -> tuple[int, int]:

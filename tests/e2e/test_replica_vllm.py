@@ -16,12 +16,12 @@ from inferd.testing import ReplicaHandle
 from tests.support import (
     MID_GENERATION_WINDOW_S,
     metrics_text,
-    needs_vllm,
+    needs,
     seen_running,
     until_mid_generation,
 )
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 CHAT = "/openai/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -204,3 +204,23 @@ def test_health_and_metrics(vllm_replica: ReplicaHandle) -> None:
         "inferd_kv_cache_usage",
     ):
         assert name in text
+
+
+def test_prefix_cache_hits_are_counted_and_reported(vllm_replica: ReplicaHandle) -> None:
+    """The same long prompt twice: vLLM finds the second one's prefix in its
+    cache, and the replica's /metrics (the figures its reports carry) say so."""
+    queried = metric(vllm_replica, "inferd_prefix_cache_queried_tokens")
+    hits = metric(vllm_replica, "inferd_prefix_cache_hit_tokens")
+    words = " ".join(f"w{i}" for i in range(400))
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": f"Cache {words}"}],
+            "max_tokens": 2}  # fmt: skip
+    for _ in range(2):
+        assert httpx.post(vllm_replica.url + CHAT, json=body, timeout=120).status_code == 200
+    deadline = time.monotonic() + 30  # the stat logger records once per engine step
+    while time.monotonic() < deadline:
+        new_hits = metric(vllm_replica, "inferd_prefix_cache_hit_tokens")
+        if new_hits > hits:
+            break
+        time.sleep(0.2)
+    assert metric(vllm_replica, "inferd_prefix_cache_queried_tokens") > queried + 400
+    assert hits + 100 < new_hits <= metric(vllm_replica, "inferd_prefix_cache_queried_tokens")

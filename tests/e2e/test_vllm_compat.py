@@ -32,9 +32,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from inferd.engines.base import EngineOptions
 from inferd.testing import WEATHER_TOOL, ReplicaHandle, free_port
 from tests.integration.test_gateway import CHAT_EP, GatewayServer, auth
-from tests.support import needs_vllm
+from tests.support import needs
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 HELLO: list[dict[str, Any]] = [{"role": "user", "content": "Hello"}]
 TOOLS: list[dict[str, Any]] = [WEATHER_TOOL]

@@ -1,14 +1,26 @@
-"""Every management operation x every role x own / other project, generated
-from the route table (`app.state.operations`): a route added to the API is
-in this matrix without anyone writing a case for it.
+"""Who may do what to whose object: every management route x every caller x
+every kind of owner, against a table written here by hand from the README's
+Accounts section, not computed from the product's own role or route tables
+(a route declared with the wrong action or target then fails here).
 
-Expected: another project's things are 404 on every operation (never 403,
-which would reveal that they exist); a role that may not act gets 403; an
-allowed call succeeds. Operator-only operations are 403 for every user.
+Callers: a viewer, a developer and an admin of project `team`, and the
+operator. Owners of the object a call names:
+- `own` / `other`: an endpoint, project or model of `team` / of `rivals`;
+- `global`: a model the operator registered without a project;
+- for a user's keys: `self`, `member` (another user of `team` only),
+  `shared` (a user of `team` and of `rivals`), `stranger` (a user of
+  `rivals` only), and `foreign-key` (the caller's own user path with a key
+  id of someone else's);
+- `any`: the route names no owned object (a catalog, a list, whoami, an
+  operator-only act).
+
+Outcomes: `ok` (2xx), 403 (the caller's role may not act), 404 (the object
+is hidden: the answer of one that does not exist).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -16,14 +28,100 @@ import pytest
 from starlette.routing import Mount, Route
 
 from inferd.control.accounts.roles import ROLE_ACTIONS, Action, Role
-from inferd.server.access import Operation, Target
 from tests.integration.accounts_support import OTHER, OWN, ROLES, World, unique, world
+
+assert set(ROLES) == {"viewer", "developer", "admin"}
 
 __all__ = ["world"]
 
-# A valid body for each operation that takes one, so that what the matrix
-# sees is the access decision, not a validation error.
-BODIES: dict[tuple[str, str], Any] = {
+OK, DENY, HIDE = "ok", "403", "404"
+CALLERS = ("viewer", "developer", "admin", "operator")  # the table's columns, in order
+
+Row = dict[str, tuple[str, str, str, str]]
+
+
+def everyone(outcome: str) -> tuple[str, str, str, str]:
+    return (outcome, outcome, outcome, OK)
+
+
+READ = (OK, OK, OK, OK)  # every member reads their project's things
+WRITE = (DENY, OK, OK, OK)  # developers and admins change them
+MANAGE = (DENY, DENY, OK, OK)  # admins manage the project itself
+OPERATOR_ONLY = (DENY, DENY, DENY, OK)
+# Another project's object: hidden from every role (never a 403, which would
+# say it exists); the operator sees every project.
+HIDDEN = (HIDE, HIDE, HIDE, OK)
+
+# The README: "viewer (read), developer (create, change and delete
+# endpoints, re-issue tokens), admin (also members, their keys, the
+# project's quota, the audit log). The operator key is the superuser (every
+# project; creates projects and sets their quota limits). Another project's
+# endpoint is a 404 on every route; a role that may not act gets a 403."
+# Registered models: "only its members see them, its developers delete them
+# and record profiles. The operator's (no projectId) are global: everyone
+# sees them, only the operator changes them."
+# Users' keys: a user manages their own; a project's admin manages its
+# members' keys; to anyone else a user's keys do not exist (404: a user is
+# not a project's object, so there is nothing a 403 would be about).
+EXPECTED: dict[tuple[str, str], Row] = {
+    # --- the caller and catalogs ---
+    ("GET", "/whoami"): {"any": READ},
+    ("GET", "/gpu-types"): {"any": READ},
+    ("GET", "/locations"): {"any": READ},
+    ("GET", "/recommendations"): {"any": READ},
+    # --- endpoints ---
+    ("GET", "/endpoints"): {"any": READ},  # lists only what the caller sees (below)
+    ("POST", "/endpoints"): {"own": WRITE, "other": HIDDEN},
+    ("GET", "/endpoints/{id}"): {"own": READ, "other": HIDDEN},
+    ("PATCH", "/endpoints/{id}"): {"own": WRITE, "other": HIDDEN},
+    ("DELETE", "/endpoints/{id}"): {"own": WRITE, "other": HIDDEN},
+    ("POST", "/endpoints/{id}/access-token"): {"own": WRITE, "other": HIDDEN},
+    ("GET", "/endpoints/{id}/usage"): {"own": READ, "other": HIDDEN},
+    # --- models ---
+    ("GET", "/models"): {"any": READ},
+    ("POST", "/models"): {"own": WRITE, "other": HIDDEN},
+    ("GET", "/models/{name}"): {"own": READ, "other": HIDDEN, "global": READ},
+    ("DELETE", "/models/{name}"): {"own": WRITE, "other": HIDDEN, "global": OPERATOR_ONLY},
+    ("GET", "/models/{name}/profiles"): {"own": READ, "other": HIDDEN, "global": READ},
+    ("POST", "/models/{name}/profiles"): {
+        "own": WRITE, "other": HIDDEN, "global": OPERATOR_ONLY,
+    },
+    # --- projects ---
+    ("GET", "/projects"): {"any": READ},
+    ("POST", "/projects"): {"any": OPERATOR_ONLY},
+    ("GET", "/projects/{id}"): {"own": READ, "other": HIDDEN},
+    ("DELETE", "/projects/{id}"): {"any": OPERATOR_ONLY},
+    ("PUT", "/projects/{id}/quota"): {"own": MANAGE, "other": HIDDEN},
+    ("PUT", "/projects/{id}/quota-limit"): {"any": OPERATOR_ONLY},
+    ("GET", "/projects/{id}/members"): {"own": READ, "other": HIDDEN},
+    ("PUT", "/projects/{id}/members/{userId}"): {"own": MANAGE, "other": HIDDEN},
+    ("DELETE", "/projects/{id}/members/{userId}"): {"own": MANAGE, "other": HIDDEN},
+    ("GET", "/projects/{id}/audit"): {"own": MANAGE, "other": HIDDEN},
+    ("GET", "/projects/{id}/usage"): {"own": READ, "other": HIDDEN},
+    # --- users and their keys ---
+    ("GET", "/users"): {"any": OPERATOR_ONLY},
+    ("POST", "/users"): {"any": OPERATOR_ONLY},
+    **{
+        key: {
+            "self": (OK, OK, OK, OK),
+            "member": (HIDE, HIDE, OK, OK),
+            "shared": (HIDE, HIDE, OK, OK),
+            "stranger": HIDDEN,
+        }
+        for key in [("GET", "/users/{userId}/keys"), ("POST", "/users/{userId}/keys")]
+    },
+    ("DELETE", "/users/{userId}/keys/{keyId}"): {
+        "self": (OK, OK, OK, OK),
+        "member": (HIDE, HIDE, OK, OK),
+        "shared": (HIDE, HIDE, OK, OK),
+        "stranger": HIDDEN,
+        "foreign-key": (HIDE, HIDE, HIDE, HIDE),
+    },
+}  # fmt: skip
+
+# A valid body for each call that takes one, so that what the table sees is
+# the access decision, not a validation error.
+BODIES: dict[tuple[str, str], Callable[[World, str], Any]] = {
     ("POST", "/endpoints"): lambda w, project: {
         "name": unique("ep"), "modelName": "tiny-chat", "minReplicas": 0, "projectId": project,
     },
@@ -43,66 +141,67 @@ BODIES: dict[tuple[str, str], Any] = {
     },
 }  # fmt: skip
 
-
 QUERIES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/recommendations"): {"modelName": "tiny-chat"},
 }
 
 
-def operations(w: World) -> list[Operation]:
-    ops: list[Operation] = w.client.app.state.operations  # type: ignore[attr-defined]
-    return ops
+def project_of(whose: str) -> str:
+    return OTHER if whose in ("other", "stranger") else OWN
 
 
-def concrete_path(w: World, op: Operation, actor: str, project: str) -> str:
-    """The operation's path with fresh targets in `project` (own or other)."""
-    path = op.path
-    owner = (actor or "admin-user") if project == OWN else "outsider"
-    if (op.method, op.path) == ("DELETE", "/projects/{id}"):
-        # Deleting takes an empty project: a fresh one stands for `project`.
+def user_for(w: World, whose: str, caller: str) -> str:
+    """The user a key route names, made fresh where the case needs one."""
+    if whose in ("self", "foreign-key"):
+        return f"{caller}-user" if caller != "operator" else "admin-user"
+    if whose == "stranger":
+        return "outsider"
+    user = unique(whose)
+    w.add_member(OWN, user, "viewer")
+    if whose == "shared":
+        w.add_member(OTHER, user, "viewer")
+    return user
+
+
+def concrete(w: World, method: str, path: str, whose: str, caller: str) -> str:
+    """The route's path naming a fresh object of the owner `whose`."""
+    project = project_of(whose)
+    if (method, path) == ("DELETE", "/projects/{id}"):
+        # Deleting takes an empty project: a fresh one.
         return f"/projects/{w.ok('POST', '/projects', json={'id': unique('gone')})['id']}"
-    if "{id}" in path:
-        if op.target is Target.ENDPOINT:
-            path = path.replace("{id}", w.endpoint(project)["id"])
-        else:
-            path = path.replace("{id}", project)
+    if path.startswith("/endpoints/{id}"):
+        path = path.replace("{id}", w.endpoint(project)["id"])
+    path = path.replace("{id}", project)
+    if path.startswith("/projects/") and "{userId}" in path:
+        member = unique("member")  # a member of the project, made for this case
+        w.add_member(project, member, "viewer")
+        path = path.replace("{userId}", member)
     if "{userId}" in path:
-        if op.target is Target.USER:
-            path = path.replace("{userId}", owner)
-        else:  # a member of the project, made for this case
-            member = unique("member")
-            w.add_member(project, member, "viewer")
-            path = path.replace("{userId}", member)
-    if "{name}" in path:  # a model registered in the project
-        path = path.replace("{name}", w.model(project)["name"])
-    if "{keyId}" in path:
-        path = path.replace("{keyId}", w.new_key(owner)["id"])
+        user = user_for(w, whose, caller)
+        path = path.replace("{userId}", user)
+        if "{keyId}" in path:
+            holder = "outsider" if whose == "foreign-key" else user
+            path = path.replace("{keyId}", w.new_key(holder)["id"])
+    if "{name}" in path:
+        if whose == "global":
+            body = {"source": w.model_source, "name": unique("global")}
+            name = w.ok("POST", "/models", json=body)["name"]
+        else:
+            name = w.model(project)["name"]
+        path = path.replace("{name}", name)
     return path
-
-
-def expected(op: Operation, role: Role | None, own: bool) -> str:
-    """'ok', 403 or 404 for a user with `role` in the own project."""
-    if op.target is Target.OPERATOR:
-        return "403" if role is not None else "ok"
-    if role is None or op.target is Target.ANY:
-        return "ok"
-    if not own:
-        return "404"
-    if op.target is Target.USER:
-        return "ok"  # a user's own keys
-    return "ok" if op.action in ROLE_ACTIONS[role] else "403"
 
 
 _DOCS: dict[int, Any] = {}
 
 
-def documented(w: World, op: Operation, resp: Any) -> None:
+def documented(w: World, method: str, path: str, resp: Any) -> None:
     """The answer is one the served OpenAPI document describes, schema included."""
     doc = _DOCS.get(id(w))
     if doc is None:
         doc = _DOCS[id(w)] = w.client.get("/openapi.json").json()
-    spec = doc["paths"]["/inference" + op.path][op.method.lower()]["responses"]
-    assert str(resp.status_code) in spec, (op.method, op.path, resp.status_code)
+    spec = doc["paths"]["/inference" + path][method.lower()]["responses"]
+    assert str(resp.status_code) in spec, (method, path, resp.status_code)
     content = spec[str(resp.status_code)].get("content")
     if content is None:
         assert resp.content == b""
@@ -111,82 +210,85 @@ def documented(w: World, op: Operation, resp: Any) -> None:
     jsonschema.Draft202012Validator(schema).validate(resp.json())
 
 
-def call(w: World, op: Operation, key: str | None, project: str) -> Any:
-    actor = "" if key is None else next(u for u, k in w.keys.items() if k == key)
-    path = concrete_path(w, op, actor, project)
-    body = BODIES.get((op.method, op.path))
-    kwargs: dict[str, Any] = {"json": body(w, project)} if body else {}
-    if (op.method, op.path) in QUERIES:
-        kwargs["params"] = QUERIES[(op.method, op.path)]
-    resp = w.op(op.method, path, key, **kwargs)
-    documented(w, op, resp)
+def call(w: World, method: str, path: str, whose: str, caller: str) -> Any:
+    key = None if caller == "operator" else w.keys[f"{caller}-user"]
+    body = BODIES.get((method, path))
+    kwargs: dict[str, Any] = {"json": body(w, project_of(whose))} if body else {}
+    if (method, path) in QUERIES:
+        kwargs["params"] = QUERIES[(method, path)]
+    resp = w.op(method, concrete(w, method, path, whose, caller), key, **kwargs)
+    documented(w, method, path, resp)
     return resp
 
 
 def check(resp: Any, want: str, label: str) -> None:
-    if want == "ok":
+    if want == OK:
         assert resp.status_code < 300, f"{label}: {resp.status_code} {resp.text}"
-    else:
-        assert resp.status_code == int(want), f"{label}: {resp.status_code} {resp.text}"
-        error = resp.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}
-        if want == "404":
-            # Nothing of the other project leaks: the answer of a missing thing.
-            assert OTHER not in error["message"] or "No project" in error["message"]
+        return
+    assert resp.status_code == int(want), f"{label}: {resp.status_code} {resp.text}"
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if want == HIDE:
+        # Nothing of the other project leaks: the answer of a missing thing.
+        assert OTHER not in error["message"] or "No project" in error["message"]
 
 
-def test_matrix_covers_every_route(world: World) -> None:
-    """The routes the app serves below /inference are exactly the table's."""
-    mount = next(
-        r for r in world.client.app.routes if isinstance(r, Mount) and r.path == "/inference"
-    )  # type: ignore[attr-defined]
-    served = {
+def served_routes(w: World) -> set[tuple[str, str]]:
+    routes = w.client.app.routes  # type: ignore[attr-defined]
+    mount = next(r for r in routes if isinstance(r, Mount) and r.path == "/inference")
+    return {
         (method, route.path)
         for route in mount.routes
         if isinstance(route, Route)
         for method in (route.methods or ())
         if method != "HEAD"
     }
-    declared = {(op.method, op.path) for op in operations(world)}
-    assert served == declared
-    for op in operations(world):
-        if op.method in ("POST", "PUT", "PATCH") and op.path not in (
-            "/endpoints/{id}/access-token",
-        ):
-            assert (op.method, op.path) in BODIES, f"no matrix body for {op.method} {op.path}"
 
 
-@pytest.mark.parametrize("role", ROLES)
-def test_every_operation_for_a_role(world: World, role: str) -> None:
-    key = world.keys[f"{role}-user"]
-    outcomes = []
-    for op in operations(world):
-        for own in (True, False):
-            want = expected(op, Role(role), own)
-            resp = call(world, op, key, OWN if own else OTHER)
-            label = f"{role} {op.method} {op.path} {'own' if own else 'other'}"
-            check(resp, want, label)
-            outcomes.append(want)
-    # The matrix exercised all three outcomes for the roles that have them.
-    assert "404" in outcomes and "ok" in outcomes
-    if role != "admin":
-        assert "403" in outcomes
+def test_table_covers_every_route(world: World) -> None:
+    """A route added to the API fails here until someone writes its row."""
+    assert served_routes(world) == set(EXPECTED)
+    for method, path in EXPECTED:
+        if method in ("POST", "PUT", "PATCH") and path != "/endpoints/{id}/access-token":
+            assert (method, path) in BODIES, f"no body for {method} {path}"
 
 
-def test_every_operation_for_the_operator(world: World) -> None:
-    for op in operations(world):
-        for project in (OWN, OTHER):
-            resp = call(world, op, None, project)
-            check(resp, "ok", f"operator {op.method} {op.path} {project}")
+@pytest.mark.parametrize("caller", CALLERS)
+def test_every_route_for_a_caller(world: World, caller: str) -> None:
+    column = CALLERS.index(caller)
+    seen: set[str] = set()
+    for (method, path), row in EXPECTED.items():
+        for whose, outcomes in row.items():
+            want = outcomes[column]
+            resp = call(world, method, path, whose, caller)
+            check(resp, want, f"{caller} {method} {path} ({whose}'s)")
+            seen.add(want)
+    # Every outcome a caller can get, it got somewhere in the table.
+    assert seen == ({OK, HIDE} if caller == "operator" else {OK, DENY, HIDE})
 
 
-def test_every_operation_needs_a_key(world: World) -> None:
-    for op in operations(world):
-        path = op.path.replace("{id}", "x").replace("{userId}", "u").replace("{keyId}", "k")
-        path = path.replace("{name}", "m")
+@pytest.mark.parametrize("caller", ROLES)
+def test_lists_hold_only_what_the_caller_sees(world: World, caller: str) -> None:
+    own, other = world.endpoint(OWN), world.endpoint(OTHER)
+    mine, theirs = world.model(OWN), world.model(OTHER)
+    key = world.keys[f"{caller}-user"]
+    listed = {e["id"] for e in world.ok("GET", "/endpoints", key)["data"]}
+    assert own["id"] in listed and other["id"] not in listed
+    models = {m["name"] for m in world.ok("GET", "/models", key)["data"]}
+    assert mine["name"] in models and theirs["name"] not in models
+    projects = {p["id"] for p in world.ok("GET", "/projects", key)["data"]}
+    assert projects == {OWN}
+    # Naming the other project in a filter reveals nothing either.
+    assert world.ok("GET", "/endpoints", key, params={"projectId": OTHER})["data"] == []
+
+
+def test_every_route_needs_a_key(world: World) -> None:
+    for method, path in EXPECTED:
+        concrete_path = path.replace("{id}", "x").replace("{userId}", "u")
+        concrete_path = concrete_path.replace("{keyId}", "k").replace("{name}", "m")
         for headers in ({}, {"Authorization": "Bearer infd_key_not-a-real-one"}):
-            resp = world.client.request(op.method, "/inference" + path, headers=headers)
-            assert resp.status_code == 401, (op.method, op.path, resp.text)
+            resp = world.client.request(method, "/inference" + concrete_path, headers=headers)
+            assert resp.status_code == 401, (method, path, resp.text)
 
 
 def test_endpoint_token_does_not_open_the_api(world: World) -> None:

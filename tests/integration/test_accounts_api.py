@@ -33,10 +33,14 @@ def test_key_is_shown_once_and_listed_by_hint(world: World) -> None:
 
 def test_last_used_is_recorded(world: World) -> None:
     created = world.new_key("viewer-user")
+    # Stored to the millisecond: the bounds of this use, widened by one.
+    before = datetime.now(UTC) - timedelta(milliseconds=1)
     world.ok("GET", "/endpoints", created["key"])
+    after = datetime.now(UTC) + timedelta(milliseconds=1)
     listed = world.ok("GET", "/users/viewer-user/keys")["data"]
     used = next(k for k in listed if k["id"] == created["id"])
-    assert used["lastUsedAt"] is not None
+    at = datetime.fromisoformat(used["lastUsedAt"].replace("Z", "+00:00"))
+    assert before <= at <= after, (before, at, after)
 
 
 def test_revoked_key_fails_at_once(world: World) -> None:

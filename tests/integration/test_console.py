@@ -226,6 +226,9 @@ def test_create_form_recommends_and_explains(client: TestClient) -> None:
     best = re.search(r'value="([^"]+)" checked', page.text)
     assert best and best.group(1) == "cpu:1"
     assert 'class="rejected"' in page.text  # options that do not fit, with their reasons
+    # Each fitting option shows its error band, with what it rests on as the tooltip.
+    band = re.search(r'<td class="num" title="([^"]*)" data-testid="error-band">±(\d+)%', page.text)
+    assert band and "published" in band.group(1) and int(band.group(2)) > 0
     envelope = client.get(
         "/console/endpoints/new/envelope",
         params={
@@ -406,3 +409,23 @@ def test_list_rows_agree_with_the_api_records(client: TestClient, plane: Server)
             record["currentReplicas"],
         )
         assert view.price_now == record["currentReplicas"] * record["hourlyPrice"]
+
+
+def test_endpoint_page_shows_the_engines_cache_figures(client: TestClient, plane: Server) -> None:
+    from inferd.control.registry import Replica, secret_digest
+    from inferd.testing import replica_report
+
+    endpoint_id = create(client, sign_in(client))
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    assert "no prompt looked up yet" in page
+    for rid, hits in (("r-a", 900), ("r-b", 300)):
+        plane.registry.add(Replica(rid, endpoint_id, 1, "cpu", 1, secret_digest(rid)))
+        load = {"prefixCacheQueries": 1000, "prefixCacheHits": hits, "kvCacheUsage": 0.25,
+                "waiting": 2}  # fmt: skip
+        report = replica_report(rid, {"status": "ready", "url": "http://127.0.0.1:9", "load": load})
+        plane.registry.report(rid, rid, report)
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    assert re.search(r'data-testid="live-cache-hit-rate">60\.0%<', page), page
+    rates = re.findall(r'data-testid="replica-cache-hit-rate">([^<]*)<', page)
+    assert sorted(rates) == ["30.0%", "90.0%"]
+    assert "1200 of 2000 prompt tokens" in page

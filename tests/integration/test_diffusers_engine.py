@@ -15,9 +15,9 @@ import pytest
 from inferd.engines.base import EngineOptions, ImageEngine, ImageRequest
 from inferd.errors import BadRequest, ServiceUnavailable
 from inferd.testing import LoopThread
-from tests.support import needs_diffusers
+from tests.support import needs
 
-pytestmark = needs_diffusers
+pytestmark = needs("diffusers")
 
 
 class CountingPipeline:

@@ -30,7 +30,7 @@ from inferd.engines.factory import create_engine
 from inferd.errors import BadRequest
 from inferd.testing import LoopThread
 from inferd.vocab import ModelKind
-from tests.support import HAS_DIFFUSERS, HAS_VLLM
+from tests.support import require
 
 TEXT_ENGINES = ["fake", "transformers", pytest.param("vllm", marks=pytest.mark.slow)]
 IMAGE_ENGINES = ["fake", "diffusers"]
@@ -58,8 +58,8 @@ def _shutdown_engines(loop_thread: LoopThread) -> Iterator[None]:
 @pytest.fixture(params=TEXT_ENGINES)
 def text_engine(request: Any, loop_thread: LoopThread) -> TextEngine:
     name = request.param
-    if name == "vllm" and not HAS_VLLM:
-        pytest.skip("vLLM is not installed")
+    if name != "fake":
+        require(name, "the engine conformance suite runs against every real engine")
     path = None if name == "fake" else request.getfixturevalue("tiny_chat_dir")
     return _start(loop_thread, name, ModelKind.CHAT, path)  # type: ignore[no-any-return]
 
@@ -67,8 +67,8 @@ def text_engine(request: Any, loop_thread: LoopThread) -> TextEngine:
 @pytest.fixture(params=IMAGE_ENGINES)
 def image_engine(request: Any, loop_thread: LoopThread) -> ImageEngine:
     name = request.param
-    if name == "diffusers" and not HAS_DIFFUSERS:
-        pytest.skip("diffusers is not installed")
+    if name != "fake":
+        require(name, "the engine conformance suite runs against every real engine")
     path = None if name == "fake" else request.getfixturevalue("tiny_sdxl_dir")
     return _start(loop_thread, name, ModelKind.IMAGE, path)  # type: ignore[no-any-return]
 

@@ -31,6 +31,8 @@ from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.testing import ReplicaHandle, free_port, verifier_for
+from tests.support import require
+from tests.timings import HANG_S
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -303,7 +305,9 @@ def test_stream_is_passed_through_as_it_arrives(serve: Callable[..., GatewayServ
 
 
 def test_openai_client_chat_and_images(serve: Callable[..., GatewayServer]) -> None:
-    openai = pytest.importorskip("openai")
+    require("openai", "the official client talks to the gateway")
+    import openai
+
     gw = serve()
     client = openai.OpenAI(base_url=gw.url() + "/openai/v1", api_key=TOKENS[CHAT_EP])
     completion = client.chat.completions.create(model="tiny-chat", messages=HELLO, max_tokens=5)
@@ -448,8 +452,8 @@ def test_queue_full_while_busy_is_429_and_while_scaling_503(
 def test_hold_times_out_with_503_and_retry_after(serve: Callable[..., GatewayServer]) -> None:
     gw = serve(GatewaySettings(max_hold_seconds=0.3), chat_replicas=[])
     start = time.monotonic()
-    response = httpx.post(gw.url() + CHAT, json=chat(), headers=auth(), timeout=10)
-    assert 0.25 < time.monotonic() - start < 3
+    response = httpx.post(gw.url() + CHAT, json=chat(), headers=auth(), timeout=HANG_S)
+    assert time.monotonic() - start > 0.25  # held for max_hold_seconds (0.3), then answered
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "hold_timeout"
     assert int(response.headers["retry-after"]) >= 1
@@ -461,7 +465,7 @@ def test_client_leaving_while_held_leaves_the_queue(serve: Callable[..., Gateway
     sock = open_request(gw.url() + CHAT, chat(), auth())
     wait_until(lambda: gw.gateway.traffic(CHAT_EP).held == 1, 5)
     sock.close()
-    wait_until(lambda: gw.gateway.traffic(CHAT_EP).held == 0, 2)
+    wait_until(lambda: gw.gateway.traffic(CHAT_EP).held == 0, HANG_S)
     assert gw.gateway.traffic(CHAT_EP).in_flight == 0
     assert 'status="499"' in gw.gateway.metrics.render().decode()
 
@@ -479,9 +483,9 @@ def test_client_disconnect_aborts_the_replica_work(
     if stream:
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
     sock.close()  # the client goes away mid-generation
-    elapsed = wait_until(lambda: metric(replicas[1].url, "inferd_engine_running") == 0, 2)
-    assert elapsed < 2
-    wait_until(lambda: gw.gateway.traffic(CHAT_EP).in_flight == 0, 2)
+    # Aborted, not left to generate its 2,000 tokens (which takes far longer).
+    wait_until(lambda: metric(replicas[1].url, "inferd_engine_running") == 0, 2)
+    wait_until(lambda: gw.gateway.traffic(CHAT_EP).in_flight == 0, HANG_S)
 
 
 def test_replica_killed_before_answering_is_retried_on_another(
@@ -557,7 +561,7 @@ def test_abort_replica_fails_its_streams_at_once(
                     aborted = gw.call(lambda: gw.gateway.abort_replica("r-b", "stopped reporting"))
                     assert aborted == 1
     assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] == "upstream_failed"
-    wait_until(lambda: metric(replicas[1].url, "inferd_engine_running") == 0, 2)
+    wait_until(lambda: metric(replicas[1].url, "inferd_engine_running") == 0, HANG_S)
 
 
 def test_metrics_count_requests_by_endpoint_and_status(

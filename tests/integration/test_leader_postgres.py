@@ -1,4 +1,7 @@
-"""Leader election and fencing on a real PostgreSQL."""
+"""Leader election and fencing on a real PostgreSQL: what only the
+`Postgres` coordination has (a session that dies, a server restart, the
+store's fenced writes). What every adapter does is in
+tests/contract/test_coordination.py."""
 
 from __future__ import annotations
 
@@ -9,15 +12,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from inferd.control.leader import (
-    Deposed,
-    LeaseSettings,
-    PostgresElection,
-    check_term_sync,
-    ensure_schema,
-    fenced,
-    read_leader,
-)
+from inferd.control.cluster.lease import LeaseSettings
+from inferd.control.cluster.ports import Deposed
+from inferd.control.cluster.postgres import Postgres, check_term_sync, fenced, read_leader
 from inferd.control.stores import open_store
 from inferd.testing_postgres import PostgresServer
 from tests.records import T0, endpoint_row, replica_record
@@ -38,7 +35,36 @@ class Duties:
 
 @pytest.fixture
 def db(postgres_server: PostgresServer) -> str:
-    return postgres_server.create_database()
+    return postgres_server.create_migrated_database()
+
+
+class Election:
+    """The election part of a `Postgres` coordination (no load to share)."""
+
+    def __init__(self, url: str, name: str, duties: Duties) -> None:
+        self.duties = duties
+        self.coordination = Postgres(
+            url,
+            name,
+            traffic=list,
+            on_remote_load=lambda sample: None,
+            on_wake=lambda endpoint_id: None,
+            lease=FAST,
+        )
+
+    def start(self) -> None:
+        self._joining = asyncio.ensure_future(self.coordination.start(self.duties))
+
+    async def stop(self) -> None:
+        await self.coordination.stop()
+
+    @property
+    def leading(self) -> bool:
+        return self.coordination.term is not None
+
+    @property
+    def term(self) -> int | None:
+        return self.coordination.term
 
 
 async def until(predicate: object, timeout: float = 10.0) -> float:
@@ -54,14 +80,15 @@ async def until(predicate: object, timeout: float = 10.0) -> float:
 def test_one_leader_and_a_new_term_on_hand_over(db: str) -> None:
     async def scenario() -> None:
         duties_a, duties_b = Duties(), Duties()
-        a = PostgresElection(db, "a", duties_a, FAST)
-        b = PostgresElection(db, "b", duties_b, FAST)
+        a = Election(db, "a", duties_a)
+        b = Election(db, "b", duties_b)
         a.start()
         await until(lambda: a.leading)
         b.start()
         await asyncio.sleep(0.5)  # several tries by b
         assert a.term == 1 and not b.leading
-        assert b.info is not None and b.info.holder == "a" and b.info.term == 1
+        info = b.coordination.leader()
+        assert (info.holder, info.term) == ("a", 1)
         await a.stop()
         assert duties_a.events == [("start", 1), ("stop", None)]
         took = await until(lambda: b.leading)
@@ -75,8 +102,8 @@ def test_one_leader_and_a_new_term_on_hand_over(db: str) -> None:
 def test_a_leader_whose_session_dies_stops_leading(db: str) -> None:
     async def scenario() -> None:
         duties_a, duties_b = Duties(), Duties()
-        a = PostgresElection(db, "a", duties_a, FAST)
-        b = PostgresElection(db, "b", duties_b, FAST)
+        a = Election(db, "a", duties_a)
+        b = Election(db, "b", duties_b)
         a.start()
         await until(lambda: a.leading)
         b.start()
@@ -99,7 +126,6 @@ def test_a_leader_whose_session_dies_stops_leading(db: str) -> None:
 def test_a_deposed_leaders_write_is_refused(db: str) -> None:
     async def scenario() -> None:
         async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
-            await ensure_schema(conn)
             await conn.execute("CREATE TABLE decisions (what text)")
             await conn.execute("UPDATE inferd_leader SET term = 5 WHERE id = 1")
             async with fenced(conn, 5):
@@ -124,7 +150,6 @@ def test_a_new_term_waits_for_a_fenced_write_in_progress(db: str) -> None:
             await psycopg.AsyncConnection.connect(db, autocommit=True) as writer,
             await psycopg.AsyncConnection.connect(db, autocommit=True) as usurper,
         ):
-            await ensure_schema(writer)
             order: list[str] = []
 
             async def bump() -> None:
@@ -145,11 +170,11 @@ def test_a_new_term_waits_for_a_fenced_write_in_progress(db: str) -> None:
 
 
 def test_leadership_returns_after_a_postgres_restart(postgres_server: PostgresServer) -> None:
-    db = postgres_server.create_database()
+    db = postgres_server.create_migrated_database()
 
     async def scenario() -> None:
         duties = Duties()
-        a = PostgresElection(db, "a", duties, FAST)
+        a = Election(db, "a", duties)
         a.start()
         await until(lambda: a.leading)
         await asyncio.to_thread(postgres_server.stop, "fast")
@@ -165,7 +190,6 @@ def test_leadership_returns_after_a_postgres_restart(postgres_server: PostgresSe
 
 def test_the_synchronous_check_fences_a_store_transaction(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as conn:
-        asyncio.run(_schema(db))
         conn.execute("CREATE TABLE decisions (what text)")
         conn.execute("UPDATE inferd_leader SET term = 2 WHERE id = 1")
         with conn.transaction():
@@ -177,11 +201,6 @@ def test_the_synchronous_check_fences_a_store_transaction(db: str) -> None:
         assert conn.execute("SELECT what FROM decisions").fetchall() == [("by term 2",)]
 
 
-async def _schema(url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await ensure_schema(conn)
-
-
 def test_a_deposed_leaders_late_replica_write_is_refused_by_the_store(db: str) -> None:
     """Leader A's session dies and B takes over with a higher term; A's
     late replica writes under its old term change nothing, B's go through."""
@@ -189,8 +208,8 @@ def test_a_deposed_leaders_late_replica_write_is_refused_by_the_store(db: str) -
     async def scenario() -> None:
         store_a, store_b = open_store(db), open_store(db)
         duties_a, duties_b = Duties(), Duties()
-        a = PostgresElection(db, "a", duties_a, FAST)
-        b = PostgresElection(db, "b", duties_b, FAST)
+        a = Election(db, "a", duties_a)
+        b = Election(db, "b", duties_b)
         try:
             a.start()
             await until(lambda: a.leading)

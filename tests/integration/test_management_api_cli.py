@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,7 +52,12 @@ def test_create_list_get_update_token_delete(
                        "--max-replicas", "2", "--retention", "30")  # fmt: skip
     assert code == 0
     assert "Access token (shown only this once" in out
-    assert "curl http://" in out and "<ACCESS_TOKEN>" in out
+    # The token just shown, as the README's $TOKEN, and the curl line using it.
+    token = re.search(r"^  (infd_ep_\S+)$", out, re.M)
+    assert token is not None and f"  export TOKEN={token.group(1)}\n" in out
+    assert re.search(r"^  export URL=http://\S+/endpoints/[0-9a-f-]{36}$", out, re.M)
+    assert "curl $URL/openai/v1/chat/completions" in out and 'Bearer $TOKEN"' in out
+    assert "<ACCESS_TOKEN>" not in out
 
     code, out, _ = run(capsys, "create", "pics", "--model", "tiny-sdxl", "--location", "local",
                        "--json")  # fmt: skip
@@ -86,6 +92,36 @@ def test_create_list_get_update_token_delete(
     assert code == 0 and pics["id"] in out
     code, out, _ = run(capsys, "list", "--json")
     assert [r["name"] for r in json.loads(out)["data"]] == ["demo"]
+
+
+def test_list_pages_and_filters(api: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+    names = ["web-1", "web-2", "batch-1", "web-3", "img-1"]
+    for name in names:
+        model = "tiny-sdxl" if name.startswith("img") else "tiny-chat"
+        assert run(capsys, "create", name, "--model", model, "--min-replicas", "0")[0] == 0
+
+    def listed(*argv: str) -> tuple[list[str], str]:
+        code, out, err = run(capsys, "list", "--json", *argv)
+        assert code == 0, err
+        return [r["name"] for r in json.loads(out)["data"]], err
+
+    # Without --limit: every page, followed by the client.
+    assert listed()[0] == names
+    assert listed("--name-prefix", "web-")[0] == ["web-1", "web-2", "web-3"]
+    assert listed("--model", "tiny-sdxl")[0] == ["img-1"]
+    assert listed("--status", "running")[0] == []
+    # With --limit: one page, and the cursor of the next one.
+    code, out, _ = run(capsys, "list", "--json", "--limit", "2", "--name-prefix", "web-")
+    first = json.loads(out)
+    assert [r["name"] for r in first["data"]] == ["web-1", "web-2"]
+    rest, _ = listed("--limit", "2", "--name-prefix", "web-", "--continue", first["continue"])
+    assert rest == ["web-3"]
+    code, out, err = run(capsys, "list", "--limit", "2")
+    assert code == 0 and len(out.strip().splitlines()) == 3  # header + 2
+    assert "--continue " in err
+    # The cursor belongs to its filters.
+    code, _, err = run(capsys, "list", "--limit", "2", "--continue", first["continue"])
+    assert code != 0 and "code: stale_cursor" in err
 
 
 @pytest.mark.parametrize(
@@ -139,3 +175,31 @@ def test_detail_names_the_replicas_hardware(capsys: pytest.CaptureFixture[str]) 
 
 def test_table_formatting() -> None:
     assert client_cli.format_table([]) == "No endpoints."
+
+
+def test_the_console_address_as_typed_leads_to_it(api: TestClient) -> None:
+    moved = api.get("/console", follow_redirects=False)
+    assert (moved.status_code, moved.headers["location"]) == (308, "/console/")
+    assert api.get("/console?next=x", follow_redirects=False).headers["location"] == (
+        "/console/?next=x"
+    )
+    assert api.get("/console").status_code == 200  # the sign-in page
+
+
+def test_a_quota_on_an_unknown_gpu_type_is_refused(api: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    assert api.post("/inference/projects", json={"id": "ml"}, headers=auth).status_code == 201
+    answer = api.put(
+        "/inference/projects/ml/quota-limit", json={"gpus": {"A100": 8}}, headers=auth
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("unknown_gpu_type", "gpus")
+    assert "A100" in error["message"] and "A100-80GB" in error["message"]
+    ok = api.put("/inference/projects/ml/quota", json={"gpus": {"A100-80GB": 4}}, headers=auth)
+    assert ok.status_code == 200 and ok.json()["quota"]["gpus"] == {"A100-80GB": 4}
+    created = api.post(
+        "/inference/projects", json={"id": "cv", "quotaLimit": {"gpus": {"H100": 1}}},
+        headers=auth,
+    )  # fmt: skip
+    assert created.status_code == 400 and created.json()["error"]["param"] == "quotaLimit.gpus"

@@ -20,8 +20,9 @@ from inferd.engines.base import (
 )
 from inferd.errors import BadRequest
 from inferd.testing import LoopThread
+from tests.support import needs
 
-pytest.importorskip("transformers")
+pytestmark = needs("transformers")
 
 HELLO = (ChatMessage("system", "You are terse."), ChatMessage("user", "Hello there"))
 

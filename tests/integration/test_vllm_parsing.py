@@ -11,9 +11,9 @@ import pytest
 
 from inferd.engines.base import ChatMessage, SamplingOptions, TextRequest, ToolOptions
 from inferd.errors import BadRequest
-from tests.support import needs_vllm
+from tests.support import needs
 
-pytestmark = needs_vllm
+pytestmark = needs("vllm")
 
 TOOLS = json.dumps(
     [

@@ -237,7 +237,8 @@ def test_body_over_the_limit_is_413_before_the_body_is_sent(surfaces: Surfaces, 
     answer = headers_only(url, path, headers)
     error = raw_error(answer, 413)
     assert error["code"] == "payload_too_large"
-    assert answer.seconds < 5
+    # headers_only waits 10 s for an answer: one that waited for the 50 MB
+    # body never to come would time out there instead.
     # A refused body is not read, so the connection is not reused.
     assert answer.headers.get("connection") == "close" or which == "management"
 

@@ -30,7 +30,7 @@ from tests.reliability.limits_support import assert_error
 from tests.support import (
     MID_GENERATION_WINDOW_S,
     engine_running,
-    needs_vllm,
+    needs,
     seen_running,
     until_mid_generation,
 )
@@ -38,7 +38,7 @@ from tests.support import (
 if TYPE_CHECKING:
     from tests.reliability.conftest import GatewayInFront
 
-pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.reliability(item=9)]
+pytestmark = [needs("vllm"), pytest.mark.slow, pytest.mark.reliability(item=9)]
 
 HI = [{"role": "user", "content": "Say hello."}]
 GOOD = {"messages": HI, "max_tokens": 2}

@@ -29,22 +29,22 @@ from tests.reliability.fault_support import (
 )
 from tests.support import (
     MID_GENERATION_WINDOW_S,
-    needs_diffusers,
-    needs_vllm,
+    needs,
     seen_running,
     until_mid_generation,
 )
+from tests.timings import HANG_S, record_timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-DISCONNECT_BOUND_S = 2.0
+ASKED_TOKENS = 1800  # far more than a disconnect lets it generate
 
 
 def engine_running(replica: ReplicaHandle) -> float:
     return metric(replica.url, "inferd_engine_running")
 
 
-@needs_vllm
+@needs("vllm")
 @pytest.mark.reliability(item=5)
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "non-streamed"])
 @pytest.mark.parametrize("via", ["replica", "gateway"])
@@ -55,17 +55,20 @@ def test_client_disconnect_frees_vllm(
     stream: bool,
 ) -> None:
     """A client that disconnects mid-generation: vLLM's running count drops
-    to 0 within 2 s (straight at the replica, or through the gateway)."""
+    to 0 (straight at the replica, or through the gateway) long before the
+    1,800 tokens asked for were done; how soon (goal 2 s) is measured by
+    benchmarks/fault_timings.py."""
     wait_until(lambda: engine_running(vllm_replica) == 0, 10, what="vLLM idle before the test")
     if via == "gateway":
         gateway = gateway_in_front("chat", "tiny-chat", [vllm_replica])
         url, headers = gateway.url + CHAT, gateway.headers
     else:
         url, headers = vllm_replica.url + CHAT, {}
-    body = {"messages": HELLO, "max_tokens": 1800, "ignore_eos": True, "stream": stream}
+    body = {"messages": HELLO, "max_tokens": ASKED_TOKENS, "ignore_eos": True, "stream": stream}
 
     def attempt(index: int) -> bool:
         wait_until(lambda: engine_running(vllm_replica) == 0, 30, what="vLLM idle")
+        generated_before = metric(vllm_replica.url, "inferd_generated_tokens_total")
         sock = open_request(url, body, headers)
         try:
             if stream:
@@ -74,16 +77,19 @@ def test_client_disconnect_frees_vllm(
                 return False
         finally:
             sock.close()  # the client goes away mid-generation
-        freed = wait_until(
-            lambda: engine_running(vllm_replica) == 0, DISCONNECT_BOUND_S + 1, 0.02, "vLLM freed"
-        )
-        assert freed <= DISCONNECT_BOUND_S, f"running for {freed:.2f}s after the disconnect"
+        freed = wait_until(lambda: engine_running(vllm_replica) == 0, HANG_S, 0.02, "vLLM freed")
+        record_timing(f"disconnect via {via} (stream={stream}): vLLM freed", freed)
+        # Freed by the abort, not by finishing: once the replica is done with
+        # the request, it never generated all the tokens it asked for.
+        wait_until(lambda: metric(vllm_replica.url, "inferd_requests_in_flight") == 0, HANG_S)
+        generated = metric(vllm_replica.url, "inferd_generated_tokens_total") - generated_before
+        assert generated < ASKED_TOKENS, generated
         return True
 
     until_mid_generation(attempt)
-    wait_until(lambda: metric(vllm_replica.url, "inferd_requests_in_flight") == 0, 2)
+    wait_until(lambda: metric(vllm_replica.url, "inferd_requests_in_flight") == 0, HANG_S)
     if via == "gateway":
-        wait_until(lambda: gateway.in_flight() == 0, 2, what="the gateway forgot the request")
+        wait_until(lambda: gateway.in_flight() == 0, HANG_S, what="the gateway forgot the request")
     # The same engine serves the next request.
     after = httpx.post(
         vllm_replica.url + CHAT, json={"messages": HELLO, "max_tokens": 2}, timeout=60
@@ -120,7 +126,7 @@ def assert_answered_or_cleanly_refused(responses: list[httpx.Response]) -> dict[
     return by_status
 
 
-@needs_diffusers
+@needs("diffusers")
 @pytest.mark.reliability(item=6)
 def test_sixteen_concurrent_images_on_diffusers(diffusers_replica: ReplicaHandle) -> None:
     """16 concurrent image requests straight at a diffusers replica: each 200
@@ -133,7 +139,7 @@ def test_sixteen_concurrent_images_on_diffusers(diffusers_replica: ReplicaHandle
     assert metric(diffusers_replica.url, "inferd_requests_in_flight") == 0
 
 
-@needs_diffusers
+@needs("diffusers")
 @pytest.mark.reliability(item=6)
 def test_sixteen_concurrent_images_through_a_bounded_gateway(
     diffusers_replica: ReplicaHandle, gateway_in_front: Callable[..., GatewayInFront]
@@ -156,7 +162,7 @@ def test_sixteen_concurrent_images_through_a_bounded_gateway(
     wait_until(lambda: gateway.in_flight() == 0, 5, what="the gateway drained")
 
 
-@needs_diffusers
+@needs("diffusers")
 @pytest.mark.reliability(item=6)
 def test_sixteen_concurrent_images_through_an_endpoint(
     serve_factory: Callable[..., ServeHandle],

@@ -32,11 +32,11 @@ from tests.reliability.fault_support import (
     replica_url,
     wait_until,
 )
+from tests.timings import HANG_S, record_timing
 
 pytestmark = pytest.mark.timeout(120)
 
 HEALTH_PERIOD_S = 0.5
-RECONCILE_PERIOD_S = 0.1
 HANG_HEALTH_PERIOD_S = 1.0
 STREAM_TOKENS = 1000  # 20 s at 20 ms a token: still running when the fault hits
 SLOW_TOKENS = 100  # 2 s
@@ -76,10 +76,10 @@ def load_the_victim(
     return victim, stream, plain, on_victim
 
 
-def assert_stream_ended_with_error(stream: StreamReader, fault_at: float, bound_s: float) -> None:
-    stream.join(bound_s + 5)
+def assert_stream_ended_with_error(stream: StreamReader, fault_at: float, timing: str) -> None:
+    stream.join(HANG_S)
     assert stream.ended_at is not None, "the stream stalled"
-    assert stream.ended_at - fault_at <= bound_s, f"ended {stream.ended_at - fault_at:.2f}s after"
+    record_timing(timing, stream.ended_at - fault_at)
     assert stream.error is None, stream.error  # a closed stream, not a cut connection
     last = stream.events[-1]
     assert isinstance(last, dict) and last["error"]["code"] == "upstream_failed", last
@@ -90,7 +90,8 @@ def assert_stream_ended_with_error(stream: StreamReader, fault_at: float, bound_
 @pytest.mark.reliability(item=1)
 def test_replica_sigkilled_mid_request(serve_factory: Callable[..., ServeHandle]) -> None:
     """SIGKILL mid-request: unanswered requests retried elsewhere, the stream
-    ends with an SSE error, no routing to it after a health period, replaced."""
+    ends with an SSE error (how soon: benchmarks/fault_timings.py), no routing
+    to it after a health period, replaced."""
     serve = serve_factory()
     ep, urls = two_replicas(serve, "kill")
     with ThreadPoolExecutor(8) as pool:
@@ -102,8 +103,8 @@ def test_replica_sigkilled_mid_request(serve_factory: Callable[..., ServeHandle]
         os.kill(victim_pid, signal.SIGKILL)
         killed_at = time.monotonic()
 
-        # The stream it carried ends at once with an error event, closed.
-        assert_stream_ended_with_error(stream, killed_at, bound_s=2.0)
+        # The stream it carried ends with an error event, closed.
+        assert_stream_ended_with_error(stream, killed_at, "sigkill: stream ended after the kill")
         # Non-streamed requests had no byte yet: retried on the survivor, whole.
         for future in plain:
             response = future.result(30)
@@ -134,11 +135,12 @@ def test_replica_sigkilled_mid_request(serve_factory: Callable[..., ServeHandle]
 def test_replica_sigstopped_is_ejected_and_killed(
     serve_factory: Callable[..., ServeHandle],
 ) -> None:
-    """SIGSTOP: the hung replica is ejected within two health periods, its
-    in-flight requests end in bounded time, its process is killed."""
-    # A longer period than elsewhere, so that two periods stand clear of the
-    # fixed costs of the measurement (a report in transit, one reconcile
-    # tick, this poll).
+    """SIGSTOP: the hung replica is ejected by the health check, its in-flight
+    requests end (a stream with an error event), its process is killed. How
+    soon (goal: two health periods) is measured by benchmarks/fault_timings.py."""
+    # A longer period than elsewhere, so that the measured ejection (a goal of
+    # benchmarks/fault_timings.py: two periods) stands clear of the fixed
+    # costs of the measurement (a report in transit, one reconcile tick).
     serve = serve_factory(health_period_seconds=str(HANG_HEALTH_PERIOD_S))
     ep, urls = two_replicas(serve, "hang")
     with ThreadPoolExecutor(8) as pool:
@@ -150,23 +152,22 @@ def test_replica_sigstopped_is_ejected_and_killed(
         stopped_at = time.monotonic()
         try:
             # Ejected: out of the record's live replicas (the registry failed
-            # it), so out of routing. Two health periods, plus one reconcile
-            # tick for the check to run and 0.25 s for the last report in
-            # transit and this poll.
+            # it), so out of routing.
             ejected = wait_until(
                 lambda: victim not in {r["id"] for r in serve.record(ep.id)["replicas"]},
-                timeout=10,
+                timeout=HANG_S,
                 interval=0.02,
                 what="the hung replica ejected",
             )
-            bound = 2 * HANG_HEALTH_PERIOD_S + RECONCILE_PERIOD_S + 0.25
-            assert ejected <= bound, f"ejected after {ejected:.2f}s (bound {bound:.2f}s)"
+            record_timing("sigstop: ejected after the stop", ejected)
 
             # Its stream ends with an error event; the non-streamed requests it
             # held had no byte yet: answered by the survivor. Nothing hangs.
-            assert_stream_ended_with_error(stream, stopped_at, bound_s=bound + 0.5)
+            assert_stream_ended_with_error(
+                stream, stopped_at, "sigstop: stream ended after the stop"
+            )
             for future in plain:
-                response = future.result(bound + 10)
+                response = future.result(HANG_S)
                 assert response.status_code == 200, response.text
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -193,7 +194,7 @@ def test_burst_of_1000_causes_no_health_restart(
     pids = {rid: replica_pid(serve, rid) for rid in urls}
     started = time.monotonic()
     statuses = asyncio.run(burst(ep, 1000, 50))
-    took = time.monotonic() - started
+    record_timing("burst of 1000: all answered", time.monotonic() - started)
     assert statuses == [200] * 1000
     # Let a missed report show: the registry would fail a replica only after
     # its silence exceeded the failure periods.
@@ -203,7 +204,6 @@ def test_burst_of_1000_causes_no_health_restart(
     assert ready_ids(record) == set(urls)
     assert {rid: replica_pid(serve, rid) for rid in urls} == pids
     assert gateway_counter(serve, "inferd_gateway_retries_total", ep.id) == 0
-    assert took < 30
 
 
 @pytest.mark.reliability(item=1)

@@ -15,7 +15,6 @@ and none a server error.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,12 +157,10 @@ def test_every_operation_got_its_examples(targets: Targets) -> None:
 def test_fuzzing_left_the_targets_serving(targets: Targets) -> None:
     """After the fuzzing (runs after it in this module), both endpoints still
     answer a plain request: nothing the fuzzer sent broke a replica."""
-    started = time.monotonic()
     chat = targets.chat.post(
         "/openai/v1/chat/completions",
         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     )
     image = targets.image.post("/v1/images/generations", {"prompt": "x", "size": "64x64"})
     assert (chat.status_code, image.status_code) == (200, 200), (chat.text, image.text)
-    assert time.monotonic() - started < 10
     assert all(s < 500 for by_status in targets.statuses.values() for s in by_status)

@@ -26,6 +26,7 @@ from inferd.control.tokens import TokenVerifier, new_admin_key, new_endpoint_tok
 from inferd.testing import ServeHandle
 from tests.reliability.fault_support import CHAT, IMAGES, Endpoint, wait_until
 from tests.reliability.limits_support import assert_error, files_containing, list_endpoints
+from tests.timings import HANG_S, record_timing
 
 # A key of inferd's own format, as `inferd serve` generates it (an operator's
 # own key is redacted in logs only where it is a bearer; see the report).
@@ -193,10 +194,10 @@ def test_the_registry_route_takes_no_token_and_no_admin_key(fleet: Fleet) -> Non
 
 
 @pytest.mark.reliability(item=12)
-def test_an_old_token_fails_within_a_second_of_its_reissue(fleet: Fleet) -> None:
+def test_an_old_token_fails_once_it_is_reissued(fleet: Fleet) -> None:
     """Requests with the old token keep coming while the token is re-issued:
-    none sent after the re-issue was answered gets in, and the first refusal
-    follows the answer within a second."""
+    none sent after the re-issue was answered gets in. How soon the first
+    refusal follows (goal: within a second) is benchmarks/fault_timings.py's."""
     index = 0
     endpoint = fleet.endpoints[index]
     old = endpoint.token
@@ -223,15 +224,14 @@ def test_an_old_token_fails_within_a_second_of_its_reissue(fleet: Fleet) -> None
     assert response.status_code == 200
     new = response.json()["accessToken"]
     fleet.secrets.add(new)
-    wait_until(lambda: any(s == 401 for *_, s in answers), 5, 0.005, "a 401 for the old token")
+    wait_until(lambda: any(s == 401 for *_, s in answers), HANG_S, 0.005, "a 401 for the old token")
     stop.set()
     thread.join(10)
     first_refusal = min(answered for _, answered, s in answers if s == 401)
     assert all(s == 401 for sent, _, s in answers if sent > reissued), "old token got in"
     assert set(s for *_, s in answers) <= {200, 401}
-    print(f"\nold token refused {max(0.0, first_refusal - reissued) * 1000:.1f} ms after the "
-          f"re-issue was answered ({len(answers)} requests with it)")  # fmt: skip
-    assert first_refusal - reissued < 1.0
+    print(f"\n{len(answers)} requests with the old token")
+    record_timing("re-issue: old token first refused", max(0.0, first_refusal - reissued))
     fleet.endpoints[index] = Endpoint(endpoint.id, endpoint.url, new)
     assert fleet.infer(index, new).status_code == 200
     assert_error(fleet.infer(index, old), 401)

@@ -104,3 +104,58 @@ def test_scale_to_zero_then_back_sequence() -> None:
     assert d.desired == 0
     d = decide(S, obs(held=1, ready=0, last=61), d.state, 61)
     assert d.desired == 1
+
+
+def engine(
+    in_flight: int, ready: int, kv: float | None = None, waiting: int = 0, last: float = 100.0
+) -> Observations:
+    return Observations(in_flight, 0, ready, 0, last, kv_cache_usage=kv, engine_waiting=waiting)
+
+
+ENGINE_CASES = [
+    # (name, observations, target, reason contains)
+    # 2 requests at 4 per replica want 1 replica; their long prompts fill
+    # 95% of both replicas' KV caches: 2 x 0.95 / 0.8 -> 3.
+    ("KV cache full on few requests: more replicas", engine(2, 2, kv=0.95), 3, "KV cache 95%"),
+    ("KV cache half used on 2: consolidating would overfill, keep 2",
+     engine(1, 2, kv=0.5), 2, "KV cache 50%"),
+    ("KV cache quiet: concurrency decides", engine(8, 3, kv=0.1), 2, "8 requests"),
+    ("KV cache at the target exactly: no more", engine(1, 2, kv=0.8), 2, "KV cache"),
+    ("no KV figure (engine without one): concurrency decides", engine(1, 2), 1, "traffic"),
+    ("engine queue beyond 2 per replica: one replica per 2 queued",
+     engine(4, 1, waiting=6), 3, "6 requests queued"),
+    ("engine queue within its target: concurrency decides", engine(4, 2, waiting=4), 1,
+     "traffic"),
+    ("engine figures beyond maxReplicas: capped", engine(4, 2, kv=1.0, waiting=40), 4,
+     "capped at maxReplicas"),
+    ("idle with a stale KV report: retention rules alone",
+     engine(0, 2, kv=0.9, waiting=5, last=0), 0, "idle past the retention period"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("observations", "target", "reason"),
+    [case[1:] for case in ENGINE_CASES],
+    ids=[case[0] for case in ENGINE_CASES],
+)
+def test_engine_signals(observations: Observations, target: int, reason: str) -> None:
+    from inferd.control.autoscaler import target_replicas
+
+    got, why = target_replicas(S, observations, 100.0)
+    assert got == target and reason in why, why
+
+
+def test_engine_signals_can_be_turned_off() -> None:
+    from dataclasses import replace
+
+    from inferd.control.autoscaler import target_replicas
+
+    off = replace(S, target_kv_cache_usage=None, target_engine_waiting=None)
+    assert target_replicas(off, engine(2, 2, kv=0.95, waiting=9), 100.0)[0] == 1
+
+
+def test_engine_signal_goes_through_the_up_delay() -> None:
+    full = engine(2, 2, kv=0.95)
+    waiting = decide(S, full, ScalerState(2), 100)
+    assert waiting.desired == 2 and waiting.state.above_since == 100
+    assert decide(S, full, waiting.state, 102).desired == 3

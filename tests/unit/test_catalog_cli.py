@@ -25,12 +25,14 @@ def test_recommend_table(capsys: pytest.CaptureFixture[str]) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("llama-3.1-70b-instruct in us-east: ")
     header = next(line for line in lines if line.startswith("option"))
-    columns = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost"]
+    columns = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost", "error"]
     assert [c.strip() for c in header.split("  ") if c.strip()] == columns
     # First row: the recommended option, fitting, priced in the file's currency.
     first = lines[lines.index(header) + 1]
     assert first.split()[:5] == ["us-east", "2", "x", "H200", "yes"]
     assert "7.58 USD/h" in first and "tokens/s" in first and "USD /1M tokens" in first
+    assert first.split()[-1].startswith("±") and first.split()[-1].endswith("%")
+    assert "rests on: ±" in out
     assert "Recommended: us-east 2 x H200" in out
     rejected = out[out.index("\nRejected:\n") :]
     assert "us-east 1 x H100-80GB: needs 166.9 GB" in rejected
@@ -68,8 +70,13 @@ def test_errors_go_to_stderr(
     assert err.startswith("inferd: ") and message in err
 
 
-def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_list(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("INFERD_API_KEY", "INFERD_ADMIN_KEY"):
+        monkeypatch.delenv(name, raising=False)
     status, out, _ = run(["models", "list"], capsys)
+    # Without a key the server's registered models cannot be listed: said so.
+    assert status == 0 and "include the models registered on the server" in out
+    status, out, _ = run(["models", "list", "--catalog"], capsys)
     assert status == 0
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert rows["llama-3.1-70b-instruct"][1:4] == ["chat", "70.6B", "bf16"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.control.leader import (
+from inferd.control.cluster.lease import (
     NOT_LEADING,
     Leadership,
     LeaseSettings,

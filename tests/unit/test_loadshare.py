@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from inferd.control.loadshare import (
+from inferd.control.cluster.loadshare import (
     LoadReport,
     LocalLoad,
     max_age,

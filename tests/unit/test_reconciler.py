@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from inferd.control.cluster.ports import Deposed
 from inferd.control.fakes import FakeLauncher, FakeLoad
-from inferd.control.leader import Deposed
 from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.ports import ExitReason, ReplicaExit
 from inferd.control.reconciler import Reconciler, ReconcilerSettings

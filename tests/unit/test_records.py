@@ -101,7 +101,14 @@ def test_record_has_every_spec_field_typed() -> None:
     assert record["url"] == f"http://127.0.0.1:8080/endpoints/{ROW.id}"
     assert record["currentReplicas"] == 1
     assert record["replicas"] == [
-        {"gpus": 1, "status": "ready", "id": "", "statusReason": None, "since": None}
+        {
+            "gpus": 1,
+            "status": "ready",
+            "id": "",
+            "statusReason": None,
+            "since": None,
+            "engine": None,
+        }
     ]
     assert record["status"] == "running"
     assert record["statusReason"] is None

@@ -259,3 +259,46 @@ def test_a_report_without_the_secret_is_401_before_its_body_is_read() -> None:
             f"{REGISTRY_PATH}/replicas/r9", content=b"{}", headers={"Authorization": "Bearer s-r1"}
         )
         assert unknown.status_code == 404, unknown.text
+
+
+def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from inferd.control.registry_api import ReplicaCollector
+
+    registry, _ = make(Clock())
+    registry.add(replica("r1"))
+    registry.add(replica("r2"))
+    load = {"waiting": 3, "kvCacheUsage": 0.5, "prefixCacheQueries": 1000,
+            "prefixCacheHits": 750, "adapters": ["sql", "chat-fr"]}  # fmt: skip
+    report(registry, "ready", "r1", load=load)
+    report(registry, "ready", "r2", load={"prefixCacheQueries": 1000, "prefixCacheHits": 250})
+    figures = registry.get("r1").load  # type: ignore[union-attr]
+    assert (figures.prefix_cache_queries, figures.prefix_cache_hits) == (1000, 750)
+    by_id = {r.replica_id: r for r in registry.ready_replicas("e1")}
+    assert by_id["r1"].adapters == {"sql", "chat-fr"} and by_id["r1"].reported_waiting == 3
+    assert by_id["r2"].adapters == frozenset()
+    metrics = CollectorRegistry()
+    metrics.register(ReplicaCollector(registry))
+    text = generate_latest(metrics).decode()
+    assert 'inferd_endpoint_prefix_cache_hit_rate{endpoint="e1"} 0.5' in text
+    assert 'inferd_endpoint_prefix_cache_queried_tokens{endpoint="e1"} 2000.0' in text
+    assert 'inferd_endpoint_kv_cache_usage{endpoint="e1"} 0.5' in text
+    assert 'inferd_endpoint_engine_waiting{endpoint="e1"} 3.0' in text
+
+
+@pytest.mark.parametrize(
+    "load",
+    [
+        {"prefixCacheHits": -1},
+        {"prefixCacheQueries": "many"},
+        {"adapters": "sql"},
+        {"adapters": ["x" * 201]},
+        {"adapters": [str(i) for i in range(257)]},
+    ],
+)
+def test_bad_engine_figures_are_refused(load: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        replica_report("r1", {"status": "ready", "load": load})

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from inferd.control.cluster.duties import LeaderDutySet, LeaderFlag, ReplicaDuty
+from inferd.control.cluster.ports import Deposed
+from inferd.control.cluster.solo import Solo
 from inferd.control.fakes import FakeLauncher
-from inferd.control.leader import Deposed
 from inferd.control.model import ReplicaRecord
 from inferd.control.stores.memory import MemoryStore
-from inferd.server.compose import ReplicaDuty, build
+from inferd.server.compose import build
 from inferd.settings import load_settings
 
 
@@ -52,9 +54,7 @@ class DeposedStore(MemoryStore):
 def _duty(tmp_path: Path, store: MemoryStore, launcher: FakeLauncher) -> tuple[ReplicaDuty, object]:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": "k" * 24})
     server = asyncio.run(build(settings, store=store, launcher=launcher, run_replicas=False))
-    duty = ReplicaDuty(
-        store, launcher, server.reconciler, server.service, server.meter_feed, clustered=True
-    )
+    duty = ReplicaDuty(store, launcher, server.reconciler, server.service, server.meter_feed)
     return duty, server
 
 
@@ -108,4 +108,23 @@ def test_replicas_recorded_after_the_first_read_are_kept(tmp_path: Path) -> None
 
     asyncio.run(run())
     assert "late" in launcher.kept and launcher.removed == ["stray"]
+    asyncio.run(server.close())  # type: ignore[attr-defined]
+
+
+def test_a_cluster_of_one_runs_the_duty_at_once_and_stops_it_on_leaving(tmp_path: Path) -> None:
+    store, launcher = DeposedStore(), SweepingLauncher(["stray"])
+    store.current = 0  # the term a cluster of one leads under
+    duty, server = _duty(tmp_path, store, launcher)
+    flag = LeaderFlag()
+    solo = Solo("only", on_wake=lambda endpoint_id: None)
+
+    async def run() -> None:
+        await solo.start(LeaderDutySet([flag, duty]))
+        assert flag.leading() and solo.term == 0
+        assert server.reconciler.running() == []  # type: ignore[attr-defined]
+        await solo.stop()
+        assert not flag.leading() and solo.term is None
+
+    asyncio.run(run())
+    assert launcher.removed == ["stray"]
     asyncio.run(server.close())  # type: ignore[attr-defined]

@@ -121,8 +121,27 @@ def test_catalog_entry_with_a_hub_source_offline(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     arch = ChatArchitecture("llama", 1, 1, 1, 1, 1, 1, 1, 1, 1, "bf16", False)
     catalog = ModelCatalog([ModelSpec("hosted", "chat", "inferd-test/not-cached", "d", arch)])
-    with pytest.raises(ModelUnavailable, match=r"Model 'hosted': could not get .*not-cached"):
+    with pytest.raises(
+        ModelUnavailable, match=r"Model 'hosted': .*'inferd-test/not-cached' is not in the local"
+    ):
         resolve_model("hosted", catalog)
+
+
+def test_hub_out_of_reach_fails_at_once_with_the_hf_command(
+    models: ModelCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Hub that refuses connections (nothing listens on port 1): the answer
+    # comes from the connection check, not from huggingface_hub's retries.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ModelUnavailable) as info:
+        resolve_model("inferd-test/no-such-model", models)
+    message = str(info.value)
+    assert "the Hugging Face Hub cannot be reached (cannot connect to 127.0.0.1:1" in message
+    assert "hf download inferd-test/no-such-model --local-dir DIR" in message
+    assert "huggingface-cli" not in message
 
 
 @pytest.mark.parametrize(

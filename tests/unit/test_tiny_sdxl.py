@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from inferd.catalog.tiny_sdxl import BOS, EOS, learn_bpe
-from tests.support import needs_diffusers
+from tests.support import needs
 
 
 def test_bpe_is_clip_shaped_and_deterministic() -> None:
@@ -22,7 +22,7 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-@needs_diffusers
+@needs("diffusers")
 def test_two_builds_are_byte_identical_and_load_as_sdxl(tmp_path: Path) -> None:
     import torch
     from diffusers import StableDiffusionXLPipeline

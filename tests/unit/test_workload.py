@@ -15,7 +15,7 @@ from inferd.catalog.workload import (
     recommend_for_workload,
 )
 
-# The README's example: a busy chat service with a tight per-token target.
+# The README's first example: a busy chat service with a tight per-token target.
 BUSY_CHAT = ChatWorkload(requests_per_s=20, prompt_tokens=1000, output_tokens=200,
                          ttft_p95_s=1.0, tpot_p95_s=0.030)  # fmt: skip
 
@@ -25,15 +25,23 @@ def catalog() -> Catalog:
     return load_catalog()
 
 
-def test_a_large_gpu_wins_a_busy_workload_with_a_tight_latency_target(catalog: Catalog) -> None:
+def test_a_busy_workload_with_a_tight_latency_target(catalog: Catalog) -> None:
     rec = recommend_for_workload(
         catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, BUSY_CHAT, "us-east"
     )
     best = rec.best()
-    assert best is not None and best.gpu_type == "H100-80GB" and best.gpu_count == 1
-    # The smaller GPUs cannot meet 30 ms per token at any batch: rejected, with the reason.
+    # Several A100-40GB replicas at batch 50 cost less than fewer, larger H100s.
+    assert best is not None and best.gpu_type == "A100-40GB" and best.gpu_count == 1
+    assert best.performance is not None and best.performance.tpot_p95_s is not None
+    assert best.performance.tpot_p95_s <= 0.030
+    # An L4 cannot meet 30 ms per token at any batch: rejected, with the reason.
     reasons = {o.gpu_type: o.reasons for o in rec.rejected if o.gpu_count == 1}
-    assert "TPOT p95" in reasons["L40S"][0] and "TPOT p95" in reasons["L4"][0]
+    assert "TPOT p95" in reasons["L4"][0]
+    # Each option says what it rests on, with its error band.
+    assert best.error_band is not None and 0 < best.error_band < 0.25
+    assert "published measurements of ampere 16-bit" in best.evidence
+    assert best.reasons[-1] == f"rests on: {best.evidence}"
+    assert best.to_dict()["evidence"] == best.evidence
     # ... and every fitting option costs at least as much in total.
     assert all(o.total_hourly_price >= best.total_hourly_price for o in rec.options)
     assert best.min_replicas == best.replicas and best.max_replicas == 2 * best.replicas
@@ -45,14 +53,16 @@ def test_a_light_workload_picks_a_small_gpu(catalog: Catalog) -> None:
         catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, light, "us-east"
     )
     best = rec.best()
-    assert best is not None and (best.gpu_type, best.replicas) == ("L40S", 1)
+    assert best is not None and (best.gpu_type, best.replicas) == ("L4", 1)
+    # No L4 figure was published: the band says so, and falls back to the overall error.
+    assert "no published measurement of ada 16-bit" in best.evidence
 
 
 @pytest.mark.parametrize(
     ("rps", "replicas"),
     # One 1 x H100 replica at its largest batch meeting the targets serves
     # `capacity` requests/s; replicas = ceil(rps / (0.8 x capacity)).
-    [(0.1, 1), (5, 1), (20, 2), (60, 6)],
+    [(0.1, 1), (5, 1), (20, 2), (60, 5)],
 )
 def test_replicas_follow_the_load(catalog: Catalog, rps: float, replicas: int) -> None:
     work = ChatWorkload(rps, 1000, 200, 1.0, 0.030)
@@ -75,29 +85,41 @@ def test_prefill_is_counted(catalog: Catalog) -> None:
     long = chat_performance(model, gpu, 1, 32, ChatWorkload(1, 8000, 200))
     assert long.throughput < short.throughput
     assert long.ttft_p95_s is not None and short.ttft_p95_s is not None
-    assert long.ttft_p95_s > 10 * short.ttft_p95_s
+    assert long.ttft_p95_s > 3 * short.ttft_p95_s
+    # Chunked prefill: every step carries prompt tokens, so each token comes slower.
+    assert long.tpot_p95_s is not None and short.tpot_p95_s is not None
+    assert long.tpot_p95_s > 2 * short.tpot_p95_s
 
 
-def test_a_measured_profile_replaces_the_estimate(catalog: Catalog) -> None:
+def test_a_measured_profile_refits_the_model(catalog: Catalog) -> None:
+    # Measured about 30% slower than the published fit predicts for an H100.
     profile = MeasuredProfile(
         model_name="llama-3.1-8b-instruct", gpu_type="H100-80GB", gpu_count=1, kind="chat",
         prompt_tokens=1000, output_tokens=200, measured_at="2026-11-23T10:00:00Z",
-        points=(ProfilePoint(1, 10, 90.0, 0.05, 0.011), ProfilePoint(16, 50, 1200.0, 0.2, 0.013),
-                ProfilePoint(64, 100, 2500.0, 1.5, 0.025)),
+        endpoint="chat-8b",
+        points=(ProfilePoint(1, 10, 90.0, 0.05, 0.0128), ProfilePoint(16, 50, 1200.0, 0.2, 0.0153),
+                ProfilePoint(64, 100, 3000.0, 1.5, 0.0246)),
     )  # fmt: skip
-    rec = recommend_for_workload(
-        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, BUSY_CHAT, "us-east",
-        gpu_type="H100-80GB", gpu_count=1, profiles=[profile],
-    )  # fmt: skip
-    option = rec.options[0]
-    assert option.basis == "measured on 1 x H100-80GB, 2026-11-23"
-    assert option.performance is not None and option.performance.batch == 16  # 64 missed TTFT
-    assert option.performance.requests_per_s == pytest.approx(1200 / 200)
-    assert option.replicas == 5  # 20 / (0.8 x 6)
+    model = catalog.models.get("llama-3.1-8b-instruct")
+    estimated = recommend_for_workload(
+        model, catalog.gpus, BUSY_CHAT, "us-east", gpu_type="H100-80GB", gpu_count=1
+    ).options[0]
+    measured = recommend_for_workload(
+        model, catalog.gpus, BUSY_CHAT, "us-east", gpu_type="H100-80GB", gpu_count=1,
+        profiles=[profile],
+    ).options[0]  # fmt: skip
+    assert measured.basis == (
+        "measured on 1 x H100-80GB, 2026-11-23, model refitted to 6 measured points"
+    )
+    assert "refitted to 6 measured points of chat-8b" in measured.evidence
+    assert measured.error_band is not None and measured.error_band < 0.25
+    assert estimated.performance is not None and measured.performance is not None
+    assert measured.performance.requests_per_s < estimated.performance.requests_per_s
+    assert measured.replicas >= estimated.replicas
+    # Another GPU type keeps the published fit.
     other = recommend_for_workload(
-        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, BUSY_CHAT, "us-east",
-        gpu_type="H200", gpu_count=1, profiles=[profile],
-    )  # fmt: skip
+        model, catalog.gpus, BUSY_CHAT, "us-east", gpu_type="H200", gpu_count=1, profiles=[profile]
+    )
     assert other.options[0].basis == "estimated"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction, UsageRow
 from inferd.control.accounts.quota import UNLIMITED, EndpointShape, check_settings
 from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
 from inferd.control.accounts.service import AccountService, project_missing
+from inferd.control.paging import EndpointFilter, Page
 from inferd.errors import BadRequest, Conflict, NotFound
 
 
@@ -59,6 +61,15 @@ class Endpoints(Protocol):
     def resolve_gpus(
         self, row: Any, req: CreateEndpointRequest | UpdateEndpointRequest
     ) -> tuple[str, int]: ...
+    async def page(self, where: EndpointFilter, after: int | None, limit: int) -> Page[Any]: ...
+    def status_of(self, row: Any) -> str: ...
+    def row_json(self, row: Any) -> bytes: ...
+
+
+# A status filter is applied to records, not in the store (status is derived
+# from the replicas): one page reads at most this many store rows per item
+# asked for before it answers, possibly short, with a cursor to go on from.
+STATUS_SCAN_FACTOR = 10
 
 
 def not_found(endpoint_id: str) -> NotFound:
@@ -121,6 +132,32 @@ class ProjectEndpoints:
             for r in self.visible(principal, project_id)
         ]
         return b'{"data":[' + b",".join(parts) + b"]}"
+
+    async def page_json(
+        self,
+        principal: Principal,
+        where: EndpointFilter,
+        status: str | None,
+        after: int | None,
+        limit: int,
+    ) -> tuple[bytes, int | None]:
+        """One page of the endpoints `principal` sees (JSON records, without
+        the list's envelope) and where the next page starts (None: the end)."""
+        if not principal.operator:
+            seen = frozenset(principal.roles)
+            scope = seen if where.project_ids is None else seen & where.project_ids
+            where = replace(where, project_ids=scope)
+        parts: list[bytes] = []
+        budget = limit * STATUS_SCAN_FACTOR
+        while True:
+            page = await self.service.page(where, after, limit - len(parts))
+            budget -= len(page.items)
+            for row in page.items:
+                if status is None or self.service.status_of(row) == status:
+                    parts.append(self._decorate(row, self.service.row_json(row)))
+            after = page.after
+            if after is None or len(parts) >= limit or budget <= 0:
+                return b",".join(parts), after
 
     # --- writes ------------------------------------------------------------------------
 

@@ -115,11 +115,15 @@ class MemoryAccountStore:
             self._account_changed(f"user:{user_id}")
         return removed
 
-    async def members_of(self, project_id: str) -> list[Membership]:
-        return sorted(
-            (m for m in self._members.values() if m.project_id == project_id),
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        found = sorted(
+            (m for m in self._members.values()
+             if m.project_id == project_id and (after is None or m.user_id > after)),
             key=lambda m: m.user_id,
-        )
+        )  # fmt: skip
+        return found if limit is None else found[:limit]
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
         return sorted(
@@ -173,6 +177,7 @@ class MemoryAccountStore:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         found = [
             e
@@ -181,6 +186,7 @@ class MemoryAccountStore:
             and (since is None or e.at >= since)
             and (until is None or e.at < until)
             and (not actions or e.action in actions)
+            and (after is None or e.id > after)
         ]
         return found[:limit]
 

@@ -259,11 +259,14 @@ class PostgresAccounts:
         ))  # fmt: skip
         return bool(count)
 
-    async def members_of(self, project_id: str) -> list[Membership]:
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
         rows = await self._rows(
             "SELECT project_id, user_id, role, created_at FROM memberships"
-            " WHERE project_id = %s ORDER BY user_id",
-            (project_id,),
+            " WHERE project_id = %s AND (%s::text IS NULL OR user_id > %s)"
+            " ORDER BY user_id LIMIT %s",
+            (project_id, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), r[3].astimezone(UTC)) for r in rows]
 
@@ -354,6 +357,7 @@ class PostgresAccounts:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         rows = await self._rows(
             "SELECT id, at, project_id, actor, action, target, detail FROM audit_log"
@@ -361,9 +365,10 @@ class PostgresAccounts:
             " AND (%s::timestamptz IS NULL OR at >= %s)"
             " AND (%s::timestamptz IS NULL OR at < %s)"
             " AND (cardinality(%s::text[]) = 0 OR action = ANY(%s::text[]))"
+            " AND id > %s"
             " ORDER BY id LIMIT %s",
             (project_id, project_id, since, since, until, until,
-             [a.value for a in actions], [a.value for a in actions], limit),
+             [a.value for a in actions], [a.value for a in actions], after or 0, limit),
         )  # fmt: skip
         return [
             AuditEntry(

@@ -163,9 +163,16 @@ class AccountService:
 
     # --- members ----------------------------------------------------------------------
 
-    async def members(self, principal: Principal, project_id: str) -> list[Membership]:
+    async def members(
+        self,
+        principal: Principal,
+        project_id: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Membership]:
         await self.project(principal, project_id)
-        return await self.store.members_of(project_id)
+        return await self.store.members_of(project_id, after=after, limit=limit)
 
     async def put_member(
         self, principal: Principal, project_id: str, user_id: str, role: Role
@@ -297,11 +304,12 @@ class AccountService:
         until: datetime | None,
         actions: Sequence[AuditAction],
         limit: int,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         await self.project(principal, project_id)
         authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
         return await self.store.audit(
-            project_id, since=since, until=until, actions=actions, limit=limit
+            project_id, since=since, until=until, actions=actions, limit=limit, after=after
         )
 
 

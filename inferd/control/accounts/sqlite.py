@@ -318,16 +318,24 @@ class SqliteAccounts:
         )
         return count > 0
 
-    def _memberships(self, where: str, value: str, order: str) -> list[Membership]:
+    def _memberships(
+        self, where: str, value: str, order: str, after: str | None = None, limit: int = -1
+    ) -> list[Membership]:
+        # `order` is the key of the page: the primary key's index serves it.
         rows = self._query(
             f"SELECT project_id, user_id, role, created_at FROM memberships WHERE {where} = ?"
-            f" ORDER BY {order}",
-            (value,),
+            f" AND (? IS NULL OR {order} > ?) ORDER BY {order} LIMIT ?",
+            (value, after, after, limit),
         )
         return [Membership(r[0], r[1], Role(r[2]), _at_required(r[3])) for r in rows]
 
-    async def members_of(self, project_id: str) -> list[Membership]:
-        return await self._in_thread(self._memberships, "project_id", project_id, "user_id")
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        return await self._in_thread(
+            self._memberships, "project_id", project_id, "user_id", after,
+            -1 if limit is None else limit,
+        )  # fmt: skip
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
         return await self._in_thread(self._memberships, "user_id", user_id, "project_id")
@@ -425,6 +433,7 @@ class SqliteAccounts:
         until: datetime | None = None,
         actions: Sequence[AuditAction] = (),
         limit: int = 1000,
+        after: int | None = None,
     ) -> list[AuditEntry]:
         sql = "SELECT id, at, project_id, actor, action, target, detail FROM audit_log WHERE 1 = 1"
         params: list[Any] = []
@@ -440,6 +449,9 @@ class SqliteAccounts:
         if actions:
             sql += f" AND action IN ({', '.join('?' for _ in actions)})"
             params.extend(a.value for a in actions)
+        if after is not None:
+            sql += " AND id > ?"
+            params.append(after)
         sql += " ORDER BY id LIMIT ?"
         params.append(limit)
         rows = await self._in_thread(self._query, sql, tuple(params))

@@ -66,3 +66,20 @@ def match_gpu_type(gpu: LocalGpu, gpu_types: Mapping[str, Any]) -> str | None:
         if abs(gpu.memory_mib - expected_mib) <= 0.1 * expected_mib:
             best = name
     return best
+
+
+def parse_declared_gpu_types(text: str, gpu_types: Mapping[str, Any]) -> dict[int, str]:
+    """The `gpu_types` setting: `L40S` (every GPU of this machine; index -1)
+    or `0=H100-80GB,1=L4` (by nvidia-smi index). Types must be catalog GPU
+    types, so that a typo is an error at start, not an endpoint pending for ever."""
+    declared: dict[int, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        index_text, sep, name = part.rpartition("=")
+        if sep and not index_text.strip().isdigit():
+            raise ValueError(f"{part!r}: use TYPE or INDEX=TYPE, e.g. 0=H100-80GB")
+        name = name.strip()
+        if name not in gpu_types or getattr(gpu_types[name], "is_cpu", False):
+            known = ", ".join(t for t, v in gpu_types.items() if not getattr(v, "is_cpu", False))
+            raise ValueError(f"unknown GPU type {name!r}; known: {known}")
+        declared[int(index_text) if sep else -1] = name
+    return declared

@@ -185,7 +185,11 @@ class LocalLauncher:
 
     def _cannot_place(self, location: str, gpu_type: str, gpu_count: int) -> str | None:
         if location != self._location:
-            return f"this machine is location {self._location!r}, not {location!r}"
+            return (
+                f"this machine is location {self._location!r}, not {location!r}: "
+                f"start `inferd serve --default-location {location}` where it is in "
+                f"{location} (or create the endpoint in {self._location!r})"
+            )
         free, total = self._capacity()
         if gpu_type == CPU:
             if free[CPU] >= 1:
@@ -193,7 +197,11 @@ class LocalLauncher:
             return f"all {self._cpu_slots} CPU replica slots of this machine are in use"
         have = total.get(gpu_type, 0)
         if have < gpu_count:
-            return f"this machine has {have} {gpu_type} GPU(s); a replica needs {gpu_count}"
+            return (
+                f"this machine has {have} {gpu_type} GPU(s) ({self.describe()}); a replica "
+                f"needs {gpu_count}; GPUs whose type was not detected are declared with "
+                "`inferd serve --gpu-types`"
+            )
         available = free.get(gpu_type, 0)
         if available < gpu_count:
             return (
@@ -201,6 +209,15 @@ class LocalLauncher:
                 f"a replica needs {gpu_count}"
             )
         return None
+
+    def describe(self) -> str:
+        """What this machine offers, for the banner and pending reasons:
+        "location 'us-east': 8 x H100-80GB, 4 CPU slots"."""
+        _, total = self._capacity()
+        gpus = [f"{n} x {t}" for t, n in sorted(total.items()) if t != CPU]
+        return f"location {self._location!r}: " + ", ".join(
+            [*(gpus or ["no GPUs"]), f"{self._cpu_slots} CPU slots"]
+        )
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -222,7 +239,14 @@ class LocalLauncher:
         # Forking takes milliseconds: not worth a thread hop.
         self._processes[spec.replica_id] = process = self._spawn(spec, gpu_ids)
         self._watch()
-        logger.info("launched replica %s (pid %d, gpus %s)", spec.replica_id, process.pid, gpu_ids)
+        logger.info(
+            "launched replica %s of endpoint %s (pid %d, gpus %s); its log: %s",
+            spec.replica_id,
+            spec.endpoint_id,
+            process.pid,
+            gpu_ids or "none",
+            process.log_path,
+        )
         return ReplicaHandle(spec.replica_id, NODE, _placement(process.pid, gpu_ids))
 
     def _spawn(self, spec: ReplicaSpec, gpu_ids: tuple[int, ...]) -> _Process:

@@ -27,6 +27,7 @@ from inferd.control.model import (
     ReplicaRecord,
     StoreUnavailable,
 )
+from inferd.control.paging import EndpointFilter, Page, page_of
 from inferd.control.stores.feed import ChangeHub
 
 
@@ -41,6 +42,10 @@ class MemoryStore(MemoryAccountStore):
     def __init__(self) -> None:
         MemoryAccountStore.__init__(self)
         self._endpoints: dict[str, Endpoint] = {}
+        # Each endpoint's list position: a counter never reused, as a
+        # database's row sequence.
+        self._positions: dict[str, int] = {}
+        self._next_position = 1
         self._tokens: list[_Token] = []
         self._admin_keys: list[tuple[bytes, bool]] = []
         self._replicas: dict[str, ReplicaRecord] = {}
@@ -86,6 +91,8 @@ class MemoryStore(MemoryAccountStore):
         if endpoint.id in self._endpoints:
             raise ValueError(f"endpoint {endpoint.id} exists")
         self._endpoints[endpoint.id] = endpoint
+        self._positions[endpoint.id] = self._next_position
+        self._next_position += 1
         self._tokens.append(_Token(endpoint.id, token_hash))
         self._changed(ChangeKind.ENDPOINT, endpoint.id)
         self._changed(ChangeKind.TOKEN, endpoint.id)
@@ -97,6 +104,19 @@ class MemoryStore(MemoryAccountStore):
     async def list_endpoints(self) -> list[Endpoint]:
         self._check()
         return list(self._endpoints.values())
+
+    async def page_endpoint_ids(
+        self, where: EndpointFilter, after: int | None, limit: int
+    ) -> Page[str]:
+        self._check()
+        rows: list[tuple[int, str]] = []
+        for endpoint in self._endpoints.values():  # insertion order: by position
+            position = self._positions[endpoint.id]
+            if (after is None or position > after) and where.matches(endpoint):
+                rows.append((position, endpoint.id))
+                if len(rows) > limit:
+                    break
+        return page_of(rows, limit)
 
     def quota_lock(self, project_id: str) -> AbstractAsyncContextManager[None]:
         # One process: a lock of this store's suffices.
@@ -137,6 +157,7 @@ class MemoryStore(MemoryAccountStore):
 
     async def delete_endpoint(self, endpoint_id: str) -> bool:
         self._check()
+        self._positions.pop(endpoint_id, None)
         if self._endpoints.pop(endpoint_id, None) is None:
             return False
         self._tokens = [t for t in self._tokens if t.endpoint_id != endpoint_id]

@@ -157,7 +157,47 @@ _V4 = Migration(
     ("ALTER TABLE projects ADD COLUMN quota_limit JSONB NOT NULL DEFAULT '{}'",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+_V5 = Migration(
+    5,
+    "lists read a page at a time in the order of their identity columns",
+    (
+        "CREATE INDEX endpoints_by_seq ON endpoints (seq)",
+        "CREATE INDEX audit_log_by_project_id ON audit_log (project_id, id)",
+    ),
+)
+
+# IF NOT EXISTS: before this version the coordination created both tables
+# itself, on databases a cluster already ran on.
+_V6 = Migration(
+    6,
+    "the coordination of instances: the leader row and the gateways' load",
+    (
+        """
+        CREATE TABLE IF NOT EXISTS inferd_leader (
+            id           INTEGER PRIMARY KEY CHECK (id = 1),
+            term         BIGINT NOT NULL,
+            holder       TEXT,
+            since        TIMESTAMPTZ,
+            heartbeat_at TIMESTAMPTZ
+        )
+        """,
+        "INSERT INTO inferd_leader (id, term) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+        # UNLOGGED: soft state, republished within an interval after a crash.
+        """
+        CREATE UNLOGGED TABLE IF NOT EXISTS inferd_gateway_load (
+            instance_id     TEXT NOT NULL,
+            endpoint_id     TEXT NOT NULL,
+            in_flight       INTEGER NOT NULL,
+            held            INTEGER NOT NULL,
+            last_request_at TIMESTAMPTZ,
+            reported_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (instance_id, endpoint_id)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 
 def latest_version() -> int:

@@ -36,7 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.postgres import PostgresAccounts
 from inferd.control.accounts.quota import EndpointShape
-from inferd.control.leader import check_term_sync
+from inferd.control.cluster.postgres import check_term_sync
 from inferd.control.model import (
     Change,
     ChangeKind,
@@ -47,6 +47,7 @@ from inferd.control.model import (
     ReplicaRecord,
     StoreUnavailable,
 )
+from inferd.control.paging import EndpointFilter, Page, page_of
 from inferd.control.stores.feed import ChangeHub
 from inferd.control.stores.postgres.migrations import migrate
 
@@ -101,6 +102,32 @@ _ACTIVE_TOKENS: LiteralString = (
     " JOIN endpoints e ON e.id = t.endpoint_id"
     " WHERE t.revoked_at IS NULL AND e.deleting_at IS NULL"
 )
+
+
+def _endpoint_conditions(
+    where: EndpointFilter, after: int | None
+) -> tuple[list[sql.Composable], list[Any]]:
+    """The WHERE clauses (and their parameters) of a page of endpoints; the
+    identity `seq` is the position (indexed by `endpoints_by_seq`)."""
+    conditions: list[sql.Composable] = []
+    params: list[Any] = []
+    if after is not None:
+        conditions.append(sql.SQL("seq > %s"))
+        params.append(after)
+    if where.project_ids is not None:
+        conditions.append(sql.SQL("project_id = ANY(%s)"))
+        params.append(sorted(where.project_ids))
+    if where.model_name is not None:
+        conditions.append(sql.SQL("model_name = %s"))
+        params.append(where.model_name)
+    if where.location_name is not None:
+        conditions.append(sql.SQL("location_name = %s"))
+        params.append(where.location_name)
+    if where.name_prefix is not None:
+        # Not LIKE: % and _ in a prefix are plain characters.
+        conditions.append(sql.SQL("starts_with(name, %s)"))
+        params.append(where.name_prefix)
+    return conditions, params
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -275,6 +302,22 @@ class PostgresStore(PostgresAccounts):
         def query(conn: psycopg.Connection) -> list[Endpoint]:
             rows = conn.execute(sql.SQL("{} ORDER BY seq").format(_SELECT_ENDPOINT)).fetchall()
             return [_endpoint(r) for r in rows]
+
+        return await self._run(query)
+
+    async def page_endpoint_ids(
+        self, where: EndpointFilter, after: int | None, limit: int
+    ) -> Page[str]:
+        if where.selects_nothing():
+            return Page([], None)
+        conditions, params = _endpoint_conditions(where, after)
+        statement = sql.SQL("SELECT seq, id FROM endpoints {} ORDER BY seq LIMIT %s").format(
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
+        )
+
+        def query(conn: psycopg.Connection) -> Page[str]:
+            rows = conn.execute(statement, (*params, limit + 1)).fetchall()
+            return page_of([(int(r[0]), str(r[1])) for r in rows], limit)
 
         return await self._run(query)
 

@@ -48,6 +48,7 @@ from inferd.control.model import (
     rfc3339,
     utc_now_text,
 )
+from inferd.control.paging import EndpointFilter, Page, page_of
 from inferd.control.stores.feed import ChangeHub
 from inferd.control.stores.sqlite.migrations import migrate
 
@@ -80,6 +81,30 @@ def _endpoint(row: tuple[Any, ...]) -> Endpoint:
     if values["deleting_at"] is not None:
         values["deleting_at"] = parse_rfc3339(values["deleting_at"])
     return Endpoint(**values)
+
+
+def _endpoint_conditions(where: EndpointFilter, after: int | None) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses (and their parameters) of a page of endpoints;
+    the rowid is the position (the endpoint's primary key index orders it)."""
+    conditions: list[str] = []
+    params: list[Any] = []
+    if after is not None:
+        conditions.append("rowid > ?")
+        params.append(after)
+    if where.project_ids is not None:
+        conditions.append(f"project_id IN ({', '.join('?' for _ in where.project_ids)})")
+        params.extend(sorted(where.project_ids))
+    if where.model_name is not None:
+        conditions.append("model_name = ?")
+        params.append(where.model_name)
+    if where.location_name is not None:
+        conditions.append("location_name = ?")
+        params.append(where.location_name)
+    if where.name_prefix is not None:
+        # Not LIKE: it is case-insensitive in SQLite and treats % and _ as wildcards.
+        conditions.append("substr(name, 1, ?) = ?")
+        params.extend([len(where.name_prefix), where.name_prefix])
+    return conditions, params
 
 
 def _endpoint_values(endpoint: Endpoint) -> tuple[Any, ...]:
@@ -253,6 +278,20 @@ class SqliteStore(SqliteAccounts):
     async def list_endpoints(self) -> list[Endpoint]:
         rows = await self._run(self._query, _SELECT_ENDPOINT + " ORDER BY rowid")
         return [_endpoint(r) for r in rows]
+
+    async def page_endpoint_ids(
+        self, where: EndpointFilter, after: int | None, limit: int
+    ) -> Page[str]:
+        if where.selects_nothing():
+            return Page([], None)
+        conditions, params = _endpoint_conditions(where, after)
+        query = (
+            "SELECT rowid, id FROM endpoints"
+            f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
+            " ORDER BY rowid LIMIT ?"
+        )
+        rows = await self._run(self._query, query, (*params, limit + 1))
+        return page_of([(int(r[0]), str(r[1])) for r in rows], limit)
 
     @contextlib.asynccontextmanager
     async def quota_lock(self, project_id: str) -> AsyncIterator[None]:

@@ -1,0 +1,151 @@
+"""How fast the control plane reacts to faults, against the goals it states.
+
+The fault tests (`tests/reliability`, `tests/e2e/test_cluster_*`) check what
+must hold on any machine (a killed replica's stream ends with an error event,
+a hung replica is ejected, a revoked key is refused) and wait with bounds that
+only catch a hang. They record how long each reaction took
+(`tests/timings.py`). This benchmark runs them on a quiet machine with
+`INFERD_TIMINGS_OUT` set, `--rounds` times, and judges each figure against
+its goal here, where speed goals belong.
+
+    .venv/bin/python benchmarks/fault_timings.py [--rounds 3] [--quick]
+
+`--quick` runs only the tests with fake engines and no PostgreSQL (about a
+minute); the default adds vLLM's disconnect test and the three-instance
+PostgreSQL cluster tests. Each goal is met when the worst of its rounds is
+within it (the figures are reaction times, so the worst is what a client
+sees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import print_table, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Goal:
+    """`name` as the test records it; `limit` in the test's unit; `at_least`
+    for figures where more is better (a served fraction)."""
+
+    name: str
+    limit: float
+    why: str
+    at_least: bool = False
+
+
+# The reliability servers report every 0.5 s (health period) and reconcile
+# every 0.1 s; the SIGSTOP test runs a 1.0 s health period.
+GOALS = [
+    Goal("sigkill: stream ended after the kill", 2.0, "a dead replica's stream ends at once"),
+    Goal(
+        "sigstop: ejected after the stop",
+        2 * 1.0 + 0.1 + 0.25,
+        "two health periods + one reconcile tick + a report in transit",
+    ),
+    Goal(
+        "sigstop: stream ended after the stop",
+        2 * 1.0 + 0.1 + 0.75,
+        "ejection, then the stream is aborted",
+    ),
+    Goal("burst of 1000: all answered", 30.0, "1,000 requests, 50 at a time, fake engine"),
+    Goal("overload: served / capacity", 0.5, "overload does not cost throughput", at_least=True),
+    Goal("re-issue: old token first refused", 1.0, "a re-issued token stops working at once"),
+    Goal("disconnect via replica (stream=True): vLLM freed", 2.0, "a disconnect aborts"),
+    Goal("disconnect via replica (stream=False): vLLM freed", 2.0, "a disconnect aborts"),
+    Goal("disconnect via gateway (stream=True): vLLM freed", 2.0, "a disconnect aborts"),
+    Goal("disconnect via gateway (stream=False): vLLM freed", 2.0, "a disconnect aborts"),
+    Goal("cluster: endpoint created on A visible on B", 1.0, "the change feed"),
+    Goal("cluster: token re-issued on B refused on A", 1.0, "the change feed"),
+    Goal("cluster: revoked admin key refused", 1.0, "the change feed"),
+    Goal("cluster: new leader after SIGKILL", 5.0, "the failover goal (benchmarks/failover.py)"),
+]
+
+QUICK_TESTS = [
+    "tests/reliability/test_fault_replicas.py",
+    "tests/reliability/test_overload.py::"
+    "test_twice_the_capacity_gets_429_with_retry_after_bounded_memory_and_recovers",
+    "tests/reliability/test_security.py::test_an_old_token_fails_once_it_is_reissued",
+]
+FULL_TESTS = [
+    *QUICK_TESTS,
+    "tests/reliability/test_fault_engines.py::test_client_disconnect_frees_vllm",
+    "tests/e2e/test_cluster_serving.py",
+    "tests/e2e/test_cluster_leader.py",
+]
+
+
+def run_round(tests: list[str], out: Path) -> int:
+    env = {**os.environ, "INFERD_TIMINGS_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+def judge(figures: dict[str, list[float]]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for goal in GOALS:
+        values = figures.get(goal.name)
+        if not values:
+            continue
+        worst = min(values) if goal.at_least else max(values)
+        met = worst >= goal.limit if goal.at_least else worst <= goal.limit
+        rows.append({
+            "figure": goal.name,
+            "rounds": len(values),
+            "best": round(max(values) if goal.at_least else min(values), 3),
+            "worst": round(worst, 3),
+            "goal": f"{'>=' if goal.at_least else '<='} {goal.limit:g}",
+            "met": met,
+            "why": goal.why,
+        })  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fake engines only, no PostgreSQL")
+    parser.add_argument("--out", type=Path, default=None, help="JSON report path")
+    args = parser.parse_args()
+
+    tests = QUICK_TESTS if args.quick else FULL_TESTS
+    figures: dict[str, list[float]] = defaultdict(list)
+    failed_rounds = 0
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "timings.jsonl"
+        for index in range(args.rounds):
+            print(f"round {index + 1} of {args.rounds}: {len(tests)} test targets", flush=True)
+            if run_round(tests, out) != 0:
+                failed_rounds += 1  # a figure from a failed test is still a figure
+        for line in out.read_text().splitlines() if out.exists() else []:
+            entry = json.loads(line)
+            figures[entry["name"]].append(float(entry["value"]))
+
+    rows = judge(figures)
+    print_table("fault reaction times (worst of the rounds against the goal)", rows,
+                ["figure", "rounds", "best", "worst", "goal", "met"])  # fmt: skip
+    unjudged = sorted(set(figures) - {g.name for g in GOALS})
+    report = {
+        "rounds": args.rounds,
+        "failed_test_rounds": failed_rounds,
+        "results": rows,
+        "unjudged": {name: figures[name] for name in unjudged},
+        "goal_met": bool(rows) and all(row["met"] for row in rows) and not failed_rounds,
+    }
+    path = write_report("fault_timings", report, args.out)
+    print(f"\n{'all goals met' if report['goal_met'] else 'NOT all goals met'}; report: {path}")
+
+
+if __name__ == "__main__":
+    main()

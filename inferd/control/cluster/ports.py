@@ -1,0 +1,107 @@
+"""The `Coordination` port: how the instances of one control plane agree on
+who leads, share their gateways' load and wake the leader.
+
+A single instance is a cluster of one (`Solo`: it leads at once, nobody
+else publishes load, a wake-up rings its own reconciler); instances sharing
+a PostgreSQL elect one leader and talk through the database (`Postgres`).
+The rest of the control plane sees only this port, so both run modes take
+one code path. One contract suite runs against both adapters
+(`tests/contract/test_coordination.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from inferd.control.cluster.loadshare import LocalLoad
+from inferd.control.ports import LoadSample
+
+
+class Deposed(Exception):
+    """A leader write under a term that is no longer current."""
+
+    def __init__(self, writer_term: int, current_term: int) -> None:
+        super().__init__(
+            f"leader term {writer_term} is over (current term {current_term}): write refused"
+        )
+        self.writer_term = writer_term
+        self.current_term = current_term
+
+
+class LeaderDuties(Protocol):
+    """What the leader runs: started with the term on election, stopped the
+    moment leadership ends (and again on shutdown; both idempotent)."""
+
+    async def start(self, term: int) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """Who leads, as this instance last knew it (`GET /healthz`). All None
+    while it cannot tell (it lost its lead and has not read the row since)."""
+
+    term: int | None
+    holder: str | None
+    since: datetime | None = None
+    heartbeat_at: datetime | None = None
+
+
+class Coordination(Protocol):
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def ends_with_instance(self) -> bool:
+        """True for a cluster of one: when its instance stops, nobody adopts
+        the replicas, so the instance stops them; False where another
+        instance takes over and adopts them."""
+        ...
+
+    @property
+    def term(self) -> int | None:
+        """The term this instance leads under (the fence of its writes);
+        None while it does not lead."""
+        ...
+
+    def leader(self) -> LeaderInfo:
+        """Who leads, as far as this instance knows now."""
+        ...
+
+    async def start(self, duties: LeaderDuties) -> None:
+        """Join: publish this gateway's load, take part in the election.
+        `duties` are started with the term each time this instance is
+        elected and stopped when its lead ends. Returns at once (`Solo`:
+        after its duties started)."""
+        ...
+
+    async def stop(self) -> None:
+        """Leave: the duties stop, the lead and this instance's load go with
+        it, so another instance takes over at once. Idempotent."""
+        ...
+
+    async def publish_load(self, loads: Sequence[LocalLoad]) -> None:
+        """Tell the leader this gateway's load (rows that changed or carry load)."""
+        ...
+
+    async def remote_load(self) -> list[LoadSample]:
+        """The other instances' load as samples on this process's clock."""
+        ...
+
+    def wake(self, endpoint_id: str) -> None:
+        """A request is held with no replica ready: wake the leader's
+        reconciler wherever it runs. Never waits (the gateway's path)."""
+        ...
+
+    async def confirm(self, term: int) -> None:
+        """Raises `Deposed` when `term` is not the current leader term: for
+        a leader's acts that are not store writes."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """This instance and its leader, as `GET /healthz` shows them."""
+        ...

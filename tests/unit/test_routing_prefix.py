@@ -1,0 +1,211 @@
+"""Prefix routing as a table: affinity, the load bound, rendezvous order,
+adapters; and the faults and adversarial inputs it must survive (a dead
+replica, one hot prefix, colliding prefixes)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from inferd.gateway.affinity import request_prefix
+from inferd.gateway.directory import RoutableReplica
+from inferd.gateway.routing import (
+    Affinity,
+    Outcome,
+    Policy,
+    Reason,
+    choose_replica,
+    load_bound,
+    rendezvous_score,
+)
+
+
+def r(rid: str, waiting: int = 0, adapters: tuple[str, ...] = ()) -> RoutableReplica:
+    return RoutableReplica(rid, f"http://127.0.0.1/{rid}", waiting, frozenset(adapters))
+
+
+def key_ranking(*order: str) -> int:
+    """A home key whose rendezvous order over these replicas is `order`."""
+    for key in itertools.count(1):
+        scores = [rendezvous_score(key, rid) for rid in order]
+        if scores == sorted(scores, reverse=True):
+            return key
+    raise AssertionError("unreachable")
+
+
+ABC = key_ranking("a", "b", "c")  # home a, then b, then c
+CBA = key_ranking("c", "b", "a")
+ABC3 = [r("a"), r("b"), r("c")]
+
+CASES = [
+    # (name, replicas, in_flight, exclude, affinity, chosen, reason)
+    ("home when idle", ABC3, {}, (), Affinity(ABC), "a", Reason.HOME),
+    ("other key other home", ABC3, {}, (), Affinity(CBA), "c", Reason.HOME),
+    # bound with loads 2,0,0 -> ceil(1.25 * 3 / 3) = 2: a is at it
+    ("home over the bound spills in order", ABC3, {"a": 2}, (), Affinity(ABC), "b",
+     Reason.SPILLED),
+    ("spill skips the next one too", ABC3, {"a": 3, "b": 3}, (), Affinity(ABC), "c",
+     Reason.SPILLED),
+    ("reported queue counts as load", [r("a", 2), r("b"), r("c")], {}, (), Affinity(ABC), "b",
+     Reason.SPILLED),
+    ("home under the bound despite load", ABC3, {"a": 1, "b": 1, "c": 1}, (), Affinity(ABC),
+     "a", Reason.HOME),
+    ("cached replica first", ABC3, {}, (), Affinity(ABC, cached_on="c"), "c", Reason.CACHED),
+    ("cached replica over the bound", ABC3, {"c": 2}, (), Affinity(ABC, cached_on="c"), "a",
+     Reason.HOME),
+    ("cached replica gone: home", ABC3, {}, (), Affinity(ABC, cached_on="dead"), "a",
+     Reason.HOME),
+    ("dead home: next in order", [r("b"), r("c")], {}, (), Affinity(ABC), "b", Reason.HOME),
+    ("tried home: next in order", ABC3, {}, ("a",), Affinity(ABC), "b", Reason.HOME),
+    ("no prefix: least loaded", ABC3, {"a": 1, "c": 1}, (), Affinity(None), "b",
+     Reason.LEAST_LOADED),
+    ("home at the per-replica cap", ABC3, {"a": 4}, (), Affinity(ABC), "b", Reason.HOME),
+    ("adapter holder preferred", [r("a"), r("b"), r("c", adapters=("sql",))], {}, (),
+     Affinity(ABC, adapter="sql"), "c", Reason.HOME),
+    ("adapter: holders in rendezvous order",
+     [r("a"), r("b", adapters=("sql",)), r("c", adapters=("sql",))], {}, (),
+     Affinity(ABC, adapter="sql"), "b", Reason.HOME),
+    ("adapter holder over the bound: anyone", [r("a"), r("b"), r("c", adapters=("sql",))],
+     {"c": 3}, (), Affinity(ABC, adapter="sql"), "a", Reason.HOME),
+    ("adapter nobody holds: anyone", ABC3, {}, (), Affinity(ABC, adapter="sql"), "a",
+     Reason.HOME),
+    ("adapter without prefix: least-loaded holder",
+     [r("a"), r("b", adapters=("sql",)), r("c", adapters=("sql",))], {"b": 1}, (),
+     Affinity(None, adapter="sql"), "c", Reason.LEAST_LOADED),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("replicas", "in_flight", "exclude", "affinity", "chosen", "reason"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_prefix_policy(
+    replicas: list[RoutableReplica],
+    in_flight: dict[str, int],
+    exclude: tuple[str, ...],
+    affinity: Affinity,
+    chosen: str,
+    reason: Reason,
+) -> None:
+    choice = choose_replica(
+        replicas,
+        in_flight,
+        max_in_flight=4,
+        exclude=exclude,
+        affinity=affinity,
+        policy=Policy.PREFIX,
+    )
+    assert choice.outcome is Outcome.CHOSEN
+    assert choice.replica is not None
+    assert (choice.replica.replica_id, choice.reason) == (chosen, reason)
+
+
+def test_least_loaded_policy_ignores_the_prefix() -> None:
+    choice = choose_replica(
+        ABC3, {"a": 1}, max_in_flight=4, affinity=Affinity(ABC, cached_on="a"), turn=0
+    )
+    assert choice.replica is not None and choice.replica.replica_id == "b"
+    assert choice.reason is Reason.LEAST_LOADED
+
+
+@pytest.mark.parametrize(
+    ("total", "replicas", "factor", "bound"),
+    [(0, 2, 1.25, 1), (0, 1, 1.25, 2), (7, 2, 1.25, 5), (8, 4, 1.0, 3), (99, 4, 1.25, 32)],
+)
+def test_load_bound(total: int, replicas: int, factor: float, bound: int) -> None:
+    assert load_bound(total, replicas, factor) == bound
+
+
+def test_rendezvous_scores_are_pinned() -> None:
+    # Two gateway processes (maybe of two versions during an upgrade) agree
+    # only if this function never changes: pinned values.
+    assert rendezvous_score(0, "a") == 0xF613DFA2B3C872DF
+    assert rendezvous_score(123456789, "replica-1") == 0x6E8A1A7AE402EE55
+
+
+def test_a_dead_replica_takes_only_its_own_keys() -> None:
+    """Its affinity goes at once (nothing is sent to it) and only the keys it
+    was home to move."""
+    before = [r(f"r{i}") for i in range(5)]
+    after = [x for x in before if x.replica_id != "r2"]
+    moved = stayed = 0
+    for key in range(1, 2001):
+        home = Affinity(key * 2654435761)
+        was = choose_replica(before, {}, max_in_flight=4, affinity=home, policy=Policy.PREFIX)
+        now = choose_replica(after, {}, max_in_flight=4, affinity=home, policy=Policy.PREFIX)
+        assert was.replica is not None and now.replica is not None
+        assert now.replica.replica_id != "r2"
+        if was.replica.replica_id == "r2":
+            moved += 1
+        else:
+            assert now.replica == was.replica
+            stayed += 1
+    # Each replica is home to about a fifth of the keys.
+    assert 300 < moved < 500 and stayed == 2000 - moved
+
+
+def _place(replicas: list[RoutableReplica], affinities: list[Affinity]) -> dict[str, int]:
+    """Place requests one after the other, none finishing: the load each
+    replica ends with."""
+    load: dict[str, int] = {}
+    for affinity in affinities:
+        choice = choose_replica(
+            replicas, load, max_in_flight=10_000, affinity=affinity, policy=Policy.PREFIX
+        )
+        assert choice.replica is not None
+        rid = choice.replica.replica_id
+        load[rid] = load.get(rid, 0) + 1
+    return load
+
+
+def _chat(system: str, user: str) -> bytes:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return json.dumps({"model": "m", "messages": messages}).encode()
+
+
+def test_one_huge_shared_prefix_cannot_pin_all_traffic() -> None:
+    system = "You are a helpful assistant. " * 400  # ~12 KB shared by every request
+    bodies = [_chat(system, f"question {i}") for i in range(400)]
+    prefixes = [
+        request_prefix(b, "ep", base_model="m", block_bytes=512, max_blocks=64) for b in bodies
+    ]
+    assert len({p.home for p in prefixes}) == 1  # every request has the same home
+    replicas = [r(f"r{i}") for i in range(4)]
+    load = _place(replicas, [Affinity(p.home) for p in prefixes])
+    assert sum(load.values()) == 400
+    # The home replica fills to the bound (1.25x the mean), no further.
+    assert max(load.values()) <= load_bound(399, 4, 1.25)
+    assert len(load) == 4
+
+
+def test_colliding_prefixes_cannot_pin_all_traffic() -> None:
+    # Keys built to collide: different prompts, all with the same home key.
+    replicas = [r(f"r{i}") for i in range(3)]
+    load = _place(replicas, [Affinity(ABC, cached_on="a") for _ in range(300)])
+    assert max(load.values()) <= load_bound(299, 3, 1.25)
+    assert min(load.values()) > 0
+
+
+def test_distinct_conversations_spread_evenly() -> None:
+    replicas = [r(f"r{i}") for i in range(4)]
+    homes = [
+        request_prefix(
+            _chat(f"system prompt number {i} " * 40, "hi"),
+            "ep",
+            base_model="m",
+            block_bytes=512,
+            max_blocks=64,
+        ).home
+        for i in range(400)
+    ]
+    counts: dict[str, int] = {}
+    for home in homes:
+        choice = choose_replica(
+            replicas, {}, max_in_flight=4, affinity=Affinity(home), policy=Policy.PREFIX
+        )
+        assert choice.replica is not None
+        counts[choice.replica.replica_id] = counts.get(choice.replica.replica_id, 0) + 1
+    assert min(counts.values()) > 60  # about 100 each
