@@ -84,8 +84,7 @@ def pooling_replica(tiny_embed_dir: Path) -> Iterator[ReplicaHandle]:
     """One real replica process serving the tiny BERT embedder through
     vLLM's pooling runner, shared by every embeddings and score test (the
     kind, embedding, is read from the checkpoint)."""
-    if not HAS_VLLM:
-        pytest.skip("vLLM is not installed")
+    require("vllm", "the shared tiny-embed replica runs on it")
     handle = ReplicaHandle(
         str(tiny_embed_dir),
         ["--engine", "vllm", "--device", "cpu", "--served-model-name", "tiny-embed"],

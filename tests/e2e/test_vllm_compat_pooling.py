@@ -23,9 +23,9 @@ from inferd.engines.base import EngineOptions
 from inferd.testing import ReplicaHandle, free_port
 from tests.e2e.test_vllm_compat import Variant, running_reference, v
 from tests.integration.test_gateway import OTHER_EP, GatewayServer, auth
-from tests.support import needs_vllm
+from tests.support import needs
 
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs("vllm"), pytest.mark.slow]
 
 # Any endpoint id the test gateway holds a token for; its kind is embedding here.
 EMBED_EP = OTHER_EP
