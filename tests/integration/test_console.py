@@ -429,3 +429,16 @@ def test_endpoint_page_shows_the_engines_cache_figures(client: TestClient, plane
     rates = re.findall(r'data-testid="replica-cache-hit-rate">([^<]*)<', page)
     assert sorted(rates) == ["30.0%", "90.0%"]
     assert "1200 of 2000 prompt tokens" in page
+
+
+def test_the_playground_tries_embedding_and_rerank_endpoints(client: TestClient) -> None:
+    csrf = sign_in(client)
+    for model, form, path in (
+        ("tiny-embed", 'id="pg-embed"', "Input tokens/s"),
+        ("tiny-rerank", 'id="pg-rerank"', "Input tokens/s"),
+    ):
+        endpoint_id = create(client, csrf, name=model, model=model)
+        html = client.get(f"/console/endpoints/{endpoint_id}/playground").text
+        assert form in html and path in html, model
+        assert 'id="pg-chat"' not in html and 'id="pg-image"' not in html
+        assert f'data-kind="{model.split("-")[1].replace("embed", "embedding")}"' in html
