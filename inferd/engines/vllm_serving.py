@@ -164,7 +164,9 @@ class SseStream:
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for event in self._events:
-            if event.startswith('data: {"') and '"usage":{' in event:
+            # Parse only a chunk that may carry counts (vLLM writes compact
+            # JSON, `"usage":null` on the others).
+            if '"usage"' in event and '"usage":null' not in event and event.startswith("data: {"):
                 data = json.loads(event[len("data: ") :])
                 counted = data.get("usage")
                 if counted:
