@@ -22,6 +22,15 @@ each with one fake H100 and one CPU replica slot, all on 127.0.0.2).
    the requests that failed are counted, against those that were in flight
    when the fault hit. Goal: no failed request beyond those in flight on the
    lost replica.
+3. node loss with two slots per node (`--node-loss`, fake engine, its own
+   cluster: two us-east nodes with two CPU replica slots each, so Ray is
+   free to pack): an endpoint with two replicas under open-loop load
+   (`--rate` requests/s for `--node-loss-seconds`), the node holding the
+   first replica removed after a quarter of the time. Rounds alternate
+   `ray_placement: spread` (the default) and `pack` (Ray's own default, the
+   reference). Reported: replicas on the lost node, failed requests, time
+   back to full strength (two ready replicas), the slowest answer. Goal:
+   spread fails nothing and never loses every replica at once.
 """
 
 from __future__ import annotations
@@ -60,8 +69,10 @@ FAST = {
 }
 
 
-def serve_for(launcher: str, cluster: LocalCluster, state: Path, engine_args: str) -> ServeHandle:
-    settings = {**FAST, "replica_args": engine_args}
+def serve_for(
+    launcher: str, cluster: LocalCluster, state: Path, engine_args: str, **more: str
+) -> ServeHandle:
+    settings = {**FAST, "replica_args": engine_args, **more}
     if launcher == "ray":
         settings.update(
             launcher="ray",
@@ -253,6 +264,87 @@ def part_faults(
     return rows
 
 
+# -- 3. node loss with two slots per node -------------------------------------------------
+
+SLOTTED = {f"two-slot-{c}": FakeNode("us-east", None, 0, 2) for c in "ab"}
+
+
+def node_loss_round(
+    cluster: LocalCluster, state: Path, placement: str, seconds: float, rate: float
+) -> dict[str, Any]:
+    from inferd.testing import open_loop
+
+    serve = serve_for(
+        "ray",
+        cluster,
+        state / placement,
+        "--engine fake --engine-arg token_delay_s=0.02",
+        ray_placement=placement,
+    )
+    removed: str | None = None
+    try:
+        created = serve.create_endpoint(
+            name=f"loss-{placement}", modelName="tiny-chat", locationName="us-east",
+            gpuType="cpu", minReplicas=2, maxReplicas=2,
+        )  # fmt: skip
+        endpoint_id = created["id"]
+        record = serve.wait_record(endpoint_id, lambda r: len(ready_ids(r)) == 2, timeout=120)
+        nodes = {rid: actor_info(rid)["nodeId"] for rid in ready_ids(record)}
+        lost_node = next(iter(nodes.values()))
+        on_lost = sum(1 for n in nodes.values() if n == lost_node)
+        url = f"{created['url']}/openai/v1/chat/completions"
+        body = chat_body("tiny-chat", 16, False, "Hello.")
+        results: list[tuple[float, int, float]] = []
+        loading = threading.Thread(
+            target=lambda: results.extend(
+                asyncio.run(open_loop([url], created["accessToken"], body, rate, seconds))
+            )
+        )
+        loading.start()
+        time.sleep(seconds / 4)
+        removed = next(n for n in cluster.nodes if cluster.node_id(n) == lost_node)
+        hit = time.monotonic()
+        cluster.remove(removed)
+        back = poll_until(
+            lambda: (
+                len(ready(serve, endpoint_id)) == 2
+                and not set(ready(serve, endpoint_id))
+                & {r for r, n in nodes.items() if n == lost_node}
+            ),
+            180,
+        )
+        loading.join()
+        failed = [r for r in results if r[1] != 200]
+        return {
+            "placement": placement,
+            "replicas_on_lost_node": on_lost,
+            "requests": len(results),
+            "failed": len(failed),
+            "failures": sorted({str(r[1]) for r in failed}),
+            "back_to_full_s": back - hit,
+            "slowest_s": max(r[2] for r in results),
+        }
+    finally:
+        serve.stop()
+        if removed is not None:
+            cluster.add(removed, SLOTTED[removed])
+
+
+def part_node_loss(state: Path, rounds: int, seconds: float, rate: float) -> list[dict[str, Any]]:
+    cluster = start_cluster(SLOTTED)
+    rows = []
+    try:
+        for i in range(rounds):
+            order = ("spread", "pack") if i % 2 == 0 else ("pack", "spread")
+            for placement in order:
+                row = node_loss_round(cluster, state / f"loss-{i}", placement, seconds, rate)
+                rows.append(row)
+                print(f"  round {i}: {row}", flush=True)
+    finally:
+        cluster.shutdown()
+    return rows
+
+
 def _in_flight(load: Load, at: float) -> int:
     """Requests started before `at` that had not ended then (read once they
     end; an approximation from the client's side)."""
@@ -277,14 +369,26 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--skip-create", action="store_true")
     parser.add_argument("--skip-faults", action="store_true")
+    parser.add_argument("--node-loss", action="store_true", help="part 3 (its own cluster)")
+    parser.add_argument("--node-loss-rounds", type=int, default=1)
+    parser.add_argument("--node-loss-seconds", type=float, default=40.0)
+    parser.add_argument("--rate", type=float, default=6.0)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(load_average(), flush=True)
+    report: dict[str, Any] = {"nodes": {n: vars(s) for n, s in NODES.items()}}
+    if args.node_loss:
+        with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
+            report["node_loss"] = part_node_loss(
+                Path(tmp), args.node_loss_rounds, args.node_loss_seconds, args.rate
+            )
+        report["node_loss_nodes"] = {n: vars(s) for n, s in SLOTTED.items()}
+    if args.skip_create and args.skip_faults:
+        return _print_report(report)
     started = time.monotonic()
     cluster = start_cluster(NODES)
     print(f"cluster of {len(NODES)} nodes up in {time.monotonic() - started:.1f} s", flush=True)
-    report: dict[str, Any] = {"nodes": {n: vars(s) for n, s in NODES.items()}}
     with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
         try:
             if not args.skip_create:
@@ -295,6 +399,10 @@ def main() -> int:
                 )
         finally:
             cluster.shutdown()
+    return _print_report(report)
+
+
+def _print_report(report: dict[str, Any]) -> int:
     if "create" in report:
         c = report["create"]
         rows = [
@@ -321,6 +429,20 @@ def main() -> int:
             "in_flight_at_fault",
         ]
         print_table("faults under load (2 replicas, closed loop)", report["faults"], columns)
+    if "node_loss" in report:
+        columns = [
+            "placement",
+            "replicas_on_lost_node",
+            "requests",
+            "failed",
+            "back_to_full_s",
+            "slowest_s",
+        ]
+        print_table(
+            "node loss, two CPU slots per node (2 replicas, open loop)",
+            report["node_loss"],
+            columns,
+        )
     print(load_average())
     write_report("ray_placement", report)
     return 0

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from inferd.catalog.roots import ModelRoots
 from inferd.control.autoscaler import (
     DOWNSCALE_DELAY_S,
     TARGET_CONCURRENCY,
@@ -101,6 +102,20 @@ class Settings(BaseModel):
     # --- Catalog -------------------------------------------------------------
     models_dir: Path = Field(description="model catalog directory")
     configs_dir: Path = Field(description="GPU types, locations and prices directory")
+    # Project members register local directories as models only below these
+    # (the operator registers any); Hugging Face sources need none.
+    model_roots: str = Field(
+        "",
+        description="comma-separated directories project members may register models "
+        "from: PATH for every project, PROJECT=PATH for one",
+    )
+
+    @field_validator("model_roots")
+    @classmethod
+    def _roots_are_absolute(cls, value: str) -> str:
+        ModelRoots.parse(value)  # a relative root is refused at start, not at first use
+        return value
+
     # One setting for both, so that a single machine is declared in one place:
     # where the local launcher's replicas run (its GPUs are offered there) and
     # the location of a create request that names none.
@@ -118,7 +133,17 @@ class Settings(BaseModel):
     gateway_max_queued_per_endpoint: int = Field(
         _GATEWAY.max_held_requests,
         ge=0,
-        description="requests held per endpoint while no replica is ready",
+        description="requests held per endpoint while no replica is free (each keeps a socket)",
+    )
+    gateway_max_held_bytes_per_endpoint: int = Field(
+        _GATEWAY.max_held_bytes_per_endpoint,
+        ge=0,
+        description="bytes of held requests (bodies plus a fixed cost each) per endpoint",
+    )
+    gateway_max_held_bytes: int = Field(
+        _GATEWAY.max_held_bytes,
+        ge=0,
+        description="bytes of held requests (bodies plus a fixed cost each) in this instance",
     )
     gateway_max_in_flight_per_replica: int = Field(
         _GATEWAY.max_in_flight_per_replica,
@@ -234,6 +259,11 @@ class Settings(BaseModel):
     ray_node_ip_address: str | None = Field(
         None, description="this machine's address as the Ray cluster sees it (default: detected)"
     )
+    ray_placement: Literal["spread", "pack"] = Field(
+        "spread",
+        description="spread: an endpoint's replicas on different nodes (and failure domains) "
+        "where there is room; pack: Ray's default, filling one node before the next",
+    )
 
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
@@ -249,6 +279,8 @@ class Settings(BaseModel):
             max_body_bytes=self.max_body_bytes,
             max_in_flight_per_replica=self.gateway_max_in_flight_per_replica,
             max_held_requests=self.gateway_max_queued_per_endpoint,
+            max_held_bytes_per_endpoint=self.gateway_max_held_bytes_per_endpoint,
+            max_held_bytes=self.gateway_max_held_bytes,
             max_hold_seconds=self.gateway_hold_timeout_seconds,
             routing_policy=Policy(self.gateway_routing_policy),
             routing_load_factor=self.gateway_routing_load_factor,

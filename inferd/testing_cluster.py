@@ -52,6 +52,8 @@ class LocalCluster:
     temp_dir: str
     nodes: dict[str, Any] = field(default_factory=dict)  # name -> Ray node
     specs: dict[str, FakeNode] = field(default_factory=dict)
+    # This process is a driver of the cluster (ray.init was called for it).
+    connected: bool = False
 
     @property
     def address(self) -> str:
@@ -83,10 +85,11 @@ class LocalCluster:
         return str(self.nodes[name].node_id)
 
     def shutdown(self) -> None:
-        import ray
+        if self.connected:
+            import ray
 
-        with contextlib.suppress(Exception):
-            ray.shutdown()
+            with contextlib.suppress(Exception):
+                ray.shutdown()
         self.cluster.shutdown()
         # Ray's last processes may still write their logs there for a moment.
         for _ in range(5):
@@ -116,7 +119,7 @@ def start_cluster(nodes: dict[str, FakeNode], connect: bool = True) -> LocalClus
             "temp_dir": temp_dir,
         },
     )
-    local = LocalCluster(cluster, temp_dir)
+    local = LocalCluster(cluster, temp_dir, connected=connect)
     try:
         for name, spec in nodes.items():
             local.add(name, spec)

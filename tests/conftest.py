@@ -133,8 +133,10 @@ def postgres_server() -> Iterator[PostgresServer]:
 # remove it.
 RAY_NODES = {
     # name: (location, GPU type, GPUs, CPU replica slots)
-    "east-a": ("us-east", "H100-80GB", 2, 1),
-    "east-b": ("us-east", "H100-80GB", 1, 1),
+    # Two CPU replica slots on each us-east node: spread is a choice, not
+    # forced by one slot per node.
+    "east-a": ("us-east", "H100-80GB", 2, 2),
+    "east-b": ("us-east", "H100-80GB", 1, 2),
     "west": ("eu-west", "L4", 1, 1),
 }
 

@@ -49,6 +49,14 @@ class CreateUserRequest(_Request):
 
 class CreateKeyRequest(_Request):
     name: str = Field(min_length=1, max_length=100, description="What the key is for.")
+    projectId: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="The one project the key acts in. Omitted: for the user themself and "
+        "the operator, every project of the user; for a project admin, the one project "
+        "the admin shares with the user (an admin's key never acts elsewhere).",
+    )
 
 
 class QuotaInfo(_Response):
@@ -78,6 +86,12 @@ class MemberInfo(_Response):
 
 class MemberList(_Response):
     data: list[MemberInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class KeyInfo(_Response):
@@ -85,6 +99,9 @@ class KeyInfo(_Response):
     userId: str
     name: str
     hint: str = Field(description="The key's prefix and its last 4 characters.")
+    projectId: str | None = Field(
+        description="The one project the key acts in; null: every project of its user."
+    )
     createdAt: str
     lastUsedAt: str | None
     revokedAt: str | None
@@ -92,6 +109,12 @@ class KeyInfo(_Response):
 
 class KeyList(_Response):
     data: list[KeyInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class CreatedKeyInfo(KeyInfo):
@@ -137,6 +160,12 @@ class AuditEntryInfo(_Response):
 
 class AuditList(_Response):
     data: list[AuditEntryInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class UsageInfo(_Response):

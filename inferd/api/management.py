@@ -182,6 +182,11 @@ class Replica(_Response):
         "replica reports it; null until it has chosen one. Chat models run on transformers "
         "where vLLM is not installed.",
     )
+    node: str | None = Field(
+        None,
+        description="Where the replica runs: `local` on the control plane's machine; on a "
+        "Ray cluster the node's address and id. Null before it is placed.",
+    )
 
 
 class ReplicaFailureInfo(_Response):

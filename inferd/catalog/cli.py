@@ -473,11 +473,13 @@ def _print_model(model: dict[str, Any]) -> None:
     keys = ("architectureClass", "projectId", "revision", "chatTemplate", "toolCallParser",
             "reasoningParser")  # fmt: skip
     for key in keys:
-        if key in model:
-            print(f"  {key:<18} {model[key]}")
+        if key == "projectId" and key in model and model[key] is None:
+            print(f"  {key:<18} - (global: every project sees it)")
+        elif key in model:
+            print(f"  {key:<18} {'-' if model[key] is None else model[key]}")
     for key in ("layers", "kvHeads", "headDim", "contextLength", "quantization", "weightBits"):
         if key in arch:
-            print(f"  {key:<18} {arch[key]}")
+            print(f"  {key:<18} {'-' if arch[key] is None else arch[key]}")
 
 
 def cmd_models_build(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ async driver) adapters look the same to callers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,14 @@ from inferd.catalog.sources import ModelFiles, ModelSource
 from inferd.catalog.support import EngineSupport
 
 _NAME_PART = re.compile(r"[^a-z0-9._-]+")
+# A project's model is named `<project>:<name>`: each project has its own
+# namespace, so that no name collides with (and so reveals) another
+# project's. Global models (the operator's, the catalog's) have bare names.
+OWNER_SEP = ":"
+
+
+def qualified_name(project_id: str | None, name: str) -> str:
+    return name if project_id is None else f"{project_id}{OWNER_SEP}{name}"
 
 
 @dataclass(frozen=True)
@@ -58,8 +67,12 @@ class RegisteredModel:
     def from_dict(cls, data: Mapping[str, Any]) -> RegisteredModel:
         """The inverse of `to_dict` (how stores keep the record: one JSON
         document of documented fields, never a pickle)."""
+        name = str(data.get("name"))
+        # The catalog's name rules hold for the name within its namespace.
+        bare = name.rpartition(OWNER_SEP)[2]
+        spec = parse_model({**data, "name": bare}, f"registered model {name!r}")
         return cls(
-            spec=parse_model(dict(data), f"registered model {data.get('name')!r}"),
+            spec=dataclasses.replace(spec, name=name),
             project_id=data.get("projectId"),
             revision=data.get("revision"),
             architecture_class=str(data["architectureClass"]),

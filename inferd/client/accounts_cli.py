@@ -135,6 +135,12 @@ def _register_keys(
             parser.add_argument("key_id", metavar="KEY_ID")
         if name == "create":
             parser.add_argument("--name", required=True, help="what the key is for")
+            parser.add_argument(
+                "--key-project",
+                dest="key_project",
+                help="the one project the key acts in (default: all of the user's, for "
+                "yourself or the operator; the project you administer, for a member)",
+            )
         parser.add_argument("--user", help="whose keys (default: yours)")
         parser.set_defaults(func=_command({"list": _keys_list, "create": _keys_create,
                                            "revoke": _keys_revoke}[name]))  # fmt: skip
@@ -237,13 +243,13 @@ def _projects_quota(client: ManagementClient, args: argparse.Namespace) -> int:
 def _projects_audit(client: ManagementClient, args: argparse.Namespace) -> int:
     params: list[tuple[str, str]] = [("action", a) for a in args.action]
     params += [(k, v) for k, v in (("from", args.since), ("to", args.until)) if v]
-    data = client.call("GET", f"/projects/{args.project}/audit", params=params)["data"]
+    data = list(client.walk(f"/projects/{args.project}/audit", params))
     cols = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"))
     return _show(args, {"data": data}, table(data, cols, "No entries."))
 
 
 def _members_list(client: ManagementClient, args: argparse.Namespace) -> int:
-    data = client.call("GET", f"/projects/{args.project}/members")["data"]
+    data = list(client.walk(f"/projects/{args.project}/members"))
     cols = (("USER", "userId"), ("ROLE", "role"), ("SINCE", "createdAt"))
     return _show(args, {"data": data}, table(data, cols, "No members."))
 
@@ -252,7 +258,8 @@ def _members_put(client: ManagementClient, args: argparse.Namespace) -> int:
     body = client.call(
         "PUT", f"/projects/{args.project}/members/{args.user}", json={"role": args.role}
     )
-    text = f"{args.user} is {args.role} in {args.project}."
+    # A project admin's new user is the project's own: `<project>:<name>`.
+    text = f"{body['member']['userId']} is {args.role} in {args.project}."
     if body["createdKey"]:
         text += (f"\nNew user; their management key (shown only this once):\n"
                  f"  {body['createdKey']['key']}")  # fmt: skip
@@ -275,17 +282,21 @@ def _user(client: ManagementClient, args: argparse.Namespace) -> str:
     return str(me["id"])
 
 
-_KEY_COLUMNS = (("ID", "id"), ("NAME", "name"), ("KEY", "hint"), ("CREATED", "createdAt"),
-                ("LAST USED", "lastUsedAt"), ("REVOKED", "revokedAt"))  # fmt: skip
+_KEY_COLUMNS = (("ID", "id"), ("NAME", "name"), ("KEY", "hint"), ("PROJECT", "projectId"),
+                ("CREATED", "createdAt"), ("LAST USED", "lastUsedAt"),
+                ("REVOKED", "revokedAt"))  # fmt: skip
 
 
 def _keys_list(client: ManagementClient, args: argparse.Namespace) -> int:
-    data = client.call("GET", f"/users/{_user(client, args)}/keys")["data"]
+    data = list(client.walk(f"/users/{_user(client, args)}/keys"))
     return _show(args, {"data": data}, table(data, _KEY_COLUMNS, "No keys."))
 
 
 def _keys_create(client: ManagementClient, args: argparse.Namespace) -> int:
-    key = client.call("POST", f"/users/{_user(client, args)}/keys", json={"name": args.name})
+    body = {"name": args.name}
+    if args.key_project:
+        body["projectId"] = args.key_project
+    key = client.call("POST", f"/users/{_user(client, args)}/keys", json=body)
     text = f"Key {key['id']} ({key['name']}), shown only this once:\n  {key['key']}"
     return _show(args, key, text)
 

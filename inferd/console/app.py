@@ -28,6 +28,7 @@ from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.console.charts import endpoint_charts
 from inferd.console.costs import Envelope, SettingsChange
 from inferd.console.live import LiveBoard
+from inferd.console.messages import human_errors
 from inferd.console.security import (
     SecurityHeaders,
     Session,
@@ -329,10 +330,10 @@ class Console:
         assert session.principal is not None
         projects = await self.sources.writable_projects(session.principal)
         catalog = self.sources.catalog
-        models = catalog.models.all()
+        models = self.sources.models_for(session.principal)
         if location not in catalog.gpus.locations:
             location = self.sources.service.default_location
-        if model not in catalog.models:
+        if model not in {m.name for m in models}:
             # The first model that fits somewhere here, not one that cannot run.
             fitting = [
                 m.name for m in models if self.sources.recommendation(m.name, location).options
@@ -411,9 +412,7 @@ class Console:
             project = str(form.get("project") or "") or None
             record, token = await self.sources.endpoints.create(session.principal, req, project)
         except ValidationError as exc:
-            error = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
+            error = human_errors(exc.errors())
             return await self._create_failed(request, session, form, error)
         except (NotFound, Forbidden) as exc:
             raise ConsoleError(exc.status, exc.message) from None
@@ -464,13 +463,19 @@ class Console:
             token=token,
             charts=self._charts(row, "hour"),
             range="hour",
+            # The log panel comes filled, then follows the replicas' logs.
+            tails=self._last_lines(row),
             **self._endpoint_context(session, row),
         )
 
     async def endpoint_live(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
         return self.web.render(
-            request, session, "_endpoint_live.html", **self._endpoint_context(session, row)
+            request,
+            session,
+            "_endpoint_live.html",
+            badge_oob=True,
+            **self._endpoint_context(session, row),
         )
 
     def _charts(self, row: EndpointRow, range_name: str) -> list[Any]:
@@ -500,12 +505,15 @@ class Console:
                 tails.append((replica.replica_id, _tail(path, max_bytes)))
         return tails
 
-    async def logs(self, request: Request, session: Session) -> Response:
-        row = self.web.endpoint(session, request.path_params["id"])
-        tails = [
+    def _last_lines(self, row: EndpointRow) -> list[tuple[str, str]]:
+        return [
             (rid, "\n".join(text.splitlines()[-LOG_TAIL_LINES:]))
             for rid, text in self._log_tails(row, LOG_TAIL_BYTES)
         ]
+
+    async def logs(self, request: Request, session: Session) -> Response:
+        row = self.web.endpoint(session, request.path_params["id"])
+        tails = self._last_lines(row)
         return self.web.render(request, session, "_logs.html", row=row, tails=tails)
 
     async def logs_download(self, request: Request, session: Session) -> Response:
@@ -566,7 +574,7 @@ class Console:
         try:
             req = UpdateEndpointRequest.model_validate(body)
         except ValidationError as exc:
-            raise ConsoleError(400, "; ".join(str(e["msg"]) for e in exc.errors())) from None
+            raise ConsoleError(400, human_errors(exc.errors())) from None
         assert session.principal is not None
         await self._write(self.sources.endpoints.update(session.principal, row.id, req))
         self.live.mark(row.id)
@@ -610,7 +618,8 @@ class Console:
             for u in rows:
                 line = lines.setdefault(
                     u.endpoint_id,
-                    {"id": u.endpoint_id, "name": names.get(u.endpoint_id), "replica_hours": 0.0,
+                    {"id": u.endpoint_id, "name": names.get(u.endpoint_id), "deleted_name": None,
+                     "replica_hours": 0.0,
                      "requests": 0, "tokens": 0, "images": 0, "cost": 0.0},
                 )  # fmt: skip
                 line["replica_hours"] += u.replica_seconds / 3600
@@ -618,6 +627,11 @@ class Console:
                 line["tokens"] += u.completion_tokens
                 line["images"] += u.images
                 line["cost"] += u.cost
+            gone = [i for i, line in lines.items() if line["name"] is None]
+            if gone:
+                deleted = await self.sources.endpoints.names_of_deleted(principal, project, gone)
+                for endpoint_id, name in deleted.items():
+                    lines[endpoint_id]["deleted_name"] = name
             projects.append(
                 {
                     "name": project,

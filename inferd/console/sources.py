@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.models import ModelSpec
 from inferd.catalog.recommend import GpuOption, Recommendation
 from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.roles import Action, Principal
@@ -33,6 +34,7 @@ class ReplicaLine:
     status: str
     since: str
     reason: str | None
+    node: str | None = None  # where it runs, as its launcher names it
     # What the engine last reported: its queue, KV cache use, and the prompt
     # tokens looked up in / found in its prefix cache since it started.
     waiting: int = 0
@@ -66,6 +68,8 @@ class ConsoleSources:
     public_url: str
     # Cost of an endpoint so far (this month), as the API's `costSoFar`.
     cost_so_far: Callable[[str], float]
+    # The project a registered model belongs to (None: global or catalog).
+    model_owner: Callable[[str], str | None]
     series: EndpointSeries = field(default_factory=EndpointSeries)
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
@@ -80,6 +84,15 @@ class ConsoleSources:
             rec = recommend(self.catalog.models.get(model_name), self.catalog.gpus, location)
             self._recommendations[key] = rec
         return rec
+
+    def models_for(self, principal: Principal) -> list[ModelSpec]:
+        """The models the principal may know of: global and catalog ones and
+        those of its projects (never another project's)."""
+        return [
+            m
+            for m in self.catalog.models.all()
+            if (owner := self.model_owner(m.name)) is None or principal.sees(owner)
+        ]
 
     def option(self, row: EndpointRow) -> GpuOption | None:
         """The recommender's estimate for an endpoint's own GPU choice."""

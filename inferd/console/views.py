@@ -39,7 +39,7 @@ class RowView:
 def row_view_of(row: EndpointRow, runtime: EndpointRuntime, cost: float) -> RowView:
     """A row of the list, from the stored row and its replicas directly (not
     the full record): the list's poll builds one per endpoint."""
-    derived = derive_status(row, runtime.replicas, runtime.waiting_for)
+    derived = derive_status(row, runtime.replicas, runtime.waiting_for, runtime.replacing)
     now = sum(1 for r in runtime.replicas if r.status not in ReplicaStatus.gone())
     return RowView(
         id=row.id,

@@ -134,9 +134,11 @@ def decide(
         return Decision(current, ScalerState(current), why)
 
     if target > current:
-        # A request is waiting and nothing will serve it: no delay.
-        if obs.held > 0 and obs.ready == 0 and obs.coming_up == 0:
-            return Decision(target, ScalerState(target), f"request waiting with no replica; {why}")
+        # Requests are waiting and no replica serves: no delay, and for all
+        # of them (a burst at zero asks for what it needs at once, not one
+        # replica now and the rest after the upscale delay).
+        if obs.held > 0 and obs.ready == 0:
+            return Decision(target, ScalerState(target), f"requests waiting with no replica; {why}")
         above_since = state.above_since if state.above_since is not None else now
         if now - above_since >= settings.upscale_delay_s:
             return Decision(target, ScalerState(target), why)

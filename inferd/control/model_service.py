@@ -28,7 +28,9 @@ from inferd.catalog.registered import (
     RegisteredModel,
     default_name,
     describe,
+    qualified_name,
 )
+from inferd.catalog.roots import ModelRoots, is_local_path
 from inferd.catalog.sources import parse_source, read_model_files
 from inferd.catalog.support import EngineSupport
 from inferd.catalog.workload import Workload, WorkloadRecommendation, recommend_for_workload
@@ -56,6 +58,7 @@ class ModelService:
         hf_cache_dir: Path | None = None,
         offline: bool | None = None,
         clock: Callable[[], str] = utc_now_text,
+        roots: ModelRoots | None = None,
     ) -> None:
         self._store = store
         self.catalog = catalog
@@ -67,6 +70,8 @@ class ModelService:
         self.hf_cache_dir = hf_cache_dir
         self.offline = offline
         self._clock = clock
+        # Where project members may register local directories from.
+        self.roots = roots or ModelRoots()
         self._registered: dict[str, RegisteredModel] = {}
         self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
         self._lock = asyncio.Lock()
@@ -127,6 +132,25 @@ class ModelService:
         """Names of the models registered in a project."""
         return sorted(n for n, m in self._registered.items() if m.project_id == project_id)
 
+    def owner_of(self, name: str) -> str | None:
+        """The project a model belongs to; None for a global or catalog one
+        (and for an unknown name: callers check existence themselves)."""
+        registered = self._registered.get(name)
+        return registered.project_id if registered is not None else None
+
+    def usable_in(self, name: str, project_id: str) -> bool:
+        """Whether an endpoint of `project_id` may serve the model: a global
+        or catalog model, or one of the project's own."""
+        return name in self.catalog.models and self.owner_of(name) in (None, project_id)
+
+    def seen_by(self, name: str, sees: Callable[[str], bool]) -> bool:
+        """Whether a caller who sees the projects `sees` admits may know of
+        the model at all (read it, be recommended GPUs for it)."""
+        if name not in self.catalog.models:
+            return False
+        owner = self.owner_of(name)
+        return owner is None or sees(owner)
+
     def project_of(self, name: str) -> str | None:
         """The project of a registered model; None for a global or catalog
         one. 404 for an unknown name."""
@@ -164,7 +188,7 @@ class ModelService:
     def _inspect(self, req: RegisterModelRequest, project_id: str | None) -> RegisteredModel:
         source = parse_source(req.source, req.revision)
         files = read_model_files(source, hf_cache_dir=self.hf_cache_dir, offline=self.offline)
-        name = req.name or default_name(source)
+        name = qualified_name(project_id, req.name or default_name(source))
         return describe(
             files,
             source,
@@ -176,9 +200,13 @@ class ModelService:
         )
 
     async def register(
-        self, req: RegisterModelRequest, project_id: str | None = None
+        self, req: RegisterModelRequest, project_id: str | None = None, *, operator: bool = True
     ) -> dict[str, Any]:
-        """`project_id` None: a global model (the operator's)."""
+        """`project_id` None: a global model (the operator's). A caller who is
+        not the operator registers a local directory only below the
+        project's model roots, checked before the disk is looked at."""
+        if not operator and is_local_path(req.source):
+            self.roots.check(req.source, project_id)
         try:
             # File reads, maybe the Hub, and vLLM's registry: off the event loop.
             model = await to_thread.run_sync(self._inspect, req, project_id)
@@ -218,10 +246,17 @@ class ModelService:
                         code="catalog_model",
                     )
                 raise model_missing(name)
-            users = sorted(r.name for r in self._endpoints() if r.model_name == name)
+            owner = self._registered[name].project_id
+            users = [r for r in self._endpoints() if r.model_name == name]
             if users:
+                # A project's model: only its own project's endpoints are
+                # named; any other (made before models were checked at
+                # create) is none of the caller's business. A global model
+                # is deleted by the operator, who sees every endpoint.
+                named = sorted(r.name for r in users if owner in (None, r.project_id))
+                which = f" {', '.join(named)}" if len(named) == len(users) else ""
                 raise Conflict(
-                    f"Model '{name}' is used by endpoint(s) {', '.join(users)}; delete them first.",
+                    f"Model '{name}' is used by endpoint(s){which}; delete them first.",
                     param="name",
                     code="model_in_use",
                 )

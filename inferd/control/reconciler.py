@@ -15,6 +15,9 @@ Rules it keeps:
   ones are drained only once enough new ones are ready.
 - A replica that fails before it was ever ready is retried with backoff;
   its failure stays visible in the record until a replica is ready again.
+  One that was serving (lost with its node, its actor, its engine) is
+  replaced at once, and while its replacements come the endpoint is
+  `initializing`, as at scale from zero, never `failed`.
 - Deletion drains every replica and waits for the processes to end.
 """
 
@@ -48,6 +51,7 @@ from inferd.control.ports import (
     ExitReason,
     Launcher,
     LoadObservations,
+    PlacementKey,
     ReplicaExit,
     ReplicaHandle,
     ReplicaStore,
@@ -131,6 +135,14 @@ class _Plan:
     # restart): counts as a request for the retention rule.
     activity_at: float | None = None
     last_failure: ReplicaFailure | None = None
+    # Replicas seen ready (their failure is a loss, not a crash loop).
+    served: set[str] = field(default_factory=set)
+    # Why replacements are on the way after serving replicas were lost.
+    replacing: str | None = None
+    # Why no replica can be placed anywhere, even on an idle cluster (no
+    # node of the location has the GPU type or enough of it): the gateway
+    # refuses at once instead of holding requests for nothing.
+    unplaceable: str | None = None
 
 
 class Reconciler:
@@ -254,6 +266,25 @@ class Reconciler:
         plan = self._plans.get(endpoint_id)
         return plan.last_failure if plan else None
 
+    def replacing(self, endpoint_id: str) -> str | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.replacing if plan else None
+
+    def unplaceable(self, endpoint_id: str) -> str | None:
+        plan = self._plans.get(endpoint_id)
+        return plan.unplaceable if plan else None
+
+    async def _never_fits(self, row: EndpointFacts, reason: str | None) -> str | None:
+        """`reason` when not even an idle cluster could place the endpoint's
+        replica (fewer units of its type in its location than one replica
+        needs), else None."""
+        if reason is None:
+            return None
+        capacity = await self.launcher.capacity()
+        need = 1 if row.gpu_type == "cpu" else row.gpu_count
+        total = capacity.total.get(PlacementKey(row.location_name, row.gpu_type), 0)
+        return reason if total < need else None
+
     def running(self) -> list[str]:
         """Replica ids whose process has not ended."""
         return list(self._handles)
@@ -362,6 +393,10 @@ class Reconciler:
                 # Stopped on purpose, past its grace period: gone, not failed.
                 self.registry.remove(replica.replica_id)
             else:
+                served = (
+                    replica.status is ReplicaStatus.READY
+                    or replica.replica_id in self.plan(replica.endpoint_id).served
+                )
                 if replica.status is not ReplicaStatus.FAILED:
                     last_line = _last_line(exited.detail)
                     code = exited.returncode
@@ -378,22 +413,31 @@ class Reconciler:
                     )
                 failed = self.registry.get(replica.replica_id)
                 assert failed is not None
-                self._note_failure(failed)
+                self._note_failure(failed, served)
             await self._sync_records()
         self.wake(exited.replica_id)
 
-    def _note_failure(self, replica: Replica) -> None:
+    def _note_failure(self, replica: Replica, served: bool) -> None:
+        """A crash loop (a replica that never became ready) backs off; a
+        replica lost while serving is replaced at once."""
         plan = self.plan(replica.endpoint_id)
-        plan.failures += 1
-        backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
-        plan.next_launch_at = self.clock() + backoff
+        why = replica.reason or "no reason given"
+        if served:
+            backoff = 0.0
+            plan.next_launch_at = self.clock()
+            plan.replacing = f"replacing lost replica {replica.replica_id}: {why}"
+        else:
+            plan.failures += 1
+            backoff = min(MAX_BACKOFF_S, 2.0 ** (plan.failures - 1))
+            plan.next_launch_at = self.clock() + backoff
+            plan.replacing = None  # its replacement failed too: say so
         wanted = plan.scaler.desired
         self.journal.record(
             replica.endpoint_id,
             wanted,
             wanted,
-            f"replica {replica.replica_id} failed ({replica.reason or 'no reason given'}); "
-            f"replacing it in {backoff:.0f}s",
+            f"replica {replica.replica_id} failed ({why}); "
+            + (f"replacing it in {backoff:.0f}s" if backoff else "replacing it now"),
             ScaleCause.FAILURE,
         )
         plan.last_failure = ReplicaFailure(
@@ -410,11 +454,19 @@ class Reconciler:
     async def _reconcile(self, row: EndpointFacts, rows: Sequence[EndpointFacts]) -> None:
         now = self.clock()
         plan = self.plan(row.id)
+        if plan.unplaceable is not None:  # nodes may have joined since
+            plan.unplaceable = await self._never_fits(
+                row,
+                await self.launcher.cannot_place(row.location_name, row.gpu_type, row.gpu_count),
+            )
         replicas = self.registry.of_endpoint(row.id)
         active = [r for r in replicas if r.live and r.status is not ReplicaStatus.DRAINING]
         ready = [r for r in active if r.status is ReplicaStatus.READY]
+        plan.served.intersection_update(r.replica_id for r in replicas)
+        plan.served.update(r.replica_id for r in ready)
         if ready:
             plan.failures = 0
+            plan.replacing = None
             self._prune_failed(replicas, keep=0)
         else:
             self._prune_failed(replicas, keep=KEEP_FAILED)
@@ -444,6 +496,8 @@ class Reconciler:
         current = [r for r in active if r.generation == row.generation]
         old = [r for r in active if r.generation != row.generation]
         missing = desired - len(current)
+        if desired == 0:
+            plan.replacing = None  # nothing is coming: scaled to zero
         if missing > 0:
             await self._launch(row, plan, missing, now)
             plan.capacity_reason = plan.capacity_reason or quota_reason
@@ -479,6 +533,7 @@ class Reconciler:
                 row.location_name, row.gpu_type, row.gpu_count
             )
             plan.capacity_reason = reason
+            plan.unplaceable = await self._never_fits(row, reason)
             if reason is not None:
                 return
             replica_id = f"r-{uuid.uuid4().hex[:12]}"

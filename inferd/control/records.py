@@ -31,6 +31,7 @@ class ReplicaView:
     replica_id: str = ""
     since: str | None = None  # RFC 3339 time the replica entered its status
     engine: str | None = None  # the engine serving it, once the replica says
+    node: str | None = None  # where it runs, as its launcher names it
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class EndpointRuntime:
     replicas: tuple[ReplicaView, ...] = ()
     waiting_for: str | None = None
     last_failure: ReplicaFailure | None = None
+    # Replicas that were serving were lost and their replacements are on
+    # the way (why, when set): the endpoint is coming back, not failed.
+    replacing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,10 @@ class DerivedStatus:
 
 
 def derive_status(
-    row: Endpoint, replicas: Sequence[ReplicaView] = (), waiting_for: str | None = None
+    row: Endpoint,
+    replicas: Sequence[ReplicaView] = (),
+    waiting_for: str | None = None,
+    replacing: str | None = None,
 ) -> DerivedStatus:
     """Endpoint status from its settings and its replicas' states.
 
@@ -72,6 +79,8 @@ def derive_status(
     - replicas coming up and none ready -> initializing
     - only draining replicas left -> updating (on the way down)
     - a replica wanted but not placeable (`waiting_for`) -> pending, with why
+    - serving replicas lost, replacements on the way (`replacing`) ->
+      initializing, with why (as at scale from zero, never failed)
     - no live replica: every recent one failed -> failed (with the reason);
       minReplicas 0 -> scaledToZero; else pending (waiting to be placed)
     """
@@ -96,6 +105,8 @@ def derive_status(
         # A replica is wanted but cannot be placed: say so instead of
         # looking idle (scaledToZero) or broken (failed).
         return DerivedStatus(EndpointStatus.PENDING, waiting_for)
+    if replacing is not None:
+        return DerivedStatus(EndpointStatus.INITIALIZING, replacing)
     failed = [r for r in replicas if r.status is ReplicaStatus.FAILED]
     if failed:
         reason = failed[-1].reason or "replica failed"
@@ -168,12 +179,13 @@ def build_record(
     image_size: str = DEFAULT_IMAGE_SIZE,
     waiting_for: str | None = None,
     last_failure: ReplicaFailure | None = None,
+    replacing: str | None = None,
 ) -> dict[str, Any]:
     """The endpoint record (spec 2.1 fields first, then inferd's extras).
 
     `image_size` is the model's default size, used in an image model's example.
     """
-    derived = derive_status(row, replicas, waiting_for)
+    derived = derive_status(row, replicas, waiting_for, replacing)
     url = endpoint_url(public_url, row.id)
     current = [r for r in replicas if r.status not in ReplicaStatus.gone()]
     return {
@@ -194,6 +206,7 @@ def build_record(
                 "statusReason": r.reason,
                 "since": r.since,
                 "engine": r.engine,
+                "node": r.node,
             }
             for r in current
         ],

@@ -363,7 +363,13 @@ class Registry:
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return [
-            RoutableReplica(r.replica_id, r.url or "", r.load.waiting, r.load.adapters)
+            RoutableReplica(
+                r.replica_id,
+                r.url or "",
+                r.load.waiting,
+                r.load.adapters,
+                call_key=r.secret_digest.hex(),
+            )
             for r in self._replicas.values()
             if r.endpoint_id == endpoint_id and r.routable
         ]

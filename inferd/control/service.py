@@ -220,6 +220,7 @@ class EndpointService:
             image_size=self._image_size(row),
             waiting_for=runtime.waiting_for,
             last_failure=runtime.last_failure,
+            replacing=runtime.replacing,
         )
 
     def _rendered_json(self, row: Endpoint) -> bytes:

@@ -19,6 +19,8 @@ class CapacityReasons(Protocol):
 
     def last_failure(self, endpoint_id: str) -> ReplicaFailure | None: ...
 
+    def replacing(self, endpoint_id: str) -> str | None: ...
+
 
 class ReplicaViews:
     """An endpoint's replicas as its record shows them (the service's
@@ -38,6 +40,7 @@ class ReplicaViews:
                 replica_id=r.replica_id,
                 since=r.status_since_wall or None,
                 engine=r.engine,
+                node=r.handle.node if r.handle is not None else None,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         )
@@ -45,6 +48,7 @@ class ReplicaViews:
             views,
             self._capacity.capacity_reason(endpoint_id),
             self._capacity.last_failure(endpoint_id),
+            self._capacity.replacing(endpoint_id),
         )
 
 
@@ -52,21 +56,42 @@ class EndpointLookup(Protocol):
     def find(self, endpoint_id: str) -> Endpoint | None: ...
 
 
+class Placeability(Protocol):
+    def unplaceable(self, endpoint_id: str) -> str | None: ...
+
+
+class _Placeable:
+    def unplaceable(self, endpoint_id: str) -> str | None:
+        return None
+
+
 class EndpointDirectory:
     """The gateway's `ReplicaDirectory`: endpoints from the service's
     in-memory copy (routable the moment one is created), replicas from the
     registry."""
 
-    def __init__(self, endpoints: EndpointLookup, registry: Registry) -> None:
+    def __init__(
+        self,
+        endpoints: EndpointLookup,
+        registry: Registry,
+        placeability: Placeability | None = None,
+    ) -> None:
+        """`placeability`: the reconciler (which knows when an endpoint's
+        replica fits nowhere); an instance that does not lead never knows."""
         self._endpoints = endpoints
         self._registry = registry
+        self._placeability = placeability or _Placeable()
 
     def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
         row = self._endpoints.find(endpoint_id)
         if row is None:
             return None
         return EndpointRoute(
-            row.id, row.model_kind, row.model_name, deleting=row.deleting_at is not None
+            row.id,
+            row.model_kind,
+            row.model_name,
+            deleting=row.deleting_at is not None,
+            unplaceable=self._placeability.unplaceable(row.id),
         )
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:

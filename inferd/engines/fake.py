@@ -13,6 +13,9 @@ tests. Behaviour is set through `FakeOptions`, read from `EngineOptions.extra`
 - `context_length`: default 4096.
 - `kind`: `chat` or `image`, for a fake replica started by hand on a model
   name the catalog does not know (it loads nothing, so nothing says).
+- `child_process`: if set, `start()` starts a child process that ignores
+  SIGTERM, as vLLM's engine core does (named `FAKE_ENGINE_CORE`), and
+  `shutdown()` stops it: what a replica's process tree must not leak.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+import sys
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -52,6 +56,29 @@ class FakeOptions:
     fail_load: str | None = None
     context_length: int = 4096
     kind: str | None = None
+    child_process: bool = False
+
+
+FAKE_ENGINE_CORE = "inferd-fake-engine-core"
+_CORE = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(1e9)"
+
+
+class _EngineCore:
+    """A stand-in for vLLM's engine core process."""
+
+    def __init__(self) -> None:
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", "-c", _CORE, FAKE_ENGINE_CORE,
+            stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+
+    async def stop(self) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
 
 
 def fake_options(options: EngineOptions) -> FakeOptions:
@@ -76,12 +103,15 @@ class FakeTextEngine:
         )
         self._token_delay = self._options.token_delay_s
         self._running: set[str] = set()
+        self._core = _EngineCore() if self._options.child_process else None
 
     @property
     def info(self) -> TextModelInfo:
         return self._info
 
     async def start(self) -> None:
+        if self._core is not None:
+            await self._core.start()
         await asyncio.sleep(self._options.load_delay_s)
         if self._options.fail_load:
             raise RuntimeError(self._options.fail_load)
@@ -131,7 +161,8 @@ class FakeTextEngine:
         return None
 
     async def shutdown(self) -> None:
-        return None
+        if self._core is not None:
+            await self._core.stop()
 
 
 class FakeImageEngine:

@@ -31,7 +31,7 @@ from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauth
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
-from inferd.gateway.proxy import Relayed, forward
+from inferd.gateway.proxy import Relayed, forward, with_call_key
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.state import GatewayState
@@ -302,7 +302,7 @@ class Gateway:
         if prefix is not None:
             affinity = Affinity(prefix.home, self.prefixes.lookup(prefix.blocks), prefix.adapter)
         for _ in range(settings.max_attempts):
-            replica = await dispatcher.acquire(ep, exclude, deadline, affinity)
+            replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
             rid = replica.replica_id
             if prefix is not None and prefix.blocks:
                 # Recorded before the answer: the next turn of a conversation
@@ -318,7 +318,7 @@ class Gateway:
                     replica.url,
                     route.method,
                     route.upstream_path,
-                    headers,
+                    with_call_key(headers, replica.call_key),
                     body,
                     send,
                 )

@@ -10,7 +10,7 @@ replace the local one without touching the gateway.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -23,6 +23,9 @@ class EndpointRoute:
     deleting: bool = False
     # Scaled to zero or still coming up: hold requests rather than refuse.
     accepts_held_requests: bool = True
+    # Why no replica can be placed anywhere (not even on an idle cluster):
+    # with no ready replica, requests are refused at once with this reason.
+    unplaceable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class RoutableReplica:
     # LoRA adapters the replica reported loaded: a request naming one of them
     # prefers this replica.
     adapters: frozenset[str] = frozenset()
+    # Sent with every call: the replica answers nobody else (replica.auth).
+    call_key: str = field(default="", repr=False, compare=False)
 
 
 class ReplicaDirectory(Protocol):

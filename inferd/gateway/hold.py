@@ -11,7 +11,6 @@ time is up (503) or when its client goes away; nothing stays behind.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import math
@@ -64,13 +63,38 @@ class Admission:
     status: int | None = None
 
 
-def admit(outcome: Outcome, held: int, max_held: int) -> Admission:
-    """What to do with a request, given the routing outcome for it and the
-    number of requests already held for its endpoint. A request never
-    overtakes held ones: with a queue, it queues too."""
+@dataclass(frozen=True)
+class HoldRoom:
+    """What is held now against the bounds (GatewaySettings): for the
+    request's endpoint, and for the whole instance (bytes only)."""
+
+    held: int = 0
+    held_bytes: int = 0
+    instance_bytes: int = 0
+
+
+def admit(
+    outcome: Outcome,
+    held: int,
+    max_held: int,
+    *,
+    room: HoldRoom | None = None,
+    cost: int = 0,
+    max_bytes: int | None = None,
+    max_instance_bytes: int | None = None,
+) -> Admission:
+    """What to do with a request, given the routing outcome for it, the
+    number of requests already held for its endpoint and, where bounded, the
+    bytes held (`room`) and what this one would add (`cost`). A request
+    never overtakes held ones: with a queue, it queues too."""
     if outcome is Outcome.CHOSEN and held == 0:
         return Admission(Verdict.FORWARD)
-    if held >= max_held:
+    room = room or HoldRoom(held)
+    full = held >= max_held or (
+        (max_bytes is not None and room.held_bytes + cost > max_bytes)
+        or (max_instance_bytes is not None and room.instance_bytes + cost > max_instance_bytes)
+    )
+    if full:
         return Admission(Verdict.REFUSE, 429 if outcome is not Outcome.NO_REPLICA else 503)
     return Admission(Verdict.HOLD)
 
@@ -145,27 +169,41 @@ def retry_after(
 
 
 class Waiter:
-    __slots__ = ("affinity", "exclude", "future")
+    __slots__ = ("affinity", "cost", "exclude", "future")
 
     def __init__(
         self,
         future: asyncio.Future[RoutableReplica],
         exclude: frozenset[str],
         affinity: Affinity = NO_AFFINITY,
+        cost: int = 0,
     ) -> None:
         self.future = future
         self.exclude = exclude
         self.affinity = affinity
+        self.cost = cost  # bytes it holds (body plus a fixed cost)
 
 
 class _HeldRequests:
     """One endpoint's held requests and what the hold machinery remembers
     about it between requests."""
 
-    __slots__ = ("cold_start_s", "queue", "scale_requested_at", "traffic", "turn", "watcher")
+    __slots__ = (
+        "bytes",
+        "cold_start_s",
+        "instance",
+        "queue",
+        "scale_requested_at",
+        "traffic",
+        "turn",
+        "watcher",
+    )
 
-    def __init__(self, traffic: EndpointTraffic) -> None:
+    def __init__(self, traffic: EndpointTraffic, instance: _HeldBytes) -> None:
         self.traffic = traffic
+        # Bytes held for this endpoint, and the instance's total they add to.
+        self.bytes = 0
+        self.instance = instance
         # Held requests in arrival order; change it only through the methods,
         # which keep the endpoint's accounting of held requests current.
         self.queue: deque[Waiter] = deque()
@@ -180,15 +218,32 @@ class _HeldRequests:
     def add(self, waiter: Waiter) -> None:
         self.queue.append(waiter)
         self.traffic.held = len(self.queue)
+        self.bytes += waiter.cost
+        self.instance.total += waiter.cost
 
     def discard(self, waiter: Waiter) -> None:
-        with contextlib.suppress(ValueError):
+        try:
             self.queue.remove(waiter)
+        except ValueError:
+            return
         self.traffic.held = len(self.queue)
+        self.bytes -= waiter.cost
+        self.instance.total -= waiter.cost
 
     def clear(self) -> None:
         self.queue.clear()
         self.traffic.held = 0
+        self.instance.total -= self.bytes
+        self.bytes = 0
+
+
+class _HeldBytes:
+    """Bytes held over every endpoint of one gateway."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
 
 
 @dataclass(frozen=True)
@@ -219,19 +274,29 @@ class Dispatcher:
         self._cap = settings.max_in_flight_per_replica
         self._closed = False
         self._held: dict[str, _HeldRequests] = {}
+        self._held_bytes = _HeldBytes()
 
     def _state(self, ep: EndpointTraffic) -> _HeldRequests:
         state = self._held.get(ep.endpoint_id)
         if state is None:
-            state = self._held[ep.endpoint_id] = _HeldRequests(ep)
+            state = self._held[ep.endpoint_id] = _HeldRequests(ep, self._held_bytes)
         return state
+
+    def held_bytes(self, endpoint_id: str | None = None) -> int:
+        """Bytes held for one endpoint, or for all (for tests and metrics)."""
+        if endpoint_id is None:
+            return self._held_bytes.total
+        state = self._held.get(endpoint_id)
+        return state.bytes if state else 0
 
     def held(self, endpoint_id: str) -> int:
         state = self._held.get(endpoint_id)
         return len(state.queue) if state else 0
 
     def view(self, endpoint_id: str) -> HoldView:
-        state = self._held.get(endpoint_id) or _HeldRequests(EndpointTraffic(endpoint_id, 1))
+        state = self._held.get(endpoint_id) or _HeldRequests(
+            EndpointTraffic(endpoint_id, 1), _HeldBytes()
+        )
         return HoldView(
             len(state.queue), state.watcher is not None, state.scale_requested_at,
             state.cold_start_s,
@@ -272,16 +337,28 @@ class Dispatcher:
         exclude: frozenset[str],
         deadline: float,
         affinity: Affinity = NO_AFFINITY,
+        size: int = 0,
     ) -> RoutableReplica:
         """A replica slot for one request (release it with `release`), at once
-        or after holding; raises 429/503 past the bounds."""
+        or after holding; raises 429/503 past the bounds. `size`: the bytes of
+        its body, which it holds while held."""
         directory = self._directory
         held = self._state(ep)
         replicas = directory.ready_replicas(ep.endpoint_id)
         if held.scale_requested_at is not None and replicas:
             self._cold_start_done(held)
         choice = self.choose(replicas, ep, held.turn, exclude, affinity)
-        admission = admit(choice.outcome, len(held.queue), self._settings.max_held_requests)
+        settings = self._settings
+        cost = size + settings.held_request_overhead_bytes
+        admission = admit(
+            choice.outcome,
+            len(held.queue),
+            settings.max_held_requests,
+            room=HoldRoom(len(held.queue), held.bytes, self._held_bytes.total),
+            cost=cost,
+            max_bytes=settings.max_held_bytes_per_endpoint,
+            max_instance_bytes=settings.max_held_bytes,
+        )
         if admission.verdict is Verdict.FORWARD:
             assert choice.replica is not None
             held.turn += 1
@@ -292,18 +369,26 @@ class Dispatcher:
             raise ServiceUnavailable("The gateway is shutting down.", code="shutting_down")
         now = self._clock()
         if choice.outcome is Outcome.NO_REPLICA:
+            nowhere = None if replicas else _nowhere(directory, ep.endpoint_id)
+            if nowhere is not None:
+                raise nowhere
             if held.scale_requested_at is None and not replicas:
                 held.scale_requested_at = now
             self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
             raise self._refusal(ep, admission.status == 503, len(replicas))
-        return await self._hold(ep, exclude, deadline - now, affinity)
+        return await self._hold(ep, exclude, deadline - now, affinity, cost)
 
     async def _hold(
-        self, ep: EndpointTraffic, exclude: frozenset[str], timeout: float, affinity: Affinity
+        self,
+        ep: EndpointTraffic,
+        exclude: frozenset[str],
+        timeout: float,
+        affinity: Affinity,
+        cost: int,
     ) -> RoutableReplica:
         loop = asyncio.get_running_loop()
-        waiter = Waiter(loop.create_future(), exclude, affinity)
+        waiter = Waiter(loop.create_future(), exclude, affinity, cost)
         held = self._state(ep)
         held.add(waiter)
         self.pump(ep)
@@ -385,6 +470,8 @@ class Dispatcher:
         try:
             while held.queue:
                 gone = _gone(directory, ep.endpoint_id)
+                if gone is None and not directory.ready_replicas(ep.endpoint_id):
+                    gone = _nowhere(directory, ep.endpoint_id)
                 if gone is not None:
                     self._fail_held(held, gone)
                     break
@@ -492,6 +579,23 @@ def endpoint_gone(exists: bool, deleting: bool) -> InferdError | None:
     if deleting:
         return ServiceUnavailable("This endpoint is being deleted.", code="endpoint_deleting")
     return None
+
+
+# A refused client may try again when the cluster may have grown: nodes
+# join in minutes, not seconds.
+UNPLACEABLE_RETRY_AFTER_S = 60
+
+
+def _nowhere(directory: ReplicaDirectory, endpoint_id: str) -> InferdError | None:
+    """503 at once for an endpoint whose replica fits on no node at all."""
+    route = directory.endpoint(endpoint_id)
+    if route is None or route.unplaceable is None:
+        return None
+    return ServiceUnavailable(
+        f"No replica of this endpoint can be placed: {route.unplaceable}.",
+        code="no_capacity",
+        retry_after=UNPLACEABLE_RETRY_AFTER_S,
+    )
 
 
 def _gone(directory: ReplicaDirectory, endpoint_id: str) -> InferdError | None:

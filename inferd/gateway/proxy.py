@@ -44,6 +44,15 @@ class Relayed:
     broken: bool = False
 
 
+def with_call_key(headers: Headers, call_key: str) -> Headers:
+    """The request's headers plus the replica's call key, which the replica
+    requires of every call (the client's own Authorization never goes
+    upstream)."""
+    if not call_key:
+        return headers
+    return [*headers, (b"authorization", b"Bearer " + call_key.encode())]
+
+
 def _retryable_503(body: bytes) -> bool:
     try:
         code = json.loads(body)["error"]["code"]

@@ -15,9 +15,16 @@ class GatewaySettings:
     # The gateway's own in-flight requests per replica; at this bound the
     # replica takes no more and further requests are held (or refused 429).
     max_in_flight_per_replica: int = 128
-    # Requests held per endpoint, while scaling from zero or while every
-    # ready replica is at `max_in_flight_per_replica`.
-    max_held_requests: int = 64
+    # Requests held while scaling from zero or while every ready replica is
+    # at `max_in_flight_per_replica`, bounded by what they cost: the bytes of
+    # their bodies plus `held_request_overhead_bytes` each (the socket, the
+    # task, the parsed headers), per endpoint and for the whole instance.
+    # A burst of thousands of small chats is held, not refused.
+    max_held_bytes_per_endpoint: int = 64 * 1024 * 1024
+    max_held_bytes: int = 256 * 1024 * 1024
+    held_request_overhead_bytes: int = 4096
+    # And by count per endpoint: each held request keeps a client socket open.
+    max_held_requests: int = 10_000
     # How long one request may be held in all (across its retries).
     max_hold_seconds: float = 180.0
     # Forward attempts per request (the first one included).
@@ -51,8 +58,10 @@ class GatewaySettings:
             raise ValueError("max_body_bytes must be at least 1")
         if self.max_in_flight_per_replica < 1:
             raise ValueError("max_in_flight_per_replica must be at least 1")
-        if self.max_held_requests < 0:
-            raise ValueError("max_held_requests must not be negative")
+        if min(self.max_held_requests, self.max_held_bytes_per_endpoint, self.max_held_bytes) < 0:
+            raise ValueError("the hold bounds must not be negative")
+        if self.held_request_overhead_bytes < 0:
+            raise ValueError("held_request_overhead_bytes must not be negative")
         if self.max_hold_seconds <= 0 or self.hold_poll_seconds <= 0:
             raise ValueError("max_hold_seconds and hold_poll_seconds must be positive")
         if self.max_attempts < 1:

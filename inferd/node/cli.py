@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from inferd.catalog.gpus import load_gpus
 from inferd.control.launchers.inventory import LocalGpu, detect_gpus, match_gpu_type
 from inferd.control.launchers.ray_resources import CPU, node_resources
 from inferd.paths import default_configs_dir
+from inferd.replica.groups import sweep
 
 DEFAULT_HEAD_PORT = 6379
 
@@ -42,6 +43,9 @@ class NodePlan:
     gpu_type: str | None  # None: no GPUs (CPU replica slots only, or nothing)
     gpu_count: int
     cpu_slots: int
+    # What fails together with this node (a rack, a zone); replicas of one
+    # endpoint are spread across these first.
+    failure_domain: str | None = None
 
 
 def plan_node(
@@ -94,7 +98,7 @@ def plan_node(
 
 
 def declared_resources(plan: NodePlan) -> dict[str, float]:
-    resources = node_resources(plan.location, plan.gpu_type, plan.gpu_count)
+    resources = node_resources(plan.location, plan.gpu_type, plan.gpu_count, plan.failure_domain)
     resources.update(node_resources(plan.location, CPU if plan.cpu_slots else None, plan.cpu_slots))
     return resources
 
@@ -145,6 +149,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     start.add_argument(
         "--cpu-slots", type=int, default=0, help="CPU-only replicas this node runs (gpuType cpu)"
     )
+    start.add_argument(
+        "--failure-domain",
+        help="what fails together with this node (rack, zone): an endpoint's replicas are "
+        "spread across failure domains first, then across nodes",
+    )
     start.add_argument("--port", type=int, default=DEFAULT_HEAD_PORT, help="head's GCS port")
     start.add_argument("--node-ip-address", help="this node's address as the cluster sees it")
     start.add_argument("--configs-dir", type=Path, help="GPU types and locations directory")
@@ -170,6 +179,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             gpu_count=args.gpu_count,
             cpu_slots=args.cpu_slots,
         )
+        if args.failure_domain:
+            plan = replace(plan, failure_domain=args.failure_domain)
         extra = [a for a in args.ray_args if a != "--"]
         command = ray_start_command(
             plan,
@@ -188,4 +199,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
+    # Whatever ended replicas left on this machine (a node that died with
+    # them) goes before the node takes new ones.
+    sweep()
     return subprocess.call(command, env=os.environ.copy())

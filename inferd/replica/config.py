@@ -30,6 +30,9 @@ from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
 from inferd.vocab import ModelKind
 
+# Paths a replica answers without the gateway's call key (see replica.auth).
+DEFAULT_OPEN_PATHS = ("/health", "/metrics")
+
 if TYPE_CHECKING:
     from inferd.catalog.models import ModelSpec
 
@@ -131,6 +134,9 @@ class ReplicaConfig:
     replica_id: str = ""
     endpoint_id: str | None = None
     secret: str | None = field(default=None, repr=False)
+    # Paths a replica with a secret answers without its call key (probes,
+    # scrapers); every other call must come through the gateway.
+    open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
     report_interval: float = 2.0
     orphan_timeout: float | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -235,6 +241,8 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     argv += ["--replica-id", config.replica_id]
     if config.endpoint_id is not None:
         argv += ["--endpoint-id", config.endpoint_id]
+    if config.open_paths != DEFAULT_OPEN_PATHS:
+        argv += ["--open-paths", ",".join(config.open_paths)]
     argv += ["--report-interval", str(config.report_interval)]
     if config.orphan_timeout is not None:
         argv += ["--orphan-timeout", str(config.orphan_timeout)]
@@ -339,6 +347,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-interval", type=float, default=2.0, help=internal)
     parser.add_argument("--orphan-timeout", type=float, default=None, help=internal)
     parser.add_argument(
+        "--open-paths",
+        default=",".join(DEFAULT_OPEN_PATHS),
+        help="paths answered without the gateway's call key when the replica has a secret "
+        "(comma-separated; empty: none)",
+    )
+    parser.add_argument(
         "--drain-timeout",
         type=float,
         default=DEFAULT_DRAIN_TIMEOUT_S,
@@ -436,6 +450,7 @@ def config_from_args(
         endpoint_id=args.endpoint_id,
         # Secrets travel by environment, never on a command line that `ps` shows.
         secret=env.get(SECRET_ENV),
+        open_paths=tuple(p.strip() for p in args.open_paths.split(",") if p.strip()),
         report_interval=args.report_interval,
         orphan_timeout=args.orphan_timeout,
         drain_timeout=args.drain_timeout,

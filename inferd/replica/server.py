@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any, cast
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from inferd.api.replica import ReplicaLoadReport, ReplicaReport, ReplicaUsageReport
 from inferd.engines.base import (
@@ -36,7 +37,9 @@ from inferd.engines.base import (
 )
 from inferd.engines.factory import choose_engine, create_engine
 from inferd.http_limits import limited_protocol
+from inferd.replica import groups
 from inferd.replica.app import build_app
+from inferd.replica.auth import RequireCallKey, call_key
 from inferd.replica.chat import ServedModel
 from inferd.replica.config import ReplicaConfig, serving_defaults
 from inferd.replica.metrics import ReplicaMetrics
@@ -192,7 +195,7 @@ class ReplicaProcess:
             return 1
         metrics = self._metrics = ReplicaMetrics(self._engine, self.state)
         served = ServedModel(self._model_name, frozenset(config.served_names) | {name})
-        app = build_app(
+        app: ASGIApp = build_app(
             self._engine,
             self.state,
             metrics,
@@ -200,6 +203,8 @@ class ReplicaProcess:
             config.max_body_bytes,
             engine_name=self._engine_name,
         )
+        if config.secret:
+            app = RequireCallKey(app, call_key(config.secret), config.open_paths)
         sock = bind_socket(config.host, config.port)
         port = sock.getsockname()[1]
         self.url = f"http://{_url_host(config.advertise_host or config.host)}:{port}"
@@ -354,10 +359,16 @@ def run_replica(config: ReplicaConfig) -> int:
     # A replica is its own process group leader's child; make sure a SIGTERM
     # from the launcher reaches our handler, not a default inherited ignore.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Before the engine starts any process: whatever it starts dies with us.
+    groups.start_reaper()
+    mark = groups.mark_group(config.replica_id or f"pid-{os.getpid()}")
     process = ReplicaProcess(config)
     try:
-        import uvloop
-
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(process.run())
         return uvloop.run(process.run())
-    except ImportError:
-        return asyncio.run(process.run())
+    finally:
+        if mark is not None:
+            mark.unlink(missing_ok=True)

@@ -145,6 +145,25 @@ def usage_document(rows: list[UsageRow], currency: str) -> dict[str, Any]:
     return {"currency": currency, "totals": totals, "data": data}
 
 
+def _key_position(after: str | None) -> tuple[datetime, str] | None:
+    """A keys page's position: the created-at (to the microsecond) and id
+    of the last key of the page before."""
+    if after is None:
+        return None
+    at, _, key_id = after.partition("|")
+    try:
+        created = datetime.fromisoformat(at)
+    except ValueError:
+        created = None
+    if created is None or created.tzinfo is None or not key_id:
+        raise BadRequest(
+            "The 'continue' value is not a cursor of this list.",
+            param="continue",
+            code="invalid_cursor",
+        )
+    return created, key_id
+
+
 class AccountRoutes:
     def __init__(
         self,
@@ -192,7 +211,9 @@ class AccountRoutes:
             ),
             Operation("GET", "/users", Target.OPERATOR, M, self.list_users),
             Operation("POST", "/users", Target.OPERATOR, M, self.create_user),
-            Operation("GET", "/users/{userId}/keys", Target.USER, R, self.list_keys),
+            Operation(
+                "GET", "/users/{userId}/keys", Target.USER, R, self.list_keys, PAGE_PARAMS
+            ),
             Operation("POST", "/users/{userId}/keys", Target.USER, W, self.create_key),
             Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, self.revoke_key),
             Operation(
@@ -300,13 +321,22 @@ class AccountRoutes:
         return JSONResponse(body, status_code=201)
 
     async def list_keys(self, request: Request, principal: Principal) -> Response:
-        keys = await self.accounts.keys(principal, request.path_params["userId"])
+        user_id = request.path_params["userId"]
+        query = {"userId": user_id}
+        page = read_key_page(request, "keys", query)
+        keys, last = await self.accounts.keys(
+            principal, user_id, after=_key_position(page.after), limit=page.limit
+        )
         pending = self.accounts.resolver.pending_last_used
-        return JSONResponse({"data": [key_info(k, pending(k.id)) for k in keys]})
+        data = [key_info(k, pending(k.id)) for k in keys]
+        after = None if last is None else f"{last.created_at.isoformat()}|{last.id}"
+        return JSONResponse(paged_body(data, "keys", query, after))
 
     async def create_key(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateKeyRequest, self.max_body_bytes)
-        created = await self.accounts.create_key(principal, request.path_params["userId"], req.name)
+        created = await self.accounts.create_key(
+            principal, request.path_params["userId"], req.name, req.projectId
+        )
         return JSONResponse(created_key_info(created), status_code=201)
 
     async def revoke_key(self, request: Request, principal: Principal) -> Response:

@@ -11,6 +11,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from inferd.api import accounts as wire
 from inferd.control.accounts.model import AuditAction
 from inferd.server.openapi import _REF, _op
+from inferd.server.paging import PAGE_PARAMS, query_params
 
 _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (wire.QuotaBody, "validation"),
@@ -107,7 +108,8 @@ def accounts_openapi() -> dict[str, Any]:
         },
         "/inference/projects/{id}/members": {
             "get": _op("listMembers", "Members and their roles",
-                       (200, "MemberList", "Members."), (404,), params=[_PROJECT]),
+                       (200, "MemberList", "A page of members, by user id."), (400, 404),
+                       params=[_PROJECT, *query_params(("role", *PAGE_PARAMS))]),
         },
         "/inference/projects/{id}/members/{userId}": {
             "put": _op("putMember", "Add a member or change their role (a new user gets a "
@@ -120,7 +122,7 @@ def accounts_openapi() -> dict[str, Any]:
         "/inference/projects/{id}/audit": {
             "get": _op("getAudit", "The project's audit log (admins, operator)",
                        (200, "AuditList", "Entries, oldest first."), (400, 403, 404),
-                       params=[_PROJECT, *_TIME_RANGE, _ACTION]),
+                       params=[_PROJECT, *_TIME_RANGE, _ACTION, *query_params(PAGE_PARAMS)]),
         },
         "/inference/projects/{id}/usage": {
             "get": _op("getProjectUsage", "Hourly usage and cost of the project's endpoints",
@@ -135,7 +137,8 @@ def accounts_openapi() -> dict[str, Any]:
         },
         "/inference/users/{userId}/keys": {
             "get": _op("listKeys", "A user's management keys (prefix and last 4 only)",
-                       (200, "KeyList", "Keys."), (404,), params=[_USER]),
+                       (200, "KeyList", "A page of keys, oldest first."), (400, 404),
+                       params=[_USER, *query_params(PAGE_PARAMS)]),
             "post": _op("createKey", "Create a management key (shown once)",
                         (201, "CreatedKeyInfo", "The key."), (400, 404, 409, 413),
                         body="CreateKeyRequest", params=[_USER]),

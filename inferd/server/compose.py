@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.catalog import Catalog, load_catalog
+from inferd.catalog.roots import ModelRoots
 from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.meter_feed import MeterFeed
 from inferd.control.accounts.metering import UsageMeter
@@ -111,6 +112,7 @@ def ray_launcher(settings: Settings) -> Launcher:
             namespace=settings.ray_namespace,
             settings=settings.replicas,
             node_ip_address=settings.ray_node_ip_address,
+            spread=settings.ray_placement == "spread",
         )
     except (ConnectionError, RuntimeError) as exc:
         raise LauncherUnavailable(
@@ -348,19 +350,21 @@ async def build(
         )
         await service.load()
         # Registered models join the catalog before anything uses them.
-        models = ModelService(store, catalog, service.rows)
+        models = ModelService(
+            store, catalog, service.rows, roots=ModelRoots.parse(settings.model_roots)
+        )
         await models.load()
         accounts = Accounts(
             store,
             resolver,
             account_service,
             meter,
-            ProjectEndpoints(service, account_service, meter, utc_now),
+            ProjectEndpoints(service, account_service, meter, utc_now, models),
         )
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service))
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
-            EndpointDirectory(service, registry),
+            EndpointDirectory(service, registry, reconciler),
             verifier,
             gateway_knobs,
             clock=clock,

@@ -159,7 +159,7 @@ class ManagementRoutes:
         if project_id is not None:
             await self.endpoints.accounts.project(principal, project_id)
             authorize(principal, project_id, Action.WRITE, hidden=project_missing(project_id))
-        registered = await self.models.register(req, project_id)
+        registered = await self.models.register(req, project_id, operator=principal.operator)
         return JSONResponse(_model_info(registered), status_code=201)
 
     async def get_model(self, request: Request, principal: Principal) -> Response:
@@ -219,7 +219,8 @@ class ManagementRoutes:
                 code="missing_required_parameter",
             )
         catalog = self.service.catalog
-        if model_name not in catalog.models:
+        # Another project's model is answered as an unknown name.
+        if not self.models.seen_by(model_name, principal.sees):
             raise BadRequest(
                 f"Unknown model '{model_name}'.", param="modelName", code="model_not_found"
             )

@@ -47,6 +47,10 @@ QUERY_DOCS: dict[str, tuple[str, dict[str, Any]]] = {
         {"type": "string", "minLength": 1},
     ),
     "projectId": ("Only this project's items.", {"type": "string", "minLength": 1}),
+    "role": (
+        "Only members with this role.",
+        {"type": "string", "enum": ["admin", "developer", "viewer"]},
+    ),
     "status": (
         "Only endpoints in this status.",
         {"type": "string", "enum": [s.value for s in EndpointStatus]},

@@ -82,3 +82,23 @@ def test_a_vllm_replica_placed_by_ray_answers_the_openai_client(
         stream=True,
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    # The replica's actor dies (SIGKILL to its worker, as when its node is
+    # lost): the replica goes by its parent-death signal, and its group's
+    # reaper takes vLLM's engine core, which would otherwise stay with
+    # parent 1 (it ignores SIGTERM).
+    import os
+    import signal
+
+    from inferd import procfs
+    from inferd.replica.groups import group_members
+    from inferd.testing_cluster import wait_until
+
+    serve.stop(signal.SIGKILL)  # nobody replaces it: this test ends here
+    tree = group_members(info["pid"])
+    named = [b" ".join(procfs.command_line(pid) or []) for pid in tree]
+    assert any(b"EngineCore" in name for name in named), named
+    worker = procfs.process_stat(info["pid"])
+    assert worker is not None
+    os.kill(worker.ppid, signal.SIGKILL)
+    wait_until(lambda: not group_members(info["pid"]), timeout=30)

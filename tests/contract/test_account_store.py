@@ -238,6 +238,45 @@ def test_member_pages_by_user_id_under_concurrent_changes(kind: str, opener: Ope
     run(body, reader, opener() if kind in SHARED else reader)
 
 
+def test_key_pages_by_creation_under_concurrent_adds(kind: str, opener: Opener) -> None:
+    """Keys page by (created at, id): ties in time are broken by id, times to
+    the store's precision (milliseconds in SQLite, microseconds in PostgreSQL)."""
+
+    async def body(reader: Store, writer: Store) -> None:
+        await writer.create_user(User("ada", T0))
+        await writer.create_user(User("bob", T0))
+        # Pairs share a time (the id breaks the tie); a millisecond apart.
+        times = [T0 + timedelta(milliseconds=n // 2) for n in range(20)]
+        for n, at in enumerate(times, start=1):
+            await writer.add_key(key(n, at=at))
+        await writer.add_key(key(99, "bob"))
+        before = [k.id for k in await reader.keys_of("ada")]
+        assert len(before) == 20
+
+        async def more() -> None:
+            for n in range(21, 40):
+                await writer.add_key(key(n, at=T0 + timedelta(minutes=1, milliseconds=n)))
+                await asyncio.sleep(0)
+
+        adding = asyncio.create_task(more())
+        seen: list[str] = []
+        after: tuple[datetime, str] | None = None
+        while True:
+            page = await reader.keys_of("ada", after=after, limit=3)
+            assert all(k.user_id == "ada" for k in page)
+            seen += [k.id for k in page]
+            if len(page) < 3:
+                break
+            after = (page[-1].created_at, page[-1].id)
+            await asyncio.sleep(0)
+        await adding
+        assert len(seen) == len(set(seen))
+        assert seen[:20] == before
+
+    reader = opener()
+    run(body, reader, opener() if kind in SHARED else reader)
+
+
 def usage(hour: datetime, **figures: float) -> UsageDelta:
     return UsageDelta("e1", "team", hour, "A100", 2, **figures)  # type: ignore[arg-type]
 

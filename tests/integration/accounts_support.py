@@ -83,6 +83,8 @@ def world(tmp_path: Path, tiny_chat_dir: Path) -> Iterator[World]:
             "admin_key": OPERATOR_KEY,
             "max_replicas_cap": 8,
             "public_url": "http://inferd.test:8080",
+            # Members register the test's model directory from here.
+            "model_roots": str(tiny_chat_dir.parent),
         },
     )
     plane = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))

@@ -20,6 +20,7 @@ is hidden: the answer of one that does not exist).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +62,9 @@ HIDDEN = (HIDE, HIDE, HIDE, OK)
 # and record profiles. The operator's (no projectId) are global: everyone
 # sees them, only the operator changes them."
 # Users' keys: a user manages their own; a project's admin manages its
-# members' keys; to anyone else a user's keys do not exist (404: a user is
-# not a project's object, so there is nothing a 403 would be about).
+# members' keys that act nowhere but in the project (a key never grants more
+# than its minter could); to anyone else a user's keys do not exist (404: a
+# user is not a project's object, so there is nothing a 403 would be about).
 EXPECTED: dict[tuple[str, str], Row] = {
     # --- the caller and catalogs ---
     ("GET", "/whoami"): {"any": READ},
@@ -113,7 +115,11 @@ EXPECTED: dict[tuple[str, str], Row] = {
     ("DELETE", "/users/{userId}/keys/{keyId}"): {
         "self": (OK, OK, OK, OK),
         "member": (HIDE, HIDE, OK, OK),
-        "shared": (HIDE, HIDE, OK, OK),
+        # The key (the operator's, for all the user's projects) acts in the
+        # other project too: only the user and the operator revoke it.
+        "shared": (HIDE, HIDE, HIDE, OK),
+        # A key of that user limited to the caller's project: its admin's.
+        "shared, team's key": (HIDE, HIDE, OK, OK),
         "stranger": HIDDEN,
         "foreign-key": (HIDE, HIDE, HIDE, HIDE),
     },
@@ -156,9 +162,9 @@ def user_for(w: World, whose: str, caller: str) -> str:
         return f"{caller}-user" if caller != "operator" else "admin-user"
     if whose == "stranger":
         return "outsider"
-    user = unique(whose)
+    user = unique(whose.split(",")[0])
     w.add_member(OWN, user, "viewer")
-    if whose == "shared":
+    if whose.startswith("shared"):
         w.add_member(OTHER, user, "viewer")
     return user
 
@@ -181,7 +187,9 @@ def concrete(w: World, method: str, path: str, whose: str, caller: str) -> str:
         path = path.replace("{userId}", user)
         if "{keyId}" in path:
             holder = "outsider" if whose == "foreign-key" else user
-            path = path.replace("{keyId}", w.new_key(holder)["id"])
+            scope = {"projectId": OWN} if whose == "shared, team's key" else {}
+            key = w.ok("POST", f"/users/{holder}/keys", json={"name": "spare", **scope})
+            path = path.replace("{keyId}", key["id"])
     if "{name}" in path:
         if whose == "global":
             body = {"source": w.model_source, "name": unique("global")}
@@ -230,7 +238,10 @@ def check(resp: Any, want: str, label: str) -> None:
     assert set(error) == {"message", "type", "param", "code"}
     if want == HIDE:
         # Nothing of the other project leaks: the answer of a missing thing.
-        assert OTHER not in error["message"] or "No project" in error["message"]
+        # (A project's model is named `<project>:<name>`: an answer may
+        # repeat the name asked for, which the caller wrote.)
+        message = re.sub(rf"'{OTHER}:[^']*'", "''", error["message"])
+        assert OTHER not in message or "No project" in message
 
 
 def served_routes(w: World) -> set[tuple[str, str]]:
@@ -280,6 +291,24 @@ def test_lists_hold_only_what_the_caller_sees(world: World, caller: str) -> None
     assert projects == {OWN}
     # Naming the other project in a filter reveals nothing either.
     assert world.ok("GET", "/endpoints", key, params={"projectId": OTHER})["data"] == []
+
+
+def test_an_admin_lists_only_the_keys_that_act_in_the_project_alone(world: World) -> None:
+    """A user of both projects: the team's admin sees (and so may revoke)
+    the user's keys limited to the team, not those that act in the other
+    project too; the user and the operator see them all."""
+    world.add_member(OWN, "both", "viewer")
+    world.add_member(OTHER, "both", "viewer")
+    mine = world.ok("POST", "/users/both/keys", json={"name": "team", "projectId": OWN})
+    everywhere = world.ok("POST", "/users/both/keys", json={"name": "all"})
+    theirs = world.ok("POST", "/users/both/keys", json={"name": "rivals", "projectId": OTHER})
+    admin = world.keys["admin-user"]
+    seen = {k["id"] for k in world.ok("GET", "/users/both/keys", admin)["data"]}
+    assert seen == {mine["id"]}
+    every = {k["id"] for k in world.ok("GET", "/users/both/keys")["data"]}
+    assert {mine["id"], everywhere["id"], theirs["id"]} <= every
+    own = {k["id"] for k in world.ok("GET", "/users/both/keys", everywhere["key"])["data"]}
+    assert own == every
 
 
 def test_every_route_needs_a_key(world: World) -> None:

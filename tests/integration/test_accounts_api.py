@@ -242,12 +242,15 @@ def test_audit_log_is_append_only_in_the_database(world: World) -> None:
 
 def test_registered_models_belong_to_the_callers_project(world: World) -> None:
     """A developer's model joins their project (no projectId needed with one
-    project); members see it, other projects do not (404, not listed); the
-    operator's is global: everyone reads it, only the operator deletes it."""
-    name = unique("model")
+    project), named in the project's own namespace (`<project>:<name>`);
+    members see it, other projects do not (404, not listed); the operator's
+    is global: everyone reads it, only the operator deletes it."""
+    bare = unique("model")
     mine = world.ok("POST", "/models", world.keys["developer-user"],
-                    json={"source": world.model_source, "name": name})  # fmt: skip
+                    json={"source": world.model_source, "name": bare})  # fmt: skip
     assert mine["projectId"] == OWN
+    name = mine["name"]
+    assert name == f"{OWN}:{bare}"
     listed = world.ok("GET", "/models", world.keys["viewer-user"])["data"]
     assert name in [m["name"] for m in listed]
     assert name not in [
@@ -258,7 +261,7 @@ def test_registered_models_belong_to_the_callers_project(world: World) -> None:
 
     glob = unique("model")
     made = world.ok("POST", "/models", json={"source": world.model_source, "name": glob})
-    assert made["projectId"] is None
+    assert made["projectId"] is None and made["name"] == glob
     assert world.ok("GET", f"/models/{glob}", world.keys["outsider"])["name"] == glob
     refused = world.op("DELETE", f"/models/{glob}", world.keys["admin-user"])
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "operator_only"

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import jsonschema
 import pytest
 
-from tests.integration.accounts_support import OTHER, OWN, World, world
+from inferd.client.api import ManagementClient
+from tests.integration.accounts_support import OPERATOR_KEY, OTHER, OWN, World, world
 
 __all__ = ["world"]
 
@@ -184,3 +186,63 @@ def test_member_pages(world: World) -> None:
     other_list = world.ok("GET", "/endpoints", params={"limit": 1})["continue"]
     wrong = world.op("GET", f"/projects/{OWN}/members", params={"continue": other_list})
     assert wrong.status_code == 400
+
+
+def test_pages_and_their_errors_are_documented(world: World) -> None:
+    """Each list's page (with `continue`) and its 400 are in the OpenAPI
+    document, schema included, as are the new query parameters."""
+    doc = world.client.get("/openapi.json").json()
+    for _ in range(2):
+        world.endpoint(OWN)
+        world.new_key("admin-user")
+    admin = world.keys["admin-user"]
+    calls = [
+        ("/endpoints", "/inference/endpoints"),
+        (f"/projects/{OWN}/audit", "/inference/projects/{id}/audit"),
+        (f"/projects/{OWN}/members", "/inference/projects/{id}/members"),
+        ("/users/admin-user/keys", "/inference/users/{userId}/keys"),
+    ]
+    for path, template in calls:
+        op = doc["paths"][template]["get"]
+        assert {"limit", "continue"} <= {p["name"] for p in op["parameters"]}
+        for params in ({"limit": 1}, {"limit": 0}):
+            resp = world.op("GET", path, admin, params=params)
+            spec = op["responses"][str(resp.status_code)]
+            schema = {**spec["content"]["application/json"]["schema"],
+                      "components": doc["components"]}  # fmt: skip
+            jsonschema.Draft202012Validator(schema).validate(resp.json())
+            if resp.status_code == 200:
+                assert "continue" in resp.json()
+
+
+def test_key_pages(world: World) -> None:
+    made = [world.new_key("viewer-user")["id"] for _ in range(4)]
+    whole = world.ok("GET", "/users/viewer-user/keys")
+    assert "continue" not in whole
+    ids = [k["id"] for k in whole["data"]]
+    assert ids[-4:] == made and len(ids) == 5  # the first key, then these
+    seen, params = [], {"limit": "2"}
+    while True:
+        body = world.ok("GET", "/users/viewer-user/keys", params=params)
+        seen += [k["id"] for k in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "2", "continue": body["continue"]}
+    assert seen == ids
+    cursor = world.ok("GET", "/users/viewer-user/keys", params={"limit": 1})["continue"]
+    stale = world.op("GET", "/users/developer-user/keys", params={"continue": cursor})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+
+
+def test_the_client_walks_every_page(world: World) -> None:
+    """What the CLI's list commands use: with pages of one item, the walk
+    still yields every item once (repeated filters kept on every page)."""
+    client = ManagementClient("http://testserver", OPERATOR_KEY, http=world.client)
+    members = [m["userId"] for m in client.walk(f"/projects/{OWN}/members", {"limit": "1"})]
+    assert members == sorted(["admin-user", "developer-user", "viewer-user"])
+    for _ in range(3):
+        world.endpoint(OWN)
+    query = [("limit", "1"), ("action", "endpoint.create"), ("action", "member.add")]
+    entries = list(client.walk(f"/projects/{OWN}/audit", query))
+    whole = world.ok("GET", f"/projects/{OWN}/audit", params=query[1:])["data"]
+    assert entries == whole and len(entries) == 6

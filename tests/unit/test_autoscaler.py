@@ -54,6 +54,8 @@ CASES = [
          S, obs(held=40, last=100), ScalerState(0), 100, 4),
     Case("held but a replica is coming up: no extra jump",
          S, obs(held=1, coming_up=1), ScalerState(1), 100, 1),
+    Case("a burst held while the first replica loads: the rest at once",
+         S, obs(held=9, coming_up=1), ScalerState(1), 100, 3),
     Case("load asks for more: waits for the up delay",
          S, obs(in_flight=12, ready=1), ScalerState(1), 100, 1, ScalerState(1, above_since=100)),
     Case("load asked for more long enough: up",

@@ -22,7 +22,7 @@ from inferd.control.timeseries import EndpointSeries, ReplicaTotals, percentile
         ("replica bounds changed", 3, 2, ScaleCause.MANUAL),
         ("idle past the retention period", 1, 0, ScaleCause.IDLE),
         (
-            "request waiting with no replica; traffic within the retention period",
+            "requests waiting with no replica; traffic within the retention period",
             0,
             1,
             ScaleCause.LOAD,

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from inferd.gateway.directory import RoutableReplica
-from inferd.gateway.hold import MAX_RETRY_AFTER_S, Verdict, admit, plan_release, retry_after
+from inferd.gateway.hold import (
+    MAX_RETRY_AFTER_S,
+    HoldRoom,
+    Verdict,
+    admit,
+    plan_release,
+    retry_after,
+)
 from inferd.gateway.routing import Outcome
 
 
@@ -37,6 +44,33 @@ def test_admit(
     outcome: Outcome, held: int, max_held: int, verdict: Verdict, status: int | None
 ) -> None:
     admission = admit(outcome, held, max_held)
+    assert (admission.verdict, admission.status) == (verdict, status)
+
+
+BYTES = [
+    # (name, outcome, room, cost, verdict, status) with 1000 bytes per
+    # endpoint and 1500 for the instance
+    ("room for it", Outcome.NO_REPLICA, HoldRoom(1, 500, 500), 400, Verdict.HOLD, None),
+    ("exactly fills the endpoint", Outcome.NO_REPLICA, HoldRoom(1, 500, 500), 500,
+     Verdict.HOLD, None),
+    ("endpoint bytes full", Outcome.NO_REPLICA, HoldRoom(1, 900, 900), 200, Verdict.REFUSE, 503),
+    ("instance bytes full", Outcome.BUSY, HoldRoom(1, 100, 1400), 200, Verdict.REFUSE, 429),
+    ("free slot: bytes do not matter", Outcome.CHOSEN, HoldRoom(0, 0, 1500), 9999,
+     Verdict.FORWARD, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("outcome", "room", "cost", "verdict", "status"),
+    [case[1:] for case in BYTES],
+    ids=[case[0] for case in BYTES],
+)
+def test_admit_bounds_held_bytes_per_endpoint_and_instance(
+    outcome: Outcome, room: HoldRoom, cost: int, verdict: Verdict, status: int | None
+) -> None:
+    admission = admit(
+        outcome, room.held, 10_000, room=room, cost=cost, max_bytes=1000, max_instance_bytes=1500
+    )
     assert (admission.verdict, admission.status) == (verdict, status)
 
 

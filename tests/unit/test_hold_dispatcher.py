@@ -117,6 +117,59 @@ def test_a_client_that_leaves_while_held_leaves_no_trace() -> None:
     run(scenario())
 
 
+def test_held_bytes_are_counted_while_held_and_given_back_however_they_leave() -> None:
+    """Bodies count toward the memory bound while held (plus the fixed cost
+    each), and every way out (placed, gone, timed out) gives them back."""
+
+    async def scenario() -> None:
+        dispatcher, ep, _, clock = setup(
+            [A], held_request_overhead_bytes=100, max_held_bytes_per_endpoint=700
+        )
+        await dispatcher.acquire(ep, NONE, clock() + 60)
+        placed = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60, size=200))
+        leaving = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 60, size=250))
+        await turns()
+        assert dispatcher.held_bytes(EP) == dispatcher.held_bytes() == 650
+        with pytest.raises(TooManyRequests):  # 650 + 100 + 1 > 700
+            await dispatcher.acquire(ep, NONE, clock() + 60, size=1)
+        leaving.cancel()
+        dispatcher.release(ep, "a")
+        await turns()
+        assert placed.result() is A and dispatcher.held_bytes() == 0
+        expiring = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 0.01, size=50))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ServiceUnavailable):
+            await expiring
+        assert dispatcher.held_bytes(EP) == 0 and dispatcher.held_bytes() == 0
+        await dispatcher.close()
+
+    run(scenario())
+
+
+def test_an_endpoint_that_fits_nowhere_is_refused_at_once_and_its_held_requests_too() -> None:
+    """Held while nobody knew; once the control plane says no node could
+    ever take a replica, the held request and every new one get 503 with
+    the reason and Retry-After, without waiting out the hold."""
+
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup([], hold_poll_seconds=0.01)
+        held = asyncio.ensure_future(dispatcher.acquire(ep, NONE, clock() + 600))
+        await turns()
+        assert not held.done()
+        why = "no node of the cluster in location 'us-west' has cpu"
+        directory.set_route(EndpointRoute(EP, "chat", "m", unplaceable=why))
+        with pytest.raises(ServiceUnavailable) as refused:
+            await asyncio.wait_for(held, 5)
+        assert refused.value.code == "no_capacity" and why in refused.value.message
+        assert refused.value.retry_after is not None and refused.value.retry_after >= 1
+        with pytest.raises(ServiceUnavailable, match="can be placed"):
+            await dispatcher.acquire(ep, NONE, clock() + 600)
+        assert dispatcher.held(EP) == 0 and dispatcher.held_bytes() == 0
+        await dispatcher.close()
+
+    run(scenario())
+
+
 def test_queue_full_is_429_when_busy_and_503_when_scaling() -> None:
     async def scenario() -> None:
         dispatcher, ep, directory, clock = setup([A], max_held_requests=1)

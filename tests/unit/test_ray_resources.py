@@ -13,6 +13,7 @@ from inferd.control.launchers.ray_resources import (
     node_capacity,
     node_resources,
     replica_demand,
+    spread_choice,
 )
 
 
@@ -101,3 +102,45 @@ def test_cannot_place_names_location_type_and_count(
     location: str, gpu_type: str, count: int, reason: str | None
 ) -> None:
     assert cannot_place(NODES, location, gpu_type, count) == reason
+
+
+def _node(
+    node_id: str, free: int, domain: str | None = None, location: str = "us-east"
+) -> NodeCapacity:
+    return NodeCapacity(node_id, "ip", location, {"cpu": 2}, {"cpu": free}, domain)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "peers", "chosen", "why"),
+    [
+        ([_node("a", 2), _node("b", 2)], {}, "a", "a tie goes to the node id"),
+        ([_node("a", 1), _node("b", 2)], {}, "b", "else the most free slots"),
+        ([_node("a", 2), _node("b", 1)], {"a": 1}, "b", "a node without the endpoint first"),
+        ([_node("a", 1), _node("b", 0)], {"a": 1}, "a", "one node only when it is the only one"),
+        ([_node("a", 0), _node("b", 0)], {}, None, "no room anywhere"),
+        (
+            [_node("a", 2, "rack1"), _node("b", 2, "rack1"), _node("c", 1, "rack2")],
+            {"a": 1},
+            "c",
+            "another failure domain before another node of the same",
+        ),
+        (
+            [_node("a", 2, "rack1"), _node("b", 2, "rack1"), _node("c", 0, "rack2")],
+            {"a": 1, "c": 1},
+            "b",
+            "then another node of the domain",
+        ),
+        ([_node("a", 2, location="eu-west"), _node("b", 1)], {}, "b", "only its location"),
+    ],
+)
+def test_an_endpoints_replicas_spread_over_domains_then_nodes(
+    nodes: list[NodeCapacity], peers: dict[str, int], chosen: str | None, why: str
+) -> None:
+    assert spread_choice(nodes, "us-east", "cpu", 1, peers) == chosen, why
+
+
+def test_a_node_declares_its_failure_domain_and_capacity_reads_it() -> None:
+    declared = node_resources("us-east", "L4", 1, "rack-7")
+    assert declared["failure_domain:rack-7"] > 0
+    node = node_capacity("n", "ip", declared, declared)
+    assert (node.location, node.failure_domain) == ("us-east", "rack-7")

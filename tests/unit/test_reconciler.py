@@ -216,6 +216,37 @@ async def test_a_crashing_replica_is_replaced_with_backoff_and_shows_failed() ->
     assert last.reason.startswith("process exited with code 1")
 
 
+async def test_replicas_lost_while_serving_are_replaced_at_once_and_not_failed() -> None:
+    """Both ready replicas go with their node: replacements are launched in
+    the same pass (no crash-loop backoff), and until one is ready the record
+    says initializing with why, never failed."""
+    from inferd.control.records import ReplicaView, derive_status
+
+    w = await World(endpoint(min_replicas=2)).open()
+    await w.tick()
+    w.report_all()
+    await w.tick()
+    lost = w.live()
+    assert len(lost) == 2
+    for rid in lost:
+        w.launcher.exit(rid, None, "node 10.0.0.7 left the Ray cluster")
+    await w.tick()
+    assert len(w.launcher.launched) == 4  # at once
+    replacing = w.reconciler.replacing("e1")
+    assert replacing is not None and "left the Ray cluster" in replacing
+    failed_only = [ReplicaView(1, S.FAILED, reason="lost")] * 2
+    derived = derive_status(endpoint(min_replicas=2), failed_only, None, replacing)
+    assert (derived.status.value, derived.reason) == ("initializing", replacing)
+    w.report_all()
+    await w.tick()
+    assert w.reconciler.replacing("e1") is None
+    # One that served and then crashed is a loss too: replaced at once.
+    (crashing, _) = w.live()
+    w.launcher.exit(crashing, 1)
+    await w.tick()
+    assert len(w.launcher.launched) == 5
+
+
 async def test_a_silent_replica_is_failed_killed_and_its_requests_aborted() -> None:
     w = await World(endpoint(min_replicas=1)).open()
     await w.tick()
@@ -233,6 +264,23 @@ async def test_no_capacity_is_reported_not_retried_blindly() -> None:
     await w.tick()
     assert len(w.launcher.launched) == 1
     assert w.reconciler.capacity_reason("e1") == "no free slot"
+
+
+async def test_a_replica_that_fits_nowhere_is_told_apart_from_a_full_cluster() -> None:
+    """No capacity now (every slot taken) is worth waiting for; a location
+    with nothing of the type at all is not: only that one is `unplaceable`,
+    and it clears once the cluster could take it."""
+    w = await World(endpoint(min_replicas=2), slots=1).open()
+    await w.tick()
+    assert w.reconciler.capacity_reason("e1") == "no free slot"
+    assert w.reconciler.unplaceable("e1") is None
+    w = await World(endpoint(min_replicas=1, location_name="nowhere")).open()
+    await w.tick()
+    assert w.reconciler.unplaceable("e1") == "no location 'nowhere'"
+    assert w.launcher.launched == []
+    w.launcher.location = "nowhere"
+    await w.tick()
+    assert w.reconciler.unplaceable("e1") is None
 
 
 async def test_gpu_change_rolls_replicas_over() -> None:

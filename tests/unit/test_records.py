@@ -108,6 +108,7 @@ def test_record_has_every_spec_field_typed() -> None:
             "statusReason": None,
             "since": None,
             "engine": None,
+            "node": None,
         }
     ]
     assert record["status"] == "running"

@@ -72,6 +72,23 @@ class Endpoints(Protocol):
 STATUS_SCAN_FACTOR = 10
 
 
+class ModelOwners(Protocol):
+    """Which models an endpoint of a project may serve (`ModelService`)."""
+
+    def usable_in(self, name: str, project_id: str) -> bool: ...
+
+
+def model_not_usable(name: str, project_id: str) -> BadRequest:
+    # The same answer whether the model exists in another project or
+    # nowhere: another project's models are not revealed.
+    return BadRequest(
+        f"Unknown model '{name}': not a model of GET /inference/models that project "
+        f"'{project_id}' can use.",
+        param="modelName",
+        code="model_not_found",
+    )
+
+
 def not_found(endpoint_id: str) -> NotFound:
     # The same answer as for an id that exists nowhere.
     return NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
@@ -84,11 +101,13 @@ class ProjectEndpoints:
         accounts: AccountService,
         meter: UsageMeter,
         clock: Callable[[], datetime],
+        models: ModelOwners,
     ) -> None:
         self.service = service
         self.accounts = accounts
         self.meter = meter
         self._clock = clock
+        self.models = models
         # Quota checks and the writes they allow happen without interleaving.
         self._lock = asyncio.Lock()
 
@@ -174,6 +193,8 @@ class ProjectEndpoints:
                 f"No project '{project_id}'.", param="projectId", code="project_not_found"
             ),
         )
+        if not self.models.usable_in(req.modelName, project_id):
+            raise model_not_usable(req.modelName, project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(None, req)
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         new = EndpointShape("", gpu_type, gpu_count, req.minReplicas)
@@ -303,6 +324,31 @@ class ProjectEndpoints:
         since = hour_of(since) if since else None
         stored = await self.accounts.store.usage(endpoint_id=endpoint_id, since=since, until=until)
         return merge_usage(stored, self.meter.pending(endpoint_id=endpoint_id), since, until)
+
+    async def names_of_deleted(
+        self, principal: Principal, project_id: str, endpoint_ids: Sequence[str]
+    ) -> dict[str, str]:
+        """The names deleted endpoints of the project had (their usage
+        outlives them), from the audit log's create and delete entries."""
+        await self.accounts.project(principal, project_id)
+        wanted = {f"endpoint:{i}": i for i in endpoint_ids}
+        names: dict[str, str] = {}
+        after: int | None = None
+        while wanted:
+            entries = await self.accounts.store.audit(
+                project_id,
+                actions=(AuditAction.ENDPOINT_CREATE, AuditAction.ENDPOINT_DELETE),
+                limit=1000,
+                after=after,
+            )
+            for e in entries:
+                name = e.detail.get("name")
+                if e.target in wanted and isinstance(name, str):
+                    names[wanted[e.target]] = name
+            if len(entries) < 1000:
+                break
+            after = entries[-1].id
+        return names
 
     async def project_usage(
         self, principal: Principal, project_id: str, since: datetime | None, until: datetime | None

@@ -138,11 +138,19 @@ class MemoryAccountStore:
             raise KeyError(key.user_id)
         self._keys[key.id] = key
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
-        return sorted(
-            (k for k in self._keys.values() if k.user_id == user_id),
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        found = sorted(
+            (k for k in self._keys.values()
+             if k.user_id == user_id and (after is None or (k.created_at, k.id) > after)),
             key=lambda k: (k.created_at, k.id),
-        )
+        )  # fmt: skip
+        return found if limit is None else found[:limit]
 
     async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
         for key in self._keys.values():

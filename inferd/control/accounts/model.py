@@ -70,6 +70,11 @@ class UserKey:
     created_at: datetime
     last_used_at: datetime | None = None
     revoked_at: datetime | None = None
+    # The one project the key acts in (None: every project of its user). A
+    # project admin mints keys only for their own project, so a key never
+    # grants more than its minter could; only the user and the operator
+    # mint keys that act everywhere the user is a member.
+    project_id: str | None = None
 
 
 class AuditAction(str, Enum):

@@ -115,7 +115,7 @@ ACCOUNT_TABLES_POSTGRES: tuple[LiteralString, ...] = (
 )
 
 _KEY_COLUMNS: LiteralString = (
-    "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
+    "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at, project_id"
 )
 _USAGE_COLUMNS: LiteralString = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
@@ -131,6 +131,7 @@ def _key(row: Sequence[Any]) -> UserKey:
     return UserKey(
         id=row[0], user_id=row[1], name=row[2], key_hash=bytes(row[3]), hint=row[4],
         created_at=row[5].astimezone(UTC), last_used_at=_utc(row[6]), revoked_at=_utc(row[7]),
+        project_id=row[8],
     )  # fmt: skip
 
 
@@ -284,19 +285,28 @@ class PostgresAccounts:
         try:
             await self._run(self._write(
                 "INSERT INTO user_keys (" + _KEY_COLUMNS + ")"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (key.id, key.user_id, key.name, key.key_hash, key.hint, key.created_at,
-                 key.last_used_at, key.revoked_at),
+                 key.last_used_at, key.revoked_at, key.project_id),
             ))  # fmt: skip
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(key.id) from None
         except psycopg.errors.ForeignKeyViolation:
             raise KeyError(key.user_id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        at, key_id = (None, None) if after is None else after
         rows = await self._rows(
-            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s ORDER BY created_at, id",
-            (user_id,),
+            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s"
+            " AND (%s::timestamptz IS NULL OR (created_at, id) > (%s::timestamptz, %s))"
+            " ORDER BY created_at, id LIMIT %s",
+            (user_id, at, at, key_id, limit),
         )
         return [_key(r) for r in rows]
 

@@ -95,8 +95,14 @@ class PrincipalResolver:
         principal = Principal(
             id=key.user_id,
             name=key.user_id,
-            roles={m.project_id: m.role for m in memberships},
+            # A project key carries the role of that one project, no other.
+            roles={
+                m.project_id: m.role
+                for m in memberships
+                if key.project_id is None or m.project_id == key.project_id
+            },
             key_id=key.id,
+            scope=key.project_id,
         )
         if len(self._by_hash) >= MAX_CACHED_KEYS:
             self._by_hash.clear()

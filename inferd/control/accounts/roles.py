@@ -54,6 +54,8 @@ class Principal:
     roles: Mapping[str, Role] = field(default_factory=dict)
     # The management key used, for last-used bookkeeping and the audit log.
     key_id: str | None = None
+    # The project the key is limited to (`roles` then holds at most that one).
+    scope: str | None = None
 
     @property
     def label(self) -> str:

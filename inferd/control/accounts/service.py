@@ -53,6 +53,61 @@ def _user_missing(user_id: str) -> NotFound:
     return NotFound(f"No user '{user_id}'.", param="userId", code="user_not_found")
 
 
+# A project's own users are `<project>:<name>`: the namespace a project admin
+# creates users in, so that no name says whether a user exists elsewhere.
+LOCAL_SEP = ":"
+
+
+def local_user_id(project_id: str, name: str) -> str:
+    """The id of `name` in `project_id`'s own namespace (`name` may already
+    carry the project's prefix); 400 for anything else."""
+    prefix = project_id + LOCAL_SEP
+    return prefix + _slug(name.removeprefix(prefix), "userId")
+
+
+def _user_id(value: str) -> str:
+    """A global user's id, or a project's own user's (`<project>:<name>`)."""
+    project, sep, name = value.rpartition(LOCAL_SEP)
+    if sep:
+        _slug(project, "userId")
+    _slug(name, "userId")
+    return value
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    """The keys of one user a caller manages: all of them (`projects` None),
+    or those limited to one of `projects`, and with `whole_user` also those
+    for all of the user's projects (when every one of them is in `projects`:
+    such a key acts nowhere else)."""
+
+    projects: frozenset[str] | None
+    whole_user: bool = False
+
+    def covers(self, key: UserKey) -> bool:
+        if self.projects is None or key.project_id in self.projects:
+            return True
+        return key.project_id is None and self.whole_user
+
+    def project_for_new_key(self, asked: str | None, user_id: str) -> str | None:
+        """The project a new key is limited to: what was asked, within this
+        scope; unasked, the scope's only project (or none for a full scope)."""
+        if self.projects is None:
+            return asked
+        if asked is not None:
+            if asked not in self.projects:
+                raise project_missing(asked)
+            return asked
+        if len(self.projects) == 1:
+            return next(iter(self.projects))
+        raise BadRequest(
+            f"Name the project the key of '{user_id}' acts in ('projectId'): you manage "
+            f"{len(self.projects)} of the user's projects.",
+            param="projectId",
+            code="project_required",
+        )
+
+
 @dataclass(frozen=True)
 class CreatedKey:
     key: UserKey
@@ -177,22 +232,36 @@ class AccountService:
     async def put_member(
         self, principal: Principal, project_id: str, user_id: str, role: Role
     ) -> tuple[Membership, CreatedKey | None]:
-        """Add (or change the role of) a member. A user name not seen before
-        creates the user and a first key for them, returned once."""
+        """Add (or change the role of) a member; returns the first key of a
+        user this call created, shown once.
+
+        The operator adds any user (creating one not seen before). A project
+        admin changes the roles of the project's members and adds new users
+        of the project's own: `<project>:<name>`, whatever exists elsewhere,
+        so that the answer says nothing about other projects' users and
+        nobody is enrolled without their consent."""
         await self.project(principal, project_id)
         authorize(principal, project_id, Action.MANAGE, hidden=project_missing(project_id))
-        _slug(user_id, "userId")
+        members = {m.user_id: m for m in await self.store.members_of(project_id)}
+        if not principal.operator and user_id not in members:
+            user_id = local_user_id(project_id, user_id)
+        else:
+            _user_id(user_id)
         created: CreatedKey | None = None
         if await self.store.get_user(user_id) is None:
             try:
                 await self.store.create_user(User(user_id, self._clock()))
+            except AlreadyExists:
+                pass
+            else:
                 await self.audit_event(
                     principal, AuditAction.USER_CREATE, project_id, f"user:{user_id}"
                 )
-                created = await self._new_key(principal, user_id, "first key", project_id)
-            except AlreadyExists:
-                pass
-        old = {m.user_id: m for m in await self.store.members_of(project_id)}.get(user_id)
+                # Operator-made users get a key for all their projects; a
+                # project's own user, one for the project.
+                scope = None if principal.operator else project_id
+                created = await self._new_key(principal, user_id, "first key", scope)
+        old = members.get(user_id)
         membership = Membership(project_id, user_id, role, self._clock())
         await self.store.put_membership(membership)
         self.resolver.forget_user(user_id)
@@ -237,24 +306,63 @@ class AccountService:
         await self.audit_event(principal, AuditAction.USER_CREATE, None, f"user:{user_id}")
         return user, await self._new_key(principal, user_id, "first key", None)
 
-    async def user_scope(self, principal: Principal, user_id: str) -> str | None:
-        """The project the caller manages `user_id`'s keys through (None: self
-        or operator); 404 when the caller may not see the user at all."""
-        if principal.operator or principal.id == user_id:
+    async def user_scope(self, principal: Principal, user_id: str) -> KeyScope:
+        """Which of `user_id`'s keys the caller manages; 404 when none.
+
+        The operator and the user (through a key for all their projects)
+        manage every key of the user. A key limited to one project, and an
+        admin of a project the user is a member of, manage only the user's
+        keys that act nowhere but there: nobody mints, lists or revokes a
+        key that acts where they could not act themselves."""
+        if principal.operator or (principal.id == user_id and principal.scope is None):
             if await self.store.get_user(user_id) is None:
                 raise _user_missing(user_id)
-            return None
-        for m in await self.store.memberships_of(user_id):
-            if principal.may(Action.MANAGE, m.project_id):
-                return m.project_id
-        raise _user_missing(user_id)
+            return KeyScope(None)
+        memberships = {m.project_id for m in await self.store.memberships_of(user_id)}
+        if principal.id == user_id:
+            # The user through a key of one project: that project's keys.
+            assert principal.scope is not None
+            managed = frozenset({principal.scope})
+        else:
+            managed = frozenset(p for p in memberships if principal.may(Action.MANAGE, p))
+            if not managed:
+                raise _user_missing(user_id)
+        return KeyScope(managed, whole_user=managed == memberships)
 
-    async def keys(self, principal: Principal, user_id: str) -> list[UserKey]:
-        await self.user_scope(principal, user_id)
-        return await self.store.keys_of(user_id)
+    async def keys(
+        self,
+        principal: Principal,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> tuple[list[UserKey], UserKey | None]:
+        """The keys of `user_id` the caller manages, from a keyset page of at
+        most `limit` (some may be left out: those the caller does not manage),
+        and the page's last key when more may follow."""
+        scope = await self.user_scope(principal, user_id)
+        read_limit = None if limit is None else limit + 1
+        found = await self.store.keys_of(user_id, after=after, limit=read_limit)
+        last = found[limit - 1] if limit is not None and len(found) > limit else None
+        found = found if limit is None else found[:limit]
+        return [k for k in found if scope.covers(k)], last
 
-    async def create_key(self, principal: Principal, user_id: str, name: str) -> CreatedKey:
-        project_id = await self.user_scope(principal, user_id)
+    async def create_key(
+        self, principal: Principal, user_id: str, name: str, project_id: str | None = None
+    ) -> CreatedKey:
+        """A new key of `user_id`, acting in `project_id` only (None: in every
+        project of the user, for the operator and the user themself; a
+        project admin's key acts in that project, which need not be named
+        when it is the only one the admin shares with the user)."""
+        scope = await self.user_scope(principal, user_id)
+        key_project = scope.project_for_new_key(project_id, user_id)
+        # A key limited to a project acts there only through a membership.
+        if (
+            scope.projects is None
+            and key_project is not None
+            and key_project not in {m.project_id for m in await self.store.memberships_of(user_id)}
+        ):
+            raise project_missing(key_project)
         active = [k for k in await self.store.keys_of(user_id) if k.revoked_at is None]
         if len(active) >= MAX_KEYS_PER_USER:
             raise Conflict(
@@ -262,7 +370,7 @@ class AccountService:
                 "revoke one first.",
                 code="key_limit_reached",
             )
-        return await self._new_key(principal, user_id, name, project_id)
+        return await self._new_key(principal, user_id, name, key_project)
 
     async def _new_key(
         self, principal: Principal, user_id: str, name: str, project_id: str | None
@@ -275,23 +383,36 @@ class AccountService:
             key_hash=hash_token(plaintext),
             hint=key_hint(plaintext),
             created_at=self._clock(),
+            project_id=project_id,
         )
         await self.store.add_key(key)
-        await self.audit_event(
-            principal, AuditAction.KEY_CREATE, project_id, f"key:{key.id}", user=user_id, name=name
-        )
+        await self._audit_key(principal, AuditAction.KEY_CREATE, key, name=name)
         return CreatedKey(key, plaintext)
 
     async def revoke_key(self, principal: Principal, user_id: str, key_id: str) -> None:
-        project_id = await self.user_scope(principal, user_id)
-        if not any(k.id == key_id for k in await self.store.keys_of(user_id)):
+        scope = await self.user_scope(principal, user_id)
+        key = next((k for k in await self.store.keys_of(user_id) if k.id == key_id), None)
+        if key is None or not scope.covers(key):
             raise NotFound(f"No key '{key_id}'.", param="keyId", code="key_not_found")
         await self.store.revoke_key(key_id, self._clock())
         # Before the answer: the key fails from the next request on.
         self.resolver.forget_key(key_id)
-        await self.audit_event(
-            principal, AuditAction.KEY_REVOKE, project_id, f"key:{key_id}", user=user_id
-        )
+        await self._audit_key(principal, AuditAction.KEY_REVOKE, key)
+
+    async def _audit_key(
+        self, principal: Principal, action: AuditAction, key: UserKey, **detail: object
+    ) -> None:
+        """A key event goes to the log of every project the key acts in (of
+        none: the operator's log), naming who did it."""
+        if key.project_id is not None:
+            projects: list[str | None] = [key.project_id]
+        else:
+            projects = [m.project_id for m in await self.store.memberships_of(key.user_id)]
+        for project_id in projects or [None]:
+            await self.audit_event(
+                principal, action, project_id, f"key:{key.id}",
+                user=key.user_id, scope=key.project_id, **detail,
+            )  # fmt: skip
 
     # --- audit and usage -------------------------------------------------------------------
 
@@ -322,6 +443,7 @@ def key_info(key: UserKey, pending_last_used: datetime | None = None) -> dict[st
         "userId": key.user_id,
         "name": key.name,
         "hint": key.hint,
+        "projectId": key.project_id,
         "createdAt": rfc3339(key.created_at),
         "lastUsedAt": rfc3339(last_used) if last_used else None,
         "revokedAt": rfc3339(key.revoked_at) if key.revoked_at else None,

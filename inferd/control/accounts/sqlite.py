@@ -148,7 +148,7 @@ def _project(row: Any) -> Project:
     return Project(row[0], _at_required(row[1]), quota_from_json(row[2]), quota_from_json(row[3]))
 
 
-_KEY_COLUMNS = "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at"
+_KEY_COLUMNS = "id, user_id, name, key_hash, hint, created_at, last_used_at, revoked_at, project_id"
 _USAGE_COLUMNS = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
     " prompt_tokens, completion_tokens, images, cost"
@@ -165,6 +165,7 @@ def _key(row: Sequence[Any]) -> UserKey:
         created_at=_at_required(row[5]),
         last_used_at=_at(row[6]),
         revoked_at=_at(row[7]),
+        project_id=row[8],
     )
 
 
@@ -351,12 +352,13 @@ class SqliteAccounts:
                 ):
                     raise KeyError(key.user_id)
                 conn.execute(
-                    f"INSERT INTO user_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO user_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         key.id, key.user_id, key.name, key.key_hash, key.hint,
                         rfc3339(key.created_at),
                         rfc3339(key.last_used_at) if key.last_used_at else None,
                         rfc3339(key.revoked_at) if key.revoked_at else None,
+                        key.project_id,
                     ),
                 )  # fmt: skip
 
@@ -365,11 +367,20 @@ class SqliteAccounts:
         except sqlite3.IntegrityError:
             raise AlreadyExists(key.id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        # Times are stored as fixed-width RFC 3339 text: text order is time order.
+        at, key_id = (None, None) if after is None else (rfc3339(after[0]), after[1])
         rows = await self._in_thread(
             self._query,
-            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ? ORDER BY created_at, id",
-            (user_id,),
+            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ?"
+            " AND (? IS NULL OR (created_at, id) > (?, ?)) ORDER BY created_at, id LIMIT ?",
+            (user_id, at, at, key_id, -1 if limit is None else limit),
         )
         return [_key(r) for r in rows]
 

@@ -43,6 +43,7 @@ from inferd.control.ports import (
     ReplicaHandle,
 )
 from inferd.replica.config import SECRET_ENV, ReplicaSettings, ReplicaSpec, config_for, to_argv
+from inferd.replica.groups import sweep
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +155,9 @@ class LocalLauncher:
         self._exits: asyncio.Queue[ReplicaExit | None] = asyncio.Queue()
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
+        # Leftovers of replicas that ended while nobody watched (their group
+        # reaper killed too); live replicas, adopted later, are left alone.
+        sweep()
 
     # -- capacity ---------------------------------------------------------------
 

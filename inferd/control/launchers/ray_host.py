@@ -10,7 +10,9 @@ to it directly.
 No replica outlives its actor: the child is started with a parent-death
 signal (PR_SET_PDEATHSIG, SIGKILL), which Ray's own child cleanup does not
 give when the actor's worker is SIGKILLed or its node is lost; the replica's
-orphan timeout covers the rest (a lost control plane). An actor whose
+group reaper then takes its engine's processes with it (`replica.groups`);
+the replica's orphan timeout covers the rest (a lost control plane). Each
+actor, as it starts, sweeps its node for the leftovers of ended replicas. An actor whose
 replica has ended and that nobody removes (the control plane is gone) exits
 by itself after `linger_s`, giving its GPUs back.
 
@@ -65,8 +67,11 @@ class ReplicaHost:
         env: Mapping[str, str],
         model: str,
         linger_s: float = 60.0,
+        *,
+        endpoint_id: str = "",
     ) -> None:
         self.replica_id = replica_id
+        self.endpoint_id = endpoint_id
         self._command = list(command)
         self._env = dict(env)
         self._model = model
@@ -88,6 +93,9 @@ class ReplicaHost:
     async def start(self) -> dict[str, Any]:
         """Start the replica (once); returns `info()`."""
         if self._process is None and self._failure is None:
+            from inferd.replica.groups import sweep
+
+            await asyncio.to_thread(sweep)
             node_ip, node_id = self._node()
             self._failure = missing_model_reason(self._model, f"{node_ip} ({node_id[:12]})")
             if self._failure is None:
@@ -151,6 +159,7 @@ class ReplicaHost:
         node_ip, node_id = self._node()
         return {
             "replicaId": self.replica_id,
+            "endpointId": self.endpoint_id,
             "pid": self._process.pid if self._process else None,
             "running": self._process is not None and not self._ended.is_set(),
             "returncode": self._returncode,

@@ -35,6 +35,7 @@ from typing import Any
 import ray
 import ray._private.state
 from ray.exceptions import RayActorError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from inferd.control.launchers.ray_host import NODE_HOST, PYTHON, ReplicaHost
 from inferd.control.launchers.ray_resources import (
@@ -45,6 +46,7 @@ from inferd.control.launchers.ray_resources import (
     cannot_place,
     node_capacity,
     replica_demand,
+    spread_choice,
 )
 from inferd.control.ports import (
     Capacity,
@@ -54,6 +56,7 @@ from inferd.control.ports import (
     ReplicaHandle,
 )
 from inferd.replica.config import SECRET_ENV, ReplicaSettings, ReplicaSpec, config_for, to_argv
+from inferd.replica.groups import sweep
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ def actor_name(replica_id: str) -> str:
 @dataclass
 class _Placed:
     replica_id: str
+    endpoint_id: str
     actor: Any  # ray.actor.ActorHandle
     node_ip: str
     node_id: str
@@ -91,7 +95,10 @@ class RayLauncher:
         node_ip_address: str | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         linger_s: float = 60.0,
+        spread: bool = True,
     ) -> None:
+        """`spread`: an endpoint's replicas on different nodes where there
+        is room (else Ray's default, which fills one node first)."""
         if not ray.is_initialized():
             _check_reachable(address)
             ray.init(
@@ -105,8 +112,16 @@ class RayLauncher:
         self._settings = settings
         self._start_timeout_s = start_timeout_s
         self._linger_s = linger_s
+        self._spread = spread
+        # This machine's leftovers of ended replicas (the nodes sweep their
+        # own as replicas are placed there).
+        sweep()
         self._remote_host = ray.remote(ReplicaHost)
         self._placed: dict[str, _Placed] = {}
+        # Replicas whose node is chosen and whose actor is not placed yet:
+        # replica id -> (endpoint id, node id), so that replicas launched
+        # together spread too.
+        self._choosing: dict[str, tuple[str, str]] = {}
         self._exits: asyncio.Queue[ReplicaExit | None] = asyncio.Queue()
         self._closed = False
 
@@ -156,12 +171,43 @@ class RayLauncher:
         )
         return [PYTHON, "-m", "inferd.replica", *to_argv(config)]
 
+    def _peers(self, endpoint_id: str) -> dict[str, int]:
+        """Node id -> replicas of this endpoint there (placed or being placed)."""
+        peers: dict[str, int] = {}
+        for placed in self._placed.values():
+            if placed.endpoint_id == endpoint_id:
+                peers[placed.node_id] = peers.get(placed.node_id, 0) + 1
+        for endpoint, node_id in self._choosing.values():
+            if endpoint == endpoint_id:
+                peers[node_id] = peers.get(node_id, 0) + 1
+        return peers
+
     async def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
         if self._closed:
             raise RuntimeError("the launcher is shut down")
-        reason = await self.cannot_place(spec.location, spec.gpu_type, spec.gpu_count)
+        nodes = await asyncio.to_thread(self.nodes)
+        reason = cannot_place(nodes, spec.location, spec.gpu_type, spec.gpu_count)
         if reason is not None:
             raise RuntimeError(reason)
+        # Spread: Ray alone packs a node before it uses the next, and a node
+        # holding all of an endpoint's replicas takes the endpoint down with
+        # it. The choice is soft: if that node filled up meanwhile, Ray
+        # places the replica wherever it fits.
+        if not self._spread:
+            return await self._place(spec, "DEFAULT")
+        node_id = spread_choice(
+            nodes, spec.location, spec.gpu_type, spec.gpu_count, self._peers(spec.endpoint_id)
+        )
+        strategy: Any = "SPREAD"
+        if node_id is not None:
+            strategy = NodeAffinitySchedulingStrategy(node_id, soft=True)
+            self._choosing[spec.replica_id] = (spec.endpoint_id, node_id)
+        try:
+            return await self._place(spec, strategy)
+        finally:
+            self._choosing.pop(spec.replica_id, None)
+
+    async def _place(self, spec: ReplicaSpec, strategy: Any) -> ReplicaHandle:
         demand = replica_demand(spec.location, spec.gpu_type, spec.gpu_count)
         env = {SECRET_ENV: spec.secret}
         if spec.gpu_type == CPU:
@@ -174,7 +220,15 @@ class RayLauncher:
             num_cpus=0,
             num_gpus=demand.num_gpus,
             resources=demand.resources,
-        ).remote(spec.replica_id, self.command(spec), env, spec.model.source, self._linger_s)
+            scheduling_strategy=strategy,
+        ).remote(
+            spec.replica_id,
+            self.command(spec),
+            env,
+            spec.model.source,
+            self._linger_s,
+            endpoint_id=spec.endpoint_id,
+        )
         try:
             info = await asyncio.wait_for(actor.start.remote(), self._start_timeout_s)
         except (TimeoutError, RayError) as exc:
@@ -197,7 +251,8 @@ class RayLauncher:
     def _handle(self, placed: _Placed) -> ReplicaHandle:
         return ReplicaHandle(
             placed.replica_id,
-            node=placed.node_ip,
+            # The address alone does not tell apart nodes on one machine.
+            node=f"{placed.node_ip} ({placed.node_id[:12]})",
             placement={
                 "actor": actor_name(placed.replica_id),
                 "namespace": self._namespace,
@@ -206,7 +261,9 @@ class RayLauncher:
         )
 
     def _track(self, replica_id: str, actor: Any, info: Mapping[str, Any]) -> _Placed:
-        placed = _Placed(replica_id, actor, info["nodeIp"], info["nodeId"])
+        placed = _Placed(
+            replica_id, info.get("endpointId") or "", actor, info["nodeIp"], info["nodeId"]
+        )
         self._placed[replica_id] = placed
         placed.watcher = asyncio.ensure_future(self._watch(placed))
         return placed

@@ -7,7 +7,10 @@ node start` sets them):
   so that a replica lands only in its endpoint's location;
 - `gpu_type:<name>`: one unit per GPU of that catalog type (for `cpu`: one
   per CPU replica slot), so that a replica lands only on a node with enough
-  GPUs of its type.
+  GPUs of its type;
+- `failure_domain:<name>` (optional): a marker for what fails together (a
+  rack, a power feed, a zone), so that an endpoint's replicas are spread
+  across domains before nodes.
 
 A replica asks for `num_gpus` (Ray sets its CUDA_VISIBLE_DEVICES) plus both,
 on one node. Resources rather than Ray's newer labels: resources are the
@@ -19,11 +22,12 @@ reports (total and available) and never imports Ray.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LOCATION_PREFIX = "location:"
 GPU_TYPE_PREFIX = "gpu_type:"
+FAILURE_DOMAIN_PREFIX = "failure_domain:"
 CPU = "cpu"
 # The location marker's amount on a node, and a replica's share of it: a
 # node holds up to this many replicas as far as the marker is concerned.
@@ -39,10 +43,14 @@ def gpu_type_resource(gpu_type: str) -> str:
     return GPU_TYPE_PREFIX + gpu_type
 
 
-def node_resources(location: str, gpu_type: str | None, units: int) -> dict[str, float]:
-    """The custom resources a node declares: its location, and `units` of its
-    GPU type (GPUs, or CPU replica slots for `cpu`)."""
+def node_resources(
+    location: str, gpu_type: str | None, units: int, failure_domain: str | None = None
+) -> dict[str, float]:
+    """The custom resources a node declares: its location, `units` of its
+    GPU type (GPUs, or CPU replica slots for `cpu`) and its failure domain."""
     resources = {location_resource(location): LOCATION_MARKER}
+    if failure_domain:
+        resources[FAILURE_DOMAIN_PREFIX + failure_domain] = LOCATION_MARKER
     if gpu_type is not None and units > 0:
         resources[gpu_type_resource(gpu_type)] = float(units)
     return resources
@@ -88,6 +96,8 @@ class NodeCapacity:
     location: str | None
     total: Mapping[str, int] = field(default_factory=dict)  # GPU type -> units
     free: Mapping[str, int] = field(default_factory=dict)
+    # What fails together with this node; None: the node alone.
+    failure_domain: str | None = None
 
 
 def node_capacity(
@@ -104,7 +114,17 @@ def node_capacity(
             types[name] = int(amount)
             # Ray leaves a fully used resource out of `available`.
             free[name] = int(available.get(key, 0.0) + 1e-9)
-    return NodeCapacity(node_id, address, locations[0] if locations else None, types, free)
+    domains = sorted(
+        k[len(FAILURE_DOMAIN_PREFIX) :] for k in total if k.startswith(FAILURE_DOMAIN_PREFIX)
+    )
+    return NodeCapacity(
+        node_id,
+        address,
+        locations[0] if locations else None,
+        types,
+        free,
+        domains[0] if domains else None,
+    )
 
 
 def by_location(nodes: Iterable[NodeCapacity]) -> dict[str, dict[str, Slots]]:
@@ -152,3 +172,36 @@ def cannot_place(
         f"{slots.free} of {slots.total} free on {slots.nodes} node(s), at most "
         f"{slots.largest_free} on one"
     )
+
+
+def spread_choice(
+    nodes: Sequence[NodeCapacity],
+    location: str,
+    gpu_type: str,
+    gpu_count: int,
+    peers: Mapping[str, int],
+) -> str | None:
+    """The node for an endpoint's next replica: among the nodes of its
+    location with room for it, the one whose failure domain, then the node
+    itself, holds the fewest of the endpoint's replicas (`peers`: node id ->
+    replicas of this endpoint there); ties go to the node with the most free
+    units, then to the node id (the same inputs give the same node). None
+    when no node has room. One node is used twice only when it is the only
+    one with room."""
+    need = 1 if gpu_type == CPU else gpu_count
+    candidates = [n for n in nodes if n.location == location and n.free.get(gpu_type, 0) >= need]
+    if not candidates:
+        return None
+    in_domain: dict[str, int] = {}
+    for node in nodes:
+        if node.failure_domain is not None:
+            in_domain[node.failure_domain] = in_domain.get(node.failure_domain, 0) + peers.get(
+                node.node_id, 0
+            )
+
+    def rank(node: NodeCapacity) -> tuple[int, int, int, str]:
+        own = peers.get(node.node_id, 0)
+        domain = own if node.failure_domain is None else in_domain[node.failure_domain]
+        return (domain, own, -node.free.get(gpu_type, 0), node.node_id)
+
+    return min(candidates, key=rank).node_id

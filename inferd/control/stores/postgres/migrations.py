@@ -199,6 +199,12 @@ _V6 = Migration(
 
 _V7 = Migration(
     7,
+    "a management key may be limited to one project (NULL: every project of its user)",
+    ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
+)
+
+_V8 = Migration(
+    8,
     "endpoints of embedding and rerank models",
     (
         "ALTER TABLE endpoints DROP CONSTRAINT endpoints_model_kind_check",
@@ -207,7 +213,7 @@ _V7 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 
 def latest_version() -> int:

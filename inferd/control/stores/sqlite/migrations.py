@@ -216,12 +216,18 @@ _V6 = Migration(
 
 _V7 = Migration(
     7,
+    "a management key may be limited to one project (NULL: every project of its user)",
+    ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
+)
+
+_V8 = Migration(
+    8,
     "endpoints of embedding and rerank models",
     (
         # SQLite cannot change a CHECK constraint: the table is rebuilt (as in
         # version 5; `migrate` runs with foreign keys off).
         """
-        CREATE TABLE endpoints_v7 (
+        CREATE TABLE endpoints_v8 (
             id                TEXT PRIMARY KEY,
             name              TEXT NOT NULL,
             model_name        TEXT NOT NULL,
@@ -244,13 +250,13 @@ _V7 = Migration(
             UNIQUE (project_id, name)
         ) STRICT
         """,
-        "INSERT INTO endpoints_v7 SELECT * FROM endpoints",
+        "INSERT INTO endpoints_v8 SELECT * FROM endpoints",
         "DROP TABLE endpoints",
-        "ALTER TABLE endpoints_v7 RENAME TO endpoints",
+        "ALTER TABLE endpoints_v8 RENAME TO endpoints",
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 
 def latest_version() -> int:
