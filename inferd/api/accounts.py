@@ -186,3 +186,9 @@ class UsageList(_Response):
     currency: str
     totals: dict[str, float]
     data: list[UsageInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more rows follow: pass it as the `continue` query "
+        "parameter, with the same window, for the next page. Absent on the last page.",
+    )

@@ -429,3 +429,17 @@ def test_endpoint_page_shows_the_engines_cache_figures(client: TestClient, plane
     rates = re.findall(r'data-testid="replica-cache-hit-rate">([^<]*)<', page)
     assert sorted(rates) == ["30.0%", "90.0%"]
     assert "1200 of 2000 prompt tokens" in page
+
+
+def test_endpoint_page_shows_where_each_replica_runs(client: TestClient, plane: Server) -> None:
+    from inferd.control.ports import ReplicaHandle
+    from inferd.control.registry import Replica, secret_digest
+
+    endpoint_id = create(client, sign_in(client))
+    node = "10.0.0.7 (3f2a9c0d11aa)"
+    handle = ReplicaHandle("r-n", node, {"actor": "inferd-replica-r-n"})
+    plane.registry.add(Replica("r-n", endpoint_id, 1, "cpu", 1, secret_digest("r-n"), handle))
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    assert re.findall(r'data-testid="replica-node">([^<]*)<', page) == [node]
+    (replica,) = plane.service.record(endpoint_id)["replicas"]
+    assert replica["node"] == node
