@@ -146,6 +146,9 @@ class WhoAmI(_Response):
     id: str
     operator: bool
     roles: dict[str, RoleName]
+    keyProjectId: str | None = Field(
+        description="The one project the key used acts in; null: every project of the user."
+    )
 
 
 class AuditEntryInfo(_Response):
@@ -186,3 +189,9 @@ class UsageList(_Response):
     currency: str
     totals: dict[str, float]
     data: list[UsageInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more rows follow: pass it as the `continue` query "
+        "parameter, with the same window, for the next page. Absent on the last page.",
+    )

@@ -329,6 +329,12 @@ class ModelInfo(_CatalogResponse):
 
 class ModelList(_Response):
     data: list[ModelInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more models follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class GpuCapacity(_CatalogResponse):

@@ -319,6 +319,10 @@ def _usage(client: ManagementClient, args: argparse.Namespace) -> int:
     else:
         path = f"/projects/{args.target}/usage"
     body = client.call("GET", path, params=params)
+    # Every page's rows; the totals (the whole window's) are on each page.
+    while "continue" in body:
+        more = client.call("GET", path, params={**params, "continue": body.pop("continue")})
+        body = {**more, "data": body["data"] + more["data"]}
     # Endpoints by name where they still exist (a deleted one keeps its id).
     names = {e["id"]: e["name"] for e in client.list_endpoints(
         None if args.usage_of == "endpoint" else args.target)}  # fmt: skip

@@ -42,9 +42,12 @@ from inferd.http import read_model
 from inferd.server.access import Operation, Target
 from inferd.server.paging import (
     ENDPOINT_FILTERS,
+    MODEL_FILTERS,
     PAGE_PARAMS,
     filter_value,
     next_cursor,
+    paged_body,
+    read_key_page,
     read_page,
 )
 from inferd.vocab import EndpointStatus
@@ -80,7 +83,9 @@ class ManagementRoutes:
             Operation(
                 "POST", "/endpoints/{id}/access-token", Target.ENDPOINT, W, self.reissue_token
             ),
-            Operation("GET", "/models", Target.ANY, R, self.list_models),
+            Operation(
+                "GET", "/models", Target.ANY, R, self.list_models, (*MODEL_FILTERS, *PAGE_PARAMS)
+            ),
             Operation("POST", "/models", Target.NEW_MODEL, W, self.register_model),
             Operation("GET", "/models/{name}", Target.MODEL, R, self.get_model),
             Operation("DELETE", "/models/{name}", Target.MODEL, W, self.delete_model),
@@ -145,9 +150,28 @@ class ManagementRoutes:
     # --- catalog -----------------------------------------------------------------------
 
     async def list_models(self, request: Request, principal: Principal) -> Response:
-        # Registered models come and go: rendered per call (tens of entries).
-        models = [_model_info(m) for m in self.models.visible(principal.sees)]
-        return Response(render_json({"data": models}), media_type="application/json")
+        # The catalog's files and the registrations (change-fed) are both held
+        # in memory: a page is a keyset by name over that copy, rendered per
+        # call (tens of entries).
+        query = {name: filter_value(request, name) for name in MODEL_FILTERS}
+        kind, project_id, prefix = query["kind"], query["projectId"], query["namePrefix"]
+        if kind is not None and kind not in ("chat", "image"):
+            raise BadRequest(
+                f"Unknown kind '{kind}'; one of: chat, image.", param="kind", code="invalid_value"
+            )
+        page = read_key_page(request, "models", query)
+        found = sorted(
+            (m for m in self.models.visible(principal.sees)
+             if (page.after is None or m["name"] > page.after)
+             and (kind is None or m["kind"] == kind)
+             and (project_id is None or m.get("projectId") == project_id)
+             and (prefix is None or m["name"].startswith(prefix))),
+            key=lambda m: str(m["name"]),
+        )  # fmt: skip
+        after = found[page.limit - 1]["name"] if len(found) > page.limit else None
+        data = [_model_info(m) for m in found[: page.limit]]
+        body = paged_body(data, "models", query, after)
+        return Response(render_json(body), media_type="application/json")
 
     async def register_model(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, RegisterModelRequest, self.max_body_bytes)

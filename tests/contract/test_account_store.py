@@ -17,8 +17,12 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
+    UsageRow,
+    UsageTotals,
     User,
     UserKey,
+    usage_order,
 )
 from inferd.control.accounts.ports import AlreadyExists
 from inferd.control.accounts.quota import Quota
@@ -298,6 +302,41 @@ def test_usage_adds_up(opener: Opener) -> None:
         assert await store.usage(project_id="other") == []
         assert await store.costs_since(H0) == {"e1": 0.75}
         assert await store.costs_since(h1 + timedelta(hours=1)) == {}
+
+    run(body, opener())
+
+
+def test_usage_pages_and_totals(opener: Opener) -> None:
+    """Keyset pages in (hour, endpoint, GPU type, count) order: ties on the
+    hour broken by the endpoint, then the GPU type and count; the totals
+    sum the whole window in the database."""
+
+    async def body(store: Store) -> None:
+        deltas = [
+            UsageDelta(e, "team", H0 + timedelta(hours=h), gpu, count, requests=1, cost=0.5)
+            for h in range(3)
+            for e in ("e1", "e2")
+            for gpu, count in (("A100", 1), ("A100", 2), ("L4", 1))
+        ]
+        await store.add_usage(list(reversed(deltas)))
+        await store.add_usage([UsageDelta("x", "other", H0, "A100", 1, requests=5)])
+        whole = await store.usage(project_id="team")
+        assert len(whole) == 18 and whole == sorted(whole, key=usage_order)
+        seen: list[UsageRow] = []
+        after: UsageKey | None = None
+        while True:
+            page = await store.usage(project_id="team", after=after, limit=4)
+            seen += page
+            if len(page) < 4:
+                break
+            after = usage_order(page[-1])
+        assert seen == whole
+        window = await store.usage(project_id="team", since=H0 + timedelta(hours=1), limit=5)
+        assert [usage_order(r)[0] for r in window] == [H0 + timedelta(hours=1)] * 5
+        totals = await store.usage_totals(project_id="team", since=H0 + timedelta(hours=1))
+        assert (totals.requests, totals.cost) == (12, 6.0)
+        assert (await store.usage_totals(endpoint_id="e1")).requests == 9
+        assert await store.usage_totals(project_id="nobody") == UsageTotals()
 
     run(body, opener())
 

@@ -442,3 +442,17 @@ def test_the_playground_tries_embedding_and_rerank_endpoints(client: TestClient)
         assert form in html and path in html, model
         assert 'id="pg-chat"' not in html and 'id="pg-image"' not in html
         assert f'data-kind="{model.split("-")[1].replace("embed", "embedding")}"' in html
+
+
+def test_endpoint_page_shows_where_each_replica_runs(client: TestClient, plane: Server) -> None:
+    from inferd.control.ports import ReplicaHandle
+    from inferd.control.registry import Replica, secret_digest
+
+    endpoint_id = create(client, sign_in(client))
+    node = "10.0.0.7 (3f2a9c0d11aa)"
+    handle = ReplicaHandle("r-n", node, {"actor": "inferd-replica-r-n"})
+    plane.registry.add(Replica("r-n", endpoint_id, 1, "cpu", 1, secret_digest("r-n"), handle))
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    assert re.findall(r'data-testid="replica-node">([^<]*)<', page) == [node]
+    (replica,) = plane.service.record(endpoint_id)["replicas"]
+    assert replica["node"] == node

@@ -14,9 +14,12 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     UserKey,
+    usage_order,
     utc_now,
 )
 from inferd.control.accounts.ports import AlreadyExists
@@ -210,6 +213,8 @@ class MemoryAccountStore:
         project_id: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        after: UsageKey | None = None,
+        limit: int | None = None,
     ) -> list[UsageRow]:
         rows = [
             r
@@ -218,8 +223,23 @@ class MemoryAccountStore:
             and (project_id is None or r.project_id == project_id)
             and (since is None or r.hour >= since)
             and (until is None or r.hour < until)
+            and (after is None or usage_order(r) > after)
         ]
-        return sorted(rows, key=lambda r: (r.hour, r.endpoint_id, r.gpu_type, r.gpu_count))
+        rows.sort(key=usage_order)
+        return rows if limit is None else rows[:limit]
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        rows = await self.usage(
+            endpoint_id=endpoint_id, project_id=project_id, since=since, until=until
+        )
+        return UsageTotals().plus(rows)
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         costs: dict[str, float] = {}

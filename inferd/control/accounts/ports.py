@@ -20,7 +20,9 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     UserKey,
 )
@@ -110,7 +112,23 @@ class AccountStore(Protocol):
         project_id: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> list[UsageRow]: ...
+        after: UsageKey | None = None,
+        limit: int | None = None,
+    ) -> list[UsageRow]:
+        """By hour, endpoint, GPU type and count (`usage_order`); a keyset
+        page: only rows past `after` in that order, at most `limit`."""
+        ...
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        """The sums of every row `usage` would list (summed in the database)."""
+        ...
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         """Endpoint id -> cost of its usage in the hours from `since` on."""
