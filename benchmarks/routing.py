@@ -364,14 +364,14 @@ def main() -> int:
     parser.add_argument("--router", default="vllm-router", help="the vllm-router binary")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--groups", type=int, default=8, help="system prompts per run")
+    parser.add_argument("--groups", type=int, default=4, help="system prompts per run")
     parser.add_argument("--conversations", type=int, default=2, help="per system prompt")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--prompt-words", type=int, default=250)
     parser.add_argument("--user-words", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--kv-tokens", type=int, default=6144, help="KV cache per replica")
+    parser.add_argument("--kv-tokens", type=int, default=3072, help="KV cache per replica")
     parser.add_argument("--only", nargs="*", default=None, help="target names to run")
     parser.add_argument("--out", type=Path, default=None)
     # Internal: a gateway process.
@@ -397,15 +397,17 @@ def main() -> int:
     auth = {"Authorization": f"Bearer {token}"}
     cores = os.cpu_count() or 1
     try:
+        # All engines start at once (each waits for its core anyway).
         vllm_urls = []
         for i in range(args.replicas):
             process, url = start_vllm(model, i % cores, args.kv_tokens, logs / f"vllm-{i}.log")
             processes.append(process)
             vllm_urls.append(url)
-            wait_http_ok(url + "/health", process, timeout=900)
         for i in range(args.replicas):
-            replica = start_inferd_replica(model, i % cores, args.kv_tokens)
-            replicas.append(replica)
+            replicas.append(start_inferd_replica(model, i % cores, args.kv_tokens))
+        for process, url in zip(processes, vllm_urls, strict=True):
+            wait_http_ok(url + "/health", process, timeout=900)
+        for replica in replicas:
             replica.wait_ready(900)
         inferd_urls = [r.url for r in replicas]
         targets: dict[str, Target] = {}

@@ -432,6 +432,19 @@ def test_endpoint_page_shows_the_engines_cache_figures(client: TestClient, plane
     assert "1200 of 2000 prompt tokens" in page
 
 
+def test_the_playground_tries_embedding_and_rerank_endpoints(client: TestClient) -> None:
+    csrf = sign_in(client)
+    for model, form, path in (
+        ("tiny-embed", 'id="pg-embed"', "Input tokens/s"),
+        ("tiny-rerank", 'id="pg-rerank"', "Input tokens/s"),
+    ):
+        endpoint_id = create(client, csrf, name=model, model=model)
+        html = client.get(f"/console/endpoints/{endpoint_id}/playground").text
+        assert form in html and path in html, model
+        assert 'id="pg-chat"' not in html and 'id="pg-image"' not in html
+        assert f'data-kind="{model.split("-")[1].replace("embed", "embedding")}"' in html
+
+
 def test_endpoint_page_shows_where_each_replica_runs(client: TestClient, plane: Server) -> None:
     from inferd.control.ports import ReplicaHandle
     from inferd.control.registry import Replica, secret_digest
