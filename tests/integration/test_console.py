@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from inferd.control.fakes import FakeLauncher
+from inferd.control.registry import Replica
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
@@ -456,3 +457,35 @@ def test_endpoint_page_shows_where_each_replica_runs(client: TestClient, plane: 
     assert re.findall(r'data-testid="replica-node">([^<]*)<', page) == [node]
     (replica,) = plane.service.record(endpoint_id)["replicas"]
     assert replica["node"] == node
+
+
+def test_the_log_panel_reads_each_replicas_log_through_its_launcher(
+    plane: Server, client: TestClient
+) -> None:
+    """Whatever the launcher (local files, or a Ray actor's node): the
+    console asks the launcher port, never a path of its own."""
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf, "logged")
+    plane.registry.add(
+        Replica(
+            replica_id="r-logged",
+            endpoint_id=endpoint_id,
+            generation=1,
+            gpu_type="cpu",
+            gpu_count=1,
+            secret_digest=b"d" * 32,
+        )
+    )
+    launcher = plane.launcher
+    assert isinstance(launcher, FakeLauncher)
+    launcher.logs["r-logged"] = "loading weights\nreplica ready\n"
+    download = client.get(f"/console/endpoints/{endpoint_id}/logs.txt")
+    assert download.status_code == 200
+    assert "==> replica r-logged <==\nloading weights\nreplica ready" in download.text
+    panel = client.get(f"/console/endpoints/{endpoint_id}/logs")
+    assert "replica ready" in panel.text
+    del launcher.logs["r-logged"]  # none to read (its node is gone)
+    assert (
+        "No replica has written a log yet"
+        in client.get(f"/console/endpoints/{endpoint_id}/logs.txt").text
+    )
