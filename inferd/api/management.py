@@ -296,7 +296,7 @@ class _CatalogResponse(BaseModel):
 
 class ModelInfo(_CatalogResponse):
     name: str
-    kind: Literal["chat", "image"]
+    kind: Literal["chat", "image", "embedding", "rerank"]
     source: str = Field(description="Hugging Face repository id, builtin:NAME, or a directory.")
     description: str
     parameters: int

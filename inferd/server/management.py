@@ -25,6 +25,8 @@ from inferd.api.management import (
 )
 from inferd.catalog import Catalog, recommend
 from inferd.catalog.models import CatalogError, parse_size
+from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
+from inferd.catalog.recommend import POOLING_KINDS
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
 from inferd.control.accounts.endpoints import ProjectEndpoints
@@ -251,7 +253,15 @@ class ManagementRoutes:
             raise BadRequest(
                 f"Unknown location '{location}'.", param="locationName", code="location_not_found"
             )
-        work = workload_from_query(params, catalog.models.get(model_name).kind)
+        model = catalog.models.get(model_name)
+        if model.kind in POOLING_KINDS:
+            pooling = pooling_workload_from_query(params)
+            if pooling is not None:
+                try:
+                    return JSONResponse(size_pooling(model, catalog.gpus, pooling, location))
+                except ValueError as exc:
+                    raise BadRequest(f"{exc}.", code="invalid_value") from None
+        work = workload_from_query(params, model.kind)
         if work is None:
             rec = recommend(catalog.models.get(model_name), catalog.gpus, location)
             body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
@@ -284,6 +294,37 @@ def _number(params: Mapping[str, str], name: str, *, integer: bool = False) -> f
     if not math.isfinite(value) or value <= 0 or value > 1e9:
         raise BadRequest(f"'{name}' must be positive.", param=name, code="invalid_value")
     return value
+
+
+_POOLING_PARAMS = ("requestsPerSecond", "promptTokens", "inputsPerRequest")
+
+
+def pooling_workload_from_query(params: Mapping[str, str]) -> PoolingWorkload | None:
+    """An embedding or rerank load (requests/s x tokens per input; nothing
+    decoded), or None (the fixed-batch ranking)."""
+    given = [p for p in (*_CHAT_PARAMS, *_IMAGE_PARAMS, *_POOLING_PARAMS) if p in params]
+    if not given:
+        return None
+    wrong = [p for p in given if p not in _POOLING_PARAMS]
+    if wrong:
+        raise BadRequest(
+            f"'{wrong[0]}' does not apply to an embedding or rerank model (it decodes "
+            "nothing): give requestsPerSecond and promptTokens (tokens per input).",
+            param=wrong[0],
+            code="invalid_value",
+        )
+    for name in _POOLING_PARAMS[:2]:
+        if name not in params:
+            raise BadRequest(
+                f"A workload needs '{name}' (with 'requestsPerSecond').",
+                param=name,
+                code="missing_required_parameter",
+            )
+    return PoolingWorkload(
+        requests_per_s=_number(params, "requestsPerSecond") or 0.0,
+        tokens_per_input=int(_number(params, "promptTokens", integer=True) or 0),
+        inputs_per_request=int(_number(params, "inputsPerRequest", integer=True) or 1),
+    )
 
 
 def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None:
