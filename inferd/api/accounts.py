@@ -146,6 +146,9 @@ class WhoAmI(_Response):
     id: str
     operator: bool
     roles: dict[str, RoleName]
+    keyProjectId: str | None = Field(
+        description="The one project the key used acts in; null: every project of the user."
+    )
 
 
 class AuditEntryInfo(_Response):

@@ -57,19 +57,6 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def _tail(path: Path, max_bytes: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            data = handle.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return text if size <= max_bytes else text.split("\n", 1)[-1]
-
-
 def _list_key(principal: Principal, query: str) -> tuple[Any, ...]:
     """Who sees which rows, and the search: what a list's signature depends on."""
     return (principal.operator, tuple(sorted(principal.roles.items())), query)
@@ -464,7 +451,7 @@ class Console:
             charts=self._charts(row, "hour"),
             range="hour",
             # The log panel comes filled, then follows the replicas' logs.
-            tails=self._last_lines(row),
+            tails=await self._last_lines(row),
             **self._endpoint_context(session, row),
         )
 
@@ -497,30 +484,31 @@ class Console:
             range=range_name,
         )
 
-    def _log_tails(self, row: EndpointRow, max_bytes: int) -> list[tuple[str, str]]:
+    async def _log_tails(self, row: EndpointRow, max_bytes: int) -> list[tuple[str, str]]:
+        """Each replica's log, read through its launcher (on its node under Ray)."""
         tails = []
         for replica in self.sources.replicas(row.id):
-            path = self.sources.log_path(replica.replica_id)
-            if path is not None and path.exists():
-                tails.append((replica.replica_id, _tail(path, max_bytes)))
+            text = await self.sources.replica_log(replica.replica_id, max_bytes)
+            if text is not None:
+                tails.append((replica.replica_id, text))
         return tails
 
-    def _last_lines(self, row: EndpointRow) -> list[tuple[str, str]]:
+    async def _last_lines(self, row: EndpointRow) -> list[tuple[str, str]]:
         return [
             (rid, "\n".join(text.splitlines()[-LOG_TAIL_LINES:]))
-            for rid, text in self._log_tails(row, LOG_TAIL_BYTES)
+            for rid, text in await self._log_tails(row, LOG_TAIL_BYTES)
         ]
 
     async def logs(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
-        tails = self._last_lines(row)
+        tails = await self._last_lines(row)
         return self.web.render(request, session, "_logs.html", row=row, tails=tails)
 
     async def logs_download(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
         parts = [
             f"==> replica {rid} <==\n{text}"
-            for rid, text in self._log_tails(row, LOG_DOWNLOAD_BYTES)
+            for rid, text in await self._log_tails(row, LOG_DOWNLOAD_BYTES)
         ]
         return PlainTextResponse(
             "\n".join(parts) or "No replica has written a log yet.\n",

@@ -249,7 +249,14 @@ class AccountRoutes:
 
     async def whoami(self, request: Request, principal: Principal) -> Response:
         roles = {p: r.value for p, r in principal.roles.items()}
-        return JSONResponse({"id": principal.id, "operator": principal.operator, "roles": roles})
+        return JSONResponse(
+            {
+                "id": principal.id,
+                "operator": principal.operator,
+                "roles": roles,
+                "keyProjectId": principal.scope,
+            }
+        )
 
     # --- projects ------------------------------------------------------------------------
 

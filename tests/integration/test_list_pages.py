@@ -204,6 +204,7 @@ def test_pages_and_their_errors_are_documented(world: World) -> None:
         (f"/projects/{OWN}/audit", "/inference/projects/{id}/audit"),
         (f"/projects/{OWN}/members", "/inference/projects/{id}/members"),
         ("/users/admin-user/keys", "/inference/users/{userId}/keys"),
+        ("/models", "/inference/models"),
     ]
     for path, template in calls:
         op = doc["paths"][template]["get"]
@@ -283,3 +284,30 @@ def test_usage_pages_merge_unwritten_figures_and_total_the_window(world: World) 
     assert project["data"] == whole["data"][:4] and "continue" in project
     stale = world.op("GET", path, params={"continue": project["continue"]})
     assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+
+
+def test_model_pages_and_filters(world: World) -> None:
+    mine = [world.model(OWN)["name"] for _ in range(2)]
+    theirs = world.model(OTHER)["name"]
+    viewer = world.keys["viewer-user"]
+    whole = world.ok("GET", "/models", viewer)
+    assert "continue" not in whole
+    names = [m["name"] for m in whole["data"]]
+    assert names == sorted(names) and set(mine) <= set(names) and theirs not in names
+    seen, params = [], {"limit": "3"}
+    while True:
+        body = world.ok("GET", "/models", viewer, params=params)
+        seen += [m["name"] for m in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "3", "continue": body["continue"]}
+    assert seen == names
+    own = world.ok("GET", "/models", viewer, params={"projectId": OWN})["data"]
+    assert sorted(m["name"] for m in own) == sorted(mine)
+    assert world.ok("GET", "/models", viewer, params={"projectId": OTHER})["data"] == []
+    images = world.ok("GET", "/models", viewer, params={"kind": "image"})["data"]
+    assert images and all(m["kind"] == "image" for m in images)
+    tiny = world.ok("GET", "/models", viewer, params={"namePrefix": "tiny-"})["data"]
+    assert [m["name"] for m in tiny] == ["tiny-chat", "tiny-sdxl"]
+    bad = world.op("GET", "/models", viewer, params={"kind": "audio"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "kind"

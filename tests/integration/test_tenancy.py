@@ -37,7 +37,7 @@ def test_an_admin_of_another_project_cannot_take_over_a_shared_user(world: World
     listed = world.ok("GET", "/users/admin-user/keys", outsider)["data"]
     assert {k["projectId"] for k in listed} == {OTHER}
     whoami = world.ok("GET", "/whoami", minted["key"])
-    assert whoami["roles"] == {OTHER: "viewer"}
+    assert whoami["roles"] == {OTHER: "viewer"} and whoami["keyProjectId"] == OTHER
     grab = world.op("PUT", f"/projects/{OWN}/members/outsider", minted["key"],
                     json={"role": "admin"})  # fmt: skip
     assert grab.status_code == 404
