@@ -318,7 +318,13 @@ def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gateway-serve-") as workdir:
         serve = ServeHandle(
             Path(workdir),
-            settings={"replica_args": "--engine fake --engine-arg token_delay_s=0"},
+            # The direct baseline calls the replica without the gateway's
+            # key: the chat path is opened to it for this measurement (the
+            # key check itself is one constant-time comparison).
+            settings={
+                "replica_args": "--engine fake --engine-arg token_delay_s=0 "
+                "--open-paths /health,/metrics,/openai/v1/chat/completions"
+            },
         ).start()
         try:
             created = serve.create_endpoint(

@@ -373,6 +373,7 @@ def main() -> int:
     parser.add_argument("--node-loss-rounds", type=int, default=1)
     parser.add_argument("--node-loss-seconds", type=float, default=40.0)
     parser.add_argument("--rate", type=float, default=6.0)
+    parser.add_argument("--out", type=Path, default=None, help="JSON report path")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -385,7 +386,7 @@ def main() -> int:
             )
         report["node_loss_nodes"] = {n: vars(s) for n, s in SLOTTED.items()}
     if args.skip_create and args.skip_faults:
-        return _print_report(report)
+        return _print_report(report, args.out)
     started = time.monotonic()
     cluster = start_cluster(NODES)
     print(f"cluster of {len(NODES)} nodes up in {time.monotonic() - started:.1f} s", flush=True)
@@ -399,10 +400,10 @@ def main() -> int:
                 )
         finally:
             cluster.shutdown()
-    return _print_report(report)
+    return _print_report(report, args.out)
 
 
-def _print_report(report: dict[str, Any]) -> int:
+def _print_report(report: dict[str, Any], out: Path | None = None) -> int:
     if "create" in report:
         c = report["create"]
         rows = [
@@ -444,7 +445,7 @@ def _print_report(report: dict[str, Any]) -> int:
             columns,
         )
     print(load_average())
-    write_report("ray_placement", report)
+    write_report("ray_placement", report, out)
     return 0
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from inferd.catalog.roots import ModelRoots
 from inferd.control.autoscaler import (
     DOWNSCALE_DELAY_S,
     TARGET_CONCURRENCY,
@@ -108,6 +109,13 @@ class Settings(BaseModel):
         description="comma-separated directories project members may register models "
         "from: PATH for every project, PROJECT=PATH for one",
     )
+
+    @field_validator("model_roots")
+    @classmethod
+    def _roots_are_absolute(cls, value: str) -> str:
+        ModelRoots.parse(value)  # a relative root is refused at start, not at first use
+        return value
+
     # One setting for both, so that a single machine is declared in one place:
     # where the local launcher's replicas run (its GPUs are offered there) and
     # the location of a create request that names none.

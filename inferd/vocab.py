@@ -11,10 +11,18 @@ import enum
 
 
 class ModelKind(str, enum.Enum):
-    """What a model serves: chat completions or image generations."""
+    """What a model serves: chat (and text) completions, image generations,
+    embeddings, or relevance scores of text pairs (score and rerank)."""
 
     CHAT = "chat"
     IMAGE = "image"
+    EMBEDDING = "embedding"
+    RERANK = "rerank"
+
+    @property
+    def pooling(self) -> bool:
+        """Served by a pooling model: one forward pass per input, no decode."""
+        return self in (ModelKind.EMBEDDING, ModelKind.RERANK)
 
 
 class ReplicaStatus(str, enum.Enum):

@@ -73,6 +73,29 @@ def vllm_replica(tiny_chat_dir: Path) -> Iterator[ReplicaHandle]:
 
 
 @pytest.fixture(scope="session")
+def tiny_embed_dir() -> Path:
+    from inferd.catalog.tiny import ensure_tiny_model
+
+    return ensure_tiny_model("tiny-embed")
+
+
+@pytest.fixture(scope="session")
+def pooling_replica(tiny_embed_dir: Path) -> Iterator[ReplicaHandle]:
+    """One real replica process serving the tiny BERT embedder through
+    vLLM's pooling runner, shared by every embeddings and score test (the
+    kind, embedding, is read from the checkpoint)."""
+    require("vllm", "the shared tiny-embed replica runs on it")
+    handle = ReplicaHandle(
+        str(tiny_embed_dir),
+        ["--engine", "vllm", "--device", "cpu", "--served-model-name", "tiny-embed"],
+    )
+    try:
+        yield handle.wait_ready(timeout=300)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
 def diffusers_replica(tiny_sdxl_dir: Path) -> Iterator[ReplicaHandle]:
     require("diffusers", "the shared tiny-sdxl replica runs on it")
     handle = ReplicaHandle(

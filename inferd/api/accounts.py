@@ -109,6 +109,12 @@ class KeyInfo(_Response):
 
 class KeyList(_Response):
     data: list[KeyInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more items follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class CreatedKeyInfo(KeyInfo):
@@ -140,6 +146,9 @@ class WhoAmI(_Response):
     id: str
     operator: bool
     roles: dict[str, RoleName]
+    keyProjectId: str | None = Field(
+        description="The one project the key used acts in; null: every project of the user."
+    )
 
 
 class AuditEntryInfo(_Response):
@@ -180,3 +189,9 @@ class UsageList(_Response):
     currency: str
     totals: dict[str, float]
     data: list[UsageInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more rows follow: pass it as the `continue` query "
+        "parameter, with the same window, for the next page. Absent on the last page.",
+    )

@@ -296,7 +296,7 @@ class _CatalogResponse(BaseModel):
 
 class ModelInfo(_CatalogResponse):
     name: str
-    kind: Literal["chat", "image"]
+    kind: Literal["chat", "image", "embedding", "rerank"]
     source: str = Field(description="Hugging Face repository id, builtin:NAME, or a directory.")
     description: str
     parameters: int
@@ -329,6 +329,12 @@ class ModelInfo(_CatalogResponse):
 
 class ModelList(_Response):
     data: list[ModelInfo]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Present when more models follow: pass it as the `continue` query "
+        "parameter, with the same filters, for the next page. Absent on the last page.",
+    )
 
 
 class GpuCapacity(_CatalogResponse):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from inferd.client.api import ManagementClient
 
 from inferd.catalog import Catalog, CatalogError, load_catalog
-from inferd.catalog.models import parse_size
+from inferd.catalog.models import TEXT_KINDS, parse_size
 from inferd.catalog.recommend import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT_TOKENS
 
 
@@ -194,8 +194,7 @@ def format_recommendation(rec: Mapping[str, Any]) -> str:
         )
     options, rejected, currency = rec["options"], rec["rejected"], rec["currency"]
     lines = [
-        f"{rec['model']} {where}: {len(options)} option(s) fit, {len(rejected)} rejected "
-        f"({basis})",
+        f"{rec['model']} {where}: {len(options)} option(s) fit, {len(rejected)} rejected ({basis})",
         "",
     ]
     headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost", "error"]
@@ -270,6 +269,29 @@ def format_workload(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _recommend_pooling(args: argparse.Namespace, catalog: Catalog, model: Any) -> int:
+    """An embedding or rerank load: requests/s x tokens per input, no decode."""
+    from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
+
+    if None in (args.requests_per_second, args.prompt_tokens) or args.output_tokens:
+        return _fail("an embedding or rerank workload needs --requests-per-second and "
+                     "--prompt-tokens (tokens per input); it decodes nothing")  # fmt: skip
+    work = PoolingWorkload(args.requests_per_second, args.prompt_tokens)
+    sized = size_pooling(model, catalog.gpus, work, args.location)
+    if args.json:
+        print(json.dumps(sized, indent=2))
+        return 0
+    rows = [
+        [f"{o['location']} {o['gpuCount']} x {o['gpuType']}",
+         f"{o['inputTokensPerSPerReplica']:,.0f} input tok/s", str(o["replicas"]),
+         f"{o['totalHourlyPrice']:.2f} {sized['currency']}/h",
+         f"{o['costPerMillionTokens']:.4f} {sized['currency']} /1M input tokens"]
+        for o in sized["options"]
+    ]  # fmt: skip
+    print(format_table(["option", "per replica", "replicas", "total", "unit cost"], rows))
+    return 0
+
+
 def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
     from inferd.catalog.workload import ChatWorkload, ImageWorkload, recommend_for_workload
 
@@ -291,6 +313,8 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
             catalog = _load(args)
             model = catalog.models.get(args.model)
             work: ChatWorkload | ImageWorkload
+            if model.kind in ("embedding", "rerank"):
+                return _recommend_pooling(args, catalog, model)
             if model.kind == "chat":
                 if None in (args.requests_per_second, args.prompt_tokens, args.output_tokens):
                     return _fail("a chat workload needs --requests-per-second, --prompt-tokens "
@@ -391,7 +415,7 @@ def format_models(models: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for m in models:
         arch = m["architecture"]
-        if m["kind"] == "chat":
+        if m["kind"] in TEXT_KINDS:
             detail = f"context {arch.get('contextLength')}"
         else:
             detail = f"{m['defaultSize']}, {_steps(m['defaultSteps'])}"
@@ -449,11 +473,13 @@ def _print_model(model: dict[str, Any]) -> None:
     keys = ("architectureClass", "projectId", "revision", "chatTemplate", "toolCallParser",
             "reasoningParser")  # fmt: skip
     for key in keys:
-        if key in model:
-            print(f"  {key:<18} {model[key]}")
+        if key == "projectId" and key in model and model[key] is None:
+            print(f"  {key:<18} - (global: every project sees it)")
+        elif key in model:
+            print(f"  {key:<18} {'-' if model[key] is None else model[key]}")
     for key in ("layers", "kvHeads", "headDim", "contextLength", "quantization", "weightBits"):
         if key in arch:
-            print(f"  {key:<18} {arch[key]}")
+            print(f"  {key:<18} {'-' if arch[key] is None else arch[key]}")
 
 
 def cmd_models_build(args: argparse.Namespace) -> int:

@@ -60,6 +60,7 @@ class CatalogView(Protocol):
     @property
     def models(self) -> ModelCatalog: ...
 
+
 DATA = Path(__file__).resolve().parent / "data"
 PUBLISHED = DATA / "published.yaml"
 FITTED = DATA / "fitted.json"

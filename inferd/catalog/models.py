@@ -25,7 +25,10 @@ import yaml
 if TYPE_CHECKING:
     from inferd.engines.base import ImageModelInfo
 
-KINDS = ("chat", "image")
+KINDS = ("chat", "image", "embedding", "rerank")
+# Kinds whose architecture is a transformer's (`ChatArchitecture`): chat
+# models, and the embedders and cross-encoders served by vLLM's pooling runner.
+TEXT_KINDS = ("chat", "embedding", "rerank")
 # Bytes per parameter (and per KV-cache element) for each weight dtype.
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
     {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -213,7 +216,7 @@ class ImageArchitecture:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    kind: str  # "chat" | "image"
+    kind: str  # "chat" | "image" | "embedding" | "rerank"
     source: str  # HF repo id, builtin:NAME, or a directory
     description: str
     architecture: ChatArchitecture | ImageArchitecture
@@ -394,7 +397,7 @@ def parse_model(data: Any, where: str) -> ModelSpec:
         "source": e.text("source"),
         "description": e.text("description"),
     }
-    if kind == "chat":
+    if kind in TEXT_KINDS:
         return ModelSpec(
             architecture=chat_architecture(e.mapping("architecture")),
             tool_call_parser=e.optional_text("toolCallParser"),

@@ -50,7 +50,7 @@ from typing import Any
 import inferd.catalog.fit as fit
 import inferd.catalog.perfmodel as perfmodel
 from inferd.catalog.gpus import GpuCatalog, GpuType
-from inferd.catalog.models import ChatArchitecture, ModelSpec
+from inferd.catalog.models import TEXT_KINDS, ChatArchitecture, ModelSpec
 
 DEFAULT_CONCURRENCY = 16
 DEFAULT_CONTEXT_TOKENS = 4096
@@ -59,6 +59,8 @@ OVERHEAD_GB_PER_GPU = 1.5
 OVERHEAD_FRACTION_OF_WEIGHTS = 0.02
 MIN_TOKENS_PER_S_PER_SEQUENCE = 5.0
 MAX_SECONDS_PER_IMAGE = 60.0
+# Embedders and cross-encoders: one forward pass over each input, no decode.
+POOLING_KINDS = ("embedding", "rerank")
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,19 @@ def decode_tokens_per_s(
     return concurrency / step.seconds, step.bound
 
 
+def pooling_tokens_per_s(
+    arch: ChatArchitecture, gpu: GpuType, count: int, concurrency: int, seq_tokens: int
+) -> float:
+    """Input tokens/s of an embedder or cross-encoder: each step is the
+    prefill of `concurrency` inputs of `seq_tokens` tokens (the fitted step
+    model's prefill), with nothing decoded after it."""
+    seconds = perfmodel.prefill_seconds(
+        fit.current().parameters, arch, perfmodel.precision_of(arch), gpu, count,
+        seq_tokens, concurrency,
+    )  # fmt: skip
+    return concurrency * seq_tokens / seconds
+
+
 def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
     """Seconds per image at the default size and steps, its TFLOPs, and the bound."""
     arch = spec.image
@@ -206,8 +221,10 @@ def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
     params = fit.current().parameters
     seconds = perfmodel.image_seconds(params, arch, gpu, 1, spec.default_steps)
     compute = tflops / (gpu.bf16_tflops * params.per_generation("imageEfficiency", gpu.generation))
-    bound = "compute" if compute >= seconds - params["imageOverheadSeconds"] - 1e-12 else (
-        "memory-bandwidth"
+    bound = (
+        "compute"
+        if compute >= seconds - params["imageOverheadSeconds"] - 1e-12
+        else ("memory-bandwidth")
     )
     return seconds, tflops, bound
 
@@ -231,7 +248,7 @@ def _structural_problems(
         problems.append(
             "an image pipeline runs on one GPU per replica; more GPUs add cost, not speed"
         )
-    if model.kind == "chat" and model.chat.attention_heads % count:
+    if model.kind in TEXT_KINDS and model.chat.attention_heads % count:
         problems.append(
             f"{model.chat.attention_heads} attention heads do not split evenly over {count} GPUs "
             "(tensor parallelism needs a divisor)"
@@ -251,7 +268,9 @@ def _evaluate(
     gpu = gpus.gpu_types[gpu_type]
     price = gpus.price_per_gpu(location, gpu_type) * count
     available = count * gpu.total_memory_gb * USABLE_MEMORY_FRACTION
-    if model.kind == "chat":
+    if model.kind in TEXT_KINDS:
+        # A pooling model keeps no cache between steps, but vLLM sizes one
+        # for a decoder embedder's prefill: the chat bound is a safe one.
         memory = chat_memory(model.chat, count, concurrency, seq_tokens)
     else:
         memory = image_memory(model)
@@ -277,6 +296,20 @@ def _evaluate(
     reasons = [f"needs {fit_text} of {available:.1f} GB usable"]
     band, evidence = _evidence(model, gpu)
     base = replace(base, evidence=evidence, error_band=band)
+    if model.kind in POOLING_KINDS:
+        rate = pooling_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
+        reasons.append(
+            f"{rate:,.0f} input tokens/s for batches of {concurrency} inputs of {seq_tokens} "
+            "tokens (one forward pass each, no decode)"
+        )
+        reasons.append(f"rests on: {evidence}")
+        return replace(
+            base,
+            fits=True,
+            reasons=tuple(reasons),
+            # Per million input tokens: what an embedding or rerank API bills.
+            cost_per_million_tokens=price / (3600 * rate) * 1e6,
+        )
     if model.kind == "chat":
         rate, bound = decode_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
         per_sequence = rate / concurrency
@@ -382,6 +415,13 @@ def assumptions(model: ModelSpec, concurrency: int, seq_tokens: int) -> dict[str
         "heldOutMedianAbsError": fit.current().overall_error,
         "basis": "the step-time model fitted to published measurements (docs/recommendation.md)",
     }
+    if model.kind in POOLING_KINDS:
+        return {
+            "inputsPerBatch": concurrency,
+            "tokensPerInput": seq_tokens,
+            "costPerMillionTokensCounts": "input tokens",
+            **common,
+        }
     if model.kind == "chat":
         return {
             "concurrency": concurrency,
@@ -418,7 +458,7 @@ def recommend(
     """
     if concurrency < 1 or context_tokens < 1:
         raise ValueError("concurrency and context_tokens must be at least 1")
-    seq_tokens = min(context_tokens, model.chat.context_length) if model.kind == "chat" else 0
+    seq_tokens = min(context_tokens, model.chat.context_length) if model.kind in TEXT_KINDS else 0
     options = [
         _evaluate(model, gpus, loc, name, count, concurrency, seq_tokens)
         for loc, name, count in _candidates(model, gpus, location, gpu_type, gpu_count)

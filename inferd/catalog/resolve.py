@@ -18,6 +18,7 @@ and what to do instead; machines here have no network for weights.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -47,7 +48,26 @@ def detect_kind(path: Path) -> str | None:
     if (path / "model_index.json").is_file():
         return "image"
     if (path / "config.json").is_file():
-        return "chat"
+        return pooling_kind(path) or "chat"
+    return None
+
+
+def pooling_kind(path: Path) -> str | None:
+    """ "rerank" for a cross-encoder (a sequence-classification head, as BGE's
+    reranker), "embedding" for an embedder (a bare encoder such as BERT, or
+    any checkpoint that carries sentence-transformers' `modules.json`, as
+    Qwen3-Embedding does), None for a generative model."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    architectures = config.get("architectures") or [] if isinstance(config, dict) else []
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        return "rerank"
+    if (path / "modules.json").is_file():
+        return "embedding"
+    if architectures and all(str(a).endswith("Model") for a in architectures):
+        return "embedding"
     return None
 
 

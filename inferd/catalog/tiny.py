@@ -26,6 +26,9 @@ from inferd.quiet_warnings import drop_torchvision_fallback_warning
 TINY_BUILDERS: dict[str, tuple[str, str]] = {
     "tiny-chat": ("inferd.catalog.tiny_chat", "build_tiny_chat"),
     "tiny-sdxl": ("inferd.catalog.tiny_sdxl", "build_tiny_sdxl"),
+    "tiny-embed": ("inferd.catalog.tiny_pooling", "build_tiny_embed"),
+    "tiny-qwen3-embed": ("inferd.catalog.tiny_pooling", "build_tiny_qwen3_embed"),
+    "tiny-rerank": ("inferd.catalog.tiny_pooling", "build_tiny_rerank"),
 }
 
 

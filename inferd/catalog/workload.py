@@ -99,6 +99,7 @@ def scheduler_limits(gpu: GpuType) -> SchedulerLimits:
         return LARGE_GPU_LIMITS
     return SMALL_GPU_LIMITS
 
+
 def fitted() -> Fitted:
     """The parameters fitted to published measurements."""
     return current()
@@ -442,10 +443,15 @@ def _estimate_basis(
 
     err = median_abs(relative_error(predict(params, r, ctx), r) for r in rows)
     label = f"{_measured_label(profile)}, model refitted to {len(rows)} measured points"
-    return params, label, err, (
-        f"±{err:.0%} (the model refitted to {len(rows)} measured points of "
-        f"{profile.endpoint or 'this endpoint'} on {profile.gpu_count} x {profile.gpu_type}; "
-        f"published fit alone: {evidence})"
+    return (
+        params,
+        label,
+        err,
+        (
+            f"±{err:.0%} (the model refitted to {len(rows)} measured points of "
+            f"{profile.endpoint or 'this endpoint'} on {profile.gpu_count} x {profile.gpu_type}; "
+            f"published fit alone: {evidence})"
+        ),
     )
 
 

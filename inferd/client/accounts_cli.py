@@ -243,13 +243,13 @@ def _projects_quota(client: ManagementClient, args: argparse.Namespace) -> int:
 def _projects_audit(client: ManagementClient, args: argparse.Namespace) -> int:
     params: list[tuple[str, str]] = [("action", a) for a in args.action]
     params += [(k, v) for k, v in (("from", args.since), ("to", args.until)) if v]
-    data = client.call("GET", f"/projects/{args.project}/audit", params=params)["data"]
+    data = list(client.walk(f"/projects/{args.project}/audit", params))
     cols = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"))
     return _show(args, {"data": data}, table(data, cols, "No entries."))
 
 
 def _members_list(client: ManagementClient, args: argparse.Namespace) -> int:
-    data = client.call("GET", f"/projects/{args.project}/members")["data"]
+    data = list(client.walk(f"/projects/{args.project}/members"))
     cols = (("USER", "userId"), ("ROLE", "role"), ("SINCE", "createdAt"))
     return _show(args, {"data": data}, table(data, cols, "No members."))
 
@@ -258,7 +258,8 @@ def _members_put(client: ManagementClient, args: argparse.Namespace) -> int:
     body = client.call(
         "PUT", f"/projects/{args.project}/members/{args.user}", json={"role": args.role}
     )
-    text = f"{args.user} is {args.role} in {args.project}."
+    # A project admin's new user is the project's own: `<project>:<name>`.
+    text = f"{body['member']['userId']} is {args.role} in {args.project}."
     if body["createdKey"]:
         text += (f"\nNew user; their management key (shown only this once):\n"
                  f"  {body['createdKey']['key']}")  # fmt: skip
@@ -287,7 +288,7 @@ _KEY_COLUMNS = (("ID", "id"), ("NAME", "name"), ("KEY", "hint"), ("PROJECT", "pr
 
 
 def _keys_list(client: ManagementClient, args: argparse.Namespace) -> int:
-    data = client.call("GET", f"/users/{_user(client, args)}/keys")["data"]
+    data = list(client.walk(f"/users/{_user(client, args)}/keys"))
     return _show(args, {"data": data}, table(data, _KEY_COLUMNS, "No keys."))
 
 
@@ -318,6 +319,10 @@ def _usage(client: ManagementClient, args: argparse.Namespace) -> int:
     else:
         path = f"/projects/{args.target}/usage"
     body = client.call("GET", path, params=params)
+    # Every page's rows; the totals (the whole window's) are on each page.
+    while "continue" in body:
+        more = client.call("GET", path, params={**params, "continue": body.pop("continue")})
+        body = {**more, "data": body["data"] + more["data"]}
     # Endpoints by name where they still exist (a deleted one keeps its id).
     names = {e["id"]: e["name"] for e in client.list_endpoints(
         None if args.usage_of == "endpoint" else args.target)}  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -12,6 +12,14 @@ DEFAULT_API_URL = "http://127.0.0.1:8080"
 _UUID_RE = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
+
+
+# A list's query: names to values, or pairs (a name may repeat).
+Query = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
+def _pairs(params: Query) -> list[tuple[str, str]]:
+    return list(params.items()) if isinstance(params, Mapping) else list(params)
 
 
 class ApiError(Exception):
@@ -94,20 +102,20 @@ class ManagementClient:
         result: dict[str, Any] = self._call("POST", "/endpoints", json=body)
         return result
 
-    def page(self, path: str, params: Mapping[str, str]) -> tuple[list[Any], str | None]:
+    def page(self, path: str, params: Query) -> tuple[list[Any], str | None]:
         """One page of a list and its `continue` cursor (None: the last page)."""
-        body = self._call("GET", path, params=dict(params))
+        body = self._call("GET", path, params=_pairs(params))
         return list(body["data"]), body.get("continue")
 
-    def walk(self, path: str, params: Mapping[str, str] | None = None) -> Iterator[Any]:
-        """Every item of a list, page after page."""
-        query = dict(params or {})
+    def walk(self, path: str, params: Query | None = None) -> Iterator[Any]:
+        """Every item of a list, page after page (`params`: its filters)."""
+        query = _pairs(params or {})
+        cursor: str | None = None
         while True:
-            items, cursor = self.page(path, query)
+            items, cursor = self.page(path, query + ([("continue", cursor)] if cursor else []))
             yield from items
             if cursor is None:
                 return
-            query["continue"] = cursor
 
     def list_endpoints(
         self, project_id: str | None = None, **filters: str | None

@@ -307,6 +307,7 @@ def _bench(client: ManagementClient, args: argparse.Namespace) -> int:
         image_size=args.image_size,
         timeout_s=max(args.timeout, 60.0),
     )
+
     def progress(concurrency: int, point: ProfilePoint | None) -> None:
         # Each level as it ends (a level can take minutes): on stderr, so
         # that --json output stays one document.

@@ -28,6 +28,7 @@ from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.console.charts import endpoint_charts
 from inferd.console.costs import Envelope, SettingsChange
 from inferd.console.live import LiveBoard
+from inferd.console.messages import human_errors
 from inferd.console.security import (
     SecurityHeaders,
     Session,
@@ -54,19 +55,6 @@ def _int(value: Any, default: int) -> int:
         return int(str(value).strip())
     except (TypeError, ValueError):
         return default
-
-
-def _tail(path: Path, max_bytes: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            data = handle.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return text if size <= max_bytes else text.split("\n", 1)[-1]
 
 
 def _list_key(principal: Principal, query: str) -> tuple[Any, ...]:
@@ -411,9 +399,7 @@ class Console:
             project = str(form.get("project") or "") or None
             record, token = await self.sources.endpoints.create(session.principal, req, project)
         except ValidationError as exc:
-            error = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
+            error = human_errors(exc.errors())
             return await self._create_failed(request, session, form, error)
         except (NotFound, Forbidden) as exc:
             raise ConsoleError(exc.status, exc.message) from None
@@ -464,13 +450,19 @@ class Console:
             token=token,
             charts=self._charts(row, "hour"),
             range="hour",
+            # The log panel comes filled, then follows the replicas' logs.
+            tails=await self._last_lines(row),
             **self._endpoint_context(session, row),
         )
 
     async def endpoint_live(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
         return self.web.render(
-            request, session, "_endpoint_live.html", **self._endpoint_context(session, row)
+            request,
+            session,
+            "_endpoint_live.html",
+            badge_oob=True,
+            **self._endpoint_context(session, row),
         )
 
     def _charts(self, row: EndpointRow, range_name: str) -> list[Any]:
@@ -492,27 +484,31 @@ class Console:
             range=range_name,
         )
 
-    def _log_tails(self, row: EndpointRow, max_bytes: int) -> list[tuple[str, str]]:
+    async def _log_tails(self, row: EndpointRow, max_bytes: int) -> list[tuple[str, str]]:
+        """Each replica's log, read through its launcher (on its node under Ray)."""
         tails = []
         for replica in self.sources.replicas(row.id):
-            path = self.sources.log_path(replica.replica_id)
-            if path is not None and path.exists():
-                tails.append((replica.replica_id, _tail(path, max_bytes)))
+            text = await self.sources.replica_log(replica.replica_id, max_bytes)
+            if text is not None:
+                tails.append((replica.replica_id, text))
         return tails
+
+    async def _last_lines(self, row: EndpointRow) -> list[tuple[str, str]]:
+        return [
+            (rid, "\n".join(text.splitlines()[-LOG_TAIL_LINES:]))
+            for rid, text in await self._log_tails(row, LOG_TAIL_BYTES)
+        ]
 
     async def logs(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
-        tails = [
-            (rid, "\n".join(text.splitlines()[-LOG_TAIL_LINES:]))
-            for rid, text in self._log_tails(row, LOG_TAIL_BYTES)
-        ]
+        tails = await self._last_lines(row)
         return self.web.render(request, session, "_logs.html", row=row, tails=tails)
 
     async def logs_download(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
         parts = [
             f"==> replica {rid} <==\n{text}"
-            for rid, text in self._log_tails(row, LOG_DOWNLOAD_BYTES)
+            for rid, text in await self._log_tails(row, LOG_DOWNLOAD_BYTES)
         ]
         return PlainTextResponse(
             "\n".join(parts) or "No replica has written a log yet.\n",
@@ -566,7 +562,7 @@ class Console:
         try:
             req = UpdateEndpointRequest.model_validate(body)
         except ValidationError as exc:
-            raise ConsoleError(400, "; ".join(str(e["msg"]) for e in exc.errors())) from None
+            raise ConsoleError(400, human_errors(exc.errors())) from None
         assert session.principal is not None
         await self._write(self.sources.endpoints.update(session.principal, row.id, req))
         self.live.mark(row.id)
@@ -610,7 +606,8 @@ class Console:
             for u in rows:
                 line = lines.setdefault(
                     u.endpoint_id,
-                    {"id": u.endpoint_id, "name": names.get(u.endpoint_id), "replica_hours": 0.0,
+                    {"id": u.endpoint_id, "name": names.get(u.endpoint_id), "deleted_name": None,
+                     "replica_hours": 0.0,
                      "requests": 0, "tokens": 0, "images": 0, "cost": 0.0},
                 )  # fmt: skip
                 line["replica_hours"] += u.replica_seconds / 3600
@@ -618,6 +615,11 @@ class Console:
                 line["tokens"] += u.completion_tokens
                 line["images"] += u.images
                 line["cost"] += u.cost
+            gone = [i for i, line in lines.items() if line["name"] is None]
+            if gone:
+                deleted = await self.sources.endpoints.names_of_deleted(principal, project, gone)
+                for endpoint_id, name in deleted.items():
+                    lines[endpoint_id]["deleted_name"] = name
             projects.append(
                 {
                     "name": project,

@@ -3,6 +3,7 @@ script): the template draws polylines from these points."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,10 @@ class Chart:
     last: float | None
     lines: tuple[Line, ...]
     test_id: str
+    # The time axis: bucket starts at the left, the middle and the right
+    # ("HH:MM" UTC), and whether anything was recorded in the range at all.
+    ticks: tuple[str, ...] = ()
+    has_data: bool = False
 
 
 def _polyline(values: Sequence[float], peak: float) -> str:
@@ -37,6 +42,18 @@ def _polyline(values: Sequence[float], peak: float) -> str:
         f"{i * step:.1f},{HEIGHT - (v / peak * (HEIGHT - 4) if peak else 0) - 2:.1f}"
         for i, v in enumerate(values)
     )
+
+
+def _clock(epoch: int) -> str:
+    return time.strftime("%H:%M", time.gmtime(epoch))
+
+
+def _ticks(points: Sequence[Point]) -> tuple[str, ...]:
+    if not points:
+        return ()
+    end = points[-1].start + points[-1].seconds
+    middle = points[len(points) // 2].start
+    return (_clock(points[0].start), _clock(middle), _clock(end) + " UTC")
 
 
 def chart(
@@ -51,6 +68,8 @@ def chart(
     first = series[0][2]
     last = first(points[-1]) if points else None
     return Chart(
+        ticks=_ticks(points),
+        has_data=any(p.requests or p.errors or p.replicas or p.held for p in points),
         title=title,
         unit=unit,
         peak=peak,

@@ -49,7 +49,21 @@ def clock_time(text: str | None) -> str:
     return text.replace("T", " ")[:19] + " UTC"
 
 
+# The API's status values as a person reads them (the API keeps its values).
+_STATUS_WORDS = {
+    "scaledToZero": "scaled to zero",
+    "initializing": "starting",
+}
+
+
+def status_word(status: str | None) -> str:
+    if not status:
+        return "-"
+    return _STATUS_WORDS.get(status, status)
+
+
 FILTERS: dict[str, Callable[..., Any]] = {
+    "status_word": status_word,
     "money": money,
     "signed_money": signed_money,
     "duration": duration,

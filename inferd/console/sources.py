@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from inferd.catalog import Catalog, recommend
 from inferd.catalog.models import ModelSpec
@@ -57,6 +56,10 @@ def _no_events(endpoint_id: str) -> Sequence[ScaleEvent]:
     return ()
 
 
+async def _no_log(replica_id: str, max_bytes: int) -> str | None:
+    return None
+
+
 @dataclass
 class ConsoleSources:
     service: EndpointService
@@ -73,7 +76,8 @@ class ConsoleSources:
     series: EndpointSeries = field(default_factory=EndpointSeries)
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
-    log_dir: Path | None = None
+    # The end of a replica's log, read through its launcher (None: none).
+    replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
     _recommendations: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
 
     def recommendation(self, model_name: str, location: str) -> Recommendation:
@@ -112,8 +116,3 @@ class ConsoleSources:
 
     async def writable_projects(self, principal: Principal) -> list[str]:
         return [p for p in await self.projects(principal) if principal.may(Action.WRITE, p)]
-
-    def log_path(self, replica_id: str) -> Path | None:
-        if self.log_dir is None:
-            return None
-        return self.log_dir / f"replica-{replica_id}.log"

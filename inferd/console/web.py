@@ -27,6 +27,7 @@ from inferd.console.security import (
 )
 from inferd.console.sources import ConsoleSources
 from inferd.control.accounts.roles import Action
+from inferd.control.tokens import ENDPOINT_TOKEN_PREFIX
 from inferd.errors import InferdError, NotFound
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -55,6 +56,8 @@ def environment() -> jinja2.Environment:
         auto_reload=False,
     )
     env.filters.update(formatting.FILTERS)
+    # What an endpoint's access token starts with (the playground's hint).
+    env.globals["token_prefix"] = ENDPOINT_TOKEN_PREFIX
     return env
 
 

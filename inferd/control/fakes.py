@@ -45,6 +45,7 @@ class FakeLauncher:
         self.stopping: set[str] = set()
         self.launched: list[ReplicaSpec] = []
         self.killed: list[str] = []
+        self.logs: dict[str, str] = {}
         self._queue: asyncio.Queue[ReplicaExit | None] | None = None
         self._ending: dict[str, ExitReason] = {}
         self._ids = iter(range(1, 1_000_000))
@@ -105,6 +106,11 @@ class FakeLauncher:
 
     async def adopt(self, handle: ReplicaHandle) -> bool:
         return handle.node == FAKE_NODE and handle.replica_id in self.alive
+
+    async def log_tail(self, replica_id: str, max_bytes: int) -> str | None:
+        """What a test put in `logs` for the replica."""
+        text = self.logs.get(replica_id)
+        return None if text is None else text[-max_bytes:]
 
     async def shutdown(self, grace_s: float) -> None:
         for replica_id in list(self.alive):

@@ -256,6 +256,11 @@ class Launcher(Placer, Protocol):
         them to end."""
         ...
 
+    async def log_tail(self, replica_id: str, max_bytes: int) -> str | None:
+        """The end of the replica's log (at most `max_bytes`), read where it
+        runs; None when there is none (never written, or gone with its node)."""
+        ...
+
 
 class ScaleSignals(Protocol):
     """What should make the reconciler act now rather than at its next tick.

@@ -1,9 +1,13 @@
 """The reconciler: makes each endpoint's replicas match what it should have.
 
-Every tick (and at once when woken: a request waits for capacity, an
-endpoint or a replica changed) it fails replicas that went quiet, asks the
-autoscaler how many replicas each endpoint wants, and applies the difference
-through the launcher: launch, or drain-then-stop. Replica ends arrive from
+When woken (a request waits for capacity, an endpoint or a replica changed)
+it looks at the endpoints that changed, and only those: a per-endpoint work
+queue, as Kubernetes controllers keep. Every `period_s` it also looks at the
+endpoints whose decisions move with the clock (those with replicas, load,
+a scaling decision or a failure pending), and every `resync_s` at all of
+them. Each look fails replicas that went quiet, asks the autoscaler how many
+replicas the endpoint wants, and applies the difference through the
+launcher: launch, or drain-then-stop. Replica ends arrive from
 the launcher's `exits()` as they happen. The launcher, registry, load source
 and store are injected (ports); the policy lives in `autoscaler`. It is the
 `ScaleSignals` of the gateway and the endpoint service.
@@ -54,7 +58,6 @@ from inferd.control.ports import (
     PlacementKey,
     ReplicaExit,
     ReplicaHandle,
-    ReplicaStore,
     RequestAborter,
 )
 from inferd.control.records import ReplicaFailure
@@ -109,6 +112,8 @@ ReplicaCap = Callable[[EndpointFacts, int, Sequence[EndpointFacts]], tuple[int, 
 @dataclass(frozen=True)
 class ReconcilerSettings:
     period_s: float = 1.0
+    # Every endpoint is looked at this often even if nothing rang for it.
+    resync_s: float = 30.0
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     target_concurrency: float = TARGET_CONCURRENCY
     upscale_delay_s: float = UPSCALE_DELAY_S
@@ -153,7 +158,6 @@ class Reconciler:
         launcher: Launcher,
         load: LoadObservations,
         aborter: RequestAborter,
-        records: ReplicaStore,
         endpoints: Callable[[], Awaitable[Sequence[EndpointFacts]]],
         models: Callable[[str], ModelSource],
         settings: ReconcilerSettings,
@@ -170,7 +174,6 @@ class Reconciler:
         self.launcher = launcher
         self.load = load
         self.aborter = aborter
-        self.records = records
         self.endpoints = endpoints
         self.models = models
         self.settings = settings
@@ -183,24 +186,19 @@ class Reconciler:
         self._task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._stopping = False
-        # The leader term every store write carries (None: a single
-        # instance, nothing to fence).
-        self._term: int | None = None
         self._tick_lock = asyncio.Lock()
         # Replicas whose process has not ended, by id: what to stop or kill.
         self._handles: dict[str, ReplicaHandle] = {}
         # Set when a replica of the endpoint ends (deletion waits on it).
         self._ended: dict[str, asyncio.Event] = {}
-        # What the store holds per replica: (status, reason, url).
-        self._persisted: dict[str, tuple[str, str | None, str | None]] = {}
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self, term: int | None = None) -> None:
         """Start ticking; again after `stop` as well (a leader that lost its
         leadership and won it back). `term`: the leader term the store
-        writes are fenced with."""
-        self._term = term
+        writes are fenced with (the registry writes them)."""
+        self.registry.lead(term)
         self._stopping = False
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
@@ -217,6 +215,7 @@ class Reconciler:
 
     async def stop(self) -> None:
         self._stopping = True
+        self.registry.lead(None)
         self._wake.ring()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -227,15 +226,44 @@ class Reconciler:
                 await self._exit_task
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        sweep_at = resync_at = loop.time()
         while not self._stopping:
-            self._wake.clear()
+            changed, everything = self._wake.take()
+            now = loop.time()
+            only: set[str] | None = None
+            if not everything and now < resync_at:
+                only = changed
+                if now >= sweep_at:
+                    only |= self._clocked()
             try:
-                await self.tick()
+                await self.tick(only)
             except Deposed as exc:
                 self._deposed(exc)
             except Exception:  # one bad tick must not stop reconciling
                 logger.exception("reconcile tick failed")
-            await self._wake.wait(self.settings.period_s)
+            if only is None:
+                resync_at = now + self.settings.resync_s
+            if only is None or now >= sweep_at:
+                sweep_at = now + self.settings.period_s
+            await self._wake.wait(max(0.0, min(sweep_at, resync_at) - loop.time()))
+
+    def _clocked(self) -> set[str]:
+        """Endpoints whose decisions move with the clock alone: replicas to
+        watch or scale down, a launch to retry, a decision under way."""
+        now = self.clock()
+        ids = {replica.endpoint_id for replica in self.registry.all()}
+        for endpoint_id, plan in self._plans.items():
+            if (
+                plan.scaler != ScalerState()
+                or plan.capacity_reason is not None
+                or plan.unplaceable is not None
+                or plan.replacing is not None
+                or plan.failures
+                or plan.next_launch_at > now
+            ):
+                ids.add(endpoint_id)
+        return ids
 
     async def _follow_exits(self) -> None:
         async for exited in self.launcher.exits():
@@ -291,42 +319,34 @@ class Reconciler:
 
     # -- one pass -------------------------------------------------------------------
 
-    async def tick(self) -> None:
+    async def tick(self, only: set[str] | None = None) -> None:
+        """One pass over the endpoints `only` (None: every endpoint)."""
         async with self._tick_lock:
             for replica in self.registry.check_liveness():
                 logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
                 await self._kill(replica.replica_id)
                 self.aborter.abort_replica(replica.replica_id, replica.reason or "replica failed")
+                if only is not None:
+                    only.add(replica.endpoint_id)
             rows = list(await self.endpoints())
             known = {row.id for row in rows}
             for row in rows:
+                if only is not None and row.id not in only:
+                    continue
                 if row.deleting_at is None:
                     await self._reconcile(row, rows)
                 else:
                     await self._stop_all(row.id)
-            for endpoint_id in list(self._plans):
+            looked_at = self._plans.keys() if only is None else self._plans.keys() & only
+            for endpoint_id in list(looked_at):
                 if endpoint_id not in known:
                     self._forget(endpoint_id)
             await self._sync_records()
 
     async def _sync_records(self) -> None:
-        """Write what changed since the last tick: one place, every transition."""
-        current = {r.replica_id: r for r in self.registry.all()}
-        for replica_id in [rid for rid in self._persisted if rid not in current]:
-            await self.records.delete_replica(replica_id, term=self._term)
-            del self._persisted[replica_id]
-        for replica_id, replica in current.items():
-            state = (replica.status.value, replica.reason, replica.url)
-            if replica_id in self._persisted and self._persisted[replica_id] != state:
-                await self.records.update_replica(
-                    replica_id,
-                    status=state[0],
-                    reason=state[1],
-                    url=state[2],
-                    at=utc_now(),
-                    term=self._term,
-                )
-                self._persisted[replica_id] = state
+        """Every transition of this pass in the store, fenced with the term
+        (the registry writes them)."""
+        await self.registry.flush()
 
     async def adopt(
         self, records: Sequence[ReplicaRecord], endpoints: Sequence[EndpointFacts]
@@ -360,7 +380,6 @@ class Reconciler:
                     created_wall=record.created_at.isoformat(),
                 )
             )
-            self._persisted[record.id] = (record.status, record.reason, record.url)
             adopted.append(record.id)
         # Adopted replicas count as recent activity (the gateway's memory of
         # requests is gone) and as what each endpoint currently wants.
@@ -415,7 +434,11 @@ class Reconciler:
                 assert failed is not None
                 self._note_failure(failed, served)
             await self._sync_records()
-        self.wake(exited.replica_id)
+        # Its endpoint, and those waiting for capacity: some is free now.
+        self.wake(replica.endpoint_id)
+        for endpoint_id, plan in self._plans.items():
+            if plan.capacity_reason is not None:
+                self.wake(endpoint_id)
 
     def _note_failure(self, replica: Replica, served: bool) -> None:
         """A crash loop (a replica that never became ready) backs off; a
@@ -561,36 +584,33 @@ class Reconciler:
                 logger.exception("launching a replica for %s failed", row.id)
                 return
             self._handles[replica_id] = handle
-            replica = self.registry.add(
+            at = utc_now()
+            digest = secret_digest(secret)
+            await self.registry.add_launched(
                 Replica(
                     replica_id=replica_id,
                     endpoint_id=row.id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
                     gpu_count=row.gpu_count,
-                    secret_digest=secret_digest(secret),
+                    secret_digest=digest,
                     handle=handle,
-                    created_wall=utc_now().isoformat(),
-                )
-            )
-            at = utc_now()
-            await self.records.insert_replica(
+                    created_wall=at.isoformat(),
+                ),
                 ReplicaRecord(
                     id=replica_id,
                     endpoint_id=row.id,
                     generation=row.generation,
                     gpu_type=row.gpu_type,
                     gpu_count=row.gpu_count,
-                    secret_hash=replica.secret_digest,
-                    status=replica.status.value,
+                    secret_hash=digest,
+                    status=ReplicaStatus.STARTING.value,
                     created_at=at,
                     updated_at=at,
                     node=handle.node,
                     placement=dict(handle.placement),
                 ),
-                term=self._term,
             )
-            self._persisted[replica_id] = (replica.status.value, None, None)
 
     async def _drain(self, replica: Replica, why: str) -> None:
         logger.info("draining replica %s of %s: %s", replica.replica_id, replica.endpoint_id, why)

@@ -132,6 +132,14 @@ def _example_body(kind: ModelKind | str, model_name: str, image_size: str) -> di
             "n": 1,
             "size": image_size,
         }
+    if kind == ModelKind.EMBEDDING:
+        return {"model": model_name, "input": ["The first text", "and the second"]}
+    if kind == ModelKind.RERANK:
+        return {
+            "model": model_name,
+            "query": "Where is the lighthouse?",
+            "documents": ["On the cliff, at the harbour mouth.", "Bread is baked at dawn."],
+        }
     return {
         "model": model_name,
         "messages": [{"role": "user", "content": "Hello!"}],
@@ -141,11 +149,13 @@ def _example_body(kind: ModelKind | str, model_name: str, image_size: str) -> di
 
 
 def example_path(kind: ModelKind | str) -> str:
-    return (
-        "/v1/images/generations"
-        if kind == ModelKind.IMAGE
-        else f"/{COMPAT_FAMILY}/v1/chat/completions"
-    )
+    if kind == ModelKind.IMAGE:
+        return "/v1/images/generations"
+    if kind == ModelKind.EMBEDDING:
+        return f"/{COMPAT_FAMILY}/v1/embeddings"
+    if kind == ModelKind.RERANK:
+        return "/v1/rerank"
+    return f"/{COMPAT_FAMILY}/v1/chat/completions"
 
 
 def example_command(

@@ -11,6 +11,15 @@ ejected without any probe from our side.
 Statuses set by the control plane are sticky: once a replica is `draining`
 or `failed` here, a late report that says `ready` does not bring it back
 into routing.
+
+The registry is the only writer of replica rows (`ReplicaStore`): a launch
+is inserted at once, and every later transition (a status, reason or URL
+set here or reported, a removal) is written by `flush`, fenced with the
+leader term of the instance that writes. Replicas read back from the store
+(adopted, or followed from another instance's writes) are not written
+again. An instance that does not lead also writes a heartbeat, about once
+a health period, for each replica that reports to it: the leader's
+liveness sweep hears it through the store.
 """
 
 from __future__ import annotations
@@ -25,9 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferd.api.replica import ReplicaReport
+from inferd.control.cluster.ports import Deposed
 from inferd.control.load import ReplicaCount
-from inferd.control.model import utc_now_text
-from inferd.control.ports import ReplicaHandle
+from inferd.control.model import ReplicaRecord, StoreUnavailable, utc_now, utc_now_text
+from inferd.control.ports import ReplicaHandle, ReplicaStore
 from inferd.gateway.directory import RoutableReplica
 from inferd.vocab import ReplicaStatus
 
@@ -46,6 +56,10 @@ _FORWARD = {
 LOADING_SILENCE_FACTOR = 5
 # Statuses the control plane sets that a replica's own report cannot undo.
 _STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
+
+
+def _by_id(item: tuple[str, int | None]) -> str:
+    return item[0]
 
 
 def secret_digest(secret: str) -> bytes:
@@ -130,6 +144,7 @@ class Registry:
         failure_periods: int = RegistrySettings.failure_periods,
         start_timeout_s: float = RegistrySettings.start_timeout_s,
         on_change: Callable[[str], None] | None = None,
+        rows: ReplicaStore | None = None,
     ) -> None:
         """`on_change`: called with an endpoint id when one of its replicas
         changed (a `Wakeup`'s `ring`: the reconciler acts on it)."""
@@ -147,6 +162,19 @@ class Registry:
         # Called with an endpoint id when one of its replicas changed (the
         # reconciler persists and re-derives).
         self._on_change = on_change or (lambda endpoint_id: None)
+        # Where replica rows are written (None: nowhere, a registry alone).
+        self._rows = rows
+        # Replicas whose row is behind: changed or removed here since the
+        # last write.
+        self._dirty: dict[str, int | None] = {}
+        # The leader term transitions happen under (None: not leading).
+        self._term: int | None = None
+        # Replicas that reported here since the last heartbeat written, and
+        # when that heartbeat was written.
+        self._heard: set[str] = set()
+        self._beat_at: dict[str, float] = {}
+        self._write_lock = asyncio.Lock()
+        self._behind = asyncio.Event()
 
     # -- replicas (fed by the reconciler) ---------------------------------------
 
@@ -179,14 +207,124 @@ class Registry:
             status_since=self._clock(),
             status_since_wall=self._wall(),
         )
+        self._mark(replica_id)
         self._changed(self._replicas[replica_id])
 
     def remove(self, replica_id: str) -> Replica | None:
+        """Forget it; its row is deleted at the next `flush`."""
+        replica = self.forget(replica_id)
+        if replica is not None:
+            self._mark(replica_id)
+        return replica
+
+    def forget(self, replica_id: str) -> Replica | None:
+        """Forget a replica the store no longer holds (nothing to write)."""
         self._answered_at.pop(replica_id, None)
+        self._heard.discard(replica_id)
+        self._beat_at.pop(replica_id, None)
         replica = self._replicas.pop(replica_id, None)
         if replica is not None:
             self._on_change(replica.endpoint_id)
         return replica
+
+    # -- replica rows ------------------------------------------------------------------
+
+    def lead(self, term: int | None) -> None:
+        """This instance leads under `term` from now (None: it does not).
+        Every transition is written fenced with the term it happened under,
+        so a deposed leader's late write is refused however late it runs."""
+        self._term = term
+
+    async def add_launched(self, replica: Replica, record: ReplicaRecord) -> Replica:
+        """A replica just launched: known here, and its row inserted now."""
+        added = self.add(replica)
+        if self._rows is not None:
+            await self._rows.insert_replica(record, term=self._term)
+        return added
+
+    def drop_rows(self, replica_ids: Sequence[str]) -> None:
+        """Rows of replicas not known here (not adopted): deleted at the next `flush`."""
+        for replica_id in replica_ids:
+            if replica_id not in self._replicas:
+                self._mark(replica_id)
+
+    async def flush(self) -> None:
+        """Write every row that is behind, each fenced with the term it
+        changed under, and, while this instance does not lead, heartbeats of
+        the replicas that report to it. Raises `Deposed` (that write is
+        dropped: the new leader writes now) or `StoreUnavailable` (what was
+        not written stays behind)."""
+        if self._rows is None:
+            self._dirty.clear()
+            self._heard.clear()
+            return
+        async with self._write_lock:
+            dirty, self._dirty = self._dirty, {}
+            heard, self._heard = self._heard, set()
+            left = dict(dirty)
+            try:
+                for replica_id, term in sorted(dirty.items(), key=_by_id):
+                    try:
+                        await self._write(replica_id, term)
+                    except Deposed:
+                        # Whatever changed under that term is the new
+                        # leader's to write now.
+                        left = {r: t for r, t in left.items() if t != term}
+                        raise
+                    del left[replica_id]
+                if self._term is None:
+                    now = self._clock()
+                    for replica_id in sorted(heard - dirty.keys()):
+                        beat_at = self._beat_at.get(replica_id)
+                        if beat_at is None or now - beat_at >= self._health_period:
+                            await self._write(replica_id, None)
+                        else:
+                            self._heard.add(replica_id)
+            except StoreUnavailable:
+                self._dirty = {**left, **self._dirty}
+                self._heard |= heard
+                raise
+            except Deposed:
+                self._dirty = {**left, **self._dirty}
+                raise
+
+    async def _write(self, replica_id: str, term: int | None) -> None:
+        assert self._rows is not None
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            await self._rows.delete_replica(replica_id, term=term)
+            return
+        await self._rows.update_replica(
+            replica_id,
+            status=replica.status.value,
+            reason=replica.reason,
+            url=replica.url,
+            at=utc_now(),
+            term=term,
+        )
+        self._beat_at[replica_id] = self._clock()
+
+    async def write_rows(self) -> None:
+        """Runs until cancelled: writes rows soon after they fall behind
+        (reports to an instance that does not lead have no other writer)."""
+        delay = 0.2
+        while True:
+            await self._behind.wait()
+            self._behind.clear()
+            try:
+                await self.flush()
+                delay = 0.2
+            except StoreUnavailable as exc:
+                logger.warning("could not write replica rows: %s; retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                self._behind.set()
+            except Exception as exc:  # Deposed: the new leader writes now
+                logger.warning("a replica row was not written: %s", exc)
+
+    def _mark(self, replica_id: str) -> None:
+        self._dirty[replica_id] = self._term
+        self._behind.set()
 
     # -- reports from replicas ------------------------------------------------------
 
@@ -251,6 +389,11 @@ class Registry:
             ),
         )
         self._replicas[replica_id] = updated
+        if (status, reason, updated.url) != (replica.status, replica.reason, replica.url):
+            self._mark(replica_id)
+        else:
+            self._heard.add(replica_id)
+            self._behind.set()
         if status != replica.status:
             # The operator's terminal follows each replica's life here (the
             # report requests themselves are not access-logged).

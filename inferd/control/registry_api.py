@@ -10,7 +10,7 @@ report, never a 500).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -32,13 +32,10 @@ MAX_REPORT_BYTES = 64 * 1024
 
 
 def report_route(
-    registry: Registry,
-    after_report: Callable[[str], Awaitable[None]] | None = None,
-    on_report: Callable[[str, ReplicaReport], None] | None = None,
+    registry: Registry, subscribers: Sequence[Callable[[str, ReplicaReport], None]] = ()
 ) -> Route:
-    """`after_report`: called with the replica's id once its report was
-    applied (with several instances: to record it where the others read);
-    `on_report`: told of every report the registry accepted (usage metering)."""
+    """`subscribers`: told of every report the registry accepted (usage
+    metering). The registry writes what changed to the store itself."""
 
     async def report(request: Request) -> Response:
         secret = bearer_token(request.headers.get("authorization", "").encode("latin-1"))
@@ -53,10 +50,8 @@ def report_route(
             registry.report(replica_id, secret, parsed)
         except ReportRejected as exc:
             return _rejected(exc)
-        if on_report is not None:
-            on_report(replica_id, parsed)
-        if after_report is not None:
-            await after_report(replica_id)
+        for subscriber in subscribers:
+            subscriber(replica_id, parsed)
         return Response(status_code=204)
 
     return Route(REGISTRY_PATH + "/replicas/{replica_id}", report, methods=["POST"])

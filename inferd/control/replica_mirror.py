@@ -11,10 +11,9 @@ where they meet:
   control-plane verdict such as `draining` or `failed` stands), and ones
   the store no longer holds leave. A replica turning ready here releases
   the requests this instance holds for its endpoint.
-- `reported()` runs after a report was applied on this instance: a status
-  or URL change is written at once, and otherwise a heartbeat about once a
-  health period, so that the leader's liveness sweep hears a replica that
-  reports elsewhere.
+
+What a replica reports to this instance is written by the registry itself
+(`Registry.flush`), the one writer of replica rows.
 
 A replica this instance removed itself (the leader reaped it) is not
 brought back by a read that still finds its row before the delete lands.
@@ -24,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Protocol
 
-from inferd.control.model import Change, ChangeKind, ReplicaRecord, StoreUnavailable, utc_now
+from inferd.control.model import Change, ChangeKind, ReplicaRecord, StoreUnavailable
 from inferd.control.ports import ReplicaHandle
 from inferd.control.registry import Registry, Replica
 from inferd.vocab import ReplicaStatus
@@ -39,10 +37,6 @@ logger = logging.getLogger(__name__)
 
 class ReplicaSource(Protocol):
     async def list_replicas(self) -> list[ReplicaRecord]: ...
-
-    async def update_replica(
-        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime
-    ) -> None: ...
 
     def changes(self) -> AsyncIterator[Change]: ...
 
@@ -63,25 +57,11 @@ def replica_from_record(record: ReplicaRecord) -> Replica:
 
 
 class ReplicaMirror:
-    def __init__(
-        self,
-        store: ReplicaSource,
-        registry: Registry,
-        heartbeat_s: float,
-        heartbeats_needed: Callable[[], bool] = lambda: True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """`heartbeats_needed`: False while this instance leads (its own
-        registry hears the reports; only status changes need writing)."""
+    def __init__(self, store: ReplicaSource, registry: Registry) -> None:
         self._store = store
-        self._heartbeats_needed = heartbeats_needed
         self._registry = registry
-        self._heartbeat_s = heartbeat_s
-        self._clock = clock
         # Replica id -> the record's updated_at when last read.
         self._seen: dict[str, datetime] = {}
-        # Replica id -> (status, url, clock) of the last write from here.
-        self._written: dict[str, tuple[str, str | None, float]] = {}
         self._reload_lock = asyncio.Lock()
 
     async def follow(self) -> None:
@@ -113,11 +93,10 @@ class ReplicaMirror:
             for replica in self._registry.all():
                 rid = replica.replica_id
                 if rid in self._seen and rid not in stored:
-                    self._registry.remove(rid)
+                    self._registry.forget(rid)
             for rid in list(self._seen):
                 if rid not in stored:
                     del self._seen[rid]
-                    self._written.pop(rid, None)
 
     def _merge(self, record: ReplicaRecord) -> None:
         before = self._seen.get(record.id)
@@ -135,29 +114,3 @@ class ReplicaMirror:
             record.url,
             heard=before is not None and record.updated_at != before,
         )
-
-    async def reported(self, replica_id: str) -> None:
-        """After this instance applied a report from `replica_id`."""
-        replica = self._registry.get(replica_id)
-        if replica is None:
-            return
-        now = self._clock()
-        last = self._written.get(replica_id)
-        status = replica.status.value
-        due = (
-            last is None
-            or (last[0], last[1]) != (status, replica.url)
-            or (now - last[2] >= self._heartbeat_s and self._heartbeats_needed())
-        )
-        if not due:
-            return
-        try:
-            await self._store.update_replica(
-                replica_id, status=status, reason=replica.reason, url=replica.url, at=utc_now()
-            )
-        except StoreUnavailable as exc:
-            # The replica still routes here; the write is retried with the
-            # next report.
-            logger.warning("could not record replica %s's report: %s", replica_id, exc)
-            return
-        self._written[replica_id] = (status, replica.url, now)

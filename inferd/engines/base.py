@@ -232,6 +232,14 @@ class TextModelInfo:
 
 
 @dataclass(frozen=True)
+class PoolingModelInfo:
+    name: str
+    context_length: int
+    # vLLM's pooling tasks the model supports ("embed", "classify", ...).
+    tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ImageRequest:
     request_id: str
     prompt: str
@@ -303,7 +311,29 @@ class ImageEngine(Protocol):
     async def shutdown(self) -> None: ...
 
 
-Engine = TextEngine | ImageEngine
+@runtime_checkable
+class PoolingEngine(Protocol):
+    """An embedding or reranking model. Its requests are answered by vLLM's
+    own serving code (`openai_serving`), not through engine-neutral requests:
+    only the vLLM engine serves these kinds."""
+
+    kind: ModelKind  # ModelKind.EMBEDDING | ModelKind.RERANK
+
+    @property
+    def info(self) -> PoolingModelInfo: ...
+
+    async def start(self) -> None: ...
+
+    async def warm_up(self) -> None: ...
+
+    def load(self) -> EngineLoad: ...
+
+    async def check_health(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+Engine = TextEngine | ImageEngine | PoolingEngine
 
 
 def validate_image_request(info: ImageModelInfo, request: ImageRequest) -> None:

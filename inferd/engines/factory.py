@@ -28,6 +28,8 @@ def choose_engine(kind: ModelKind, requested: str) -> str:
         return requested
     if kind is ModelKind.IMAGE:
         return "diffusers"
+    if kind.pooling:
+        return "vllm"  # the only engine with a pooling runner
     return "vllm" if vllm_available() else "transformers"
 
 
@@ -43,6 +45,12 @@ def create_engine(name: str, kind: ModelKind, model_path: Path, options: EngineO
         from inferd.engines.diffusers import DiffusersImageEngine
 
         return DiffusersImageEngine(name, model_path, options)
+    if kind.pooling:
+        if engine != "vllm":
+            raise ValueError(f"{kind.value} model {name!r} needs the vllm engine, not {engine!r}")
+        from inferd.engines.vllm_pooling import VllmPoolingEngine
+
+        return VllmPoolingEngine(name, kind, model_path, options)
     if engine == "vllm":
         from inferd.engines.vllm import VllmTextEngine
 

@@ -34,6 +34,7 @@ from inferd.engines.base import (
 )
 from inferd.engines.chat_template import ChatPromptRenderer
 from inferd.engines.limits import check_prompt_fits, check_token_ids
+from inferd.engines.vllm_serving import VllmServing
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
 from inferd.vocab import ModelKind
 
@@ -200,12 +201,19 @@ class VllmTextEngine:
         self._tracker = _LoadTracker()
         self._active: set[str] = set()
         self._parser_cls: Any = None
+        self._openai: VllmServing | None = None
 
     @property
     def info(self) -> TextModelInfo:
         if self._info is None:
             raise RuntimeError("engine not started")
         return self._info
+
+    @property
+    def openai_serving(self) -> VllmServing | None:
+        """vLLM's own serving objects over this engine (completions, ...);
+        None until the engine has loaded."""
+        return self._openai
 
     async def start(self) -> None:
         on_cpu = self._options.device == "cpu" or not _cuda_available()
@@ -238,6 +246,7 @@ class VllmTextEngine:
             context_length=int(model_config.max_model_len),
             vocab_size=int(model_config.get_vocab_size()),
         )
+        self._openai = await VllmServing.build(self._engine, self._model_path, [self._name])
 
     async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
         if self._engine is None or self._renderer is None:
@@ -426,6 +435,7 @@ class VllmTextEngine:
         await self._engine.check_health()
 
     async def shutdown(self) -> None:
+        self._openai = None
         if self._engine is not None:
             engine, self._engine = self._engine, None
             await asyncio.to_thread(engine.shutdown)

@@ -54,13 +54,16 @@ class GatewayRoute:
     path: str  # below the endpoint URL
     upstream_path: str  # on the replica
     method: str
-    label: str  # metrics route label: chat | images | models
-    kind: str | None  # model kind it serves; None: any
+    label: str  # metrics route label: chat | completions | images | embeddings | ...
+    # Model kinds it serves ("chat", or several: "embedding rerank"); None: any.
+    kind: str | None
 
 
 CHAT = f"/{COMPAT_FAMILY}/v1/chat/completions"
+COMPLETIONS = f"/{COMPAT_FAMILY}/v1/completions"
 ROUTES = (
     GatewayRoute(CHAT, CHAT, "POST", "chat", "chat"),
+    GatewayRoute(COMPLETIONS, COMPLETIONS, "POST", "completions", "chat"),
     GatewayRoute("/v1/images/generations", "/v1/images/generations", "POST", "images", "image"),
     GatewayRoute("/images/generations", "/v1/images/generations", "POST", "images", "image"),
     GatewayRoute(
@@ -72,6 +75,22 @@ ROUTES = (
     ),
     GatewayRoute(
         f"/{COMPAT_FAMILY}/v1/models", f"/{COMPAT_FAMILY}/v1/models", "GET", "models", None
+    ),
+    # Pooling models, on vLLM's server's paths (the openai client posts
+    # embeddings under its base URL; Jina's and Cohere's rerank clients to
+    # /v1/rerank and /v2/rerank).
+    *(
+        GatewayRoute(path, path, "POST", "embeddings", "embedding")
+        for path in (f"/{COMPAT_FAMILY}/v1/embeddings", "/v1/embeddings")
+    ),
+    # vLLM scores pairs with a cross-encoder, or with an embedder (cosine).
+    *(
+        GatewayRoute(path, path, "POST", "score", "embedding rerank")
+        for path in ("/score", "/v1/score")
+    ),
+    *(
+        GatewayRoute(path, path, "POST", "rerank", "embedding rerank")
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank")
     ),
 )
 PREFIX = "/endpoints/{endpoint_id}"
@@ -184,7 +203,7 @@ class Gateway:
         if gone is not None:
             raise gone
         assert endpoint is not None
-        if route.kind is not None and route.kind != endpoint.kind:
+        if route.kind is not None and endpoint.kind not in route.kind.split():
             # Answered here: a wrong route must not wake a scaled-to-zero endpoint.
             raise NotFound(
                 f"This endpoint serves the {endpoint.kind} model '{endpoint.model_name}'; "

@@ -219,6 +219,7 @@ class _HeldRequests:
         self.queue.append(waiter)
         self.traffic.held = len(self.queue)
         self.bytes += waiter.cost
+        self.traffic.held_bytes = self.bytes
         self.instance.total += waiter.cost
 
     def discard(self, waiter: Waiter) -> None:
@@ -228,6 +229,7 @@ class _HeldRequests:
             return
         self.traffic.held = len(self.queue)
         self.bytes -= waiter.cost
+        self.traffic.held_bytes = self.bytes
         self.instance.total -= waiter.cost
 
     def clear(self) -> None:
@@ -235,6 +237,7 @@ class _HeldRequests:
         self.traffic.held = 0
         self.instance.total -= self.bytes
         self.bytes = 0
+        self.traffic.held_bytes = 0
 
 
 class _HeldBytes:

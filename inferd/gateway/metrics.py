@@ -44,6 +44,12 @@ class _TrafficCollector(Collector):
             "Requests held by the gateway waiting for a replica, per endpoint.",
             labels=["endpoint"],
         )
+        held_bytes = GaugeMetricFamily(
+            "inferd_gateway_held_bytes",
+            "Bytes the held requests hold (bodies plus a fixed cost each), per endpoint: "
+            "the hold queue is bounded by these.",
+            labels=["endpoint"],
+        )
         routed = CounterMetricFamily(
             "inferd_gateway_routed_requests",
             "Requests forwarded, by why the replica was chosen: cached (this gateway "
@@ -54,10 +60,12 @@ class _TrafficCollector(Collector):
         for ep in list(self._endpoints()):
             in_flight.add_metric([ep.endpoint_id], ep.in_flight_total)
             held.add_metric([ep.endpoint_id], ep.held)
+            held_bytes.add_metric([ep.endpoint_id], ep.held_bytes)
             for reason, count in list(ep.routed.items()):
                 routed.add_metric([ep.endpoint_id, reason], count)
         yield in_flight
         yield held
+        yield held_bytes
         yield routed
 
     def describe(self) -> Iterator[GaugeMetricFamily]:

@@ -185,6 +185,10 @@ _SUMMARIES = {
     "chat": "Chat completion (OpenAI-compatible)",
     "images": "Image generation (OpenAI-compatible)",
     "models": "The model this endpoint serves",
+    "completions": "Text completion (OpenAI-compatible, answered by vLLM's serving code)",
+    "embeddings": "Embeddings (OpenAI-compatible, answered by vLLM's serving code)",
+    "score": "Relevance scores of text pairs (vLLM's score API)",
+    "rerank": "Documents ranked by relevance to a query (vLLM's rerank API, Jina/Cohere shape)",
 }
 _OPERATION_IDS = {
     "/openai/v1/chat/completions": "createChatCompletion",
@@ -192,6 +196,23 @@ _OPERATION_IDS = {
     "/images/generations": "createImageFromEndpointBase",
     "/openai/v1/images/generations": "createImageOpenAIBase",
     "/openai/v1/models": "listEndpointModels",
+    "/openai/v1/completions": "createCompletion",
+    "/openai/v1/embeddings": "createEmbedding",
+    "/v1/embeddings": "createEmbeddingFromEndpointBase",
+    "/score": "score",
+    "/v1/score": "scoreV1",
+    "/rerank": "rerank",
+    "/v1/rerank": "rerankV1",
+    "/v2/rerank": "rerankV2",
+}
+
+# Routes answered by vLLM's own serving code: their request and answer are
+# vLLM's protocol models (its server's OpenAPI document describes them).
+_VLLM_SHAPES = {
+    "completions": ("CompletionRequest", "CompletionResponse"),
+    "embeddings": ("EmbeddingRequest", "EmbeddingResponse"),
+    "score": ("ScoreRequest", "ScoreResponse"),
+    "rerank": ("RerankRequest", "RerankResponse"),
 }
 
 
@@ -211,6 +232,15 @@ def _operation(route: GatewayRoute) -> dict[str, Any]:
             }
         }
         errors: tuple[int, ...] = (400, 401, 404, 409, 413, 429, 500, 503)
+    elif route.label in _VLLM_SHAPES:
+        request_name, answer_name = _VLLM_SHAPES[route.label]
+        content: dict[str, Any] = {
+            "application/json": {"schema": {"type": "object", "description": answer_name}}
+        }
+        if route.label == "completions":
+            content["text/event-stream"] = {"schema": {"type": "string"}}
+        responses = {"200": {"description": f"vLLM's {answer_name}.", "content": content}}
+        errors = (400, 401, 404, 413, 429, 500, 503)
     elif route.label == "images":
         responses = {"200": _json("ImagesResponse", "The generated images.")}
         errors = (400, 401, 404, 413, 429, 500, 503)
@@ -235,6 +265,16 @@ def _operation(route: GatewayRoute) -> dict[str, Any]:
         "responses": responses,
         "security": [{SECURITY_SCHEME: []}],
     }
+    if route.label in _VLLM_SHAPES:
+        request_name = _VLLM_SHAPES[route.label][0]
+        op["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"type": "object", "description": f"vLLM's {request_name}."}
+                }
+            },
+        }
     if route.label in ("chat", "images"):
         model = "ChatCompletionRequest" if route.label == "chat" else "ImageGenerationRequest"
         op["requestBody"] = {

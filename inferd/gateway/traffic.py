@@ -43,6 +43,7 @@ class EndpointTraffic:
     __slots__ = (
         "endpoint_id",
         "held",
+        "held_bytes",
         "in_flight",
         "in_flight_total",
         "last_request_at",
@@ -58,6 +59,8 @@ class EndpointTraffic:
         # Requests held waiting for a replica: a count the hold machinery
         # keeps current (it owns the requests themselves).
         self.held = 0
+        # What they hold (bodies plus a fixed cost each), against the bound.
+        self.held_bytes = 0
         self.last_request_at: float | None = None
         self.requests_total = 0
         self.service_times: deque[float] = deque(maxlen=window)

@@ -22,10 +22,32 @@ from inferd.replica.chat import ChatHandler, ServedModel
 from inferd.replica.images import ImagesHandler
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
+from inferd.replica.vllm_routes import VllmRouteHandler
 from inferd.vocab import ModelKind, ReplicaStatus
 
 CHAT_PATH = f"/{COMPAT_FAMILY}/v1/chat/completions"
+COMPLETIONS_PATH = f"/{COMPAT_FAMILY}/v1/completions"
 IMAGES_PATHS = ("/v1/images/generations", f"/{COMPAT_FAMILY}/v1/images/generations")
+EMBEDDINGS_PATHS = (f"/{COMPAT_FAMILY}/v1/embeddings", "/v1/embeddings")
+# vLLM's server's paths for both: Jina's client posts to /v1/rerank,
+# Cohere's to /v2/rerank.
+SCORE_PATHS = ("/score", "/v1/score")
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+INFERENCE_PATHS = (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    *IMAGES_PATHS,
+    *EMBEDDINGS_PATHS,
+    *SCORE_PATHS,
+    *RERANK_PATHS,
+)
+# What each kind of model answers, for the refusal of any other route.
+SERVES = {
+    ModelKind.CHAT: "chat and text completions",
+    ModelKind.IMAGE: "image generations",
+    ModelKind.EMBEDDING: "embeddings at /v1/embeddings, and scores at /score and /rerank",
+    ModelKind.RERANK: "relevance scores at /score and /rerank",
+}
 MODELS_PATH = f"/{COMPAT_FAMILY}/v1/models"
 
 
@@ -38,21 +60,34 @@ def build_app(
     engine_name: str | None = None,
 ) -> Starlette:
     async def wrong_kind(request: Request) -> Response:
-        kind = "chat" if engine.kind is ModelKind.CHAT else "image"
         raise NotFound(
-            f"This endpoint serves the {kind} model '{model.name}'; "
-            f"{request.url.path} is not available on it.",
+            f"This endpoint serves the {engine.kind.value} model '{model.name}' "
+            f"({SERVES[engine.kind]}); {request.url.path} is not available on it.",
             code="unsupported_route",
         )
 
+    def vllm_route(route: str, path: str) -> Route:
+        handler = VllmRouteHandler(engine, route, path, state, metrics, model, max_body_bytes)
+        return Route(path, handler.handle, methods=["POST"])
+
     if engine.kind is ModelKind.CHAT:
         chat = ChatHandler(cast(TextEngine, engine), state, metrics, model, max_body_bytes)
-        routes = [Route(CHAT_PATH, chat.handle, methods=["POST"])]
-        routes += [Route(path, wrong_kind, methods=["POST"]) for path in IMAGES_PATHS]
-    else:
+        routes = [
+            Route(CHAT_PATH, chat.handle, methods=["POST"]),
+            vllm_route("completions", COMPLETIONS_PATH),
+        ]
+    elif engine.kind is ModelKind.IMAGE:
         images = ImagesHandler(cast(ImageEngine, engine), state, metrics, model, max_body_bytes)
         routes = [Route(path, images.handle, methods=["POST"]) for path in IMAGES_PATHS]
-        routes.append(Route(CHAT_PATH, wrong_kind, methods=["POST"]))
+    else:
+        # vLLM scores pairs with a cross-encoder, or with an embedder (the
+        # cosine of the two embeddings), as its own server does.
+        routes = [vllm_route("score", path) for path in SCORE_PATHS]
+        routes += [vllm_route("rerank", path) for path in RERANK_PATHS]
+        if engine.kind is ModelKind.EMBEDDING:
+            routes += [vllm_route("embeddings", path) for path in EMBEDDINGS_PATHS]
+    served = {route.path for route in routes}
+    routes += [Route(p, wrong_kind, methods=["POST"]) for p in INFERENCE_PATHS if p not in served]
 
     async def health(request: Request) -> Response:
         ready = state.status is ReplicaStatus.READY

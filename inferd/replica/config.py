@@ -31,7 +31,7 @@ from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_
 from inferd.vocab import ModelKind
 
 # Paths a replica answers without the gateway's call key (see replica.auth).
-DEFAULT_OPEN_PATHS = ("/health", "/metrics")
+DEFAULT_OPEN_PATHS = ("/health", "/healthz", "/metrics")
 
 if TYPE_CHECKING:
     from inferd.catalog.models import ModelSpec

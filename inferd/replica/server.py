@@ -29,6 +29,7 @@ from inferd.engines.base import (
     Engine,
     ImageEngine,
     ImageRequest,
+    PoolingEngine,
     SamplingOptions,
     ServingDefaults,
     TextEngine,
@@ -81,7 +82,9 @@ async def warm_up(engine: Engine) -> None:
     """One real request through the engine before `ready`: first-call costs
     (kernel selection, allocator growth, lazy imports) are paid here, not by
     the first client."""
-    if engine.kind is ModelKind.CHAT:
+    if engine.kind.pooling:
+        await cast(PoolingEngine, engine).warm_up()
+    elif engine.kind is ModelKind.CHAT:
         text_engine = cast(TextEngine, engine)
         request = TextRequest(
             request_id=f"warmup-{os.getpid()}",

@@ -4,6 +4,7 @@ account service with the caller's principal, map the result."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
@@ -24,7 +25,9 @@ from inferd.control.accounts.model import (
     AuditEntry,
     Membership,
     Project,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     rfc3339,
 )
@@ -38,6 +41,7 @@ from inferd.server.access import Operation, Target
 from inferd.server.paging import (
     PAGE_PARAMS,
     filter_value,
+    next_cursor,
     paged_body,
     read_key_page,
     read_page,
@@ -117,7 +121,8 @@ def audit_info(e: AuditEntry) -> dict[str, Any]:
     }
 
 
-def usage_document(rows: list[UsageRow], currency: str) -> dict[str, Any]:
+def usage_document(rows: list[UsageRow], currency: str, totals: UsageTotals) -> dict[str, Any]:
+    """A page of hourly rows and the totals of the whole window (every page)."""
     data = [
         {
             "endpointId": r.endpoint_id,
@@ -134,15 +139,53 @@ def usage_document(rows: list[UsageRow], currency: str) -> dict[str, Any]:
         }
         for r in rows
     ]
-    totals = {
-        "replicaSeconds": round(sum(r.replica_seconds for r in rows), 3),
-        "requests": sum(r.requests for r in rows),
-        "promptTokens": sum(r.prompt_tokens for r in rows),
-        "completionTokens": sum(r.completion_tokens for r in rows),
-        "images": sum(r.images for r in rows),
-        "cost": round(sum(r.cost for r in rows), 6),
+    summed = {
+        "replicaSeconds": round(totals.replica_seconds, 3),
+        "requests": totals.requests,
+        "promptTokens": totals.prompt_tokens,
+        "completionTokens": totals.completion_tokens,
+        "images": totals.images,
+        "cost": round(totals.cost, 6),
     }
-    return {"currency": currency, "totals": totals, "data": data}
+    return {"currency": currency, "totals": summed, "data": data}
+
+
+def _usage_position(after: str | None) -> UsageKey | None:
+    """A usage page's position: the hour, endpoint, GPU type and count of the
+    last row of the page before."""
+    if after is None:
+        return None
+    try:
+        hour, key_id, gpu_type, gpu_count = json.loads(after)
+        at = datetime.fromisoformat(hour)
+        if at.tzinfo is None or not isinstance(gpu_count, int):
+            raise ValueError(after)
+        return at, str(key_id), str(gpu_type), gpu_count
+    except (ValueError, TypeError):
+        raise BadRequest(
+            "The 'continue' value is not a cursor of this list.",
+            param="continue",
+            code="invalid_cursor",
+        ) from None
+
+
+def _key_position(after: str | None) -> tuple[datetime, str] | None:
+    """A keys page's position: the created-at (to the microsecond) and id
+    of the last key of the page before."""
+    if after is None:
+        return None
+    at, _, key_id = after.partition("|")
+    try:
+        created = datetime.fromisoformat(at)
+    except ValueError:
+        created = None
+    if created is None or created.tzinfo is None or not key_id:
+        raise BadRequest(
+            "The 'continue' value is not a cursor of this list.",
+            param="continue",
+            code="invalid_cursor",
+        )
+    return created, key_id
 
 
 class AccountRoutes:
@@ -188,21 +231,32 @@ class AccountRoutes:
                 (*span, "action", *PAGE_PARAMS),
             ),
             Operation(
-                "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage, span
+                "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage,
+                (*span, *PAGE_PARAMS),
             ),
             Operation("GET", "/users", Target.OPERATOR, M, self.list_users),
             Operation("POST", "/users", Target.OPERATOR, M, self.create_user),
-            Operation("GET", "/users/{userId}/keys", Target.USER, R, self.list_keys),
+            Operation(
+                "GET", "/users/{userId}/keys", Target.USER, R, self.list_keys, PAGE_PARAMS
+            ),
             Operation("POST", "/users/{userId}/keys", Target.USER, W, self.create_key),
             Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, self.revoke_key),
             Operation(
-                "GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, self.endpoint_usage, span
+                "GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, self.endpoint_usage,
+                (*span, *PAGE_PARAMS),
             ),
         ]  # fmt: skip
 
     async def whoami(self, request: Request, principal: Principal) -> Response:
         roles = {p: r.value for p, r in principal.roles.items()}
-        return JSONResponse({"id": principal.id, "operator": principal.operator, "roles": roles})
+        return JSONResponse(
+            {
+                "id": principal.id,
+                "operator": principal.operator,
+                "roles": roles,
+                "keyProjectId": principal.scope,
+            }
+        )
 
     # --- projects ------------------------------------------------------------------------
 
@@ -300,9 +354,16 @@ class AccountRoutes:
         return JSONResponse(body, status_code=201)
 
     async def list_keys(self, request: Request, principal: Principal) -> Response:
-        keys = await self.accounts.keys(principal, request.path_params["userId"])
+        user_id = request.path_params["userId"]
+        query = {"userId": user_id}
+        page = read_key_page(request, "keys", query)
+        keys, last = await self.accounts.keys(
+            principal, user_id, after=_key_position(page.after), limit=page.limit
+        )
         pending = self.accounts.resolver.pending_last_used
-        return JSONResponse({"data": [key_info(k, pending(k.id)) for k in keys]})
+        data = [key_info(k, pending(k.id)) for k in keys]
+        after = None if last is None else f"{last.created_at.isoformat()}|{last.id}"
+        return JSONResponse(paged_body(data, "keys", query, after))
 
     async def create_key(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateKeyRequest, self.max_body_bytes)
@@ -350,19 +411,35 @@ class AccountRoutes:
         )
 
     async def project_usage(self, request: Request, principal: Principal) -> Response:
-        rows = await self.endpoints.project_usage(
-            principal,
-            request.path_params["id"],
-            parse_time(request, "from"),
-            parse_time(request, "to"),
-        )
-        return JSONResponse(usage_document(rows, self.currency()))
+        return await self._usage(request, principal, project_id=request.path_params["id"])
 
     async def endpoint_usage(self, request: Request, principal: Principal) -> Response:
-        rows = await self.endpoints.usage(
+        return await self._usage(request, principal, endpoint_id=request.path_params["id"])
+
+    async def _usage(
+        self,
+        request: Request,
+        principal: Principal,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+    ) -> Response:
+        query = {"endpointId": endpoint_id, "projectId": project_id,
+                 "from": request.query_params.get("from"),
+                 "to": request.query_params.get("to")}  # fmt: skip
+        page = read_key_page(request, "usage", query)
+        rows, after, totals = await self.endpoints.usage_page(
             principal,
-            request.path_params["id"],
-            parse_time(request, "from"),
-            parse_time(request, "to"),
+            endpoint_id=endpoint_id,
+            project_id=project_id,
+            since=parse_time(request, "from"),
+            until=parse_time(request, "to"),
+            after=_usage_position(page.after),
+            limit=page.limit,
         )
-        return JSONResponse(usage_document(rows, self.currency()))
+        body = usage_document(rows, self.currency(), totals)
+        if after is not None:
+            hour, key_id, gpu_type, gpu_count = after
+            position = json.dumps([hour.isoformat(), key_id, gpu_type, gpu_count])
+            body["continue"] = next_cursor("usage", query, position)
+        return JSONResponse(body)

@@ -126,8 +126,9 @@ def accounts_openapi() -> dict[str, Any]:
         },
         "/inference/projects/{id}/usage": {
             "get": _op("getProjectUsage", "Hourly usage and cost of the project's endpoints",
-                       (200, "UsageList", "Usage by endpoint and hour."), (400, 404),
-                       params=[_PROJECT, *_TIME_RANGE]),
+                       (200, "UsageList", "A page of usage by hour and endpoint; totals of "
+                        "the whole window."), (400, 404),
+                       params=[_PROJECT, *_TIME_RANGE, *query_params(PAGE_PARAMS)]),
         },
         "/inference/users": {
             "get": _op("listUsers", "Every user (operator)", (200, "UserList", "Users."), (403,)),
@@ -137,7 +138,8 @@ def accounts_openapi() -> dict[str, Any]:
         },
         "/inference/users/{userId}/keys": {
             "get": _op("listKeys", "A user's management keys (prefix and last 4 only)",
-                       (200, "KeyList", "Keys."), (404,), params=[_USER]),
+                       (200, "KeyList", "A page of keys, oldest first."), (400, 404),
+                       params=[_USER, *query_params(PAGE_PARAMS)]),
             "post": _op("createKey", "Create a management key (shown once)",
                         (201, "CreatedKeyInfo", "The key."), (400, 404, 409, 413),
                         body="CreateKeyRequest", params=[_USER]),
@@ -148,8 +150,9 @@ def accounts_openapi() -> dict[str, Any]:
         },
         "/inference/endpoints/{id}/usage": {
             "get": _op("getEndpointUsage", "Hourly usage and cost of an endpoint",
-                       (200, "UsageList", "Usage by hour."), (400, 404),
-                       params=[_ENDPOINT, *_TIME_RANGE]),
+                       (200, "UsageList", "A page of usage by hour; totals of the whole "
+                        "window."), (400, 404),
+                       params=[_ENDPOINT, *_TIME_RANGE, *query_params(PAGE_PARAMS)]),
         },
     }  # fmt: skip
     # 201 for a new member is an answer of its own, with the same body.

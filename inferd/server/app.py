@@ -88,11 +88,7 @@ def serving_routes(server: Server) -> list[BaseRoute]:
 
     return [
         *gateway_routes(server.gateway),
-        report_route(
-            server.registry,
-            after_report=server.mirror.reported if server.mirror else None,
-            on_report=server.meter_feed.reported,
-        ),
+        report_route(server.registry, [server.meter_feed.reported]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
 

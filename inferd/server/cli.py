@@ -149,9 +149,7 @@ def run(args: argparse.Namespace) -> int:
     # One event loop for everything: the store's change-feed followers run
     # in the loop that serves.
     return asyncio.run(
-        _serve(
-            settings, log_config, rotate_admin_key=args.rotate_admin_key, key_source=key_source
-        )
+        _serve(settings, log_config, rotate_admin_key=args.rotate_admin_key, key_source=key_source)
     )
 
 

@@ -56,6 +56,7 @@ from inferd.control.cluster.loadshare import max_age
 from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
+from inferd.control.endpoint_rows import FollowedEndpoints
 from inferd.control.launchers.inventory import (
     detect_gpus,
     match_gpu_type,
@@ -171,6 +172,7 @@ class Server:
     series: EndpointSeries
     gateway_state: GatewayState
     journal: ScaleJournal
+    endpoint_rows: FollowedEndpoints
     reconciler: Reconciler
     service: EndpointService
     models: ModelService
@@ -206,6 +208,7 @@ class Server:
         self.sampler.start()
         if self.mirror is not None:
             self._followers.append(asyncio.ensure_future(self.mirror.follow()))
+        self._followers.append(asyncio.ensure_future(self.registry.write_rows()))
         await self.coordination.start(self.leader_duties)
 
     async def stop(self) -> None:
@@ -218,11 +221,8 @@ class Server:
         await self.sampler.stop()
         await self.coordination.stop()
         await self.gateway.shutdown()
-        if self.run_replicas and self.coordination.ends_with_instance:
-            await self.launcher.shutdown(self.settings.replica_drain_timeout_seconds)
-            for replica in self.registry.all():
-                self.registry.remove(replica.replica_id)
-                await self.store.delete_replica(replica.replica_id)
+        if self.coordination.ends_with_instance:
+            await self.replica_duty.end_replicas(self.settings.replica_drain_timeout_seconds)
         await self.accounts.stop()
         await self.stop_following()
 
@@ -243,6 +243,9 @@ class Server:
 
         self._followers = [
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
+            asyncio.ensure_future(
+                run("reconciler's endpoints", self.endpoint_rows.follow, self.endpoint_rows.load)
+            ),
             asyncio.ensure_future(run("token cache", self.verifier.follow, self.verifier.load)),
             asyncio.ensure_future(run("admin keys", self.admin.follow, _nothing)),
             asyncio.ensure_future(run("registered models", self.models.follow, self.models.load)),
@@ -291,6 +294,10 @@ async def build(
         verifier = TokenVerifier(store)
         await verifier.load()
         wakeup = Wakeup()
+        # The reconciler's endpoints, followed from the store (each change
+        # rings the reconciler for that endpoint).
+        endpoint_rows = FollowedEndpoints(store, wakeup.ring)
+        await endpoint_rows.load()
         health = settings.registry
         registry = Registry(
             clock=clock,
@@ -298,6 +305,8 @@ async def build(
             failure_periods=health.failure_periods,
             start_timeout_s=health.start_timeout_s,
             on_change=wakeup.ring,
+            # The one writer of replica rows.
+            rows=store,
         )
         launcher = launcher or configured_launcher(settings, catalog)
         gateway_knobs = settings.gateway
@@ -320,8 +329,7 @@ async def build(
             launcher=launcher,
             load=load,
             aborter=gateway_state,
-            records=store,
-            endpoints=store.list_endpoints,
+            endpoints=endpoint_rows,
             models=CatalogModels(catalog),
             settings=settings.autoscale,
             wakeup=wakeup,
@@ -371,16 +379,12 @@ async def build(
             signals=signals,
             state=gateway_state,
         )
-        replica_duty = ReplicaDuty(store, launcher, reconciler, service, meter_feed, run_replicas)
+        replica_duty = ReplicaDuty(
+            store, registry, launcher, reconciler, service, meter_feed, run_replicas
+        )
         mirror = None
         if not coordination.ends_with_instance:
-            mirror = ReplicaMirror(
-                store,
-                registry,
-                settings.health_period_seconds,
-                heartbeats_needed=lambda: not flag.leading(),
-                clock=clock,
-            )
+            mirror = ReplicaMirror(store, registry)
     except BaseException:
         await store.close()
         raise
@@ -395,6 +399,7 @@ async def build(
         series=series,
         gateway_state=gateway_state,
         journal=journal,
+        endpoint_rows=endpoint_rows,
         reconciler=reconciler,
         service=service,
         models=models,

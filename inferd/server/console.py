@@ -51,8 +51,8 @@ def console_sources(server: Server) -> ConsoleSources:
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),
-        # Where the local launcher writes replica logs; Ray keeps its own.
-        log_dir=settings.state_dir / "logs" if settings.launcher == "local" else None,
+        # Read where each replica runs (this machine, or its Ray node).
+        replica_log=server.launcher.log_tail,
     )
 
 

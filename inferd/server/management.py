@@ -25,6 +25,8 @@ from inferd.api.management import (
 )
 from inferd.catalog import Catalog, recommend
 from inferd.catalog.models import CatalogError, parse_size
+from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
+from inferd.catalog.recommend import POOLING_KINDS
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
 from inferd.control.accounts.endpoints import ProjectEndpoints
@@ -40,9 +42,12 @@ from inferd.http import read_model
 from inferd.server.access import Operation, Target
 from inferd.server.paging import (
     ENDPOINT_FILTERS,
+    MODEL_FILTERS,
     PAGE_PARAMS,
     filter_value,
     next_cursor,
+    paged_body,
+    read_key_page,
     read_page,
 )
 from inferd.vocab import EndpointStatus
@@ -78,7 +83,9 @@ class ManagementRoutes:
             Operation(
                 "POST", "/endpoints/{id}/access-token", Target.ENDPOINT, W, self.reissue_token
             ),
-            Operation("GET", "/models", Target.ANY, R, self.list_models),
+            Operation(
+                "GET", "/models", Target.ANY, R, self.list_models, (*MODEL_FILTERS, *PAGE_PARAMS)
+            ),
             Operation("POST", "/models", Target.NEW_MODEL, W, self.register_model),
             Operation("GET", "/models/{name}", Target.MODEL, R, self.get_model),
             Operation("DELETE", "/models/{name}", Target.MODEL, W, self.delete_model),
@@ -143,9 +150,28 @@ class ManagementRoutes:
     # --- catalog -----------------------------------------------------------------------
 
     async def list_models(self, request: Request, principal: Principal) -> Response:
-        # Registered models come and go: rendered per call (tens of entries).
-        models = [_model_info(m) for m in self.models.visible(principal.sees)]
-        return Response(render_json({"data": models}), media_type="application/json")
+        # The catalog's files and the registrations (change-fed) are both held
+        # in memory: a page is a keyset by name over that copy, rendered per
+        # call (tens of entries).
+        query = {name: filter_value(request, name) for name in MODEL_FILTERS}
+        kind, project_id, prefix = query["kind"], query["projectId"], query["namePrefix"]
+        if kind is not None and kind not in ("chat", "image"):
+            raise BadRequest(
+                f"Unknown kind '{kind}'; one of: chat, image.", param="kind", code="invalid_value"
+            )
+        page = read_key_page(request, "models", query)
+        found = sorted(
+            (m for m in self.models.visible(principal.sees)
+             if (page.after is None or m["name"] > page.after)
+             and (kind is None or m["kind"] == kind)
+             and (project_id is None or m.get("projectId") == project_id)
+             and (prefix is None or m["name"].startswith(prefix))),
+            key=lambda m: str(m["name"]),
+        )  # fmt: skip
+        after = found[page.limit - 1]["name"] if len(found) > page.limit else None
+        data = [_model_info(m) for m in found[: page.limit]]
+        body = paged_body(data, "models", query, after)
+        return Response(render_json(body), media_type="application/json")
 
     async def register_model(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, RegisterModelRequest, self.max_body_bytes)
@@ -227,7 +253,15 @@ class ManagementRoutes:
             raise BadRequest(
                 f"Unknown location '{location}'.", param="locationName", code="location_not_found"
             )
-        work = workload_from_query(params, catalog.models.get(model_name).kind)
+        model = catalog.models.get(model_name)
+        if model.kind in POOLING_KINDS:
+            pooling = pooling_workload_from_query(params)
+            if pooling is not None:
+                try:
+                    return JSONResponse(size_pooling(model, catalog.gpus, pooling, location))
+                except ValueError as exc:
+                    raise BadRequest(f"{exc}.", code="invalid_value") from None
+        work = workload_from_query(params, model.kind)
         if work is None:
             rec = recommend(catalog.models.get(model_name), catalog.gpus, location)
             body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
@@ -260,6 +294,37 @@ def _number(params: Mapping[str, str], name: str, *, integer: bool = False) -> f
     if not math.isfinite(value) or value <= 0 or value > 1e9:
         raise BadRequest(f"'{name}' must be positive.", param=name, code="invalid_value")
     return value
+
+
+_POOLING_PARAMS = ("requestsPerSecond", "promptTokens", "inputsPerRequest")
+
+
+def pooling_workload_from_query(params: Mapping[str, str]) -> PoolingWorkload | None:
+    """An embedding or rerank load (requests/s x tokens per input; nothing
+    decoded), or None (the fixed-batch ranking)."""
+    given = [p for p in (*_CHAT_PARAMS, *_IMAGE_PARAMS, *_POOLING_PARAMS) if p in params]
+    if not given:
+        return None
+    wrong = [p for p in given if p not in _POOLING_PARAMS]
+    if wrong:
+        raise BadRequest(
+            f"'{wrong[0]}' does not apply to an embedding or rerank model (it decodes "
+            "nothing): give requestsPerSecond and promptTokens (tokens per input).",
+            param=wrong[0],
+            code="invalid_value",
+        )
+    for name in _POOLING_PARAMS[:2]:
+        if name not in params:
+            raise BadRequest(
+                f"A workload needs '{name}' (with 'requestsPerSecond').",
+                param=name,
+                code="missing_required_parameter",
+            )
+    return PoolingWorkload(
+        requests_per_s=_number(params, "requestsPerSecond") or 0.0,
+        tokens_per_input=int(_number(params, "promptTokens", integer=True) or 0),
+        inputs_per_request=int(_number(params, "inputsPerRequest", integer=True) or 1),
+    )
 
 
 def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None:

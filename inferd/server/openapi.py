@@ -19,7 +19,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from inferd import __version__
 from inferd.api import management as wire
-from inferd.server.paging import ENDPOINT_FILTERS, PAGE_PARAMS, query_params
+from inferd.server.paging import ENDPOINT_FILTERS, MODEL_FILTERS, PAGE_PARAMS, query_params
 
 _REF = "#/components/schemas/{model}"
 
@@ -283,8 +283,9 @@ def build_openapi(
             "get": _op(
                 "listModels",
                 "Models: the catalog's and the registered ones",
-                (200, "ModelList", "Models."),
-                (),
+                (200, "ModelList", "A page of models, by name."),
+                (400,),
+                params=query_params(MODEL_FILTERS + PAGE_PARAMS),
             ),
             "post": _op(
                 "registerModel",

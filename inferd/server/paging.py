@@ -34,6 +34,7 @@ from inferd.vocab import EndpointStatus
 PAGE_PARAMS = ("limit", "continue")
 # Filters of the endpoint list (each an exact match but `namePrefix`).
 ENDPOINT_FILTERS = ("projectId", "status", "modelName", "locationName", "namePrefix")
+MODEL_FILTERS = ("projectId", "kind", "namePrefix")
 
 # What each list query parameter means, for the API's description.
 QUERY_DOCS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -57,8 +58,9 @@ QUERY_DOCS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "modelName": ("Only endpoints serving this model.", {"type": "string", "minLength": 1}),
     "locationName": ("Only endpoints in this location.", {"type": "string", "minLength": 1}),
+    "kind": ("Only models of this kind.", {"type": "string", "enum": ["chat", "image"]}),
     "namePrefix": (
-        "Only endpoints whose name starts with this (case-sensitive).",
+        "Only items whose name starts with this (case-sensitive).",
         {"type": "string", "minLength": 1},
     ),
 }

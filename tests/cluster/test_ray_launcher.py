@@ -384,3 +384,25 @@ def test_a_restarted_control_plane_adopts_its_replicas(
     # A clean stop leaves nothing behind on the cluster.
     assert _actors(ADOPT_NS) == {}
     assert not any(alive(pid) for pid in pids.values())
+
+
+def test_the_consoles_log_panel_shows_a_ray_replicas_log(serve: ServeHandle) -> None:
+    """The replica's log file is on its node: the console reads it through
+    the launcher, which asks the replica's actor there."""
+    endpoint = create(serve, locationName="eu-west", gpuType="L4", gpuCount=1)
+    (replica_id,) = ready_ids(wait_ready(serve, endpoint["id"]))
+    with httpx.Client(base_url=serve.url, timeout=10) as web:
+        form = web.get("/console/signin").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        signed_in = web.post(
+            "/console/signin", data={"key": serve.admin_key, "csrf": csrf.group(1)}
+        )
+        assert signed_in.status_code == 303, signed_in.text
+        download = web.get(f"/console/endpoints/{endpoint['id']}/logs.txt")
+        panel = web.get(f"/console/endpoints/{endpoint['id']}/logs")
+    assert download.status_code == 200
+    assert f"==> replica {replica_id} <==" in download.text
+    assert "replica ready" in download.text
+    assert "replica ready" in panel.text
+    delete(serve, endpoint["id"])

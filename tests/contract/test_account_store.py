@@ -17,8 +17,12 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
+    UsageRow,
+    UsageTotals,
     User,
     UserKey,
+    usage_order,
 )
 from inferd.control.accounts.ports import AlreadyExists
 from inferd.control.accounts.quota import Quota
@@ -238,6 +242,45 @@ def test_member_pages_by_user_id_under_concurrent_changes(kind: str, opener: Ope
     run(body, reader, opener() if kind in SHARED else reader)
 
 
+def test_key_pages_by_creation_under_concurrent_adds(kind: str, opener: Opener) -> None:
+    """Keys page by (created at, id): ties in time are broken by id, times to
+    the store's precision (milliseconds in SQLite, microseconds in PostgreSQL)."""
+
+    async def body(reader: Store, writer: Store) -> None:
+        await writer.create_user(User("ada", T0))
+        await writer.create_user(User("bob", T0))
+        # Pairs share a time (the id breaks the tie); a millisecond apart.
+        times = [T0 + timedelta(milliseconds=n // 2) for n in range(20)]
+        for n, at in enumerate(times, start=1):
+            await writer.add_key(key(n, at=at))
+        await writer.add_key(key(99, "bob"))
+        before = [k.id for k in await reader.keys_of("ada")]
+        assert len(before) == 20
+
+        async def more() -> None:
+            for n in range(21, 40):
+                await writer.add_key(key(n, at=T0 + timedelta(minutes=1, milliseconds=n)))
+                await asyncio.sleep(0)
+
+        adding = asyncio.create_task(more())
+        seen: list[str] = []
+        after: tuple[datetime, str] | None = None
+        while True:
+            page = await reader.keys_of("ada", after=after, limit=3)
+            assert all(k.user_id == "ada" for k in page)
+            seen += [k.id for k in page]
+            if len(page) < 3:
+                break
+            after = (page[-1].created_at, page[-1].id)
+            await asyncio.sleep(0)
+        await adding
+        assert len(seen) == len(set(seen))
+        assert seen[:20] == before
+
+    reader = opener()
+    run(body, reader, opener() if kind in SHARED else reader)
+
+
 def usage(hour: datetime, **figures: float) -> UsageDelta:
     return UsageDelta("e1", "team", hour, "A100", 2, **figures)  # type: ignore[arg-type]
 
@@ -259,6 +302,41 @@ def test_usage_adds_up(opener: Opener) -> None:
         assert await store.usage(project_id="other") == []
         assert await store.costs_since(H0) == {"e1": 0.75}
         assert await store.costs_since(h1 + timedelta(hours=1)) == {}
+
+    run(body, opener())
+
+
+def test_usage_pages_and_totals(opener: Opener) -> None:
+    """Keyset pages in (hour, endpoint, GPU type, count) order: ties on the
+    hour broken by the endpoint, then the GPU type and count; the totals
+    sum the whole window in the database."""
+
+    async def body(store: Store) -> None:
+        deltas = [
+            UsageDelta(e, "team", H0 + timedelta(hours=h), gpu, count, requests=1, cost=0.5)
+            for h in range(3)
+            for e in ("e1", "e2")
+            for gpu, count in (("A100", 1), ("A100", 2), ("L4", 1))
+        ]
+        await store.add_usage(list(reversed(deltas)))
+        await store.add_usage([UsageDelta("x", "other", H0, "A100", 1, requests=5)])
+        whole = await store.usage(project_id="team")
+        assert len(whole) == 18 and whole == sorted(whole, key=usage_order)
+        seen: list[UsageRow] = []
+        after: UsageKey | None = None
+        while True:
+            page = await store.usage(project_id="team", after=after, limit=4)
+            seen += page
+            if len(page) < 4:
+                break
+            after = usage_order(page[-1])
+        assert seen == whole
+        window = await store.usage(project_id="team", since=H0 + timedelta(hours=1), limit=5)
+        assert [usage_order(r)[0] for r in window] == [H0 + timedelta(hours=1)] * 5
+        totals = await store.usage_totals(project_id="team", since=H0 + timedelta(hours=1))
+        assert (totals.requests, totals.cost) == (12, 6.0)
+        assert (await store.usage_totals(endpoint_id="e1")).requests == 9
+        assert await store.usage_totals(project_id="nobody") == UsageTotals()
 
     run(body, opener())
 

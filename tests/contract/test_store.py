@@ -154,6 +154,20 @@ def test_times_and_types_round_trip_exactly(opener: Opener) -> None:
     run(body, opener())
 
 
+def test_every_model_kind_is_stored(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        for n, (model, kind) in enumerate(
+            [("tiny-chat", "chat"), ("tiny-sdxl", "image"), ("tiny-embed", "embedding"),
+             ("tiny-rerank", "rerank")],
+            start=1,
+        ):  # fmt: skip
+            row = endpoint(n, f"ep-{kind}", model_name=model, model_kind=kind)
+            await store.insert_endpoint(row, digest(n))
+            assert await store.get_endpoint(row.id) == row
+
+    run(body, opener())
+
+
 def test_duplicate_name_is_refused_and_writes_nothing(opener: Opener) -> None:
     async def body(store: Store) -> None:
         await store.insert_endpoint(endpoint(1, "same"), digest(1))

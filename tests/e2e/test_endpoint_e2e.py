@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import openai
 import pytest
 
@@ -133,6 +134,32 @@ def test_chat_endpoint_lifecycle(any_store_serve: ServeHandle) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
+    # Completions, through the same gateway path (vLLM's own serving code).
+    text = client.completions.create(
+        model="tiny-chat",
+        prompt="Once upon",
+        max_tokens=5,
+        echo=True,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    assert text.usage is not None and text.usage.completion_tokens == 5
+    assert text.choices[0].text.startswith("Once upon")
+    assert text.choices[0].logprobs is not None and text.choices[0].logprobs.top_logprobs
+    pieces = list(
+        client.completions.create(
+            model="tiny-chat",
+            prompt=["a", "b"],
+            max_tokens=3,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert {c.choices[0].index for c in pieces if c.choices} == {0, 1, 2, 3}
+    assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 12
+
     # The record matches what runs.
     record = serve.record(endpoint_id)
     assert record["status"] == "running"
@@ -191,6 +218,40 @@ def test_chat_endpoint_lifecycle(any_store_serve: ServeHandle) -> None:
         assert api.delete(f"/inference/endpoints/{other['id']}").status_code == 204
     # Delete returns once the replica is gone: vLLM's engine core and worker too.
     assert serve.launched_pids() == []
+
+
+def test_embedding_endpoint_answers_the_openai_embeddings_client(serve: ServeHandle) -> None:
+    created = serve.create_endpoint(name="embed", modelName="tiny-embed", minReplicas=0)
+    assert created["exampleCommand"].count("/openai/v1/embeddings") == 1
+    client = chat_client(created, created["accessToken"])
+    # The client asks for base64 and decodes it; held while the replica starts.
+    answer = client.embeddings.create(model="tiny-embed", input=["Hello", "the sea"])
+    assert [len(item.embedding) for item in answer.data] == [64, 64]
+    assert answer.usage.prompt_tokens > 0
+    floats = client.embeddings.create(
+        model="tiny-embed", input="Hello", encoding_format="float"
+    ).data[0]
+    assert floats.embedding == pytest.approx(answer.data[0].embedding, abs=1e-5)
+    # Scores of pairs, through the same endpoint (vLLM's bi-encoder score).
+    with httpx.Client(headers={"Authorization": f"Bearer {created['accessToken']}"}) as http:
+        ranked = http.post(
+            f"{created['url']}/v1/rerank",
+            json={"model": "tiny-embed", "query": "sea", "documents": ["the sea", "bread"]},
+            timeout=60,
+        )
+        assert ranked.status_code == 200, ranked.text
+        assert sorted(r["index"] for r in ranked.json()["results"]) == [0, 1]
+    # What the endpoint does not serve is refused, saying what it serves.
+    with pytest.raises(openai.NotFoundError, match="embedding"):
+        client.chat.completions.create(
+            model="tiny-embed", messages=[{"role": "user", "content": "x"}], max_tokens=1
+        )
+    with pytest.raises(openai.BadRequestError, match="512"):
+        client.embeddings.create(model="tiny-embed", input="word " * 600)
+    with pytest.raises(openai.BadRequestError, match="empty"):
+        client.embeddings.create(model="tiny-embed", input=[])
+    with serve.api() as api:
+        assert api.delete(f"/inference/endpoints/{created['id']}").status_code == 204
 
 
 def test_image_endpoint_answers_the_openai_images_client(serve: ServeHandle) -> None:

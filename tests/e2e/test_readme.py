@@ -16,6 +16,7 @@ README says `source .venv/bin/activate`.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -43,6 +44,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 # The first chat request is held while vLLM loads (30-60 s on a quiet CPU,
 # minutes when the machine is shared); nothing in the README takes longer.
 COMMAND_TIMEOUT_S = 900
+# inferd's error body, on every surface.
+ERROR_BODY = re.compile(r'\{"error":\s*\{"message"')
 # What `make serve` would start, but quicker to settle at the end.
 SERVE_SETTINGS = {"replica_drain_timeout_seconds": "10"}
 
@@ -102,6 +105,11 @@ class Session:
         assert done.returncode == 0, (
             f"{snippet.where}: `{command}` (run as `{filled}`) exited with "
             f"{done.returncode}:\n{output[-4000:]}\n--- server log ---\n{self.server.log()[-3000:]}"
+        )
+        # curl exits 0 on any HTTP answer: an error body is a failure too.
+        assert not ERROR_BODY.search(output), (
+            f"{snippet.where}: `{command}` (run as `{filled}`) was answered with an "
+            f"error:\n{output[-4000:]}"
         )
 
     def serve(self, command: str, snippet: Snippet) -> None:

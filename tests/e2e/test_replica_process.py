@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferd.replica.auth import call_key
 from inferd.testing import ReplicaHandle, free_port
 from tests.support import FakeRegistry
 
@@ -77,12 +78,19 @@ def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegis
         health = httpx.get(replica.url + "/healthz").json()
         assert (health["status"], health["engine"]) == ("ready", "fake")
 
+        # With a secret, only calls with its key (the gateway's) are served.
+        key = {"Authorization": f"Bearer {call_key('s3cret')}"}
+        stranger = httpx.post(replica.url + CHAT, json={"messages": HELLO, "max_tokens": 1})
+        assert stranger.status_code == 401
+
         # A long stream is in flight when SIGTERM arrives: it must finish.
         events: list[str] = []
         body = {"messages": HELLO, "max_tokens": 60, "stream": True}
 
         def consume() -> None:
-            with httpx.stream("POST", replica.url + CHAT, json=body, timeout=30) as response:
+            with httpx.stream(
+                "POST", replica.url + CHAT, json=body, headers=key, timeout=30
+            ) as response:
                 events.extend(line for line in response.iter_lines() if line)
 
         reader = threading.Thread(target=consume)
@@ -90,7 +98,9 @@ def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegis
         wait_until(lambda: metric(replica.url, "inferd_requests_in_flight") == 1, 5)
         replica.process.send_signal(signal.SIGTERM)
         wait_until(lambda: "draining" in registry.statuses(), 5)
-        refused = httpx.post(replica.url + CHAT, json={"messages": HELLO, "max_tokens": 1})
+        refused = httpx.post(
+            replica.url + CHAT, json={"messages": HELLO, "max_tokens": 1}, headers=key
+        )
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "replica_draining"
         reader.join(30)

@@ -192,11 +192,10 @@ def outcome(url: str, variant: Variant, headers: dict[str, str] | None = None) -
     return 200, chunks
 
 
-def start_reference(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """vLLM's own server with inferd's engine arguments for tiny-chat."""
-    from inferd.engines.vllm import engine_args_for
-
-    args = engine_args_for(model_dir, "tiny-chat", EngineOptions(engine="vllm", device="cpu"))
+def start_reference(
+    args: dict[str, Any], port: int, log: Path, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """vLLM's own server with these engine arguments (inferd's, for the model)."""
     flags = []
     for key, value in args.items():
         if key == "model" or value is False or value is None:
@@ -204,8 +203,8 @@ def start_reference(model_dir: Path, port: int, log: Path) -> subprocess.Popen[b
         flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *flags,
+        "--model", str(args["model"]), "--host", "127.0.0.1", "--port", str(port),
+        *extra, *flags,
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.Popen(
@@ -213,11 +212,12 @@ def start_reference(model_dir: Path, port: int, log: Path) -> subprocess.Popen[b
     )
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_chat_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm-reference") / "server.log"
-    process = start_reference(tiny_chat_dir, port, log)
+def running_reference(
+    args: dict[str, Any], port: int, tmp: Path, extra: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """vLLM's server, started, waited for and stopped: yields its base URL."""
+    log = tmp / "server.log"
+    process = start_reference(args, port, log, extra)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -230,7 +230,7 @@ def reference(tiny_chat_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
                 pass
             assert time.monotonic() < deadline, "vLLM's server did not start"
             time.sleep(0.5)
-        yield f"{url}/v1/chat/completions"
+        yield url
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -238,6 +238,19 @@ def reference(tiny_chat_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_chat_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM's server for tiny-chat, with inferd's engine arguments and the
+    catalog entry's parser flags; yields its chat completions URL."""
+    from inferd.engines.vllm import engine_args_for
+
+    args = engine_args_for(tiny_chat_dir, "tiny-chat", EngineOptions(engine="vllm", device="cpu"))
+    parsers = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    tmp = tmp_path_factory.mktemp("vllm-reference")
+    for url in running_reference(args, free_port(), tmp, parsers):
+        yield f"{url}/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +306,127 @@ def test_accepted_or_refused_alike(
     if ours_status != 200:
         error = json.loads(ours_answer)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
+
+
+# -- completions -------------------------------------------------------------------------
+
+# Every field of the openai client's `completions.create`, and vLLM's
+# extensions. Greedy variants (temperature 0) must give the very same text
+# as vLLM's server: both run vLLM's serving code on the same weights.
+COMPLETION_VARIANTS = [
+    v("plain", ("prompt", "model", "max_tokens"), temperature=0),
+    v("stream", ("stream",), stream=True),
+    v("stream usage", ("stream_options",), stream=True, stream_options={"include_usage": True},
+      ignore_eos=True),
+    v("echo", temperature=0, echo=True),
+    v("logprobs", temperature=0, logprobs=2),
+    v("echo and logprobs", ("echo", "logprobs"), temperature=0, echo=True, logprobs=1),
+    v("logprobs streamed", ("logprobs",), logprobs=1, stream=True),
+    v("stop string", ("stop",), stop="\n"),
+    v("stop list", ("stop",), stop=["a", "b"]),
+    v("n", n=2),
+    v("n streamed", ("n",), n=2, stream=True),
+    v("best_of", best_of=1),
+    v("prompt list", ("prompt",), prompt=["Hello", "World"], temperature=0),
+    v("prompt token ids", ("prompt",), prompt=[1, 2, 3], temperature=0),
+    v("sampling", ("temperature", "top_p", "seed"), temperature=0.5, top_p=0.9, seed=3),
+    v("penalties", ("frequency_penalty", "presence_penalty"), frequency_penalty=0.5,
+      presence_penalty=0.5),
+    v("logit_bias", logit_bias={"10": 5}),
+    v("user", user="u1"),
+    v("ignore_eos and min_tokens", ignore_eos=True, min_tokens=2),
+    # Bad input or what the model cannot do: both refuse.
+    v("suffix", suffix="!"),
+    v("logprobs over the limit", ("logprobs",), logprobs=50),
+    v("max_tokens past the context", ("max_tokens",), max_tokens=100_000),
+    v("temperature below 0", ("temperature",), temperature=-1),
+    v("empty prompt list", ("prompt",), prompt=[]),
+    v("unknown model", ("model",), model="nope"),
+]  # fmt: skip
+
+
+def completion_body(variant: Variant) -> dict[str, Any]:
+    return {"model": "tiny-chat", "prompt": "Hello", "max_tokens": 4, **variant.body}
+
+
+def completion_outcome(
+    url: str, variant: Variant, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    from openai.types import Completion, CompletionUsage
+
+    body = completion_body(variant)
+    response = httpx.post(url, json=body, headers=headers or {}, timeout=120)
+    if response.status_code != 200:
+        return response.status_code, response.text
+    if not body.get("stream"):
+        return 200, Completion.model_validate(with_echoed_logprobs_filled(response.json()))
+    chunks = []
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            data = json.loads(line[len("data: ") :])
+            assert "error" not in data, data
+            # The openai client builds stream chunks unvalidated (a chunk's
+            # finish_reason is null until the last); the shape is checked here.
+            for item in data["choices"]:
+                assert isinstance(item["index"], int) and isinstance(item["text"], str), item
+            if data.get("usage"):
+                CompletionUsage.model_validate(data["usage"])
+            chunks.append(Completion.model_construct(**data))
+    assert response.text.rstrip().endswith("data: [DONE]")
+    return 200, chunks
+
+
+def with_echoed_logprobs_filled(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer, with the null logprob of an echoed prompt's first token
+    (it has no context to be predicted from: OpenAI's API answers null too,
+    but the openai client's type says a number) set to 0 for validation."""
+    for item in answer.get("choices", ()):
+        logprobs = item.get("logprobs")
+        if logprobs and logprobs.get("token_logprobs"):
+            logprobs["token_logprobs"] = [lp or 0.0 for lp in logprobs["token_logprobs"]]
+            logprobs["top_logprobs"] = [top or {} for top in logprobs["top_logprobs"]]
+    return answer
+
+
+def test_the_completions_table_covers_every_field_the_openai_client_sends() -> None:
+    from openai.resources.completions import Completions
+
+    sent = set(inspect.signature(Completions.create).parameters) - {
+        "self",
+        "extra_headers",
+        "extra_query",
+        "extra_body",
+        "timeout",
+    }
+    covered = {name for variant in COMPLETION_VARIANTS for name in variant.covers}
+    assert sent - covered == set(), f"not covered: {sorted(sent - covered)}"
+
+
+@pytest.mark.parametrize("variant", COMPLETION_VARIANTS, ids=lambda variant: variant.name)
+def test_completions_accepted_or_refused_alike(
+    variant: Variant, reference: str, vllm_replica: ReplicaHandle, gateway: GatewayServer
+) -> None:
+    base = reference.removesuffix("/chat/completions")
+    ref_status, ref_answer = completion_outcome(f"{base}/completions", variant)
+    ours_status, ours_answer = completion_outcome(
+        f"{vllm_replica.url}/openai/v1/completions", variant
+    )
+    via_status, via_answer = completion_outcome(
+        f"{gateway.url()}/openai/v1/completions", variant, auth()
+    )
+    assert ref_status < 500 and ours_status < 500 and via_status < 500, (ref_answer, ours_answer)
+    assert (ours_status == 200) == (ref_status == 200), (ref_answer, ours_answer)
+    assert via_status == ours_status, (via_answer, ours_answer)
+    if ours_status != 200:
+        error = json.loads(ours_answer)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        return
+    if variant.body.get("temperature") == 0:
+        # Greedy: the same weights through the same serving code, the same text.
+        assert [c.text for c in ours_answer.choices] == [c.text for c in ref_answer.choices]
+        assert [c.text for c in via_answer.choices] == [c.text for c in ref_answer.choices]
+    if variant.name == "stream":
+        # Usage is counted for every stream, but relayed only when asked for.
+        assert all(not chunk.usage for chunk in ours_answer)
+    if variant.name == "stream usage":
+        assert ours_answer[-1].usage is not None and ours_answer[-1].usage.completion_tokens == 4

@@ -118,6 +118,8 @@ EXPECTED: dict[tuple[str, str], Row] = {
         # The key (the operator's, for all the user's projects) acts in the
         # other project too: only the user and the operator revoke it.
         "shared": (HIDE, HIDE, HIDE, OK),
+        # A key of that user limited to the caller's project: its admin's.
+        "shared, team's key": (HIDE, HIDE, OK, OK),
         "stranger": HIDDEN,
         "foreign-key": (HIDE, HIDE, HIDE, HIDE),
     },
@@ -160,9 +162,9 @@ def user_for(w: World, whose: str, caller: str) -> str:
         return f"{caller}-user" if caller != "operator" else "admin-user"
     if whose == "stranger":
         return "outsider"
-    user = unique(whose)
+    user = unique(whose.split(",")[0])
     w.add_member(OWN, user, "viewer")
-    if whose == "shared":
+    if whose.startswith("shared"):
         w.add_member(OTHER, user, "viewer")
     return user
 
@@ -185,7 +187,9 @@ def concrete(w: World, method: str, path: str, whose: str, caller: str) -> str:
         path = path.replace("{userId}", user)
         if "{keyId}" in path:
             holder = "outsider" if whose == "foreign-key" else user
-            path = path.replace("{keyId}", w.new_key(holder)["id"])
+            scope = {"projectId": OWN} if whose == "shared, team's key" else {}
+            key = w.ok("POST", f"/users/{holder}/keys", json={"name": "spare", **scope})
+            path = path.replace("{keyId}", key["id"])
     if "{name}" in path:
         if whose == "global":
             body = {"source": w.model_source, "name": unique("global")}
@@ -287,6 +291,24 @@ def test_lists_hold_only_what_the_caller_sees(world: World, caller: str) -> None
     assert projects == {OWN}
     # Naming the other project in a filter reveals nothing either.
     assert world.ok("GET", "/endpoints", key, params={"projectId": OTHER})["data"] == []
+
+
+def test_an_admin_lists_only_the_keys_that_act_in_the_project_alone(world: World) -> None:
+    """A user of both projects: the team's admin sees (and so may revoke)
+    the user's keys limited to the team, not those that act in the other
+    project too; the user and the operator see them all."""
+    world.add_member(OWN, "both", "viewer")
+    world.add_member(OTHER, "both", "viewer")
+    mine = world.ok("POST", "/users/both/keys", json={"name": "team", "projectId": OWN})
+    everywhere = world.ok("POST", "/users/both/keys", json={"name": "all"})
+    theirs = world.ok("POST", "/users/both/keys", json={"name": "rivals", "projectId": OTHER})
+    admin = world.keys["admin-user"]
+    seen = {k["id"] for k in world.ok("GET", "/users/both/keys", admin)["data"]}
+    assert seen == {mine["id"]}
+    every = {k["id"] for k in world.ok("GET", "/users/both/keys")["data"]}
+    assert {mine["id"], everywhere["id"], theirs["id"]} <= every
+    own = {k["id"] for k in world.ok("GET", "/users/both/keys", everywhere["key"])["data"]}
+    assert own == every
 
 
 def test_every_route_needs_a_key(world: World) -> None:

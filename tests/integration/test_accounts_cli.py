@@ -56,6 +56,8 @@ def test_accounts_commands_with_a_user_key(
     assert is_user_key(ada)
     code, out, _ = run(capsys, "members", "add", "ml", "bob", "--role", "viewer", "--key", ada)
     assert code == 0 and "shown only this once" in out
+    # An admin's new user is the project's own, whatever exists elsewhere.
+    assert out.startswith("ml:bob is viewer in ml.")
     bob = out.strip().splitlines()[-1].strip()
     assert is_user_key(bob)
 
@@ -76,6 +78,8 @@ def test_accounts_commands_with_a_user_key(
     # Keys: own keys by default; listing shows the hint, never the key.
     code, out, _ = run(capsys, "keys", "create", "--name", "laptop", "--key", bob, "--json")
     spare = json.loads(out)
+    # bob's key (minted by his admin) acts in ml only, and so does any it mints.
+    assert spare["projectId"] == "ml"
     code, out, _ = run(capsys, "keys", "list", "--key", bob)
     assert code == 0 and spare["hint"] in out and spare["key"] not in out and "laptop" in out
     code, out, _ = run(capsys, "keys", "revoke", spare["id"], "--key", bob)

@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from inferd.control.fakes import FakeLauncher
+from inferd.control.registry import Replica
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
@@ -429,3 +430,62 @@ def test_endpoint_page_shows_the_engines_cache_figures(client: TestClient, plane
     rates = re.findall(r'data-testid="replica-cache-hit-rate">([^<]*)<', page)
     assert sorted(rates) == ["30.0%", "90.0%"]
     assert "1200 of 2000 prompt tokens" in page
+
+
+def test_the_playground_tries_embedding_and_rerank_endpoints(client: TestClient) -> None:
+    csrf = sign_in(client)
+    for model, form, path in (
+        ("tiny-embed", 'id="pg-embed"', "Input tokens/s"),
+        ("tiny-rerank", 'id="pg-rerank"', "Input tokens/s"),
+    ):
+        endpoint_id = create(client, csrf, name=model, model=model)
+        html = client.get(f"/console/endpoints/{endpoint_id}/playground").text
+        assert form in html and path in html, model
+        assert 'id="pg-chat"' not in html and 'id="pg-image"' not in html
+        assert f'data-kind="{model.split("-")[1].replace("embed", "embedding")}"' in html
+
+
+def test_endpoint_page_shows_where_each_replica_runs(client: TestClient, plane: Server) -> None:
+    from inferd.control.ports import ReplicaHandle
+    from inferd.control.registry import Replica, secret_digest
+
+    endpoint_id = create(client, sign_in(client))
+    node = "10.0.0.7 (3f2a9c0d11aa)"
+    handle = ReplicaHandle("r-n", node, {"actor": "inferd-replica-r-n"})
+    plane.registry.add(Replica("r-n", endpoint_id, 1, "cpu", 1, secret_digest("r-n"), handle))
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    assert re.findall(r'data-testid="replica-node">([^<]*)<', page) == [node]
+    (replica,) = plane.service.record(endpoint_id)["replicas"]
+    assert replica["node"] == node
+
+
+def test_the_log_panel_reads_each_replicas_log_through_its_launcher(
+    plane: Server, client: TestClient
+) -> None:
+    """Whatever the launcher (local files, or a Ray actor's node): the
+    console asks the launcher port, never a path of its own."""
+    csrf = sign_in(client)
+    endpoint_id = create(client, csrf, "logged")
+    plane.registry.add(
+        Replica(
+            replica_id="r-logged",
+            endpoint_id=endpoint_id,
+            generation=1,
+            gpu_type="cpu",
+            gpu_count=1,
+            secret_digest=b"d" * 32,
+        )
+    )
+    launcher = plane.launcher
+    assert isinstance(launcher, FakeLauncher)
+    launcher.logs["r-logged"] = "loading weights\nreplica ready\n"
+    download = client.get(f"/console/endpoints/{endpoint_id}/logs.txt")
+    assert download.status_code == 200
+    assert "==> replica r-logged <==\nloading weights\nreplica ready" in download.text
+    panel = client.get(f"/console/endpoints/{endpoint_id}/logs")
+    assert "replica ready" in panel.text
+    del launcher.logs["r-logged"]  # none to read (its node is gone)
+    assert (
+        "No replica has written a log yet"
+        in client.get(f"/console/endpoints/{endpoint_id}/logs.txt").text
+    )

@@ -6,6 +6,7 @@ tests/contract/test_coordination.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import timedelta
 
@@ -15,6 +16,8 @@ import pytest
 from inferd.control.cluster.lease import LeaseSettings
 from inferd.control.cluster.ports import Deposed
 from inferd.control.cluster.postgres import Postgres, check_term_sync, fenced, read_leader
+from inferd.control.model import StoreUnavailable
+from inferd.control.ports import Store
 from inferd.control.stores import open_store
 from inferd.testing_postgres import PostgresServer
 from tests.records import T0, endpoint_row, replica_record
@@ -184,6 +187,70 @@ def test_leadership_returns_after_a_postgres_restart(postgres_server: PostgresSe
         assert a.term == 2
         assert duties.events == [("start", 1), ("stop", None), ("start", 2)]
         await a.stop()
+
+    asyncio.run(scenario())
+
+
+class StoreDuties(Duties):
+    """Duties that read the store as they start, as the replica duty does."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+        self.failed = 0
+
+    async def start(self, term: int) -> None:
+        try:
+            await self.store.list_replicas()
+        except Exception:
+            self.failed += 1
+            raise
+        await super().start(term)
+
+
+def test_after_an_outage_no_claim_before_the_store_can_serve(
+    postgres_server: PostgresServer,
+) -> None:
+    """While the database is away, `/healthz` names no leader (not this
+    instance with `self: false`); once it is back, the instance claims the
+    lead only when the store's pool answers, so its duties start at the
+    first claim instead of failing and being elected again."""
+    db = postgres_server.create_migrated_database()
+
+    async def scenario() -> None:
+        store = await asyncio.to_thread(open_store, db)
+        duties = StoreDuties(store)
+        a = Postgres(
+            db,
+            "a",
+            traffic=list,
+            on_remote_load=lambda sample: None,
+            on_wake=lambda endpoint_id: None,
+            ready=store.schema_version,
+            lease=FAST,
+        )
+        try:
+            await a.start(duties)
+            await until(lambda: a.term is not None)
+            assert a.health()["leader"] == {"instance": "a", "term": 1, "self": True}
+            await asyncio.to_thread(postgres_server.stop, "fast")
+            await until(lambda: a.term is None, timeout=FAST.lease_s + 1)
+            assert a.health()["leader"] == {"instance": None, "term": None, "self": False}
+            # The server's parts keep asking the store meanwhile, so its
+            # pool backs off reconnecting; tries during the outage claim nothing.
+            for _ in range(3):
+                with contextlib.suppress(StoreUnavailable):
+                    await store.list_replicas()
+            assert a.health()["leader"]["instance"] is None
+            await asyncio.to_thread(postgres_server.start)
+            await until(lambda: len(duties.events) == 3 or duties.failed > 0, timeout=20)
+            assert a.term == 2
+            assert duties.failed == 0
+            assert duties.events == [("start", 1), ("stop", None), ("start", 2)]
+            assert a.health()["leader"] == {"instance": "a", "term": 2, "self": True}
+        finally:
+            await a.stop()
+            await store.close()
 
     asyncio.run(scenario())
 

@@ -3,13 +3,17 @@ of a bad limit or a tampered or stale cursor (in-process, SQLite)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonschema
 import pytest
 
-from tests.integration.accounts_support import OTHER, OWN, World, world
+from inferd.client.api import ManagementClient
+from inferd.control.accounts.model import UsageDelta
+from tests.integration.accounts_support import OPERATOR_KEY, OTHER, OWN, World, world
 
 __all__ = ["world"]
 
@@ -193,11 +197,14 @@ def test_pages_and_their_errors_are_documented(world: World) -> None:
     doc = world.client.get("/openapi.json").json()
     for _ in range(2):
         world.endpoint(OWN)
+        world.new_key("admin-user")
     admin = world.keys["admin-user"]
     calls = [
         ("/endpoints", "/inference/endpoints"),
         (f"/projects/{OWN}/audit", "/inference/projects/{id}/audit"),
         (f"/projects/{OWN}/members", "/inference/projects/{id}/members"),
+        ("/users/admin-user/keys", "/inference/users/{userId}/keys"),
+        ("/models", "/inference/models"),
     ]
     for path, template in calls:
         op = doc["paths"][template]["get"]
@@ -210,3 +217,97 @@ def test_pages_and_their_errors_are_documented(world: World) -> None:
             jsonschema.Draft202012Validator(schema).validate(resp.json())
             if resp.status_code == 200:
                 assert "continue" in resp.json()
+
+
+def test_key_pages(world: World) -> None:
+    made = [world.new_key("viewer-user")["id"] for _ in range(4)]
+    whole = world.ok("GET", "/users/viewer-user/keys")
+    assert "continue" not in whole
+    ids = [k["id"] for k in whole["data"]]
+    assert ids[-4:] == made and len(ids) == 5  # the first key, then these
+    seen, params = [], {"limit": "2"}
+    while True:
+        body = world.ok("GET", "/users/viewer-user/keys", params=params)
+        seen += [k["id"] for k in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "2", "continue": body["continue"]}
+    assert seen == ids
+    cursor = world.ok("GET", "/users/viewer-user/keys", params={"limit": 1})["continue"]
+    stale = world.op("GET", "/users/developer-user/keys", params={"continue": cursor})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+
+
+def test_the_client_walks_every_page(world: World) -> None:
+    """What the CLI's list commands use: with pages of one item, the walk
+    still yields every item once (repeated filters kept on every page)."""
+    client = ManagementClient("http://testserver", OPERATOR_KEY, http=world.client)
+    members = [m["userId"] for m in client.walk(f"/projects/{OWN}/members", {"limit": "1"})]
+    assert members == sorted(["admin-user", "developer-user", "viewer-user"])
+    for _ in range(3):
+        world.endpoint(OWN)
+    query = [("limit", "1"), ("action", "endpoint.create"), ("action", "member.add")]
+    entries = list(client.walk(f"/projects/{OWN}/audit", query))
+    whole = world.ok("GET", f"/projects/{OWN}/audit", params=query[1:])["data"]
+    assert entries == whole and len(entries) == 6
+
+
+def test_usage_pages_merge_unwritten_figures_and_total_the_window(world: World) -> None:
+    endpoint_id = world.endpoint(OWN)["id"]
+    h0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+    def delta(hour: int, gpu: str = "cpu", **figures: Any) -> UsageDelta:
+        return UsageDelta(endpoint_id, OWN, h0 + timedelta(hours=hour), gpu, 1, **figures)
+
+    # Some hours written, some only in the meter (not written yet), one both.
+    written = [delta(h, requests=1, cost=0.25) for h in (0, 1, 3, 5)]
+    asyncio.run(world.plane.accounts.service.store.add_usage(written))
+    world.plane.accounts.endpoints.meter.restore(
+        [delta(2, requests=2), delta(3, requests=5), delta(4, "L4", images=1)]
+    )
+    path = f"/endpoints/{endpoint_id}/usage"
+    whole = world.ok("GET", path)
+    assert "continue" not in whole
+    assert [r["requests"] for r in whole["data"]] == [1, 1, 2, 6, 0, 1]
+    assert whole["totals"]["requests"] == 11 and whole["totals"]["images"] == 1
+    seen, params = [], {"limit": "2"}
+    while True:
+        body = world.ok("GET", path, params=params)
+        assert body["totals"] == whole["totals"]  # the window's, on every page
+        assert len(body["data"]) <= 2
+        seen += body["data"]
+        if "continue" not in body:
+            break
+        params = {"limit": "2", "continue": body["continue"]}
+    assert seen == whole["data"]
+    project = world.ok("GET", f"/projects/{OWN}/usage", params={"limit": 4})
+    assert project["data"] == whole["data"][:4] and "continue" in project
+    stale = world.op("GET", path, params={"continue": project["continue"]})
+    assert stale.status_code == 400 and stale.json()["error"]["code"] == "stale_cursor"
+
+
+def test_model_pages_and_filters(world: World) -> None:
+    mine = [world.model(OWN)["name"] for _ in range(2)]
+    theirs = world.model(OTHER)["name"]
+    viewer = world.keys["viewer-user"]
+    whole = world.ok("GET", "/models", viewer)
+    assert "continue" not in whole
+    names = [m["name"] for m in whole["data"]]
+    assert names == sorted(names) and set(mine) <= set(names) and theirs not in names
+    seen, params = [], {"limit": "3"}
+    while True:
+        body = world.ok("GET", "/models", viewer, params=params)
+        seen += [m["name"] for m in body["data"]]
+        if "continue" not in body:
+            break
+        params = {"limit": "3", "continue": body["continue"]}
+    assert seen == names
+    own = world.ok("GET", "/models", viewer, params={"projectId": OWN})["data"]
+    assert sorted(m["name"] for m in own) == sorted(mine)
+    assert world.ok("GET", "/models", viewer, params={"projectId": OTHER})["data"] == []
+    images = world.ok("GET", "/models", viewer, params={"kind": "image"})["data"]
+    assert images and all(m["kind"] == "image" for m in images)
+    tiny = world.ok("GET", "/models", viewer, params={"namePrefix": "tiny-"})["data"]
+    assert [m["name"] for m in tiny] == ["tiny-chat", "tiny-sdxl"]
+    bad = world.op("GET", "/models", viewer, params={"kind": "audio"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "kind"

@@ -155,6 +155,41 @@ def test_image_model_example_command(client: TestClient) -> None:
     assert '"prompt"' in created["exampleCommand"]
 
 
+def test_embedding_and_rerank_endpoints(client: TestClient) -> None:
+    embed = create(client, "search", modelName="tiny-embed", minReplicas=0)
+    assert (
+        "/openai/v1/embeddings" in embed["exampleCommand"] and '"input"' in embed["exampleCommand"]
+    )
+    rerank = create(client, "ranker", modelName="tiny-rerank", minReplicas=0)
+    assert "/v1/rerank" in rerank["exampleCommand"] and '"documents"' in rerank["exampleCommand"]
+
+
+def test_an_embedding_workload_is_sized_by_input_tokens(client: TestClient) -> None:
+    params = {"modelName": "bge-base-en-v1.5", "requestsPerSecond": "200", "promptTokens": "256"}
+    sized = client.get("/inference/recommendations", params=params).json()
+    assert sized["workload"]["inputTokensPerS"] == 200 * 256
+    best = sized["options"][0]
+    assert best["replicas"] >= 1 and best["inputTokensPerSPerReplica"] > 0
+    assert best["totalHourlyPrice"] == pytest.approx(best["replicas"] * best["hourlyPrice"])
+    # More load, never fewer replicas of the same option.
+    more = client.get(
+        "/inference/recommendations", params={**params, "requestsPerSecond": "20000"}
+    ).json()
+    same = next(
+        o for o in more["options"]
+        if (o["location"], o["gpuType"], o["gpuCount"])
+        == (best["location"], best["gpuType"], best["gpuCount"])
+    )  # fmt: skip
+    assert same["replicas"] >= best["replicas"]
+    for bad, param in (({"outputTokens": "10"}, "outputTokens"), ({"promptTokens": None}, None)):
+        query = {k: v for k, v in {**params, **bad}.items() if v is not None}
+        answer = client.get("/inference/recommendations", params=query)
+        assert answer.status_code == 400, answer.text
+        assert param is None or answer.json()["error"]["param"] == param
+    too_long = client.get("/inference/recommendations", params={**params, "promptTokens": "9999"})
+    assert too_long.status_code == 400 and "512" in too_long.json()["error"]["message"]
+
+
 def test_max_replicas_defaults_to_min(client: TestClient) -> None:
     created = create(client, minReplicas=3)
     assert created["maxReplicas"] == 3

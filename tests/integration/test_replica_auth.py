@@ -22,7 +22,7 @@ async def _ok(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
-def _client(open_paths: tuple[str, ...] = ("/health", "/metrics")) -> TestClient:
+def _client(open_paths: tuple[str, ...] = ("/health", "/healthz", "/metrics")) -> TestClient:
     inner = Starlette(
         routes=[
             Route("/openai/v1/chat/completions", _ok, methods=["POST"]),

@@ -37,7 +37,7 @@ def test_an_admin_of_another_project_cannot_take_over_a_shared_user(world: World
     listed = world.ok("GET", "/users/admin-user/keys", outsider)["data"]
     assert {k["projectId"] for k in listed} == {OTHER}
     whoami = world.ok("GET", "/whoami", minted["key"])
-    assert whoami["roles"] == {OTHER: "viewer"}
+    assert whoami["roles"] == {OTHER: "viewer"} and whoami["keyProjectId"] == OTHER
     grab = world.op("PUT", f"/projects/{OWN}/members/outsider", minted["key"],
                     json={"role": "admin"})  # fmt: skip
     assert grab.status_code == 404
@@ -60,6 +60,10 @@ def test_an_admin_of_another_project_cannot_take_over_a_shared_user(world: World
 def test_key_events_of_a_key_for_every_project_reach_every_project(world: World) -> None:
     user = unique("shared")
     world.add_member(OWN, user, "viewer")
+    # The first key, made with the user, is in the log of the project it acts in.
+    first = world.ok("GET", f"/projects/{OWN}/audit", world.keys["admin-user"],
+                     params={"action": "key.create"})["data"]  # fmt: skip
+    assert any(e["detail"]["user"] == user and e["actor"] == "operator" for e in first)
     world.add_member(OTHER, user, "viewer")
     key = world.ok("POST", f"/users/{user}/keys", world.keys[user], json={"name": "mine"})
     assert key["projectId"] is None

@@ -47,6 +47,20 @@ def test_recommend_image_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert {o["gpuType"] for o in data["rejected"]} >= {"L4", "A10G"}
 
 
+def test_recommend_an_embedding_load(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["recommend", "bge-base-en-v1.5", "--location", "us-east"]
+    status, out, _ = run([*base, "--requests-per-second", "50", "--prompt-tokens", "256",
+                          "--json"], capsys)  # fmt: skip
+    assert status == 0
+    sized = json.loads(out)
+    assert sized["workload"]["inputTokensPerS"] == 50 * 256
+    prices = [o["totalHourlyPrice"] for o in sized["options"]]
+    assert prices == sorted(prices) and all(o["replicas"] >= 1 for o in sized["options"])
+    status, _, err = run([*base, "--requests-per-second", "5", "--prompt-tokens", "8",
+                          "--output-tokens", "9"], capsys)  # fmt: skip
+    assert status != 0 and "decodes nothing" in err
+
+
 def test_recommend_image_table_shows_seconds_per_image(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(["recommend", "sdxl-turbo", "--gpu-type", "L4"], capsys)
     assert status == 0

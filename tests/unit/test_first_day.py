@@ -171,3 +171,21 @@ def test_relative_model_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # There, the server: a relative path means nothing it could know.
     with pytest.raises(InspectError, match="relative path: give the directory's absolute path"):
         parse_source("./models/x")
+
+
+def test_registering_a_hub_model_without_a_network_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferd.catalog.inspect import InspectError
+    from inferd.catalog.sources import ModelSource, read_model_files
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")  # nothing listens there
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(InspectError) as info:
+        read_model_files(
+            ModelSource(repo_id="inferd-test/not-cached"), hf_cache_dir=tmp_path, offline=False
+        )
+    message = str(info.value)
+    assert "the Hub cannot be reached from the server: cannot connect to 127.0.0.1:1" in message
+    assert "hf download inferd-test/not-cached --local-dir DIR" in message

@@ -29,3 +29,11 @@ def test_roots_for_every_project_and_for_one(tmp_path: Path) -> None:
 def test_local_paths_are_told_from_repository_ids() -> None:
     assert is_local_path("/srv/m") and is_local_path("./m") and is_local_path("~/m")
     assert not is_local_path("Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_a_relative_root_is_refused_at_start() -> None:
+    from inferd.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="model_roots"):
+        load_settings(env={}, overrides={"model_roots": "team=models"})
+    assert load_settings(env={}, overrides={"model_roots": "/srv/m"}).model_roots == "/srv/m"

@@ -58,3 +58,18 @@ def test_the_ray_start_command_declares_location_gpus_and_cpu_slots() -> None:
     assert "--head" in head and "--num-gpus=0" in head and "--include-dashboard=false" in head
     with pytest.raises(NodeError, match="--address"):
         ray_start_command(plan, head=False, address=None)
+
+
+def test_a_node_declares_its_failure_domain() -> None:
+    """`--failure-domain rack-7`: a marker resource the Ray launcher spreads
+    an endpoint's replicas over before it spreads them over nodes."""
+    import dataclasses
+
+    plan = plan_node(GPUS, location="us-east", detected=[], gpu_type="H100-80GB", gpu_count=8)
+    command = ray_start_command(
+        dataclasses.replace(plan, failure_domain="rack-7"), head=False, address="h:6379"
+    )
+    (resources,) = [a for a in command if a.startswith("--resources=")]
+    declared = json.loads(resources.split("=", 1)[1])
+    assert declared["failure_domain:rack-7"] > 0
+    assert declared["gpu_type:H100-80GB"] == 8.0

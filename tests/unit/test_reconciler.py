@@ -58,8 +58,12 @@ class World:
         self.launcher = FakeLauncher(slots)
         self.traffic = FakeLoad()
         self.records = MemoryStore()
-        self.registry = Registry(clock=self.clock, health_period_s=1, failure_periods=3)
+        self.registry = self.new_registry()
         self.reconciler = self.new_reconciler()
+
+    def new_registry(self) -> Registry:
+        """Writes the replica rows to `records`."""
+        return Registry(clock=self.clock, health_period_s=1, failure_periods=3, rows=self.records)
 
     def new_reconciler(self) -> Reconciler:
         return Reconciler(
@@ -67,7 +71,6 @@ class World:
             launcher=self.launcher,
             load=self.traffic,
             aborter=self.traffic,
-            records=self.records,
             endpoints=self.endpoints,
             models=model_of,
             settings=ReconcilerSettings(
@@ -397,6 +400,7 @@ async def test_adopt_after_restart_keeps_replicas_and_counts_them_as_wanted() ->
     fresh = World(endpoint(min_replicas=0))
     fresh.launcher = w.launcher
     fresh.records = w.records
+    fresh.registry = fresh.new_registry()
     fresh.reconciler = fresh.new_reconciler()
     adopted = await fresh.reconciler.adopt(rows, fresh.rows)
     assert adopted == [rows[0].id]
@@ -444,6 +448,7 @@ async def test_a_deposed_reconciler_stops_acting_on_its_first_refused_write(
 ) -> None:
     w = World(endpoint(min_replicas=1))
     store = w.records = FencingStore()
+    w.registry = w.new_registry()
     w.reconciler = w.new_reconciler()
     await w.open()
     w.reconciler.settings = dataclasses.replace(w.reconciler.settings, period_s=3600)
@@ -465,4 +470,63 @@ async def test_a_deposed_reconciler_stops_acting_on_its_first_refused_write(
     assert len(w.launcher.launched) == launched  # no longer acts as leader
     refused = [r for r in caplog.records if "reconciler stops" in r.getMessage()]
     assert len(refused) == 1
+    await w.reconciler.stop()
+
+
+class Looks:
+    """Which endpoints each pass looked at (the quota cap is asked once per
+    endpoint looked at)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, row: Any, desired: int, rows: Any) -> tuple[int, str | None]:
+        self.seen.append(row.id)
+        return desired, None
+
+
+async def watched_world(rows: list[Endpoint], settings: ReconcilerSettings) -> tuple[World, Looks]:
+    w = World(rows[0])
+    w.rows = rows
+    for row in rows:
+        await w.records.insert_endpoint(row, row.id.encode().ljust(32, b"h"))
+    looks = Looks()
+    w.reconciler = w.new_reconciler()
+    w.reconciler.settings = settings
+    w.reconciler.replica_cap = looks
+    return w, looks
+
+
+async def test_a_ring_looks_only_at_the_endpoint_that_changed() -> None:
+    rows = [endpoint(id=f"e{n}", name=f"n{n}") for n in range(5)]
+    w, looks = await watched_world(rows, ReconcilerSettings(period_s=3600, resync_s=3600))
+    w.reconciler.start()
+    await until(lambda: len(looks.seen) == 5)  # the first pass looks at every one
+    looks.seen.clear()
+    w.reconciler.endpoint_changed("e3")
+    await until(lambda: bool(looks.seen))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert looks.seen == ["e3"]
+    # A request held on another endpoint: that one, at once.
+    w.reconciler.capacity_wanted("e1")
+    await until(lambda: len(looks.seen) == 2)
+    assert looks.seen == ["e3", "e1"]
+    await w.reconciler.stop()
+
+
+async def test_endpoints_that_move_with_the_clock_are_swept_and_all_are_resynced() -> None:
+    rows = [endpoint(id="busy", name="busy", min_replicas=1)] + [
+        endpoint(id=f"idle{n}", name=f"idle{n}") for n in range(3)
+    ]
+    w, looks = await watched_world(rows, ReconcilerSettings(period_s=0.01, resync_s=3600))
+    w.reconciler.start()
+    await until(lambda: len(looks.seen) >= 4)
+    await until(lambda: looks.seen[4:].count("busy") >= 3, turns=100_000)
+    assert set(looks.seen[4:]) == {"busy"}  # a replica to keep: looked at every period
+    await w.reconciler.stop()
+    looks.seen.clear()
+    w.reconciler.settings = ReconcilerSettings(period_s=3600, resync_s=0.01)
+    w.reconciler.start()
+    await until(lambda: looks.seen.count("idle0") >= 2, turns=100_000)
     await w.reconciler.stop()

@@ -54,7 +54,14 @@ class DeposedStore(MemoryStore):
 def _duty(tmp_path: Path, store: MemoryStore, launcher: FakeLauncher) -> tuple[ReplicaDuty, object]:
     settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": "k" * 24})
     server = asyncio.run(build(settings, store=store, launcher=launcher, run_replicas=False))
-    duty = ReplicaDuty(store, launcher, server.reconciler, server.service, server.meter_feed)
+    duty = ReplicaDuty(
+        store,
+        server.registry,
+        launcher,
+        server.reconciler,
+        server.service,
+        server.meter_feed,
+    )
     return duty, server
 
 

@@ -209,3 +209,24 @@ def test_distinct_conversations_spread_evenly() -> None:
         assert choice.replica is not None
         counts[choice.replica.replica_id] = counts.get(choice.replica.replica_id, 0) + 1
     assert min(counts.values()) > 60  # about 100 each
+
+
+def test_held_requests_are_released_to_their_home() -> None:
+    """A request held while every replica was busy keeps its affinity when
+    a slot frees up: it goes home if home has room."""
+    from inferd.gateway.hold import plan_release
+    from inferd.gateway.settings import GatewaySettings
+
+    placements, _ = plan_release(
+        [frozenset(), frozenset()],
+        ABC3,
+        {"a": 1, "b": 1, "c": 1},
+        max_in_flight=2,
+        turn=0,
+        affinities=[Affinity(CBA), Affinity(ABC)],
+        settings=GatewaySettings(routing_policy=Policy.PREFIX),
+    )
+    assert [(p.index, p.replica.replica_id, p.reason) for p in placements] == [
+        (0, "c", Reason.HOME),
+        (1, "a", Reason.HOME),
+    ]

@@ -1,6 +1,7 @@
 // The playground: calls the endpoint's own URL from this tab with its access
 // token (kept in session storage, never sent to the console), streams chat
-// completions or generates an image, and shows TTFT, throughput and cost.
+// completions, generates an image, embeds texts or ranks documents, and shows
+// the time, throughput and cost.
 import { tokenKey } from "./console.js";
 
 const root = document.getElementById("playground");
@@ -133,12 +134,51 @@ async function image(form) {
   stat("pg-cost").textContent = costText(json.data.length, root.dataset.perImage, seconds);
 }
 
+function lines(text) {
+  return text.split("\n").map((line) => line.trim()).filter((line) => line);
+}
+
+// A pooling request (embeddings, rerank): one answer, timed whole; its input
+// tokens are what an embedding or rerank API bills.
+async function pooled(path, body, show) {
+  const output = document.getElementById("pg-output");
+  output.textContent = "";
+  const started = performance.now();
+  const response = await fetch(`${root.dataset.url}${path}`, {
+    method: "POST", headers: headers(), body: JSON.stringify({ model: root.dataset.model, ...body }),
+  });
+  if (!response.ok) return showError(await failure(response));
+  const json = await response.json();
+  const seconds = (performance.now() - started) / 1000;
+  output.textContent = show(json);
+  const tokens = json.usage ? (json.usage.prompt_tokens || json.usage.total_tokens || 0) : 0;
+  stat("pg-ttft").textContent = `${seconds.toFixed(3)} s`;
+  stat("pg-rate").textContent = `${(tokens / seconds).toFixed(1)} input tokens/s (${tokens} tokens)`;
+  stat("pg-cost").textContent = costText(tokens / 1e6, root.dataset.perMillion, seconds);
+}
+
+async function embed(form) {
+  const texts = lines(new FormData(form).get("texts"));
+  await pooled(`/${root.dataset.compat}/v1/embeddings`, { input: texts, encoding_format: "float" }, (json) =>
+    json.data.map((item, i) => {
+      const head = item.embedding.slice(0, 6).map((x) => x.toFixed(4)).join(", ");
+      return `${texts[i]}\n  ${item.embedding.length} dimensions: [${head}, …]`;
+    }).join("\n"));
+}
+
+async function rerank(form) {
+  const data = new FormData(form);
+  const documents = lines(data.get("documents"));
+  await pooled("/v1/rerank", { query: data.get("query"), documents }, (json) =>
+    json.results.map((r) => `${r.relevance_score.toFixed(4)}  ${documents[r.index]}`).join("\n"));
+}
+
 tokenInput.value = sessionStorage.getItem(tokenKey(root.dataset.endpoint)) || "";
 tokenInput.addEventListener("change", () => {
   sessionStorage.setItem(tokenKey(root.dataset.endpoint), tokenInput.value.trim());
 });
 
-for (const [id, run] of [["pg-chat", chat], ["pg-image", image]]) {
+for (const [id, run] of [["pg-chat", chat], ["pg-image", image], ["pg-embed", embed], ["pg-rerank", rerank]]) {
   const form = document.getElementById(id);
   if (!form) continue;
   form.addEventListener("submit", async (event) => {

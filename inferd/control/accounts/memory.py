@@ -14,9 +14,12 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     UserKey,
+    usage_order,
     utc_now,
 )
 from inferd.control.accounts.ports import AlreadyExists
@@ -138,11 +141,19 @@ class MemoryAccountStore:
             raise KeyError(key.user_id)
         self._keys[key.id] = key
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
-        return sorted(
-            (k for k in self._keys.values() if k.user_id == user_id),
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        found = sorted(
+            (k for k in self._keys.values()
+             if k.user_id == user_id and (after is None or (k.created_at, k.id) > after)),
             key=lambda k: (k.created_at, k.id),
-        )
+        )  # fmt: skip
+        return found if limit is None else found[:limit]
 
     async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
         for key in self._keys.values():
@@ -202,6 +213,8 @@ class MemoryAccountStore:
         project_id: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        after: UsageKey | None = None,
+        limit: int | None = None,
     ) -> list[UsageRow]:
         rows = [
             r
@@ -210,8 +223,23 @@ class MemoryAccountStore:
             and (project_id is None or r.project_id == project_id)
             and (since is None or r.hour >= since)
             and (until is None or r.hour < until)
+            and (after is None or usage_order(r) > after)
         ]
-        return sorted(rows, key=lambda r: (r.hour, r.endpoint_id, r.gpu_type, r.gpu_count))
+        rows.sort(key=usage_order)
+        return rows if limit is None else rows[:limit]
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        rows = await self.usage(
+            endpoint_id=endpoint_id, project_id=project_id, since=since, until=until
+        )
+        return UsageTotals().plus(rows)
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         costs: dict[str, float] = {}

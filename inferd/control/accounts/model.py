@@ -4,7 +4,7 @@ audit entries and hourly usage. Frozen, database-neutral; times are aware UTC
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
@@ -134,3 +134,33 @@ class UsageDelta:
 
 # A stored hourly row has the same fields: the sum of every delta of its key.
 UsageRow = UsageDelta
+
+# Where a usage list is ordered, and so where a page of it resumes.
+UsageKey = tuple[datetime, str, str, int]  # hour, endpoint id, GPU type, GPU count
+
+
+def usage_order(row: UsageRow) -> UsageKey:
+    return (row.hour, row.endpoint_id, row.gpu_type, row.gpu_count)
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Sums of usage rows (over a whole window, whatever page is shown)."""
+
+    replica_seconds: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    images: int = 0
+    cost: float = 0.0
+
+    def plus(self, rows: Iterable[UsageRow]) -> UsageTotals:
+        totals = self
+        for r in rows:
+            totals = UsageTotals(
+                totals.replica_seconds + r.replica_seconds, totals.requests + r.requests,
+                totals.prompt_tokens + r.prompt_tokens,
+                totals.completion_tokens + r.completion_tokens,
+                totals.images + r.images, totals.cost + r.cost,
+            )  # fmt: skip
+        return totals

@@ -20,7 +20,9 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     UserKey,
 )
@@ -70,7 +72,17 @@ class AccountStore(Protocol):
 
     # --- management keys -----------------------------------------------------------
     async def add_key(self, key: UserKey) -> None: ...
-    async def keys_of(self, user_id: str) -> list[UserKey]: ...
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        """Oldest first (created at, then id); a keyset page: only keys past
+        `after` (a key's created-at and id), at most `limit`."""
+        ...
+
     async def key_by_hash(self, key_hash: bytes) -> UserKey | None: ...
     async def revoke_key(self, key_id: str, at: datetime) -> bool: ...
     async def touch_keys(self, last_used: Mapping[str, datetime]) -> None: ...
@@ -100,7 +112,23 @@ class AccountStore(Protocol):
         project_id: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> list[UsageRow]: ...
+        after: UsageKey | None = None,
+        limit: int | None = None,
+    ) -> list[UsageRow]:
+        """By hour, endpoint, GPU type and count (`usage_order`); a keyset
+        page: only rows past `after` in that order, at most `limit`."""
+        ...
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        """The sums of every row `usage` would list (summed in the database)."""
+        ...
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         """Endpoint id -> cost of its usage in the hours from `since` on."""

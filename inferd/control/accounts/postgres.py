@@ -23,7 +23,9 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     UserKey,
 )
@@ -120,6 +122,14 @@ _KEY_COLUMNS: LiteralString = (
 _USAGE_COLUMNS: LiteralString = (
     "endpoint_id, project_id, hour, gpu_type, gpu_count, replica_seconds, requests,"
     " prompt_tokens, completion_tokens, images, cost"
+)
+
+
+_USAGE_WHERE: LiteralString = (
+    "(%s::text IS NULL OR endpoint_id = %s)"
+    " AND (%s::text IS NULL OR project_id = %s)"
+    " AND (%s::timestamptz IS NULL OR hour >= %s)"
+    " AND (%s::timestamptz IS NULL OR hour < %s)"
 )
 
 
@@ -294,10 +304,19 @@ class PostgresAccounts:
         except psycopg.errors.ForeignKeyViolation:
             raise KeyError(key.user_id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        at, key_id = (None, None) if after is None else after
         rows = await self._rows(
-            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s ORDER BY created_at, id",
-            (user_id,),
+            "SELECT " + _KEY_COLUMNS + " FROM user_keys WHERE user_id = %s"
+            " AND (%s::timestamptz IS NULL OR (created_at, id) > (%s::timestamptz, %s))"
+            " ORDER BY created_at, id LIMIT %s",
+            (user_id, at, at, key_id, limit),
         )
         return [_key(r) for r in rows]
 
@@ -418,17 +437,37 @@ class PostgresAccounts:
         project_id: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        after: UsageKey | None = None,
+        limit: int | None = None,
     ) -> list[UsageRow]:
+        at, key_id, gpu_type, gpu_count = after if after is not None else (None, None, None, None)
         rows = await self._rows(
-            "SELECT " + _USAGE_COLUMNS + " FROM usage_hourly"
-            " WHERE (%s::text IS NULL OR endpoint_id = %s)"
-            " AND (%s::text IS NULL OR project_id = %s)"
-            " AND (%s::timestamptz IS NULL OR hour >= %s)"
-            " AND (%s::timestamptz IS NULL OR hour < %s)"
-            " ORDER BY hour, endpoint_id, gpu_type, gpu_count",
+            "SELECT " + _USAGE_COLUMNS + " FROM usage_hourly WHERE " + _USAGE_WHERE
+            + " AND (%s::timestamptz IS NULL"
+            " OR (hour, endpoint_id, gpu_type, gpu_count) > (%s::timestamptz, %s, %s, %s))"
+            " ORDER BY hour, endpoint_id, gpu_type, gpu_count LIMIT %s",
+            (endpoint_id, endpoint_id, project_id, project_id, since, since, until, until,
+             at, at, key_id, gpu_type, gpu_count, limit),
+        )  # fmt: skip
+        return [_usage(r) for r in rows]
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        rows = await self._rows(
+            "SELECT COALESCE(SUM(replica_seconds), 0), COALESCE(SUM(requests), 0),"
+            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+            " COALESCE(SUM(images), 0), COALESCE(SUM(cost), 0)"
+            " FROM usage_hourly WHERE " + _USAGE_WHERE,
             (endpoint_id, endpoint_id, project_id, project_id, since, since, until, until),
         )
-        return [_usage(r) for r in rows]
+        r = rows[0]
+        return UsageTotals(float(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         rows = await self._rows(

@@ -247,20 +247,17 @@ class AccountService:
             user_id = local_user_id(project_id, user_id)
         else:
             _user_id(user_id)
-        created: CreatedKey | None = None
+        new_user = False
         if await self.store.get_user(user_id) is None:
             try:
                 await self.store.create_user(User(user_id, self._clock()))
             except AlreadyExists:
                 pass
             else:
+                new_user = True
                 await self.audit_event(
                     principal, AuditAction.USER_CREATE, project_id, f"user:{user_id}"
                 )
-                # Operator-made users get a key for all their projects; a
-                # project's own user, one for the project.
-                scope = None if principal.operator else project_id
-                created = await self._new_key(principal, user_id, "first key", scope)
         old = members.get(user_id)
         membership = Membership(project_id, user_id, role, self._clock())
         await self.store.put_membership(membership)
@@ -270,6 +267,13 @@ class AccountService:
             principal, action, project_id, f"member:{user_id}",
             role=role.value, **({"previousRole": old.role.value} if old else {}),
         )  # fmt: skip
+        created: CreatedKey | None = None
+        if new_user:
+            # After the membership, so that the key's event is in the log of
+            # the project it acts in. Operator-made users get a key for all
+            # their projects; a project's own user, one for the project.
+            scope = None if principal.operator else project_id
+            created = await self._new_key(principal, user_id, "first key", scope)
         if old is not None:
             membership = Membership(project_id, user_id, role, old.created_at)
         return membership, created
@@ -329,9 +333,23 @@ class AccountService:
                 raise _user_missing(user_id)
         return KeyScope(managed, whole_user=managed == memberships)
 
-    async def keys(self, principal: Principal, user_id: str) -> list[UserKey]:
+    async def keys(
+        self,
+        principal: Principal,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> tuple[list[UserKey], UserKey | None]:
+        """The keys of `user_id` the caller manages, from a keyset page of at
+        most `limit` (some may be left out: those the caller does not manage),
+        and the page's last key when more may follow."""
         scope = await self.user_scope(principal, user_id)
-        return [k for k in await self.store.keys_of(user_id) if scope.covers(k)]
+        read_limit = None if limit is None else limit + 1
+        found = await self.store.keys_of(user_id, after=after, limit=read_limit)
+        last = found[limit - 1] if limit is not None and len(found) > limit else None
+        found = found if limit is None else found[:limit]
+        return [k for k in found if scope.covers(k)], last
 
     async def create_key(
         self, principal: Principal, user_id: str, name: str, project_id: str | None = None

@@ -23,7 +23,9 @@ from inferd.control.accounts.model import (
     Membership,
     Project,
     UsageDelta,
+    UsageKey,
     UsageRow,
+    UsageTotals,
     User,
     UserKey,
     rfc3339,
@@ -197,6 +199,26 @@ def _audit(row: Sequence[Any]) -> AuditEntry:
     )
 
 
+def _usage_where(
+    endpoint_id: str | None,
+    project_id: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> tuple[str, list[Any]]:
+    where, params = "1 = 1", []
+    for column, value in (("endpoint_id", endpoint_id), ("project_id", project_id)):
+        if value is not None:
+            where += f" AND {column} = ?"
+            params.append(value)
+    if since is not None:
+        where += " AND hour >= ?"
+        params.append(rfc3339(since))
+    if until is not None:
+        where += " AND hour < ?"
+        params.append(rfc3339(until))
+    return where, params
+
+
 class SqliteAccounts:
     """Needs the host store's `_tx()` (an IMMEDIATE transaction), `_query`,
     `_run` (its database thread) and `_log` (its change log)."""
@@ -367,11 +389,20 @@ class SqliteAccounts:
         except sqlite3.IntegrityError:
             raise AlreadyExists(key.id) from None
 
-    async def keys_of(self, user_id: str) -> list[UserKey]:
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        # Times are stored as fixed-width RFC 3339 text: text order is time order.
+        at, key_id = (None, None) if after is None else (rfc3339(after[0]), after[1])
         rows = await self._in_thread(
             self._query,
-            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ? ORDER BY created_at, id",
-            (user_id,),
+            f"SELECT {_KEY_COLUMNS} FROM user_keys WHERE user_id = ?"
+            " AND (? IS NULL OR (created_at, id) > (?, ?)) ORDER BY created_at, id LIMIT ?",
+            (user_id, at, at, key_id, -1 if limit is None else limit),
         )
         return [_key(r) for r in rows]
 
@@ -494,22 +525,39 @@ class SqliteAccounts:
         project_id: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        after: UsageKey | None = None,
+        limit: int | None = None,
     ) -> list[UsageRow]:
-        sql = f"SELECT {_USAGE_COLUMNS} FROM usage_hourly WHERE 1 = 1"
-        params: list[Any] = []
-        for column, value in (("endpoint_id", endpoint_id), ("project_id", project_id)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                params.append(value)
-        if since is not None:
-            sql += " AND hour >= ?"
-            params.append(rfc3339(since))
-        if until is not None:
-            sql += " AND hour < ?"
-            params.append(rfc3339(until))
-        sql += " ORDER BY hour, endpoint_id, gpu_type, gpu_count"
-        rows = await self._in_thread(self._query, sql, tuple(params))
+        where, params = _usage_where(endpoint_id, project_id, since, until)
+        if after is not None:
+            # Hours are fixed-width RFC 3339 text: text order is time order.
+            where += " AND (hour, endpoint_id, gpu_type, gpu_count) > (?, ?, ?, ?)"
+            params += [rfc3339(after[0]), *after[1:]]
+        sql = (
+            f"SELECT {_USAGE_COLUMNS} FROM usage_hourly WHERE {where}"
+            " ORDER BY hour, endpoint_id, gpu_type, gpu_count LIMIT ?"
+        )
+        rows = await self._in_thread(self._query, sql, (*params, -1 if limit is None else limit))
         return [_usage(r) for r in rows]
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        where, params = _usage_where(endpoint_id, project_id, since, until)
+        rows = await self._in_thread(
+            self._query,
+            "SELECT TOTAL(replica_seconds), TOTAL(requests), TOTAL(prompt_tokens),"
+            " TOTAL(completion_tokens), TOTAL(images), TOTAL(cost)"
+            f" FROM usage_hourly WHERE {where}",
+            tuple(params),
+        )
+        r = rows[0]
+        return UsageTotals(float(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         rows = await self._in_thread(

@@ -25,6 +25,7 @@ from inferd.control.cluster.ports import Coordination, Deposed, LeaderDuties
 from inferd.control.model import Change, ChangeKind, Endpoint, ReplicaRecord
 from inferd.control.ports import Launcher, ScaleSignals
 from inferd.control.reconciler import Reconciler
+from inferd.control.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,6 @@ class ReplicaRows(Protocol):
 
     async def list_endpoints(self) -> list[Endpoint]: ...
 
-    async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None: ...
-
     async def confirm_term(self, term: int) -> None: ...
 
     def changes(self) -> AsyncIterator[Change]: ...
@@ -97,6 +96,7 @@ class ReplicaDuty:
     def __init__(
         self,
         store: ReplicaRows,
+        registry: Registry,
         launcher: Launcher,
         reconciler: Reconciler,
         service: PendingDeletions,
@@ -104,6 +104,7 @@ class ReplicaDuty:
         run_replicas: bool = True,
     ) -> None:
         self._store = store
+        self._registry = registry
         self._launcher = launcher
         self._reconciler = reconciler
         self._service = service
@@ -120,6 +121,7 @@ class ReplicaDuty:
         await self._service.finish_pending_deletions()
         if not self._run_replicas:
             return
+        self._registry.lead(term)
         records = await self._store.list_replicas()
         # Those it watches already stay as they are (this instance led
         # before, lost the lead in a database outage, and leads again).
@@ -134,9 +136,8 @@ class ReplicaDuty:
             await sweep(
                 adopted | watched | await self._recorded_since(records), self._confirm(term)
             )
-        for record in records:
-            if record.id not in adopted:
-                await self._store.delete_replica(record.id, term=term)
+        self._registry.drop_rows([record.id for record in records if record.id not in adopted])
+        await self._registry.flush()
         if records:
             logger.info("adopted %d of %d replicas", len(adopted), len(records))
         self._reconciler.start(term)
@@ -156,11 +157,22 @@ class ReplicaDuty:
         return confirm
 
     async def stop(self) -> None:
+        self._registry.lead(None)
         if not self._running:
             return
         self._running = False
         await self._meter_feed.stop()
         await self._reconciler.stop()
+
+    async def end_replicas(self, grace_s: float) -> None:
+        """The cluster ends with this instance (a cluster of one): no one
+        will adopt its replicas, so they stop now, and their rows go."""
+        if not self._run_replicas:
+            return
+        await self._launcher.shutdown(grace_s)
+        for replica in self._registry.all():
+            self._registry.remove(replica.replica_id)
+        await self._registry.flush()
 
 
 class Signals:

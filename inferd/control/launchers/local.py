@@ -35,6 +35,7 @@ from typing import IO
 
 from inferd import procfs
 from inferd.control.launchers.inventory import LocalGpu
+from inferd.control.launchers.logs import log_name, read_tail
 from inferd.control.ports import (
     Capacity,
     ExitReason,
@@ -264,7 +265,7 @@ class LocalLauncher:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids),
         }
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self._log_dir / f"replica-{spec.replica_id}.log"
+        log_path = self._log_dir / log_name(spec.replica_id)
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed when the process is reaped
         try:
             popen = subprocess.Popen(
@@ -379,6 +380,9 @@ class LocalLauncher:
             # while still held.
             return False
         return False if _runs_replica(cmdline, process.replica_id) else None
+
+    async def log_tail(self, replica_id: str, max_bytes: int) -> str | None:
+        return await asyncio.to_thread(read_tail, self._log_dir / log_name(replica_id), max_bytes)
 
     async def shutdown(self, grace_s: float) -> None:
         for replica_id in list(self._processes):

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from inferd.control.launchers.logs import log_name, read_tail
+
 NODE_HOST = "{node_ip}"  # replaced in the command by the node's address
 PYTHON = "{python}"  # replaced by the node's Python (the actor's own)
 _PR_SET_PDEATHSIG = 1
@@ -82,7 +84,7 @@ class ReplicaHost:
         self._ended = asyncio.Event()
         log_dir = Path(tempfile.gettempdir()) / "inferd-replicas"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._log_path = log_dir / f"replica-{replica_id}.log"
+        self._log_path = log_dir / log_name(replica_id)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _node(self) -> tuple[str, str]:
@@ -181,6 +183,10 @@ class ReplicaHost:
         if self._process is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, signal.SIGKILL)
+
+    async def log_tail(self, max_bytes: int) -> str | None:
+        """The end of the replica's log, read on this node."""
+        return read_tail(self._log_path, max_bytes)
 
     def _tail(self) -> str:
         try:

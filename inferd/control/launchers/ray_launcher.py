@@ -380,6 +380,17 @@ class RayLauncher:
     def running(self) -> list[str]:
         return list(self._placed)
 
+    async def log_tail(self, replica_id: str, max_bytes: int) -> str | None:
+        """Read on the replica's node, by its actor (the file is there)."""
+        try:
+            actor = ray.get_actor(actor_name(replica_id), namespace=self._namespace)
+            tail: str | None = await asyncio.wait_for(
+                actor.log_tail.remote(max_bytes), ACTOR_CALL_TIMEOUT_S
+            )
+        except (ValueError, RayError, TimeoutError):
+            return None  # its actor is gone, and the file with its node's temp
+        return tail
+
     async def shutdown(self, grace_s: float) -> None:
         self._closed = True
         placed = list(self._placed.values())

@@ -203,7 +203,17 @@ _V7 = Migration(
     ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+_V8 = Migration(
+    8,
+    "endpoints of embedding and rerank models",
+    (
+        "ALTER TABLE endpoints DROP CONSTRAINT endpoints_model_kind_check",
+        "ALTER TABLE endpoints ADD CONSTRAINT endpoints_model_kind_check"
+        " CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank'))",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 
 def latest_version() -> int:

@@ -220,7 +220,43 @@ _V7 = Migration(
     ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+_V8 = Migration(
+    8,
+    "endpoints of embedding and rerank models",
+    (
+        # SQLite cannot change a CHECK constraint: the table is rebuilt (as in
+        # version 5; `migrate` runs with foreign keys off).
+        """
+        CREATE TABLE endpoints_v8 (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL
+                              CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
+                                                      AND max_replicas >= min_replicas),
+            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
+            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TEXT NOT NULL,
+            updated_at        TEXT NOT NULL,
+            deleting_at       TEXT,
+            generation        INTEGER NOT NULL DEFAULT 1,
+            project_id        TEXT NOT NULL DEFAULT 'default',
+            UNIQUE (project_id, name)
+        ) STRICT
+        """,
+        "INSERT INTO endpoints_v8 SELECT * FROM endpoints",
+        "DROP TABLE endpoints",
+        "ALTER TABLE endpoints_v8 RENAME TO endpoints",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 
 def latest_version() -> int:

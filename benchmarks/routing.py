@@ -1,0 +1,498 @@
+"""Cache-aware routing, side by side in one run: vLLM's own router in front
+of N of vLLM's own servers, against inferd's gateway in front of N inferd
+replicas of the same model and engine configuration.
+
+Targets (rounds alternate between them, fresh prompts for every run):
+- `vllm-router cache_aware` and `vllm-router round_robin`: the `vllm-router`
+  binary (PyPI wheel, installed into its own environment, `--router`) in
+  front of N `python -m vllm.entrypoints.openai.api_server` processes.
+- `inferd prefix` and `inferd least_loaded`: one inferd gateway process
+  (`Gateway` over a static directory of the N replicas, as
+  benchmarks/gateway_overhead.py runs it) per policy, in front of N
+  `inferd replica` processes (vLLM engine).
+- `inferd prefix x2`: two gateway processes (prefix policy, each with its
+  own prefix table) sharing the load: requests alternate between them, as
+  behind a load balancer.
+
+Replica i of each kind is pinned to core i (VLLM_CPU_OMP_THREADS_BIND). The
+KV cache is sized (`--kv-tokens` per replica) so that the workload's
+working set of prefixes exceeds one replica's cache but fits the fleet's.
+
+Workload: G system prompts (`--prompt-words` each, about 4 tokens a word
+with the tiny tokenizer), C conversations per system prompt, T turns each;
+a conversation's next turn repeats the whole conversation so far. Turns go
+in waves with `--concurrency` requests at once. Streamed, so TTFT is
+measured; throughput is requests per second over the run. The cache hit
+rate is the engines' own: prompt tokens found in the prefix cache over
+those looked up (vLLM's `vllm:prefix_cache_*` counters; inferd replicas
+report the same figures as `inferd_prefix_cache_*`).
+
+    flock /tmp/inferd-heavy.lock timeout 900 .venv/bin/python benchmarks/routing.py \\
+        --router /path/to/venv/bin/vllm-router
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from common import percentile, print_table, stop_process_group, wait_http_ok, write_report
+
+from inferd.control.tokens import new_endpoint_token
+from inferd.testing import ReplicaHandle, free_port
+
+MODEL = "bench-llama-25m"
+ENDPOINT_ID = "bench-routing"
+BLOCK_SIZE = 128
+WORDS = [
+    "model",
+    "serving",
+    "runtime",
+    "loads",
+    "onto",
+    "accelerators",
+    "answers",
+    "requests",
+    "from",
+    "many",
+    "clients",
+    "conversation",
+    "system",
+    "message",
+    "sets",
+    "tone",
+    "user",
+    "asks",
+    "question",
+    "assistant",
+    "short",
+    "reply",
+    "inference",
+    "endpoints",
+    "scale",
+    "between",
+    "minimum",
+    "maximum",
+    "number",
+    "replicas",
+    "down",
+    "zero",
+    "nobody",
+    "called",
+    "while",
+    "next",
+    "request",
+    "wakes",
+    "again",
+    "without",
+    "lost",
+    "images",
+    "generated",
+    "text",
+    "prompt",
+    "diffusion",
+    "pipeline",
+    "encoder",
+    "denoising",
+    "network",
+    "decoder",
+    "latents",
+    "pixels",
+    "tokens",
+    "produced",
+    "time",
+    "first",
+    "token",
+    "per",
+    "second",
+    "users",
+    "feel",
+    "weather",
+    "Paris",
+    "Berlin",
+    "Tokyo",
+    "London",
+    "sunny",
+    "warm",
+]
+
+
+# --- processes ----------------------------------------------------------------------
+
+
+def engine_args(model: Path, kv_tokens: int) -> dict[str, Any]:
+    return {
+        "dtype": "float32",
+        # One request needs a little less than the whole cache (vLLM checks).
+        "max_model_len": min(4096, kv_tokens - 2 * BLOCK_SIZE),
+        "block_size": BLOCK_SIZE,
+        "num_gpu_blocks_override": kv_tokens // BLOCK_SIZE,
+        "enable_prefix_caching": True,
+        "enforce_eager": True,
+    }
+
+
+def pinned(core: int) -> dict[str, str]:
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def start_vllm(model: Path, core: int, kv_tokens: int, log: Path) -> tuple[Any, str]:
+    port = free_port()
+    flags = []
+    for key, value in engine_args(model, kv_tokens).items():
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+        "--disable-uvicorn-access-log", *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **pinned(core)},
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def start_router(router: str, urls: list[str], policy: str, log: Path) -> tuple[Any, str]:
+    port = free_port()
+    command = [
+        router, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+        "--policy", policy, "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def start_inferd_replica(model: Path, core: int, kv_tokens: int) -> ReplicaHandle:
+    args = ["--engine", "vllm", "--device", "cpu", "--served-model-name", MODEL]
+    for key, value in engine_args(model, kv_tokens).items():
+        args += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    return ReplicaHandle(str(model), args, env=pinned(core))
+
+
+def serve_gateway(replica_urls: list[str], port: int, token: str, routing: str) -> None:
+    """The gateway process (`--serve-gateway`)."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from inferd.gateway.app import Gateway, gateway_routes
+    from inferd.gateway.directory import EndpointRoute, RoutableReplica
+    from inferd.gateway.routing import Policy
+    from inferd.gateway.settings import GatewaySettings
+    from inferd.gateway.static import StaticDirectory
+    from inferd.http_errors import EXCEPTION_HANDLERS
+    from inferd.testing import verifier_for
+
+    directory = StaticDirectory()
+    replicas = [RoutableReplica(f"replica-{i}", url) for i, url in enumerate(replica_urls)]
+    directory.add_endpoint(EndpointRoute(ENDPOINT_ID, "chat", MODEL), replicas)
+    settings = GatewaySettings(routing_policy=Policy(routing))
+    gateway = Gateway(directory, verifier_for({ENDPOINT_ID: token}), settings)
+
+    async def health(request: Request) -> Response:
+        return Response(b"ok")
+
+    app = Starlette(
+        routes=[*gateway_routes(gateway), Route("/healthz", health)],
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
+    uvicorn.run(app, host="127.0.0.1", port=port, access_log=False, log_level="warning")
+
+
+def start_gateway(replica_urls: list[str], token: str, routing: str) -> tuple[Any, str]:
+    port = free_port()
+    command = [
+        sys.executable, __file__, "--serve-gateway", "--port", str(port), "--token", token,
+        "--routing", routing, "--replica-urls", *replica_urls,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, start_new_session=True)
+    wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout=60)
+    return process, f"http://127.0.0.1:{port}/endpoints/{ENDPOINT_ID}/openai"
+
+
+# --- the workload ---------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    urls: list[str]  # chat completions URLs; requests alternate between them
+    headers: dict[str, str]
+    engines: list[str]  # metrics URLs of the engines behind it
+    hits_metric: str
+    queries_metric: str
+
+
+@dataclass
+class Run:
+    target: str
+    round: int
+    requests: int = 0
+    errors: int = 0
+    wall_s: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)
+    hit_rate: float | None = None
+
+
+def metric_total(url: str, name: str) -> float:
+    text = httpx.get(url, timeout=10).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    )
+
+
+def conversations(seed: int, args: argparse.Namespace) -> list[list[dict[str, str]]]:
+    """Fresh system prompts (a new seed per run and target: nothing of an
+    earlier run can be in any cache) and the conversations' opening turns."""
+    rng = random.Random(seed)
+    convs = []
+    for g in range(args.groups):
+        words = " ".join(rng.choice(WORDS) for _ in range(args.prompt_words))
+        system = f"[{seed}-{g}] {words}"
+        convs += [[{"role": "system", "content": system}] for _ in range(args.conversations)]
+    rng.shuffle(convs)
+    return convs
+
+
+async def one_turn(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], messages: list[dict[str, str]],
+    args: argparse.Namespace,
+) -> tuple[float | None, str]:  # fmt: skip
+    body = {
+        "model": MODEL, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "stream": True,
+    }  # fmt: skip
+    start = time.perf_counter()
+    ttft = None
+    text = []
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    text.append(piece)
+    return ttft, "".join(text)
+
+
+async def run_target(target: Target, seed: int, round_: int, args: argparse.Namespace) -> Run:
+    run = Run(target.name, round_)
+    convs = conversations(seed, args)
+    rng = random.Random(seed + 1)
+    hits0 = sum(metric_total(u, target.hits_metric) for u in target.engines)
+    queries0 = sum(metric_total(u, target.queries_metric) for u in target.engines)
+    sent = 0
+    limits = httpx.Limits(max_connections=args.concurrency * 2)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        gate = asyncio.Semaphore(args.concurrency)
+
+        async def turn(messages: list[dict[str, str]]) -> None:
+            nonlocal sent
+            async with gate:
+                url = target.urls[sent % len(target.urls)]
+                sent += 1
+                user = " ".join(rng.choice(WORDS) for _ in range(args.user_words))
+                messages.append({"role": "user", "content": user})
+                try:
+                    ttft, answer = await one_turn(client, url, target.headers, messages, args)
+                except (httpx.HTTPError, ValueError, KeyError):
+                    run.errors += 1
+                    messages.append({"role": "assistant", "content": "(failed)"})
+                    return
+                run.requests += 1
+                if ttft is not None:
+                    run.ttft_s.append(ttft)
+                messages.append({"role": "assistant", "content": answer})
+
+        started = time.perf_counter()
+        for _ in range(args.turns):  # a conversation's next turn after its previous one
+            await asyncio.gather(*(turn(m) for m in convs))
+        run.wall_s = time.perf_counter() - started
+    hits = sum(metric_total(u, target.hits_metric) for u in target.engines) - hits0
+    queries = sum(metric_total(u, target.queries_metric) for u in target.engines) - queries0
+    run.hit_rate = hits / queries if queries else None
+    return run
+
+
+def summarize(name: str, runs: list[Run]) -> dict[str, Any]:
+    ttfts = [t for r in runs for t in r.ttft_s]
+    rates = [r.requests / r.wall_s for r in runs if r.wall_s]
+    hits = [r.hit_rate for r in runs if r.hit_rate is not None]
+    return {
+        "target": name,
+        "requests": sum(r.requests for r in runs),
+        "errors": sum(r.errors for r in runs),
+        "req/s": round(statistics.median(rates), 3) if rates else None,
+        "req/s per round": [round(x, 3) for x in rates],
+        "ttft p50 ms": round(1000 * (percentile(ttfts, 50) or 0)),
+        "ttft p90 ms": round(1000 * (percentile(ttfts, 90) or 0)),
+        "cache hit rate": round(statistics.median(hits), 3) if hits else None,
+        "hit rate per round": [round(h, 3) for h in hits],
+    }
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--router", default="vllm-router", help="the vllm-router binary")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=4, help="system prompts per run")
+    parser.add_argument("--conversations", type=int, default=2, help="per system prompt")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--prompt-words", type=int, default=250)
+    parser.add_argument("--user-words", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--kv-tokens", type=int, default=3072, help="KV cache per replica")
+    parser.add_argument("--only", nargs="*", default=None, help="target names to run")
+    parser.add_argument("--out", type=Path, default=None)
+    # Internal: a gateway process.
+    parser.add_argument("--serve-gateway", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    parser.add_argument("--routing", help=argparse.SUPPRESS)
+    parser.add_argument("--replica-urls", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_gateway:
+        serve_gateway(args.replica_urls, args.port, args.token, args.routing)
+        return 0
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
+    from build_bench_llama import build
+
+    model = build(Path(__file__).resolve().parent.parent / ".inferd" / "bench-models")
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-routing-{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    processes: list[Any] = []
+    replicas: list[ReplicaHandle] = []
+    token = new_endpoint_token()
+    auth = {"Authorization": f"Bearer {token}"}
+    cores = os.cpu_count() or 1
+    try:
+        # All engines start at once (each waits for its core anyway).
+        vllm_urls = []
+        for i in range(args.replicas):
+            process, url = start_vllm(model, i % cores, args.kv_tokens, logs / f"vllm-{i}.log")
+            processes.append(process)
+            vllm_urls.append(url)
+        for i in range(args.replicas):
+            replicas.append(start_inferd_replica(model, i % cores, args.kv_tokens))
+        for process, url in zip(processes, vllm_urls, strict=True):
+            wait_http_ok(url + "/health", process, timeout=900)
+        for replica in replicas:
+            replica.wait_ready(900)
+        inferd_urls = [r.url for r in replicas]
+        targets: dict[str, Target] = {}
+        vllm_metrics = [u + "/metrics" for u in vllm_urls]
+        inferd_metrics = [u + "/metrics" for u in inferd_urls]
+        for policy in ("cache_aware", "round_robin"):
+            process, url = start_router(args.router, vllm_urls, policy, logs / f"r-{policy}.log")
+            processes.append(process)
+            wait_http_ok(url + "/health", process, timeout=60)
+            targets[f"vllm-router {policy}"] = Target(
+                f"vllm-router {policy}", [url + "/v1/chat/completions"], {}, vllm_metrics,
+                "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+            )  # fmt: skip
+        gateways = {}
+        for name, routing, count in (
+            ("inferd prefix", "prefix", 1),
+            ("inferd least_loaded", "least_loaded", 1),
+            ("inferd prefix x2", "prefix", 2),
+        ):
+            urls = []
+            for _ in range(count):
+                process, url = start_gateway(inferd_urls, token, routing)
+                processes.append(process)
+                urls.append(url + "/v1/chat/completions")
+            gateways[name] = urls
+            targets[name] = Target(
+                name, urls, auth, inferd_metrics,
+                "inferd_prefix_cache_hit_tokens", "inferd_prefix_cache_queried_tokens",
+            )  # fmt: skip
+        names = [n for n in targets if args.only is None or n in args.only]
+        runs: dict[str, list[Run]] = {n: [] for n in names}
+        for round_ in range(args.rounds):
+            order = names if round_ % 2 == 0 else list(reversed(names))
+            for n, name in enumerate(order):
+                seed = 1000 * (round_ + 1) + 17 * n + random.randrange(10**6)
+                run = asyncio.run(run_target(targets[name], seed, round_, args))
+                runs[name].append(run)
+                print(
+                    f"round {round_} {name}: {run.requests} ok {run.errors} failed "
+                    f"{run.wall_s:.1f}s hit rate {run.hit_rate}",
+                    flush=True,
+                )
+    finally:
+        for process in reversed(processes):
+            stop_process_group(process)
+        for replica in replicas:
+            replica.stop()
+    rows = [summarize(n, rs) for n, rs in runs.items()]
+    by = {r["target"]: r for r in rows}
+    goals: dict[str, Any] = {}
+    ours, ref = by.get("inferd prefix"), by.get("vllm-router cache_aware")
+    if ours and ref and ref["req/s"]:
+        goals["throughput vs vllm-router cache_aware (>= 1.0)"] = round(
+            ours["req/s"] / ref["req/s"], 3
+        )
+        goals["ttft p90 ms: inferd prefix vs vllm-router cache_aware (<=)"] = [
+            ours["ttft p90 ms"], ref["ttft p90 ms"],
+        ]  # fmt: skip
+    least = by.get("inferd least_loaded")
+    if ours and least and least["req/s"]:
+        goals["throughput vs inferd least_loaded (>= 2.0)"] = round(
+            ours["req/s"] / least["req/s"], 3
+        )
+    two = by.get("inferd prefix x2")
+    if ours and two and ours["cache hit rate"]:
+        goals["hit rate 2 instances / 1 (>= 0.95)"] = round(
+            (two["cache hit rate"] or 0) / ours["cache hit rate"], 3
+        )
+    print_table(
+        f"routing: {args.replicas} replicas, {args.rounds} alternating rounds, "
+        f"{args.groups}x{args.conversations} conversations x {args.turns} turns",
+        rows,
+        ["target", "requests", "errors", "req/s", "ttft p50 ms", "ttft p90 ms", "cache hit rate"],
+    )
+    for goal, value in goals.items():
+        print(f"{goal}: {value}")
+    report = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "results": rows,
+        "goals": goals,
+        "runs": [r.__dict__ for rs in runs.values() for r in rs],
+    }
+    write_report("routing", report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,253 @@
+"""vLLM's own OpenAI serving code over the replica's running engine.
+
+Completions (and, for pooling models, embeddings, score and rerank) are
+answered by the very classes vLLM's `vllm serve` answers them with
+(`OpenAIServingCompletion`, `ServingEmbedding`, `ServingScores`), built by
+vLLM's own `init_app_state` from arguments parsed by vLLM's own command-line
+parser: `echo`, `logprobs`, `stop`, `n`, `suffix` refusals, prompt-length
+checks, base64 embeddings and `dimensions` behave exactly as in vLLM's server.
+What is inferd's: the error shape (vLLM's `ErrorResponse` and its exceptions
+become `inferd.errors`), and the usage count every answer reports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from inferd.errors import (
+    BadRequest,
+    InferdError,
+    InternalError,
+    NotFound,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+
+# vLLM's statuses that have an inferd error of their own. 422 (a value
+# vLLM cannot process) and 501 (a feature it does not implement) are the
+# client's to change: a 400, as for every refusal of a request's content.
+_BY_STATUS: dict[int, type[InferdError]] = {
+    400: BadRequest,
+    422: BadRequest,
+    501: BadRequest,
+    404: NotFound,
+    429: TooManyRequests,
+    503: ServiceUnavailable,
+}
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A whole (not streamed) answer and the tokens it used: `body` to send
+    as JSON, or `response`, the HTTP response vLLM built itself (pooling
+    answers, which vLLM encodes as JSON or as raw bytes)."""
+
+    usage: Usage
+    body: dict[str, Any] | None = None
+    response: Any = None
+
+
+class VllmServing:
+    """The serving objects of vLLM's OpenAI server, sharing one `AsyncLLM`."""
+
+    def __init__(self, state: Any, tasks: Sequence[str]) -> None:
+        self._state = state
+        self.tasks = frozenset(tasks)
+
+    @classmethod
+    async def build(
+        cls, engine_client: Any, model_path: Path, served_names: Sequence[str]
+    ) -> VllmServing:
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        # The server-level arguments only (logging, chat template, ...); the
+        # engine's own were given to AsyncLLM already.
+        argv = ["--model", str(model_path), "--served-model-name", *served_names]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        # vLLM's server keeps these on its app's `state`: any attribute bag does.
+        state = SimpleNamespace()
+        tasks = tuple(await engine_client.get_supported_tasks())
+        await init_app_state(engine_client, state, args, tasks)
+        return cls(state, tasks)
+
+    # -- the routes -----------------------------------------------------------
+
+    async def completion(self, body: dict[str, Any], raw_request: Any) -> Whole | SseStream:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+        handler = self._state.openai_serving_completion
+        if handler is None:
+            raise BadRequest(
+                "This model does not generate text; /v1/completions is not available on it.",
+                code="unsupported_route",
+            )
+        request = _validate(CompletionRequest, body)
+        # Usage is counted for every answer, so the engine always reports it;
+        # the usage chunk is kept from a client that did not ask for it.
+        client_wants_usage = bool(request.stream_options and request.stream_options.include_usage)
+        if request.stream:
+            from vllm.entrypoints.generate.base.protocol import StreamOptions
+
+            options = request.stream_options or StreamOptions()
+            request.stream_options = options.model_copy(update={"include_usage": True})
+        result = await _call(lambda: handler.create_completion(request, raw_request))
+        if isinstance(result, AsyncIterator):
+            return SseStream(result, forward_usage=client_wants_usage)
+        body = result.model_dump()
+        usage = body.get("usage") or {}
+        counted = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+        return Whole(counted, body=body)
+
+    async def embedding(self, body: dict[str, Any], raw_request: Any) -> Whole:
+        from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+
+        handler = getattr(self._state, "serving_embedding", None)
+        if handler is None:
+            raise BadRequest(
+                "This model does not make embeddings; /v1/embeddings is not available on it.",
+                code="unsupported_route",
+            )
+        if body.get("input") == []:
+            # Refused here whatever vLLM makes of it: an empty batch is a
+            # client's mistake, never a request worth a round trip.
+            raise BadRequest("'input' must not be an empty list.", param="input")
+        request = _validate_union(EmbeddingRequest, body)
+        return _whole(await _call(lambda: handler(request, raw_request)))
+
+    async def score(self, body: dict[str, Any], raw_request: Any) -> Whole:
+        from vllm.entrypoints.pooling.scoring.protocol import ScoreRequest
+
+        handler = self._scores("score")
+        request = _validate_union(ScoreRequest, body)
+        return _whole(await _call(lambda: handler(request, raw_request)))
+
+    async def rerank(self, body: dict[str, Any], raw_request: Any) -> Whole:
+        from vllm.entrypoints.pooling.scoring.protocol import RerankRequest
+
+        handler = self._scores("rerank")
+        request = _validate(RerankRequest, body)
+        return _whole(await _call(lambda: handler(request, raw_request)))
+
+    def _scores(self, route: str) -> Any:
+        handler = getattr(self._state, "serving_scores", None)
+        if handler is None:
+            raise BadRequest(
+                f"This model does not score text pairs; /{route} is not available on it.",
+                code="unsupported_route",
+            )
+        return handler
+
+
+class SseStream:
+    """vLLM's server-sent events, relayed as they come, with the tokens used
+    read from the usage chunk (which is not relayed unless the client asked
+    for it)."""
+
+    def __init__(self, events: AsyncIterator[str], forward_usage: bool) -> None:
+        self._events = events
+        self._forward_usage = forward_usage
+        self.usage = Usage()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for event in self._events:
+            # Parse only a chunk that may carry counts (vLLM writes compact
+            # JSON, `"usage":null` on the others).
+            if '"usage"' in event and '"usage":null' not in event and event.startswith("data: {"):
+                data = json.loads(event[len("data: ") :])
+                counted = data.get("usage")
+                if counted:
+                    self.usage = Usage(
+                        counted.get("prompt_tokens") or 0, counted.get("completion_tokens") or 0
+                    )
+                if not data.get("choices") and not self._forward_usage:
+                    continue
+            yield event.encode()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+_PROMPT_TOKENS = re.compile(rb'"usage":\{[^}]*"prompt_tokens":(\d+)')
+
+
+def _whole(response: Any) -> Whole:
+    """A pooling answer (vLLM builds the response itself, as JSON or as
+    bytes); its prompt tokens read from the usage it carries."""
+    body = getattr(response, "body", b"")
+    found = _PROMPT_TOKENS.search(body) if isinstance(body, bytes) else None
+    return Whole(Usage(prompt_tokens=int(found.group(1)) if found else 0), response=response)
+
+
+def _validate(model: Any, body: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _bad_request(exc) from None
+
+
+def _validate_union(union: Any, body: dict[str, Any]) -> Any:
+    """A request type that is a union of shapes (vLLM's `EmbeddingRequest`
+    and `ScoreRequest` are), validated as FastAPI does for vLLM's server."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(union).validate_python(body)
+    except ValidationError as exc:
+        raise _bad_request(exc) from None
+
+
+def _bad_request(exc: Any) -> BadRequest:
+    error = exc.errors()[0]
+    cause = error.get("ctx", {}).get("error")
+    where = ".".join(str(part) for part in error.get("loc", ()) if not isinstance(part, int))
+    message = str(cause) if cause is not None else f"{where}: {error.get('msg', exc)}"
+    param = getattr(cause, "parameter", None) or (str(error["loc"][-1]) if error["loc"] else None)
+    return BadRequest(message, param=param)
+
+
+async def _call(call: Callable[[], Awaitable[Any]]) -> Any:
+    """Run one vLLM serving call; its error answers and exceptions become
+    inferd's errors with the status vLLM's server gives them (its own
+    `create_error_response`, which its app's exception handlers use)."""
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+    from vllm.entrypoints.serve.exception_handling.error_response import (
+        create_error_response,
+    )
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        result = await call()
+    except InferdError:
+        raise
+    except EngineDeadError as exc:
+        # Nothing was answered: the gateway may retry on another replica.
+        raise ServiceUnavailable(
+            f"The engine of this replica has died: {exc}", code="engine_dead", retry_after=1
+        ) from None
+    except Exception as exc:
+        result = create_error_response(exc)
+    if isinstance(result, ErrorResponse):
+        error = result.error
+        cls = _BY_STATUS.get(int(error.code))
+        if cls is None:
+            raise InternalError(error.message)
+        raise cls(error.message, param=error.param)
+    return result

@@ -1,0 +1,153 @@
+"""OpenAI routes answered by vLLM's own serving code (`inferd.engines.vllm_serving`).
+
+Completions on a text model; embeddings, score and rerank on a pooling
+model. The replica's part is the same as for chat: admission (a draining or
+loading replica refuses with 503, which the gateway retries elsewhere), the
+model-name check, the per-route metrics and the token counts that the
+replica's usage reports carry. Engines without vLLM's serving code (the
+transformers engine, the fakes) refuse these routes with a clear 400.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from inferd.api.openai import sse_error
+from inferd.engines.vllm_serving import SseStream, VllmServing, Whole
+from inferd.errors import BadRequest, InferdError, ServiceUnavailable
+from inferd.http import parse_json_object, read_body
+from inferd.replica.chat import ServedModel, _unless_disconnected
+from inferd.replica.metrics import ReplicaMetrics
+from inferd.replica.state import InFlight, ReplicaState
+
+logger = logging.getLogger(__name__)
+
+Call = Callable[[VllmServing, dict[str, Any], Request], Awaitable[Whole | SseStream]]
+
+# route label -> the vLLM serving call that answers it.
+CALLS: dict[str, Call] = {
+    "completions": lambda serving, body, request: serving.completion(body, request),
+    "embeddings": lambda serving, body, request: serving.embedding(body, request),
+    "score": lambda serving, body, request: serving.score(body, request),
+    "rerank": lambda serving, body, request: serving.rerank(body, request),
+}
+
+
+class ServesOpenAI(Protocol):
+    """An engine that carries vLLM's serving objects once it has loaded."""
+
+    @property
+    def openai_serving(self) -> VllmServing | None: ...
+
+
+class VllmRouteHandler:
+    def __init__(
+        self,
+        engine: object,
+        route: str,
+        path: str,
+        state: ReplicaState,
+        metrics: ReplicaMetrics,
+        model: ServedModel,
+        max_body_bytes: int,
+    ) -> None:
+        self.engine = engine
+        self.route = route
+        self.path = path
+        self.call = CALLS[route]
+        self.state = state
+        self.metrics = metrics
+        self.model = model
+        self.max_body_bytes = max_body_bytes
+
+    def _serving(self) -> VllmServing:
+        if not hasattr(self.engine, "openai_serving"):
+            raise BadRequest(
+                f"This replica's engine does not serve {self.path}; it is answered by vLLM's "
+                "serving code (the vllm engine).",
+                code="unsupported_route",
+            )
+        serving: VllmServing | None = self.engine.openai_serving
+        if serving is None:
+            raise ServiceUnavailable(
+                "The model is still loading.", code="model_loading", retry_after=1
+            )
+        return serving
+
+    async def handle(self, request: Request) -> Response:
+        started = time.perf_counter()
+        status = 500
+        in_flight = self.state.admit()
+        streaming = False
+        try:
+            body = parse_json_object(await read_body(request, self.max_body_bytes))
+            requested = body.get("model")
+            if isinstance(requested, str):
+                self.model.check(requested)
+                if requested in self.model.aliases and requested != self.model.name:
+                    # vLLM knows the model by its served name only.
+                    body["model"] = self.model.name
+            result = await _unless_disconnected(request, self.call(self._serving(), body, request))
+            if result is None:
+                status = 499  # client closed the connection; nobody reads this
+                return Response(status_code=499)
+            if isinstance(result, SseStream):
+                streaming = True
+                status = 200
+                return StreamingResponse(
+                    self._relay(result, in_flight, started),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
+            self._count(result.usage.prompt_tokens, result.usage.completion_tokens)
+            response: Response = (
+                JSONResponse(result.body) if result.response is None else result.response
+            )
+            status = response.status_code
+            return response
+        except InferdError as exc:
+            status = exc.status
+            raise
+        finally:
+            if not streaming:
+                in_flight.release()
+                self._observe(status, started)
+
+    async def _relay(
+        self, stream: SseStream, in_flight: InFlight, started: float
+    ) -> AsyncIterator[bytes]:
+        status = 200
+        first = True
+        try:
+            async for event in stream:
+                if first:
+                    self.metrics.ttft.observe(time.perf_counter() - started)
+                    first = False
+                yield event
+        except InferdError as exc:
+            status = exc.status
+            yield sse_error(exc.message, exc.type, exc.code)
+        except Exception:
+            # Headers are gone: report in band, then end the stream cleanly.
+            logger.exception("%s stream failed", self.route)
+            status = 500
+            yield sse_error("The engine failed while generating.", "server_error", "engine_error")
+        finally:
+            await stream.aclose()
+            self._count(stream.usage.prompt_tokens, stream.usage.completion_tokens)
+            in_flight.release()
+            self._observe(status, started)
+
+    def _count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.generated_tokens.inc(completion_tokens)
+
+    def _observe(self, status: int, started: float) -> None:
+        self.metrics.requests.labels(self.route, str(status)).inc()
+        self.metrics.latency.labels(self.route).observe(time.perf_counter() - started)
