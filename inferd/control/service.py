@@ -32,6 +32,7 @@ from inferd.control.model import (
     Endpoint,
     EndpointChanges,
     EndpointGone,
+    StoreUnavailable,
     utc_now,
 )
 from inferd.control.paging import EndpointFilter, Page
@@ -243,13 +244,30 @@ class EndpointService:
         """A page of endpoints: which ones, from the store's keyset; their
         rows from this copy (as `record` answers them), or from the store for
         one this copy has not heard of yet (another instance's create)."""
-        page = await self._store.page_endpoint_ids(where, after, limit)
+        try:
+            page = await self._store.page_endpoint_ids(where, after, limit)
+        except StoreUnavailable:
+            return self._page_from_copy(where, after, limit)
         rows: list[Endpoint] = []
         for endpoint_id in page.items:
             row = self._rows.get(endpoint_id) or await self._store.get_endpoint(endpoint_id)
             if row is not None:  # None: deleted since the page was read
                 rows.append(row)
         return Page(rows, page.after)
+
+    def _page_from_copy(
+        self, where: EndpointFilter, after: int | None, limit: int
+    ) -> Page[Endpoint]:
+        """While the store is down, reads go on from this instance's copy (as
+        `record` does), as long as the answer is one whole list: a cursor is
+        a store position, which the copy does not know."""
+        matching = [row for row in self._rows.values() if where.matches(row)]
+        if after is not None or len(matching) > limit:
+            raise StoreUnavailable(
+                "The database is unreachable: only a list that fits one page can be answered "
+                "from this instance's copy meanwhile."
+            )
+        return Page(matching, None)
 
     def status_of(self, row: Endpoint) -> str:
         runtime = self.runtime_of(row.id)

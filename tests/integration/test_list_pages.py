@@ -308,6 +308,8 @@ def test_model_pages_and_filters(world: World) -> None:
     images = world.ok("GET", "/models", viewer, params={"kind": "image"})["data"]
     assert images and all(m["kind"] == "image" for m in images)
     tiny = world.ok("GET", "/models", viewer, params={"namePrefix": "tiny-"})["data"]
-    assert [m["name"] for m in tiny] == ["tiny-chat", "tiny-sdxl"]
+    # The prefix selects exactly the whole list's names that start with it.
+    assert [m["name"] for m in tiny] == [n for n in names if n.startswith("tiny-")]
+    assert {"tiny-chat", "tiny-sdxl"} <= {m["name"] for m in tiny}
     bad = world.op("GET", "/models", viewer, params={"kind": "audio"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "kind"
