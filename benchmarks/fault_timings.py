@@ -70,6 +70,9 @@ GOALS = [
     Goal("cluster: token re-issued on B refused on A", 1.0, "the change feed"),
     Goal("cluster: revoked admin key refused", 1.0, "the change feed"),
     Goal("cluster: new leader after SIGKILL", 5.0, "the failover goal (benchmarks/failover.py)"),
+    Goal("coordination: wake reached the leader", 1.0, "a held request wakes the leader at once"),
+    Goal("coordination: the lead moved after a stop", 2.0, "a clean stop hands over at once"),
+    Goal("leader: hand-over after a stop", 1.0, "a clean stop hands over at once"),
 ]
 
 QUICK_TESTS = [
@@ -83,6 +86,8 @@ FULL_TESTS = [
     "tests/reliability/test_fault_engines.py::test_client_disconnect_frees_vllm",
     "tests/e2e/test_cluster_serving.py",
     "tests/e2e/test_cluster_leader.py",
+    "tests/contract/test_coordination.py",
+    "tests/integration/test_leader_postgres.py",
 ]
 
 
