@@ -128,6 +128,18 @@ def vllm_engine_args(extra: Mapping[str, Any]) -> dict[str, Any]:
     return dict(extra)
 
 
+def import_vllm_serving_modules() -> None:
+    """Import what starting an engine and its OpenAI serving code needs.
+    Call it in a thread (`asyncio.to_thread`): the first import of vLLM takes
+    seconds to tens of seconds on a busy CPU, and on the event loop it would
+    stop the replica's status reports, which the registry reads as a hung
+    load."""
+    import vllm.engine.arg_utils
+    import vllm.entrypoints.launchers.api_server.app_state
+    import vllm.entrypoints.launchers.cli_args
+    import vllm.v1.engine.async_llm  # noqa: F401
+
+
 def keep_engine_core_with_its_workers(engine: Any) -> None:
     """On a CPU, run vLLM's engine-core process on the cores of its workers.
 
@@ -220,6 +232,7 @@ class VllmTextEngine:
         if on_cpu:
             # Read by vLLM's CPU worker (a child process) at start-up, in GiB.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._options.cpu_kv_cache_gib))
+        await asyncio.to_thread(import_vllm_serving_modules)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

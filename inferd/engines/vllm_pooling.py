@@ -21,6 +21,7 @@ from inferd.engines.vllm import (
     _LoadTracker,
     _stat_logger_factory,
     engine_args_for,
+    import_vllm_serving_modules,
     keep_engine_core_with_its_workers,
     vllm_engine_args,
 )
@@ -56,6 +57,7 @@ class VllmPoolingEngine:
         on_cpu = self._options.device == "cpu" or not _cuda_available()
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._options.cpu_kv_cache_gib))
+        await asyncio.to_thread(import_vllm_serving_modules)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
