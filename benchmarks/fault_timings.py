@@ -73,6 +73,11 @@ GOALS = [
     Goal("coordination: wake reached the leader", 1.0, "a held request wakes the leader at once"),
     Goal("coordination: the lead moved after a stop", 2.0, "a clean stop hands over at once"),
     Goal("leader: hand-over after a stop", 1.0, "a clean stop hands over at once"),
+    Goal(
+        "coordination: a follower's wake reached the leader",
+        0.2,
+        "sooner than a publishing round (0.2 s in the test's other cases)",
+    ),
 ]
 
 QUICK_TESTS = [
