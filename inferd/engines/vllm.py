@@ -140,6 +140,30 @@ def import_vllm_serving_modules() -> None:
     import vllm.v1.engine.async_llm  # noqa: F401
 
 
+async def start_async_llm(
+    engine_args: dict[str, Any], options: EngineOptions, tracker: _LoadTracker
+) -> Any:
+    """vLLM's AsyncLLM for `engine_args`, built off the event loop: importing
+    vLLM and loading the model block for seconds to minutes, and the replica
+    keeps answering /health and reporting "loading" meanwhile."""
+    on_cpu = options.device == "cpu" or not _cuda_available()
+    if on_cpu:
+        # Read by vLLM's CPU worker (a child process) at start-up, in GiB.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.cpu_kv_cache_gib))
+    await asyncio.to_thread(import_vllm_serving_modules)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = await asyncio.to_thread(
+        AsyncLLM.from_engine_args,
+        AsyncEngineArgs(**engine_args),
+        stat_loggers=[_stat_logger_factory(tracker)],
+    )
+    if on_cpu:
+        keep_engine_core_with_its_workers(engine)
+    return engine
+
+
 def keep_engine_core_with_its_workers(engine: Any) -> None:
     """On a CPU, run vLLM's engine-core process on the cores of its workers.
 
@@ -228,24 +252,8 @@ class VllmTextEngine:
         return self._openai
 
     async def start(self) -> None:
-        on_cpu = self._options.device == "cpu" or not _cuda_available()
-        if on_cpu:
-            # Read by vLLM's CPU worker (a child process) at start-up, in GiB.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._options.cpu_kv_cache_gib))
-        await asyncio.to_thread(import_vllm_serving_modules)
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        args = AsyncEngineArgs(**engine_args_for(self._model_path, self._name, self._options))
-        # Building the engine blocks for the whole load (tens of seconds);
-        # keep the event loop free so /health answers "loading" meanwhile.
-        self._engine = await asyncio.to_thread(
-            AsyncLLM.from_engine_args,
-            args,
-            stat_loggers=[_stat_logger_factory(self._tracker)],
-        )
-        if on_cpu:
-            keep_engine_core_with_its_workers(self._engine)
+        args = engine_args_for(self._model_path, self._name, self._options)
+        self._engine = await start_async_llm(args, self._options, self._tracker)
         model_config = self._engine.model_config
         self._renderer = ChatPromptRenderer.from_pretrained(self._model_path)
         self._parser_cls = vllm_parsing.parser_class(

@@ -11,18 +11,14 @@ load and health, and shuts down.
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 from inferd.engines.base import EngineLoad, EngineOptions, PoolingModelInfo
 from inferd.engines.vllm import (
-    _cuda_available,
     _LoadTracker,
-    _stat_logger_factory,
     engine_args_for,
-    import_vllm_serving_modules,
-    keep_engine_core_with_its_workers,
+    start_async_llm,
     vllm_engine_args,
 )
 from inferd.engines.vllm_serving import VllmServing
@@ -54,19 +50,8 @@ class VllmPoolingEngine:
         return self._openai
 
     async def start(self) -> None:
-        on_cpu = self._options.device == "cpu" or not _cuda_available()
-        if on_cpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._options.cpu_kv_cache_gib))
-        await asyncio.to_thread(import_vllm_serving_modules)
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        args = AsyncEngineArgs(**pooling_engine_args(self._model_path, self._name, self._options))
-        self._engine = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, args, stat_loggers=[_stat_logger_factory(self._tracker)]
-        )
-        if on_cpu:
-            keep_engine_core_with_its_workers(self._engine)
+        args = pooling_engine_args(self._model_path, self._name, self._options)
+        self._engine = await start_async_llm(args, self._options, self._tracker)
         self._openai = await VllmServing.build(self._engine, self._model_path, [self._name])
         self._info = PoolingModelInfo(
             name=self._name,
