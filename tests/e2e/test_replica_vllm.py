@@ -193,7 +193,7 @@ def test_client_disconnect_aborts_in_vllm(vllm_replica: ReplicaHandle) -> None:
 
 def test_health_and_metrics(vllm_replica: ReplicaHandle) -> None:
     health = httpx.get(vllm_replica.url + "/health").json()
-    assert health == {"status": "ready", "model": "tiny-chat", "reason": None}
+    assert health == {"status": "ready", "model": "tiny-chat", "engine": "vllm", "reason": None}
     text = httpx.get(vllm_replica.url + "/metrics").text
     for name in (
         "inferd_requests_total",
