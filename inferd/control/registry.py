@@ -52,8 +52,13 @@ _FORWARD = {
     ReplicaStatus.FAILED: 4,
 }
 # A replica still coming up is failed for silence only after this many
-# times the silence that fails a ready one.
+# times the silence that fails a ready one, and never before the floor:
+# loading an engine on a busy CPU can hold a replica's event loop for
+# seconds whatever the health period (5 s at a 0.5 s period was seen to fail
+# replicas that were loading normally), and a loading replica takes no
+# traffic, so waiting longer costs nothing but the time to notice a hang.
 LOADING_SILENCE_FACTOR = 5
+LOADING_SILENCE_FLOOR_S = 30.0
 # Statuses the control plane sets that a replica's own report cannot undo.
 _STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
 
@@ -471,7 +476,7 @@ class Registry:
                 # period late are common), and it takes no traffic yet.
                 last = replica.last_report_at or replica.created_at
                 limit = (
-                    silent_limit * LOADING_SILENCE_FACTOR
+                    max(silent_limit * LOADING_SILENCE_FACTOR, LOADING_SILENCE_FLOOR_S)
                     if replica.last_report_at
                     else self._start_timeout
                 )

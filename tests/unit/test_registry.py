@@ -10,6 +10,7 @@ import pytest
 
 from inferd.control.registry import (
     LOADING_SILENCE_FACTOR,
+    LOADING_SILENCE_FLOOR_S,
     Registry,
     Replica,
     ReportRejected,
@@ -154,7 +155,10 @@ def test_a_loading_replica_is_failed_for_silence_only_later_than_a_ready_one() -
     report(registry, "loading")
     clock.now += 3.1  # would fail a ready replica (3 periods of 1 s)
     assert registry.check_liveness() == []
-    clock.now += 3 * LOADING_SILENCE_FACTOR - 3.1 + 0.1
+    limit = max(3 * LOADING_SILENCE_FACTOR, LOADING_SILENCE_FLOOR_S)
+    clock.now += limit - 3.1 - 0.2  # just short of the loading limit
+    assert registry.check_liveness() == []
+    clock.now += 0.3
     (failed,) = registry.check_liveness()
     assert "no report for" in (failed.reason or "") and "while loading" in (failed.reason or "")
 
