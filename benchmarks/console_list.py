@@ -37,8 +37,8 @@ import httpx
 from common import ms, percentile, print_table, write_report
 
 from inferd.api.management import CreateEndpointRequest
+from inferd.control.endpoints.records import EndpointRuntime, ReplicaStatus, ReplicaView
 from inferd.control.fakes import FakeLauncher
-from inferd.control.records import EndpointRuntime, ReplicaStatus, ReplicaView
 from inferd.server.app import create_app
 from inferd.server.compose import build
 from inferd.settings import load_settings

@@ -39,7 +39,7 @@ import httpx
 from common import load_average, percentile, print_table, process_cpu_seconds, write_report
 
 from inferd.testing import ServeHandle, free_port, open_loop
-from inferd.testing_postgres import start_postgres
+from inferd.testing.postgres import start_postgres
 
 ADMIN_KEY_RE = re.compile(r"infd_admin_[0-9A-Za-z]{38}")
 # Many connections: requests keep coming while an instance is down.

@@ -47,7 +47,7 @@ from typing import Any
 
 from common import LoadResult, chat_rounds, pooled, print_table, wait_http_ok, write_report
 
-from inferd.control.tokens import new_endpoint_token
+from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port
 
 ENDPOINT_ID = "bench-endpoint"

@@ -166,7 +166,7 @@ def main() -> int:
         return 0
 
     from inferd.testing import free_port
-    from inferd.testing_postgres import start_postgres
+    from inferd.testing.postgres import start_postgres
 
     postgres = start_postgres()
     procs: list[subprocess.Popen[bytes]] = []

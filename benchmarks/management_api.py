@@ -9,7 +9,7 @@ and `GET /inference/endpoints` are served by:
   member's management key instead of the operator key, so that the principal
   resolution and the project and role checks are on the path;
 - inferd-pg: the same app on PostgreSQL (a throwaway server started here,
-  see `inferd.testing_postgres`), holding the very same endpoints;
+  see `inferd.testing.postgres`), holding the very same endpoints;
 - bare: a Starlette app with no auth that returns the very same JSON
   documents from a dict in memory.
 
@@ -42,7 +42,7 @@ import httpx
 from common import LoadResult, percentile, print_table, wait_http_ok, write_report
 
 from inferd.testing import free_port
-from inferd.testing_postgres import start_postgres
+from inferd.testing.postgres import start_postgres
 
 ADMIN_KEY = "bench-admin-key-0123456789"
 # Records embed it (url, exampleCommand); fixed so both servers' JSON agree.

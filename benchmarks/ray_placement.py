@@ -52,7 +52,7 @@ from common import chat_body, load_average, one_chat, print_table, write_report
 
 from inferd import procfs
 from inferd.testing import ServeHandle
-from inferd.testing_cluster import NODE_IP, FakeNode, LocalCluster, start_cluster
+from inferd.testing.cluster import NODE_IP, FakeNode, LocalCluster, start_cluster
 
 GOAL_RATIO = 1.15
 NAMESPACE = "inferd-bench"

@@ -34,11 +34,11 @@ from typing import Any
 
 from common import ms, percentile, print_table, write_report
 
-from inferd.control.endpoint_rows import FollowedEndpoints
+from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
 from inferd.control.fakes import FakeLauncher, FakeLoad
 from inferd.control.model import Endpoint
-from inferd.control.reconciler import Reconciler, ReconcilerSettings
-from inferd.control.registry import Registry
+from inferd.control.replicas.reconciler import Reconciler, ReconcilerSettings
+from inferd.control.replicas.registry import Registry
 from inferd.control.stores.sqlite import SqliteStore
 from inferd.replica.config import ModelSource
 from inferd.vocab import ModelKind

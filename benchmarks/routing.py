@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 from common import percentile, print_table, stop_process_group, wait_http_ok, write_report
 
-from inferd.control.tokens import new_endpoint_token
+from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port
 
 MODEL = "bench-llama-25m"

@@ -23,15 +23,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from inferd.catalog.roots import ModelRoots
-from inferd.control.autoscaler import (
+from inferd.control.replicas.autoscaler import (
     DOWNSCALE_DELAY_S,
     TARGET_CONCURRENCY,
     TARGET_ENGINE_WAITING,
     TARGET_KV_CACHE_USAGE,
     UPSCALE_DELAY_S,
 )
-from inferd.control.reconciler import ReconcilerSettings
-from inferd.control.registry import RegistrySettings
+from inferd.control.replicas.reconciler import ReconcilerSettings
+from inferd.control.replicas.registry import RegistrySettings
 from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir

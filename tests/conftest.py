@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferd.testing import LoopThread, ReplicaHandle
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     """One real PostgreSQL server for the session (a fresh database per test:
     `postgres_server.create_database()`). Skipped where PostgreSQL is not
     installed, a failure when `CI` is set."""
-    from inferd.testing_postgres import find_postgres_bin, start_postgres
+    from inferd.testing.postgres import find_postgres_bin, start_postgres
 
     require("postgresql", "the PostgreSQL store's tests run against a real server")
     bin_dir = find_postgres_bin()
@@ -144,7 +144,7 @@ RAY_NODES = {
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     require("ray", "the Ray launcher's tests need a Ray cluster")
-    from inferd.testing_cluster import FakeNode, start_cluster
+    from inferd.testing.cluster import FakeNode, start_cluster
 
     cluster = start_cluster({name: FakeNode(*spec) for name, spec in RAY_NODES.items()})
     try:

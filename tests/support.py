@@ -49,7 +49,7 @@ def _chromium() -> bool:
 
 
 def _postgres() -> bool:
-    from inferd.testing_postgres import find_postgres_bin
+    from inferd.testing.postgres import find_postgres_bin
 
     return find_postgres_bin() is not None
 

@@ -4,7 +4,7 @@ Requests are strict (a string where an integer belongs is a 400, not a
 coercion) and closed (an unknown field is a 400: a misspelt `maxReplica`
 must not be silently dropped). Responses are described here for the OpenAPI
 document; the server builds read responses as plain dicts of exactly this
-shape (`inferd.control.records`), and tests hold the two together.
+shape (`inferd.control.endpoints.records`), and tests hold the two together.
 
 Every integer has an upper bound: the store's integers are 64-bit, and an
 unbounded number must be a 400, never an overflow.

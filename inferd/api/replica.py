@@ -2,7 +2,7 @@
 
 Both sides use these models: the replica builds its reports with them
 (`inferd.replica.reporter`) and the registry's route parses them
-(`inferd.control.registry_api`), so a field cannot mean one thing on one side
+(`inferd.control.replicas.registry_api`), so a field cannot mean one thing on one side
 and another on the other. Strict: a count that is a string, a status not in
 the vocabulary, a negative number is refused (400), never coerced. Fields a
 newer replica adds are ignored, so replicas and control plane can be upgraded

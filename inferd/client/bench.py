@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from inferd.catalog.registered import ProfilePoint
-from inferd.control.records import example_path
+from inferd.control.endpoints.records import example_path
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inferd.control.timeseries import Point
+from inferd.control.metrics.timeseries import Point
 
 WIDTH = 320
 HEIGHT = 80

@@ -19,10 +19,10 @@ from inferd.catalog.recommend import GpuOption, Recommendation
 from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
+from inferd.control.endpoints.service import EndpointService
+from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model import Endpoint as EndpointRow
-from inferd.control.scale_events import ScaleEvent
-from inferd.control.service import EndpointService
-from inferd.control.timeseries import EndpointSeries
+from inferd.control.replicas.scale_events import ScaleEvent
 
 
 @dataclass(frozen=True)

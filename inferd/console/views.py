@@ -8,8 +8,8 @@ import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from inferd.control.endpoints.records import EndpointRuntime, ReplicaStatus, derive_status
 from inferd.control.model import Endpoint as EndpointRow
-from inferd.control.records import EndpointRuntime, ReplicaStatus, derive_status
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from inferd.console.security import (
 )
 from inferd.console.sources import ConsoleSources
 from inferd.control.accounts.roles import Action
-from inferd.control.tokens import ENDPOINT_TOKEN_PREFIX
+from inferd.control.endpoints.tokens import ENDPOINT_TOKEN_PREFIX
 from inferd.errors import InferdError, NotFound
 
 TEMPLATES = Path(__file__).parent / "templates"

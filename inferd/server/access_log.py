@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from inferd.control.registry_api import REGISTRY_PATH
+from inferd.control.replicas.registry_api import REGISTRY_PATH
 
 REPORT_PATH_PREFIX = REGISTRY_PATH + "/replicas/"
 

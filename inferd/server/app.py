@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
 from inferd.catalog import Catalog
-from inferd.control.registry_api import ReplicaCollector, report_route
+from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
 from inferd.http_errors import EXCEPTION_HANDLERS

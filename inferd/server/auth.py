@@ -5,7 +5,7 @@ user's (the per-request middleware is `inferd.server.access.ResolvePrincipal`).
 The key is either supplied by the operator (`--admin-key`, `INFERD_ADMIN_KEY`,
 config file) and then never stored by inferd, or generated on first start,
 printed once by `inferd serve`, and stored only as its SHA-256 digest (see
-`inferd.control.tokens` for why a fast hash is right for random keys).
+`inferd.control.endpoints.tokens` for why a fast hash is right for random keys).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import hmac
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from inferd.control.follow import follow
-from inferd.control.model import Change, ChangeKind, utc_now
-from inferd.control.ports import AdminKeyStore
-from inferd.control.tokens import (
+from inferd.control.endpoints.tokens import (
     hash_token,
     new_admin_key,
 )
+from inferd.control.follow import follow
+from inferd.control.model import Change, ChangeKind, utc_now
+from inferd.control.ports import AdminKeyStore
 
 MIN_OPERATOR_KEY_LEN = 16
 

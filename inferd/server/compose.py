@@ -56,27 +56,27 @@ from inferd.control.cluster.loadshare import max_age
 from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
-from inferd.control.endpoint_rows import FollowedEndpoints
+from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
+from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.tokens import TokenVerifier
+from inferd.control.endpoints.views import EndpointDirectory, ReplicaViews
 from inferd.control.launchers.inventory import (
     detect_gpus,
     match_gpu_type,
     parse_declared_gpu_types,
 )
 from inferd.control.launchers.local import LocalLauncher
-from inferd.control.load import MergedLoad
+from inferd.control.metrics.series_feed import AnsweredRequests, SeriesSampler
+from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
-from inferd.control.reconciler import Reconciler
-from inferd.control.registry import Registry
-from inferd.control.replica_mirror import ReplicaMirror
-from inferd.control.scale_events import ScaleJournal
-from inferd.control.series_feed import AnsweredRequests, SeriesSampler
-from inferd.control.service import EndpointService
+from inferd.control.replicas.load import MergedLoad
+from inferd.control.replicas.reconciler import Reconciler
+from inferd.control.replicas.registry import Registry
+from inferd.control.replicas.replica_mirror import ReplicaMirror
+from inferd.control.replicas.scale_events import ScaleJournal
 from inferd.control.signals import Wakeup
 from inferd.control.stores import open_store
-from inferd.control.timeseries import EndpointSeries
-from inferd.control.tokens import TokenVerifier
-from inferd.control.views import EndpointDirectory, ReplicaViews
 from inferd.gateway.app import Gateway
 from inferd.gateway.state import GatewayState
 from inferd.replica.config import ModelSource, model_source

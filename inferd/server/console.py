@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from inferd.console.app import Console
 from inferd.console.sources import ConsoleSources, ReplicaLine
-from inferd.control.registry import Registry
+from inferd.control.replicas.registry import Registry
 from inferd.server.compose import Server
 
 

@@ -32,11 +32,11 @@ from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
 from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.roles import Action, Principal, authorize
 from inferd.control.accounts.service import project_missing
+from inferd.control.endpoints.service import EndpointService, render_json
 from inferd.control.model import utc_now_text
 from inferd.control.model_service import ModelService
 from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Capacity
-from inferd.control.service import EndpointService, render_json
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target

@@ -20,7 +20,7 @@ import pytest
 
 from inferd import procfs
 from inferd.testing import ServeHandle
-from inferd.testing_cluster import LocalCluster, wait_until
+from inferd.testing.cluster import LocalCluster, wait_until
 
 NAMESPACE = "inferd-test-faults"
 ADOPT_NS = "inferd-test-adopt"
@@ -276,7 +276,7 @@ def test_a_lost_node_is_noticed_and_its_replica_replaced_on_another(
     """The us-east node holding the replica leaves the cluster: the replica
     is failed naming the node, its process is gone, and the replacement
     runs on the other us-east node."""
-    from inferd.testing_cluster import NODE_IP
+    from inferd.testing.cluster import NODE_IP
 
     endpoint = create(serve, locationName="us-east", gpuType="H100-80GB", gpuCount=1)
     removed: str | None = None
@@ -296,7 +296,7 @@ def test_a_lost_node_is_noticed_and_its_replica_replaced_on_another(
     finally:
         delete(serve, endpoint["id"])
         if removed is not None:
-            from inferd.testing_cluster import FakeNode
+            from inferd.testing.cluster import FakeNode
             from tests.conftest import RAY_NODES
 
             ray_cluster.add(removed, FakeNode(*RAY_NODES[removed]))

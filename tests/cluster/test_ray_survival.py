@@ -25,7 +25,7 @@ from inferd import procfs
 from inferd.engines.fake import FAKE_ENGINE_CORE
 from inferd.replica.groups import REAPER_NAME
 from inferd.testing import ServeHandle, open_loop
-from inferd.testing_cluster import FakeNode, LocalCluster, start_cluster, wait_until
+from inferd.testing.cluster import FakeNode, LocalCluster, start_cluster, wait_until
 
 NAMESPACE = "inferd-test-survival"
 SETTINGS = {

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from inferd.testing import ServeHandle
-from inferd.testing_cluster import LocalCluster
+from inferd.testing.cluster import LocalCluster
 from tests.support import needs
 
 pytestmark = [needs("vllm"), pytest.mark.slow]
@@ -92,7 +92,7 @@ def test_a_vllm_replica_placed_by_ray_answers_the_openai_client(
 
     from inferd import procfs
     from inferd.replica.groups import group_members
-    from inferd.testing_cluster import wait_until
+    from inferd.testing.cluster import wait_until
 
     serve.stop(signal.SIGKILL)  # nobody replaces it: this test ends here
     tree = group_members(info["pid"])

@@ -20,7 +20,7 @@ from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
 from inferd.control.ports import LoadSample
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 from tests.timings import HANG_S, record_timing
 
 FAST = LeaseSettings(retry_s=0.1, check_s=0.2, check_timeout_s=1.0)

@@ -91,7 +91,7 @@ class RayHarness(LocalHarness):
 
     def launcher(self, slots: int) -> Launcher:
         from inferd.control.launchers.ray_launcher import RayLauncher
-        from inferd.testing_cluster import FakeNode
+        from inferd.testing.cluster import FakeNode
 
         self.node = f"contract-{self.tmp_path.name}"
         self.cluster.add(self.node, FakeNode("local", None, 0, cpu_slots=slots))

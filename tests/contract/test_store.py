@@ -35,7 +35,7 @@ from inferd.control.model import (
 from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Store
 from inferd.control.stores import open_store
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 from tests.records import T0
 from tests.records import endpoint_row as endpoint
 from tests.records import replica_record as replica

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from inferd.testing import ServeHandle
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 from tests.timings import HANG_S, record_timing
 
 

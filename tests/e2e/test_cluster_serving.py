@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
-from inferd.control.tokens import hash_token, new_admin_key
+from inferd.control.endpoints.tokens import hash_token, new_admin_key
 from inferd.testing import ServeHandle, free_port, open_loop
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 from tests.timings import HANG_S, record_timing
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from inferd.testing import ServeHandle, free_port
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 from tests.support import needs
 
 pytestmark = [needs("vllm"), pytest.mark.slow]

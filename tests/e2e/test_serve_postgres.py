@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from inferd.testing import ServeHandle, free_port
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
 

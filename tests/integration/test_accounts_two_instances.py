@@ -18,7 +18,7 @@ from inferd.control.fakes import FakeLauncher
 from inferd.server.app import create_app
 from inferd.server.compose import build
 from inferd.settings import load_settings
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 
 OPERATOR = "two-instances-operator-key-0123"
 FEED_DELAY_S = 3.0  # the SQLite change log is polled every 0.5 s

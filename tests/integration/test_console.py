@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from inferd.control.fakes import FakeLauncher
-from inferd.control.registry import Replica
+from inferd.control.replicas.registry import Replica
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
@@ -389,7 +389,7 @@ def test_list_rows_agree_with_the_api_records(client: TestClient, plane: Server)
     """The list builds its rows from the stored row and replicas directly
     (cheaper than the record); both must say the same."""
     from inferd.console.views import row_view_of
-    from inferd.control.records import EndpointRuntime, ReplicaStatus, ReplicaView
+    from inferd.control.endpoints.records import EndpointRuntime, ReplicaStatus, ReplicaView
 
     csrf = sign_in(client)
     endpoint_id = create(client, csrf, location="us-east", option="L4:1")
@@ -413,7 +413,7 @@ def test_list_rows_agree_with_the_api_records(client: TestClient, plane: Server)
 
 
 def test_endpoint_page_shows_the_engines_cache_figures(client: TestClient, plane: Server) -> None:
-    from inferd.control.registry import Replica, secret_digest
+    from inferd.control.replicas.registry import Replica, secret_digest
     from inferd.testing import replica_report
 
     endpoint_id = create(client, sign_in(client))
@@ -447,7 +447,7 @@ def test_the_playground_tries_embedding_and_rerank_endpoints(client: TestClient)
 
 def test_endpoint_page_shows_where_each_replica_runs(client: TestClient, plane: Server) -> None:
     from inferd.control.ports import ReplicaHandle
-    from inferd.control.registry import Replica, secret_digest
+    from inferd.control.replicas.registry import Replica, secret_digest
 
     endpoint_id = create(client, sign_in(client))
     node = "10.0.0.7 (3f2a9c0d11aa)"

@@ -17,7 +17,7 @@ import uvicorn
 from schemathesis import GenerationMode
 from starlette.applications import Starlette
 
-from inferd.control.tokens import new_endpoint_token
+from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.openapi import gateway_openapi

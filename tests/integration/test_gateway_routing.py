@@ -17,7 +17,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from inferd.control.tokens import new_endpoint_token
+from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.routing import Policy

@@ -19,7 +19,7 @@ from inferd.control.cluster.postgres import Postgres, check_term_sync, fenced, r
 from inferd.control.model import StoreUnavailable
 from inferd.control.ports import Store
 from inferd.control.stores import open_store
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 from tests.records import T0, endpoint_row, replica_record
 from tests.timings import HANG_S, record_timing
 

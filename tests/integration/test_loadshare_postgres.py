@@ -12,7 +12,7 @@ from inferd.control.cluster import postgres as loadshare
 from inferd.control.cluster.lease import LeaseSettings
 from inferd.control.cluster.loadshare import LocalLoad, max_age, remote_samples
 from inferd.control.cluster.postgres import WAKE_CHANNEL, Postgres
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ from inferd.api.management import (
     ReplicaStatusName,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.control.endpoints.tokens import is_well_formed
 from inferd.control.fakes import FakeLauncher
-from inferd.control.tokens import is_well_formed
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings

@@ -15,8 +15,8 @@ from starlette.testclient import TestClient
 from inferd.cli import main
 from inferd.client import cli as client_cli
 from inferd.client.api import ManagementClient
+from inferd.control.endpoints.tokens import is_well_formed
 from inferd.control.fakes import FakeLauncher
-from inferd.control.tokens import is_well_formed
 from inferd.server.app import create_app
 from inferd.server.compose import build
 from inferd.settings import load_settings

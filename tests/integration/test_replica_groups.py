@@ -17,7 +17,7 @@ from inferd.engines.fake import FAKE_ENGINE_CORE
 from inferd.replica import groups
 from inferd.replica.groups import REAPER_NAME
 from inferd.testing import ReplicaHandle
-from inferd.testing_cluster import wait_until
+from inferd.testing.cluster import wait_until
 
 
 def _named(name: str, group: int) -> list[int]:

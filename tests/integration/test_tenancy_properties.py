@@ -39,7 +39,7 @@ from inferd.control.fakes import FakeLauncher
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
-from inferd.testing_postgres import PostgresServer
+from inferd.testing.postgres import PostgresServer
 
 OPERATOR_KEY = "tenancy-properties-operator-key-0123"
 _examples = itertools.count()

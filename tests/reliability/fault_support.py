@@ -24,7 +24,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from inferd import procfs
-from inferd.control.tokens import new_endpoint_token
+from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings

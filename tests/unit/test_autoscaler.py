@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferd.control.autoscaler import (
+from inferd.control.replicas.autoscaler import (
     Decision,
     Observations,
     ScalerState,
@@ -141,7 +141,7 @@ ENGINE_CASES = [
     ids=[case[0] for case in ENGINE_CASES],
 )
 def test_engine_signals(observations: Observations, target: int, reason: str) -> None:
-    from inferd.control.autoscaler import target_replicas
+    from inferd.control.replicas.autoscaler import target_replicas
 
     got, why = target_replicas(S, observations, 100.0)
     assert got == target and reason in why, why
@@ -150,7 +150,7 @@ def test_engine_signals(observations: Observations, target: int, reason: str) ->
 def test_engine_signals_can_be_turned_off() -> None:
     from dataclasses import replace
 
-    from inferd.control.autoscaler import target_replicas
+    from inferd.control.replicas.autoscaler import target_replicas
 
     off = replace(S, target_kv_cache_usage=None, target_engine_waiting=None)
     assert target_replicas(off, engine(2, 2, kv=0.95, waiting=9), 100.0)[0] == 1

@@ -11,8 +11,8 @@ import pytest
 from inferd.console.costs import Envelope, SettingsChange, cost_so_far
 from inferd.console.live import LiveBoard
 from inferd.console.views import RowView, ids_signature, matches
-from inferd.control.scale_events import ScaleCause, ScaleJournal, classify
-from inferd.control.timeseries import EndpointSeries, ReplicaTotals, percentile
+from inferd.control.metrics.timeseries import EndpointSeries, ReplicaTotals, percentile
+from inferd.control.replicas.scale_events import ScaleCause, ScaleJournal, classify
 
 
 @pytest.mark.parametrize(

@@ -77,8 +77,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_scan_sees_the_package() -> None:
     graph = import_graph()
-    assert "inferd.control.reconciler" in graph
-    assert "inferd.control.ports" in graph["inferd.control.reconciler"]
+    assert "inferd.control.replicas.reconciler" in graph
+    assert "inferd.control.ports" in graph["inferd.control.replicas.reconciler"]
 
 
 def test_no_import_cycles() -> None:

@@ -14,7 +14,7 @@ from inferd.control.accounts.plane import ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.service import AccountService
-from inferd.control.records import ReplicaView, derive_status
+from inferd.control.endpoints.records import ReplicaView, derive_status
 from tests.unit.test_reconciler import World, endpoint
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ from inferd.control.cluster.ports import Deposed
 from inferd.control.fakes import FakeLauncher, FakeLoad
 from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.ports import ExitReason, ReplicaExit
-from inferd.control.reconciler import Reconciler, ReconcilerSettings
-from inferd.control.registry import Registry
+from inferd.control.replicas.reconciler import Reconciler, ReconcilerSettings
+from inferd.control.replicas.registry import Registry
 from inferd.control.stores.memory import MemoryStore
 from inferd.replica.config import ModelSource
 from inferd.testing import replica_report
@@ -223,7 +223,7 @@ async def test_replicas_lost_while_serving_are_replaced_at_once_and_not_failed()
     """Both ready replicas go with their node: replacements are launched in
     the same pass (no crash-loop backoff), and until one is ready the record
     says initializing with why, never failed."""
-    from inferd.control.records import ReplicaView, derive_status
+    from inferd.control.endpoints.records import ReplicaView, derive_status
 
     w = await World(endpoint(min_replicas=2)).open()
     await w.tick()

@@ -8,8 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from inferd.control.model import Endpoint, parse_rfc3339
-from inferd.control.records import (
+from inferd.control.endpoints.records import (
     DerivedStatus,
     ReplicaFailure,
     ReplicaView,
@@ -17,6 +16,7 @@ from inferd.control.records import (
     derive_status,
     example_command,
 )
+from inferd.control.model import Endpoint, parse_rfc3339
 from inferd.vocab import EndpointStatus, ReplicaStatus
 
 ROW = Endpoint(

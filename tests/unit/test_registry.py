@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferd.control.registry import (
+from inferd.control.replicas.registry import (
     LOADING_SILENCE_FACTOR,
     LOADING_SILENCE_FLOOR_S,
     Registry,
@@ -221,7 +221,7 @@ def test_a_malformed_report_is_a_400_in_the_error_shape(body: bytes) -> None:
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    from inferd.control.registry_api import REGISTRY_PATH, report_route
+    from inferd.control.replicas.registry_api import REGISTRY_PATH, report_route
     from inferd.http_errors import EXCEPTION_HANDLERS
 
     registry, _ = make(Clock())
@@ -247,7 +247,7 @@ def test_a_report_without_the_secret_is_401_before_its_body_is_read() -> None:
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    from inferd.control.registry_api import REGISTRY_PATH, report_route
+    from inferd.control.replicas.registry_api import REGISTRY_PATH, report_route
     from inferd.http_errors import EXCEPTION_HANDLERS
 
     registry, _ = make(Clock())
@@ -268,7 +268,7 @@ def test_a_report_without_the_secret_is_401_before_its_body_is_read() -> None:
 def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from inferd.control.registry_api import ReplicaCollector
+    from inferd.control.replicas.registry_api import ReplicaCollector
 
     registry, _ = make(Clock())
     registry.add(replica("r1"))

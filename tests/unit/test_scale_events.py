@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.control.scale_events import ScaleCause
+from inferd.control.replicas.scale_events import ScaleCause
 from tests.unit.test_reconciler import World, endpoint
 
 pytestmark = pytest.mark.anyio

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from inferd.control.registry import Registry, Replica, ReplicaLoad, secret_digest
-from inferd.control.series_feed import AnsweredRequests, SeriesSampler
-from inferd.control.timeseries import EndpointSeries
+from inferd.control.metrics.series_feed import AnsweredRequests, SeriesSampler
+from inferd.control.metrics.timeseries import EndpointSeries
+from inferd.control.replicas.registry import Registry, Replica, ReplicaLoad, secret_digest
 from inferd.vocab import ReplicaStatus
 
 NOW = 1_800_000_000.0  # a multiple of 60

@@ -12,10 +12,10 @@ import pytest
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import load_catalog
+from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.model import StoreUnavailable
-from inferd.control.service import EndpointService
 from inferd.control.stores.memory import MemoryStore
-from inferd.control.tokens import TokenVerifier
 
 CATALOG = load_catalog()
 

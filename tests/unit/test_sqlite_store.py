@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from inferd.control.endpoints.tokens import hash_token, new_endpoint_token
 from inferd.control.model import Endpoint, EndpointChanges, SchemaTooNew, parse_rfc3339
 from inferd.control.stores import open_store, sqlite_path
 from inferd.control.stores.sqlite import SqliteStore, migrations
 from inferd.control.stores.sqlite.migrations import Migration, latest_version, migrate
-from inferd.control.tokens import hash_token, new_endpoint_token
 from tests.records import endpoint_row
 
 NOW = "2025-01-01T00:00:00.000Z"

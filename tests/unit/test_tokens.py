@@ -11,10 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from inferd.control import tokens
-from inferd.control.model import Change, ChangeKind, Endpoint, utc_now
-from inferd.control.stores.memory import MemoryStore
-from inferd.control.tokens import (
+from inferd.control.endpoints import tokens
+from inferd.control.endpoints.tokens import (
     ADMIN_KEY_PREFIX,
     ENDPOINT_TOKEN_PREFIX,
     TokenVerifier,
@@ -23,6 +21,8 @@ from inferd.control.tokens import (
     new_admin_key,
     new_endpoint_token,
 )
+from inferd.control.model import Change, ChangeKind, Endpoint, utc_now
+from inferd.control.stores.memory import MemoryStore
 from inferd.redact import RedactingFilter, install_redaction, redact
 
 

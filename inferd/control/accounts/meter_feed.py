@@ -17,7 +17,7 @@ from inferd.control.accounts.metering import (
     UsageMeter,
 )
 from inferd.control.accounts.model import utc_now
-from inferd.control.registry import Registry, Replica
+from inferd.control.replicas.registry import Registry, Replica
 
 SAMPLE_PERIOD_S = 1.0
 

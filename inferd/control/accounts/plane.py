@@ -23,7 +23,7 @@ from inferd.control.accounts.quota import EndpointShape, cap_replicas, capped_re
 from inferd.control.accounts.service import AccountService
 from inferd.control.follow import follow
 from inferd.control.model import Change, ChangeKind
-from inferd.control.registry import Replica
+from inferd.control.replicas.registry import Replica
 
 logger = logging.getLogger(__name__)
 

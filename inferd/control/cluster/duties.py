@@ -24,8 +24,8 @@ from inferd.control.accounts.meter_feed import MeterFeed
 from inferd.control.cluster.ports import Coordination, Deposed, LeaderDuties
 from inferd.control.model import Change, ChangeKind, Endpoint, ReplicaRecord
 from inferd.control.ports import Launcher, ScaleSignals
-from inferd.control.reconciler import Reconciler
-from inferd.control.registry import Registry
+from inferd.control.replicas.reconciler import Reconciler
+from inferd.control.replicas.registry import Registry
 
 logger = logging.getLogger(__name__)
 

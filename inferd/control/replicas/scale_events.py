@@ -39,7 +39,7 @@ class ScaleEvent:
 def classify(reason: str, previous: int, desired: int) -> ScaleCause:
     """The cause of a change of desired replicas, from the decision's reason.
 
-    The autoscaler's reasons (see `inferd.control.autoscaler`): "replica
+    The autoscaler's reasons (see `inferd.control.replicas.autoscaler`): "replica
     bounds changed" and "minReplicas" follow a settings change; "idle past
     the retention period" is scale to zero; request counts and "traffic
     within the retention period" are load.

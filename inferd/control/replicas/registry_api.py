@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd.api.replica import ReplicaReport
-from inferd.control.engine_figures import EndpointEngines, engine_families
-from inferd.control.registry import Registry, ReportRejected
+from inferd.control.replicas.engine_figures import EndpointEngines, engine_families
+from inferd.control.replicas.registry import Registry, ReportRejected
 from inferd.errors import error_body
 from inferd.gateway.auth import bearer_token
 from inferd.http import read_body, validation_error_to_bad_request

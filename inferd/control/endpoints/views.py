@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from inferd.control.endpoints.records import EndpointRuntime, ReplicaFailure, ReplicaView
 from inferd.control.model import Endpoint
-from inferd.control.records import EndpointRuntime, ReplicaFailure, ReplicaView
-from inferd.control.registry import Registry
+from inferd.control.replicas.registry import Registry
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 
 

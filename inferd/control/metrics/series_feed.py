@@ -1,4 +1,4 @@
-"""What feeds the per-minute endpoint series (`inferd.control.timeseries`).
+"""What feeds the per-minute endpoint series (`inferd.control.metrics.timeseries`).
 
 Two feeds, built at different points of the composition: `AnsweredRequests`
 before the gateway's state (its metrics tell it of every answered request),
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from inferd.control.registry import Registry
-from inferd.control.timeseries import EndpointSeries, ReplicaTotals
+from inferd.control.metrics.timeseries import EndpointSeries, ReplicaTotals
+from inferd.control.replicas.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,14 @@ from typing import Any, Protocol
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
 from inferd.control.accounts.model import DEFAULT_PROJECT
+from inferd.control.endpoints.placement import Placement, resolve_placement
+from inferd.control.endpoints.records import (
+    DEFAULT_IMAGE_SIZE,
+    EndpointRuntime,
+    build_record,
+    derive_status,
+)
+from inferd.control.endpoints.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.control.follow import follow
 from inferd.control.model import (
     Change,
@@ -36,15 +44,7 @@ from inferd.control.model import (
     utc_now,
 )
 from inferd.control.paging import EndpointFilter, Page
-from inferd.control.placement import Placement, resolve_placement
 from inferd.control.ports import Capacity, EndpointStore, TokenStore
-from inferd.control.records import (
-    DEFAULT_IMAGE_SIZE,
-    EndpointRuntime,
-    build_record,
-    derive_status,
-)
-from inferd.control.tokens import TokenVerifier, hash_token, new_endpoint_token
 from inferd.errors import BadRequest, Conflict, NotFound
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from inferd.control.model import Change, ChangeKind, ReplicaRecord, StoreUnavailable
 from inferd.control.ports import ReplicaHandle
-from inferd.control.registry import Registry, Replica
+from inferd.control.replicas.registry import Registry, Replica
 from inferd.vocab import ReplicaStatus
 
 logger = logging.getLogger(__name__)

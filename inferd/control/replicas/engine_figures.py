@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
 
-from inferd.control.registry import ReplicaLoad
+from inferd.control.replicas.registry import ReplicaLoad
 
 
 @dataclass

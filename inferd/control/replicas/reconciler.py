@@ -37,18 +37,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferd.control.autoscaler import (
-    DOWNSCALE_DELAY_S,
-    TARGET_CONCURRENCY,
-    TARGET_ENGINE_WAITING,
-    TARGET_KV_CACHE_USAGE,
-    UPSCALE_DELAY_S,
-    Observations,
-    ScalerState,
-    ScalingSettings,
-    decide,
-)
 from inferd.control.cluster.ports import Deposed
+from inferd.control.endpoints.records import ReplicaFailure
 from inferd.control.model import ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,
@@ -60,9 +50,19 @@ from inferd.control.ports import (
     ReplicaHandle,
     RequestAborter,
 )
-from inferd.control.records import ReplicaFailure
-from inferd.control.registry import Registry, Replica, secret_digest
-from inferd.control.scale_events import ScaleCause, ScaleJournal
+from inferd.control.replicas.autoscaler import (
+    DOWNSCALE_DELAY_S,
+    TARGET_CONCURRENCY,
+    TARGET_ENGINE_WAITING,
+    TARGET_KV_CACHE_USAGE,
+    UPSCALE_DELAY_S,
+    Observations,
+    ScalerState,
+    ScalingSettings,
+    decide,
+)
+from inferd.control.replicas.registry import Registry, Replica, secret_digest
+from inferd.control.replicas.scale_events import ScaleCause, ScaleJournal
 from inferd.control.signals import Wakeup
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
 from inferd.vocab import ReplicaStatus

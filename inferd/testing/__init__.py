@@ -27,8 +27,8 @@ import httpx
 
 from inferd import procfs
 from inferd.api.replica import ReplicaReport
+from inferd.control.endpoints.tokens import TokenVerifier, hash_token
 from inferd.control.stores.memory import MemoryStore
-from inferd.control.tokens import TokenVerifier, hash_token
 
 T = TypeVar("T")
 
@@ -244,7 +244,7 @@ class ServeHandle:
         """Every live process this server launched or its replicas started
         (vLLM's engine core and workers included): [] once all are gone."""
         from inferd.control.launchers.local import launched_processes
-        from inferd.control.registry_api import REGISTRY_PATH
+        from inferd.control.replicas.registry_api import REGISTRY_PATH
 
         self.replica_pids()
         return launched_processes(f"http://127.0.0.1:{self.port}{REGISTRY_PATH}", self._groups_seen)

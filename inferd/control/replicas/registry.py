@@ -3,7 +3,7 @@
 Replicas push status and load (`report`); the reconciler adds replicas it
 launched, marks the ones it stops, and removes the ones whose process ended.
 The gateway reads it through `ReplicaDirectory` (with the endpoints, see
-`inferd.control.views.EndpointDirectory`). A replica that stops
+`inferd.control.endpoints.views.EndpointDirectory`). A replica that stops
 reporting is failed after `failure_periods` health periods (or, while it
 loads, after `start_timeout_s`), which is how a hung (SIGSTOPped) replica is
 ejected without any probe from our side.
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 
 from inferd.api.replica import ReplicaReport
 from inferd.control.cluster.ports import Deposed
-from inferd.control.load import ReplicaCount
 from inferd.control.model import ReplicaRecord, StoreUnavailable, utc_now, utc_now_text
 from inferd.control.ports import ReplicaHandle, ReplicaStore
+from inferd.control.replicas.load import ReplicaCount
 from inferd.gateway.directory import RoutableReplica
 from inferd.vocab import ReplicaStatus
 

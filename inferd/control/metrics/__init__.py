@@ -1,0 +1,1 @@
+"""Per-minute endpoint figures inferd records for its charts."""
