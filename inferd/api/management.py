@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_GPU_COUNT = 64
@@ -22,6 +22,12 @@ MAX_REPLICAS_LIMIT = 1024
 MAX_RETENTION_SECONDS = 7 * 24 * 3600
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_RETENTION_SECONDS = 600
+# LoRA: the ranks vLLM reserves room for (its max_lora_rank), and a bound on
+# adapter slots per replica (each holds a copy of every adapted matrix).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_LORA_RANK = 16
+MAX_LORAS = 256
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 
 EndpointStatusName = Literal[
     "pending", "initializing", "running", "updating", "scaledToZero", "failed", "deleting"
@@ -95,6 +101,26 @@ class CreateEndpointRequest(_Request):
         description="Project the endpoint belongs to. Omitted: the caller's only project "
         "where it may create endpoints (the operator: 'default').",
     )
+    maxLoras: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LORAS,
+        description="LoRA adapters one replica serves in the same batch (vLLM's max_loras; "
+        "more registered adapters are loaded on demand, least recently used evicted). "
+        "0 or omitted: the replicas run without LoRA and no adapter can be registered.",
+    )
+    maxLoraRank: int | None = Field(
+        None,
+        description="The largest adapter rank the replicas reserve room for (vLLM's "
+        f"max_lora_rank: one of {', '.join(map(str, LORA_RANKS))}). Omitted: 16.",
+    )
+
+    @field_validator("maxLoraRank")
+    @classmethod
+    def _lora_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in LORA_RANKS:
+            raise ValueError(f"maxLoraRank must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
 
 
 class RegisterModelRequest(_Request):
@@ -163,6 +189,60 @@ class UpdateEndpointRequest(_Request):
         "recommended count for the new type.",
     )
     gpuCount: int | None = Field(None, ge=1, le=MAX_GPU_COUNT)
+    maxLoras: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LORAS,
+        description="LoRA adapters one replica serves in the same batch (vLLM's max_loras; "
+        "more registered adapters are loaded on demand, least recently used evicted). "
+        "0: without LoRA. A change replaces the replicas (a rolling replacement).",
+    )
+    maxLoraRank: int | None = Field(
+        None,
+        description="The largest adapter rank the replicas reserve room for (vLLM's "
+        f"max_lora_rank: one of {', '.join(map(str, LORA_RANKS))}). Omitted: as it is.",
+    )
+
+    @field_validator("maxLoraRank")
+    @classmethod
+    def _lora_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in LORA_RANKS:
+            raise ValueError(f"maxLoraRank must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+
+class RegisterAdapterRequest(_Request):
+    """Body of `POST /inference/endpoints/{id}/adapters`."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN,
+        description="What requests put in `model` to be served with this adapter: letters, "
+        "digits, '.', '_', '-' and ':', 1-64 characters, starting with a letter or digit.",
+        examples=["sql-lora"],
+    )
+    source: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="A PEFT LoRA adapter: a Hugging Face repository id (org/name) or an "
+        "absolute directory on the server holding adapter_config.json and "
+        "adapter_model.safetensors. Checked against the endpoint's base model.",
+        examples=["/adapters/sql-lora"],
+    )
+
+
+class Adapter(_Response):
+    name: str
+    source: str
+    rank: int
+    baseModel: str | None = Field(
+        description="The base the adapter says it was trained on (PEFT's "
+        "base_model_name_or_path), as written by its trainer."
+    )
+    createdAt: str = Field(description="RFC 3339 UTC.")
+
+
+class AdapterList(_Response):
+    data: list[Adapter]
 
 
 class Replica(_Response):
@@ -225,6 +305,10 @@ class EndpointRecord(_Response):
     createdAt: str = Field(description="RFC 3339 UTC.")
     updatedAt: str = Field(description="RFC 3339 UTC.")
     projectId: str = Field(description="The project the endpoint belongs to.")
+    maxLoras: int = Field(
+        0, description="LoRA adapters a replica serves in one batch; 0: LoRA is off."
+    )
+    maxLoraRank: int = Field(16, description="The largest adapter rank the replicas serve.")
     costSoFar: float = Field(
         description="Cost of the endpoint's replica-hours this calendar month (UTC), in "
         "`currency`, from the price table."

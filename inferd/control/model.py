@@ -68,6 +68,12 @@ class Endpoint:
     # Bumped when the GPU settings change, so older replicas get replaced.
     generation: int = 1
     project_id: str = DEFAULT_PROJECT
+    # LoRA: how many adapters one replica holds in one batch (vLLM's
+    # max_loras; 0: the replicas run without LoRA) and the largest rank it
+    # reserves room for (max_lora_rank). Engine settings: a change is a
+    # rolling replacement; adding an adapter is not.
+    max_loras: int = 0
+    max_lora_rank: int = 16
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class EndpointChanges:
     hourly_price: float | None = None
     currency: str | None = None
     generation: int | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
 
     def settings(self) -> dict[str, object]:
         """The changed settings by `Endpoint` field name (None ones left out)."""
@@ -95,6 +103,8 @@ class EndpointChanges:
             "hourly_price": self.hourly_price,
             "currency": self.currency,
             "generation": self.generation,
+            "max_loras": self.max_loras,
+            "max_lora_rank": self.max_lora_rank,
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -126,6 +136,22 @@ class ReplicaRecord:
     url: str | None = None
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter registered on an endpoint: requests whose `model` is
+    `name` are served by the endpoint's base model with this adapter."""
+
+    endpoint_id: str
+    name: str
+    # What the replica loads: a directory on its machine or a Hugging Face
+    # repository id (as given at registration, directories made absolute).
+    source: str
+    rank: int
+    created_at: datetime
+    # PEFT's base_model_name_or_path, as the adapter's trainer wrote it.
+    base_model: str | None = None
+
+
 class ChangeKind(str, Enum):
     ENDPOINT = "endpoint"  # id: the endpoint's id (created, changed or deleted)
     TOKEN = "token"  # id: the endpoint whose active token changed
@@ -134,6 +160,7 @@ class ChangeKind(str, Enum):
     # id: "key:<id>", "user:<id>" (memberships) or "project:<id>" (its quota)
     ACCOUNT = "account"
     MODEL = "model"  # id: a registered model's name, or "" when a profile changed
+    ADAPTER = "adapter"  # id: the endpoint whose adapters changed
     # Changes may have been missed (the feed fell too far behind): reload all.
     RESYNC = "resync"
 
@@ -156,6 +183,10 @@ class SchemaTooNew(StoreError):
 
 class DuplicateName(Exception):
     """Another endpoint already has this name."""
+
+
+class DuplicateAdapter(Exception):
+    """The endpoint already has an adapter of this name."""
 
 
 class EndpointGone(Exception):

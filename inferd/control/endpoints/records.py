@@ -219,6 +219,8 @@ def build_record(
         "statusReason": derived.reason,
         "createdAt": rfc3339(row.created_at),
         "updatedAt": rfc3339(row.updated_at),
+        "maxLoras": row.max_loras,
+        "maxLoraRank": row.max_lora_rank,
         "lastReplicaFailure": None
         if last_failure is None
         else {

@@ -18,12 +18,14 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
+from inferd.api.management import DEFAULT_LORA_RANK, CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
 from inferd.control.accounts.model import DEFAULT_PROJECT
+from inferd.control.endpoints.adapters import check_lora
 from inferd.control.endpoints.placement import Placement, resolve_placement
 from inferd.control.endpoints.records import (
     DEFAULT_IMAGE_SIZE,
@@ -382,7 +384,10 @@ class EndpointService:
                 created_at=now,
                 updated_at=now,
                 project_id=project_id,
+                max_loras=req.maxLoras or 0,
+                max_lora_rank=req.maxLoraRank or DEFAULT_LORA_RANK,
             )
+            check_lora(row)
             token = new_endpoint_token()
             digest = hash_token(token)
             try:
@@ -428,6 +433,13 @@ class EndpointService:
                         currency=placement.currency,
                         generation=row.generation + 1,
                     )
+            max_loras = row.max_loras if req.maxLoras is None else req.maxLoras
+            max_rank = row.max_lora_rank if req.maxLoraRank is None else req.maxLoraRank
+            lora = {"max_loras": max_loras, "max_lora_rank": max_rank}
+            if (max_loras, max_rank) != (row.max_loras, row.max_lora_rank):
+                check_lora(replace(row, max_loras=max_loras, max_lora_rank=max_rank))
+                # The replicas' engines reserve LoRA room at start: replace them.
+                wanted.update(lora, generation=wanted.get("generation", row.generation + 1))
             wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
             if wanted:
                 changes = EndpointChanges(updated_at=self._clock(), **wanted)

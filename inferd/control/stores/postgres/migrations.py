@@ -213,7 +213,30 @@ _V8 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+_V9 = Migration(
+    9,
+    "LoRA: an endpoint's adapter slots and largest rank, and its registered adapters",
+    (
+        "ALTER TABLE endpoints ADD COLUMN max_loras BIGINT NOT NULL DEFAULT 0"
+        " CHECK (max_loras >= 0)",
+        "ALTER TABLE endpoints ADD COLUMN max_lora_rank BIGINT NOT NULL DEFAULT 16"
+        " CHECK (max_lora_rank >= 1)",
+        """
+        CREATE TABLE endpoint_adapters (
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            name        TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            rank        BIGINT NOT NULL CHECK (rank >= 1),
+            base_model  TEXT,
+            created_at  TIMESTAMPTZ NOT NULL,
+            seq         BIGINT GENERATED ALWAYS AS IDENTITY,
+            PRIMARY KEY (endpoint_id, name)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 
 
 def latest_version() -> int:
