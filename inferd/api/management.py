@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferd.api.engine_settings import EngineSettings
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_GPU_COUNT = 64
@@ -22,11 +24,6 @@ MAX_REPLICAS_LIMIT = 1024
 MAX_RETENTION_SECONDS = 7 * 24 * 3600
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_RETENTION_SECONDS = 600
-# LoRA: the ranks vLLM reserves room for (its max_lora_rank), and a bound on
-# adapter slots per replica (each holds a copy of every adapted matrix).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-DEFAULT_LORA_RANK = 16
-MAX_LORAS = 256
 ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 
 EndpointStatusName = Literal[
@@ -101,26 +98,12 @@ class CreateEndpointRequest(_Request):
         description="Project the endpoint belongs to. Omitted: the caller's only project "
         "where it may create endpoints (the operator: 'default').",
     )
-    maxLoras: int | None = Field(
+    engineSettings: EngineSettings | None = Field(
         None,
-        ge=0,
-        le=MAX_LORAS,
-        description="LoRA adapters one replica serves in the same batch (vLLM's max_loras; "
-        "more registered adapters are loaded on demand, least recently used evicted). "
-        "0 or omitted: the replicas run without LoRA and no adapter can be registered.",
+        description="How the replicas run their engine (context length, dtype, "
+        "quantization, KV-cache dtype, batch, prefix caching, chunked prefill, speculative "
+        "decoding), checked against the model. Omitted: the server's defaults.",
     )
-    maxLoraRank: int | None = Field(
-        None,
-        description="The largest adapter rank the replicas reserve room for (vLLM's "
-        f"max_lora_rank: one of {', '.join(map(str, LORA_RANKS))}). Omitted: 16.",
-    )
-
-    @field_validator("maxLoraRank")
-    @classmethod
-    def _lora_rank(cls, value: int | None) -> int | None:
-        if value is not None and value not in LORA_RANKS:
-            raise ValueError(f"maxLoraRank must be one of {', '.join(map(str, LORA_RANKS))}")
-        return value
 
 
 class RegisterModelRequest(_Request):
@@ -189,26 +172,12 @@ class UpdateEndpointRequest(_Request):
         "recommended count for the new type.",
     )
     gpuCount: int | None = Field(None, ge=1, le=MAX_GPU_COUNT)
-    maxLoras: int | None = Field(
+    engineSettings: EngineSettings | None = Field(
         None,
-        ge=0,
-        le=MAX_LORAS,
-        description="LoRA adapters one replica serves in the same batch (vLLM's max_loras; "
-        "more registered adapters are loaded on demand, least recently used evicted). "
-        "0: without LoRA. A change replaces the replicas (a rolling replacement).",
+        description="Changes to the engine settings, as a JSON merge patch: a field given "
+        "replaces the current one, null clears it (back to the server's default), the others "
+        "stay. A change replaces the replicas (new ones start, the old drain once they serve).",
     )
-    maxLoraRank: int | None = Field(
-        None,
-        description="The largest adapter rank the replicas reserve room for (vLLM's "
-        f"max_lora_rank: one of {', '.join(map(str, LORA_RANKS))}). Omitted: as it is.",
-    )
-
-    @field_validator("maxLoraRank")
-    @classmethod
-    def _lora_rank(cls, value: int | None) -> int | None:
-        if value is not None and value not in LORA_RANKS:
-            raise ValueError(f"maxLoraRank must be one of {', '.join(map(str, LORA_RANKS))}")
-        return value
 
 
 class RegisterAdapterRequest(_Request):
@@ -305,10 +274,6 @@ class EndpointRecord(_Response):
     createdAt: str = Field(description="RFC 3339 UTC.")
     updatedAt: str = Field(description="RFC 3339 UTC.")
     projectId: str = Field(description="The project the endpoint belongs to.")
-    maxLoras: int = Field(
-        0, description="LoRA adapters a replica serves in one batch; 0: LoRA is off."
-    )
-    maxLoraRank: int = Field(16, description="The largest adapter rank the replicas serve.")
     costSoFar: float = Field(
         description="Cost of the endpoint's replica-hours this calendar month (UTC), in "
         "`currency`, from the price table."
@@ -317,6 +282,11 @@ class EndpointRecord(_Response):
         None,
         description="The most recent replica failure of this endpoint (kept after the "
         "replica is replaced), or null.",
+    )
+    engineSettings: EngineSettings = Field(
+        default=EngineSettings(),
+        description="The engine settings set on this endpoint; a setting left out is the "
+        "server's default.",
     )
 
 

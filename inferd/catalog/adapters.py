@@ -156,8 +156,9 @@ def check_adapter(adapter: AdapterFacts, base: BaseFacts, max_rank: int) -> None
     """Raises `AdapterRejected` naming the first thing that does not fit."""
     if adapter.rank > max_rank:
         raise AdapterRejected(
-            f"the adapter's rank is {adapter.rank}, above the endpoint's maxLoraRank "
-            f"{max_rank}: raise maxLoraRank (a rolling replacement) or use a smaller adapter",
+            f"the adapter's rank is {adapter.rank}, above the endpoint's "
+            f"engineSettings.maxLoraRank {max_rank}: raise it (a rolling replacement) or use a "
+            "smaller adapter",
             param="rank",
         )
     if not base.weights:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum
 
+from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.errors import ServiceUnavailable
 
 # Every endpoint belongs to a project; until accounts exist there is one.
@@ -65,15 +66,20 @@ class Endpoint:
     updated_at: datetime
     # Set when deletion starts; replicas drain while it is set.
     deleting_at: datetime | None = None
-    # Bumped when the GPU settings change, so older replicas get replaced.
+    # Bumped when the GPU or engine settings change, so older replicas get replaced.
     generation: int = 1
     project_id: str = DEFAULT_PROJECT
-    # LoRA: how many adapters one replica holds in one batch (vLLM's
-    # max_loras; 0: the replicas run without LoRA) and the largest rank it
-    # reserves room for (max_lora_rank). Engine settings: a change is a
-    # rolling replacement; adding an adapter is not.
-    max_loras: int = 0
-    max_lora_rank: int = 16
+    # How its replicas run their engine (context, dtype, quantization, ...).
+    engine_settings: EngineSettings = NO_ENGINE_SETTINGS
+
+    @property
+    def max_loras(self) -> int:
+        """LoRA adapters one replica serves in a batch; 0: LoRA is off."""
+        return self.engine_settings.maxLoras or 0
+
+    @property
+    def max_lora_rank(self) -> int:
+        return self.engine_settings.lora_rank
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,7 @@ class EndpointChanges:
     hourly_price: float | None = None
     currency: str | None = None
     generation: int | None = None
-    max_loras: int | None = None
-    max_lora_rank: int | None = None
+    engine_settings: EngineSettings | None = None
 
     def settings(self) -> dict[str, object]:
         """The changed settings by `Endpoint` field name (None ones left out)."""
@@ -103,8 +108,7 @@ class EndpointChanges:
             "hourly_price": self.hourly_price,
             "currency": self.currency,
             "generation": self.generation,
-            "max_loras": self.max_loras,
-            "max_lora_rank": self.max_lora_rank,
+            "engine_settings": self.engine_settings,
         }
         return {k: v for k, v in values.items() if v is not None}
 

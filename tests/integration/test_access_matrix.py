@@ -184,7 +184,7 @@ def concrete(w: World, method: str, path: str, whose: str, caller: str) -> str:
         # Deleting takes an empty project: a fresh one.
         return f"/projects/{w.ok('POST', '/projects', json={'id': unique('gone')})['id']}"
     if path.startswith("/endpoints/{id}/adapters"):
-        endpoint_id = w.endpoint(project, maxLoras=2)["id"]
+        endpoint_id = w.endpoint(project, engineSettings={"maxLoras": 2})["id"]
         path = path.replace("{id}", endpoint_id)
         if "{name}" in path:
             body = {"name": unique("lora"), "source": w.adapter_source}

@@ -66,8 +66,8 @@ def error(resp: Any, status: int) -> dict[str, Any]:
 
 
 def test_register_list_get_remove(client: TestClient, tiny_lora_dir: Path) -> None:
-    ep = create(client, maxLoras=2, maxLoraRank=16)
-    assert (ep["maxLoras"], ep["maxLoraRank"]) == (2, 16)
+    ep = create(client, engineSettings={"maxLoras": 2, "maxLoraRank": 16})
+    assert ep["engineSettings"] == {"maxLoras": 2, "maxLoraRank": 16}
     path = f"/inference/endpoints/{ep['id']}/adapters"
     assert client.get(path).json() == {"data": []}
 
@@ -112,7 +112,7 @@ def test_adapters_survive_a_restart_and_go_with_their_endpoint(
     first = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     with TestClient(create_app(first)) as client:
         client.headers.update(AUTH)
-        ep = create(client, maxLoras=1)
+        ep = create(client, engineSettings={"maxLoras": 1})
         assert register(client, ep["id"], "sql", tiny_lora_dir).status_code == 201
     asyncio.run(first.close())
     second = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
@@ -154,9 +154,9 @@ def resized(tiny_lora_dir: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("case", "endpoint", "param", "code", "says"),
     [
-        ("LoRA off", {}, "maxLoras", "lora_disabled", "runs without LoRA"),
+        ("LoRA off", {}, "engineSettings.maxLoras", "lora_disabled", "runs without LoRA"),
         ("rank above maxLoraRank", {"maxLoras": 1, "maxLoraRank": 1}, "rank", "adapter_mismatch",
-         "rank is 8, above the endpoint's maxLoraRank 1"),
+         "rank is 8, above the endpoint's engineSettings.maxLoraRank 1"),
         ("a module the base lacks", {"maxLoras": 1}, "targetModules", "adapter_mismatch",
          "'w_proj'"),
         ("another base's shapes", {"maxLoras": 1}, "architecture", "adapter_mismatch",
@@ -177,7 +177,7 @@ def test_registration_refuses_what_cannot_serve_on_the_base(
     code: str,
     says: str,
 ) -> None:
-    ep = create(client, **endpoint)
+    ep = create(client, engineSettings=endpoint)
     name, source = "sql", str(tiny_lora_dir)
     if case == "a module the base lacks":
         source = str(edited(tiny_lora_dir, tmp_path, target_modules=["q_proj", "w_proj"]))
@@ -200,20 +200,17 @@ def test_registration_refuses_what_cannot_serve_on_the_base(
 def test_lora_settings_are_checked_and_a_change_replaces_replicas(
     client: TestClient, plane: Server
 ) -> None:
-    refused = client.post(
-        "/inference/endpoints",
-        json={"name": "emb", "modelName": "tiny-embed", "minReplicas": 0, "maxLoras": 2},
-    )
-    assert error(refused, 400)["param"] == "maxLoras"
-    bad_rank = client.post(
-        "/inference/endpoints", json={"name": "x", "modelName": "tiny-chat", "maxLoraRank": 12}
-    )
-    assert error(bad_rank, 400)["param"] == "maxLoraRank"
+    embed = {"name": "emb", "modelName": "tiny-embed", "engineSettings": {"maxLoras": 2}}
+    refused = client.post("/inference/endpoints", json=embed)
+    assert error(refused, 400)["param"] == "engineSettings.maxLoras"
+    rank = {"name": "x", "modelName": "tiny-chat", "engineSettings": {"maxLoraRank": 12}}
+    assert "maxLoraRank" in error(client.post("/inference/endpoints", json=rank), 400)["param"]
     ep = create(client)
-    assert (ep["maxLoras"], ep["maxLoraRank"]) == (0, 16)
+    assert ep["engineSettings"] == {}
     generation = plane.service.row(ep["id"]).generation
-    patched = client.patch(f"/inference/endpoints/{ep['id']}", json={"maxLoras": 4})
+    lora = {"engineSettings": {"maxLoras": 4}}
+    patched = client.patch(f"/inference/endpoints/{ep['id']}", json=lora)
     assert patched.status_code == 200, patched.text
-    assert patched.json()["maxLoras"] == 4
+    assert patched.json()["engineSettings"] == {"maxLoras": 4}
     # The engines reserve LoRA room at start: the replicas are replaced.
     assert plane.service.row(ep["id"]).generation == generation + 1

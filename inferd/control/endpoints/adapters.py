@@ -46,7 +46,6 @@ from inferd.control.model import (
 )
 from inferd.control.ports import AdapterStore
 from inferd.errors import BadRequest, Conflict, NotFound
-from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +54,6 @@ logger = logging.getLogger(__name__)
 MAX_ADAPTERS_PER_ENDPOINT = 1000
 NO_ADAPTERS: Mapping[str, Adapter] = MappingProxyType({})
 NO_SOURCES: Mapping[str, str] = MappingProxyType({})
-
-
-def check_lora(row: Endpoint) -> None:
-    """LoRA settings an endpoint can run with (400 otherwise)."""
-    if row.max_loras > 0 and row.model_kind != ModelKind.CHAT.value:
-        raise BadRequest(
-            f"maxLoras: '{row.model_name}' is a {row.model_kind} model; LoRA adapters are "
-            "served on chat (text generation) models only.",
-            param="maxLoras",
-            code="lora_unsupported",
-        )
 
 
 def adapter_record(adapter: Adapter) -> dict[str, Any]:
@@ -177,9 +165,9 @@ class AdapterService:
         row = self._writable(endpoint_id)
         if row.max_loras == 0:
             raise BadRequest(
-                f"Endpoint '{row.name}' runs without LoRA: set maxLoras (PATCH the endpoint; "
-                "its replicas are replaced) before registering adapters.",
-                param="maxLoras",
+                f"Endpoint '{row.name}' runs without LoRA: set engineSettings.maxLoras (PATCH "
+                "the endpoint; its replicas are replaced) before registering adapters.",
+                param="engineSettings.maxLoras",
                 code="lora_disabled",
             )
         if req.name == row.model_name:

@@ -219,8 +219,6 @@ def build_record(
         "statusReason": derived.reason,
         "createdAt": rfc3339(row.created_at),
         "updatedAt": rfc3339(row.updated_at),
-        "maxLoras": row.max_loras,
-        "maxLoraRank": row.max_lora_rank,
         "lastReplicaFailure": None
         if last_failure is None
         else {
@@ -228,4 +226,5 @@ def build_record(
             "reason": last_failure.reason,
             "at": last_failure.at,
         },
+        "engineSettings": row.engine_settings.given(),
     }

@@ -215,12 +215,16 @@ _V8 = Migration(
 
 _V9 = Migration(
     9,
-    "LoRA: an endpoint's adapter slots and largest rank, and its registered adapters",
+    "an endpoint's engine settings",
+    # A JSON document validated by `EngineSettings` on both ways; '{}': the
+    # server's defaults, which is what every endpoint before had.
+    ("ALTER TABLE endpoints ADD COLUMN engine_settings TEXT NOT NULL DEFAULT '{}'",),
+)
+
+_V10 = Migration(
+    10,
+    "LoRA adapters registered on endpoints",
     (
-        "ALTER TABLE endpoints ADD COLUMN max_loras BIGINT NOT NULL DEFAULT 0"
-        " CHECK (max_loras >= 0)",
-        "ALTER TABLE endpoints ADD COLUMN max_lora_rank BIGINT NOT NULL DEFAULT 16"
-        " CHECK (max_lora_rank >= 1)",
         """
         CREATE TABLE endpoint_adapters (
             endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
@@ -236,7 +240,7 @@ _V9 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 
 def latest_version() -> int:
