@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.control.accounts.metering import UsageMeter, merge_usage
 from inferd.control.accounts.model import (
@@ -203,6 +204,7 @@ class ProjectEndpoints:
         )
         if not self.models.usable_in(req.modelName, project_id):
             raise model_not_usable(req.modelName, project_id)
+        self._check_draft(req.engineSettings, project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(None, req)
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         new = EndpointShape("", gpu_type, gpu_count, req.minReplicas)
@@ -215,6 +217,17 @@ class ProjectEndpoints:
             minReplicas=record["minReplicas"], maxReplicas=record["maxReplicas"],
         )  # fmt: skip
         return (self._decorate_dict(row, record) if row else record), token
+
+    def _check_draft(self, settings: EngineSettings | None, project_id: str) -> None:
+        """A draft model is a use of a model, as `modelName` is: another
+        project's is answered as unknown."""
+        speculative = None if settings is None else settings.speculativeDecoding
+        if speculative is not None and not self.models.usable_in(
+            speculative.draftModel, project_id
+        ):
+            error = model_not_usable(speculative.draftModel, project_id)
+            error.param = "engineSettings.speculativeDecoding.draftModel"
+            raise error
 
     @contextlib.asynccontextmanager
     async def _within_quota(
@@ -292,6 +305,7 @@ class ProjectEndpoints:
         self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
     ) -> dict[str, Any]:
         row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        self._check_draft(req.engineSettings, row.project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(row, req)
         min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
         max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
