@@ -226,4 +226,5 @@ def build_record(
             "reason": last_failure.reason,
             "at": last_failure.at,
         },
+        "engineSettings": row.engine_settings.given(),
     }

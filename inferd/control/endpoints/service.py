@@ -21,9 +21,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
+from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
+from inferd.catalog.models import ModelSpec
 from inferd.control.accounts.model import DEFAULT_PROJECT
+from inferd.control.endpoints.engine_checks import check_engine_settings
 from inferd.control.endpoints.placement import Placement, resolve_placement
 from inferd.control.endpoints.records import (
     DEFAULT_IMAGE_SIZE,
@@ -312,6 +315,16 @@ class EndpointService:
                 code="min_above_max",
             )
 
+    def _model_or_none(self, name: str) -> ModelSpec | None:
+        return self.catalog.models.get(name) if name in self.catalog.models else None
+
+    def check_engine_settings(self, model_name: str, settings: EngineSettings) -> None:
+        """400 naming the setting the model cannot run with (an unknown model
+        is left to placement, which names `modelName`)."""
+        model = self._model_or_none(model_name)
+        if model is not None:
+            check_engine_settings(settings, model, self._model_or_none)
+
     def _place(
         self, model_name: str, location: str, gpu_type: str | None, gpu_count: int | None
     ) -> Placement:
@@ -353,6 +366,8 @@ class EndpointService:
         self._check_scaling(req.minReplicas, max_replicas)
         location = req.locationName or self.default_location
         placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
+        engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
+        self.check_engine_settings(placement.model_name, engine_settings)
         async with self._write_lock:
             if (project_id, req.name) in self._names:
                 raise Conflict(
@@ -382,6 +397,7 @@ class EndpointService:
                 created_at=now,
                 updated_at=now,
                 project_id=project_id,
+                engine_settings=engine_settings,
             )
             token = new_endpoint_token()
             digest = hash_token(token)
@@ -428,6 +444,12 @@ class EndpointService:
                         currency=placement.currency,
                         generation=row.generation + 1,
                     )
+            if req.engineSettings is not None:
+                engine_settings = row.engine_settings.merged(req.engineSettings)
+                self.check_engine_settings(row.model_name, engine_settings)
+                if engine_settings != row.engine_settings:
+                    # Replicas take their settings at start: new ones replace them.
+                    wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
             if wanted:
                 changes = EndpointChanges(updated_at=self._clock(), **wanted)

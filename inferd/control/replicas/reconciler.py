@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.control.cluster.ports import Deposed
 from inferd.control.endpoints.records import ReplicaFailure
 from inferd.control.model import ReplicaRecord, rfc3339, utc_now
@@ -101,6 +102,8 @@ class EndpointFacts(Protocol):
     def generation(self) -> int: ...
     @property
     def deleting_at(self) -> object | None: ...
+    @property
+    def engine_settings(self) -> EngineSettings: ...
 
 
 # (endpoint, replicas the autoscaler wants, every endpoint of this pass) ->
@@ -587,6 +590,8 @@ class Reconciler:
             secret = secrets.token_urlsafe(32)
             try:
                 model = self.models(row.model_name)
+                speculative = row.engine_settings.speculativeDecoding
+                draft = None if speculative is None else self.models(speculative.draftModel)
             except Exception as exc:  # not in the catalog any more
                 plan.capacity_reason = f"model unavailable: {exc}"
                 return
@@ -600,6 +605,8 @@ class Reconciler:
                 location=row.location_name,
                 served_names=(row.model_name,),
                 generation=row.generation,
+                engine_settings=row.engine_settings,
+                draft_model=draft,
             )
             try:
                 handle = await self.launcher.launch(spec)
