@@ -161,6 +161,34 @@ class ProjectEndpoints:
         ]
         return b'{"data":[' + b",".join(parts) + b"]}"
 
+    async def visible_page(
+        self,
+        principal: Principal,
+        where: EndpointFilter,
+        after: int | None,
+        limit: int,
+        keep: Callable[[Any], bool] | None = None,
+    ) -> Page[Any]:
+        """One page of the endpoints `principal` sees, in the store's keyset
+        order, and where the next page starts (None: the end). `where` selects
+        in the store, narrowed to the principal's projects; `keep`, a condition
+        the store cannot apply (the derived status), is applied to the rows
+        read, reading at most STATUS_SCAN_FACTOR pages' worth: a page may then
+        hold fewer than `limit` and still not be the last."""
+        if not principal.operator:
+            seen = frozenset(principal.roles)
+            scope = seen if where.project_ids is None else seen & where.project_ids
+            where = replace(where, project_ids=scope)
+        rows: list[Any] = []
+        budget = limit * STATUS_SCAN_FACTOR
+        while True:
+            page = await self.service.page(where, after, limit - len(rows))
+            budget -= len(page.items)
+            rows.extend(row for row in page.items if keep is None or keep(row))
+            after = page.after
+            if after is None or len(rows) >= limit or budget <= 0:
+                return Page(rows, after)
+
     async def page_json(
         self,
         principal: Principal,
@@ -171,21 +199,15 @@ class ProjectEndpoints:
     ) -> tuple[bytes, int | None]:
         """One page of the endpoints `principal` sees (JSON records, without
         the list's envelope) and where the next page starts (None: the end)."""
-        if not principal.operator:
-            seen = frozenset(principal.roles)
-            scope = seen if where.project_ids is None else seen & where.project_ids
-            where = replace(where, project_ids=scope)
-        parts: list[bytes] = []
-        budget = limit * STATUS_SCAN_FACTOR
-        while True:
-            page = await self.service.page(where, after, limit - len(parts))
-            budget -= len(page.items)
-            for row in page.items:
-                if status is None or self.service.status_of(row) == status:
-                    parts.append(self._decorate(row, self.service.row_json(row)))
-            after = page.after
-            if after is None or len(parts) >= limit or budget <= 0:
-                return b",".join(parts), after
+
+        def in_status(row: Any) -> bool:
+            return self.service.status_of(row) == status
+
+        page = await self.visible_page(
+            principal, where, after, limit, None if status is None else in_status
+        )
+        parts = [self._decorate(row, self.service.row_json(row)) for row in page.items]
+        return b",".join(parts), page.after
 
     # --- writes ------------------------------------------------------------------------
 
