@@ -108,9 +108,6 @@ class ConsoleSources:
                 return opt
         return None
 
-    def visible_rows(self, principal: Principal) -> list[EndpointRow]:
-        return list(self.endpoints.visible(principal))  # type: ignore[arg-type]
-
     async def projects(self, principal: Principal) -> list[str]:
         return [p.id for p in await self.accounts.projects(principal)]
 

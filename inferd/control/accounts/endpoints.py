@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.control.accounts.metering import UsageMeter, merge_usage
 from inferd.control.accounts.model import (
@@ -160,6 +161,34 @@ class ProjectEndpoints:
         ]
         return b'{"data":[' + b",".join(parts) + b"]}"
 
+    async def visible_page(
+        self,
+        principal: Principal,
+        where: EndpointFilter,
+        after: int | None,
+        limit: int,
+        keep: Callable[[Any], bool] | None = None,
+    ) -> Page[Any]:
+        """One page of the endpoints `principal` sees, in the store's keyset
+        order, and where the next page starts (None: the end). `where` selects
+        in the store, narrowed to the principal's projects; `keep`, a condition
+        the store cannot apply (the derived status), is applied to the rows
+        read, reading at most STATUS_SCAN_FACTOR pages' worth: a page may then
+        hold fewer than `limit` and still not be the last."""
+        if not principal.operator:
+            seen = frozenset(principal.roles)
+            scope = seen if where.project_ids is None else seen & where.project_ids
+            where = replace(where, project_ids=scope)
+        rows: list[Any] = []
+        budget = limit * STATUS_SCAN_FACTOR
+        while True:
+            page = await self.service.page(where, after, limit - len(rows))
+            budget -= len(page.items)
+            rows.extend(row for row in page.items if keep is None or keep(row))
+            after = page.after
+            if after is None or len(rows) >= limit or budget <= 0:
+                return Page(rows, after)
+
     async def page_json(
         self,
         principal: Principal,
@@ -170,21 +199,15 @@ class ProjectEndpoints:
     ) -> tuple[bytes, int | None]:
         """One page of the endpoints `principal` sees (JSON records, without
         the list's envelope) and where the next page starts (None: the end)."""
-        if not principal.operator:
-            seen = frozenset(principal.roles)
-            scope = seen if where.project_ids is None else seen & where.project_ids
-            where = replace(where, project_ids=scope)
-        parts: list[bytes] = []
-        budget = limit * STATUS_SCAN_FACTOR
-        while True:
-            page = await self.service.page(where, after, limit - len(parts))
-            budget -= len(page.items)
-            for row in page.items:
-                if status is None or self.service.status_of(row) == status:
-                    parts.append(self._decorate(row, self.service.row_json(row)))
-            after = page.after
-            if after is None or len(parts) >= limit or budget <= 0:
-                return b",".join(parts), after
+
+        def in_status(row: Any) -> bool:
+            return self.service.status_of(row) == status
+
+        page = await self.visible_page(
+            principal, where, after, limit, None if status is None else in_status
+        )
+        parts = [self._decorate(row, self.service.row_json(row)) for row in page.items]
+        return b",".join(parts), page.after
 
     # --- writes ------------------------------------------------------------------------
 
@@ -203,6 +226,7 @@ class ProjectEndpoints:
         )
         if not self.models.usable_in(req.modelName, project_id):
             raise model_not_usable(req.modelName, project_id)
+        self._check_draft(req.engineSettings, project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(None, req)
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         new = EndpointShape("", gpu_type, gpu_count, req.minReplicas)
@@ -215,6 +239,17 @@ class ProjectEndpoints:
             minReplicas=record["minReplicas"], maxReplicas=record["maxReplicas"],
         )  # fmt: skip
         return (self._decorate_dict(row, record) if row else record), token
+
+    def _check_draft(self, settings: EngineSettings | None, project_id: str) -> None:
+        """A draft model is a use of a model, as `modelName` is: another
+        project's is answered as unknown."""
+        speculative = None if settings is None else settings.speculativeDecoding
+        if speculative is not None and not self.models.usable_in(
+            speculative.draftModel, project_id
+        ):
+            error = model_not_usable(speculative.draftModel, project_id)
+            error.param = "engineSettings.speculativeDecoding.draftModel"
+            raise error
 
     @contextlib.asynccontextmanager
     async def _within_quota(
@@ -292,6 +327,7 @@ class ProjectEndpoints:
         self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
     ) -> dict[str, Any]:
         row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        self._check_draft(req.engineSettings, row.project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(row, req)
         min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
         max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
