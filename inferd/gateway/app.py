@@ -25,6 +25,7 @@ from inferd import COMPAT_FAMILY
 from inferd.errors import (
     BadRequest,
     InferdError,
+    NotFound,
     PayloadTooLarge,
 )
 from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
