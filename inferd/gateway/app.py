@@ -391,7 +391,12 @@ def models_response(endpoint: EndpointRoute) -> JSONResponse:
     model and its LoRA adapters, in vLLM's shape (an adapter's `parent` is
     the base, its `root` where it is loaded from)."""
     base = endpoint.model_name
-    cards = [{"id": base, "object": "model", "created": 0, "owned_by": "inferd", "root": base}]
+    card: dict[str, object] = {
+        "id": base, "object": "model", "created": 0, "owned_by": "inferd", "root": base
+    }  # fmt: skip
+    if endpoint.max_model_len is not None:
+        card["max_model_len"] = endpoint.max_model_len
+    cards = [card]
     cards += [
         {
             "id": name,

@@ -32,6 +32,9 @@ class EndpointRoute:
     # LoRA adapters registered on it: name (a request's `model`) -> where a
     # replica loads it from (told to the replica with the request).
     adapters: Mapping[str, str] = field(default_factory=lambda: NO_ADAPTERS)
+    # The context its engine settings set (None: the model's own), shown as
+    # `max_model_len` in /v1/models as vLLM's server shows it.
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,10 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             record = created.json()
             assert record["engineSettings"] == {"maxModelLen": 1024, "maxNumSeqs": 8}
             path = f"/inference/endpoints/{record['id']}"
+            models = f"/endpoints/{record['id']}/openai/v1/models"
+            bearer = {"Authorization": f"Bearer {record['accessToken']}"}
+            (card,) = (await c.get(models, headers=bearer)).json()["data"]
+            assert card["max_model_len"] == 1024  # as vLLM's server shows it
             await until(lambda: len(launcher.alive) == 1)
             (old,) = launcher.alive
             spec = launcher.alive[old]
@@ -111,6 +115,8 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             stored = await plane.store.get_endpoint(record["id"])
             assert stored is not None and stored.engine_settings.given() == {"maxNumSeqs": 4}
             assert (await c.get(path)).json()["engineSettings"] == {"maxNumSeqs": 4}
+            (card,) = (await c.get(models, headers=bearer)).json()["data"]
+            assert "max_model_len" not in card  # the model's own again
 
     asyncio.run(scenario())
 

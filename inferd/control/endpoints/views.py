@@ -104,6 +104,7 @@ class EndpointDirectory:
             deleting=row.deleting_at is not None,
             unplaceable=self._placeability.unplaceable(row.id),
             adapters=self._adapters.sources(row.id),
+            max_model_len=row.engine_settings.maxModelLen,
         )
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
