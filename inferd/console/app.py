@@ -68,7 +68,7 @@ class Console:
         self.web = Web(sources, sessions or SessionStore())
         row_template = self.web.env.get_template("_row.html")
         self.cache = ViewCache(lambda view: row_template.render(view=view))
-        self.live = LiveBoard(self._view_of, sources.service.endpoint_ids)
+        self.live = LiveBoard(self._view_of, sources.endpoints.endpoint_ids)
         # (operator, roles, query) -> (members version, version, signature)
         self._signatures: dict[tuple[Any, ...], tuple[int, int, str]] = {}
 
@@ -125,17 +125,17 @@ class Console:
 
     def _views(self, rows: Sequence[EndpointRow]) -> list[RowView]:
         runtime_of, cost, view = (
-            self.sources.service.runtime_of,
+            self.sources.endpoints.runtime_of,
             self.sources.cost_so_far,
             self.cache.view,
         )
         return [view(r, runtime_of(r.id), cost(r.id)) for r in rows]
 
     def _view_of(self, endpoint_id: str) -> RowView | None:
-        row = self.sources.service.find(endpoint_id)
+        row = self.sources.endpoints.find(endpoint_id)
         if row is None:
             return None
-        runtime = self.sources.service.runtime_of(endpoint_id)
+        runtime = self.sources.endpoints.runtime_of(endpoint_id)
         return self.cache.view(row, runtime, self.sources.cost_so_far(endpoint_id))
 
     def _signature(self, principal: Principal, query: str) -> str:
@@ -175,7 +175,7 @@ class Console:
         return [v for v in views if matches(v, query)]
 
     def _record(self, row: EndpointRow) -> dict[str, Any]:
-        return self.sources.service.record(row.id)
+        return self.sources.endpoints.record(row.id)
 
     def _can_change(self, session: Session, row: EndpointRow) -> bool:
         assert session.principal is not None
@@ -319,7 +319,7 @@ class Console:
         catalog = self.sources.catalog
         models = self.sources.models_for(session.principal)
         if location not in catalog.gpus.locations:
-            location = self.sources.service.default_location
+            location = self.sources.endpoints.default_location
         if model not in {m.name for m in models}:
             # The first model that fits somewhere here, not one that cannot run.
             fitting = [
@@ -600,8 +600,8 @@ class Console:
         month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         projects = []
         for project in await self.sources.projects(principal):
-            rows = await self.sources.endpoints.project_usage(principal, project, month, None)
-            names = {r.id: r.name for r in self.sources.service.rows()}
+            rows = await self.sources.usage.project_usage(principal, project, month, None)
+            names = {r.id: r.name for r in self.sources.endpoints.rows()}
             lines: dict[str, dict[str, Any]] = {}
             for u in rows:
                 line = lines.setdefault(
@@ -617,7 +617,7 @@ class Console:
                 line["cost"] += u.cost
             gone = [i for i, line in lines.items() if line["name"] is None]
             if gone:
-                deleted = await self.sources.endpoints.names_of_deleted(principal, project, gone)
+                deleted = await self.sources.usage.names_of_deleted(principal, project, gone)
                 for endpoint_id, name in deleted.items():
                     lines[endpoint_id]["deleted_name"] = name
             projects.append(
