@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferd.api.engine_settings import EngineSettings
+
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_GPU_COUNT = 64
 MAX_REPLICAS_LIMIT = 1024
@@ -95,6 +97,12 @@ class CreateEndpointRequest(_Request):
         description="Project the endpoint belongs to. Omitted: the caller's only project "
         "where it may create endpoints (the operator: 'default').",
     )
+    engineSettings: EngineSettings | None = Field(
+        None,
+        description="How the replicas run their engine (context length, dtype, "
+        "quantization, KV-cache dtype, batch, prefix caching, chunked prefill, speculative "
+        "decoding), checked against the model. Omitted: the server's defaults.",
+    )
 
 
 class RegisterModelRequest(_Request):
@@ -163,6 +171,12 @@ class UpdateEndpointRequest(_Request):
         "recommended count for the new type.",
     )
     gpuCount: int | None = Field(None, ge=1, le=MAX_GPU_COUNT)
+    engineSettings: EngineSettings | None = Field(
+        None,
+        description="Changes to the engine settings, as a JSON merge patch: a field given "
+        "replaces the current one, null clears it (back to the server's default), the others "
+        "stay. A change replaces the replicas (new ones start, the old drain once they serve).",
+    )
 
 
 class Replica(_Response):
@@ -233,6 +247,11 @@ class EndpointRecord(_Response):
         None,
         description="The most recent replica failure of this endpoint (kept after the "
         "replica is replaced), or null.",
+    )
+    engineSettings: EngineSettings = Field(
+        default=EngineSettings(),
+        description="The engine settings set on this endpoint; a setting left out is the "
+        "server's default.",
     )
 
 

@@ -10,7 +10,9 @@ Python: a dozen parameters and fifty rows need no numerical library.
 
 `leave_one_source_out(rows)` fits once per source without that source's rows
 and predicts them: the error a new source's figures should expect.
-`data/fitted.json` holds the full fit and that table; the recommender reads
+`leave_one_gpu_out(rows, gpu)` does the same for every figure of one GPU
+type: the error of an estimate for a GPU type nobody has measured.
+`data/fitted.json` holds the full fit and those tables; the recommender reads
 it, and `scripts/recommendation_table.py` rebuilds it.
 """
 
@@ -330,6 +332,19 @@ def leave_one_source_out(
     return out
 
 
+def leave_one_gpu_out(
+    dataset: Dataset, ctx: Context, gpu: str, full: Parameters | None = None
+) -> list[Prediction]:
+    """Fit without any figure of GPU type `gpu` and predict its figures: how
+    far to trust an estimate for a GPU type with no figures of its own,
+    carried over from its generation's other GPU types (and, where it has
+    none, from the prior)."""
+    full = full or fit(dataset.rows, ctx)
+    params = fit([r for r in dataset.rows if r.gpu != gpu], ctx)
+    held = [r for r in dataset.rows if r.gpu == gpu]
+    return [Prediction(r, predict(full, r, ctx), predict(params, r, ctx)) for r in held]
+
+
 def median_abs(errors: Iterable[float]) -> float:
     values = [abs(e) for e in errors]
     return statistics.median(values) if values else float("nan")
@@ -374,10 +389,15 @@ def fitted_document(dataset: Dataset, ctx: Context) -> dict[str, Any]:
         key: round(median_abs(p.error for p in predictions if p.row.source == key), 4)
         for key in dataset.sources
     }
+    by_gpu = {
+        gpu: round(median_abs(p.error for p in leave_one_gpu_out(dataset, ctx, gpu, full)), 4)
+        for gpu in sorted({r.gpu for r in dataset.rows})
+    }
     return {
         "parameters": full.to_dict(),
         "overallMedianAbsError": round(median_abs(p.error for p in predictions), 4),
         "sourceMedianAbsError": by_source,
+        "gpuHeldOutMedianAbsError": by_gpu,
         "evidence": evidence_table(predictions, ctx),
         "rows": len(dataset.rows),
         "predictions": [

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum
 
+from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.errors import ServiceUnavailable
 
 # Every endpoint belongs to a project; until accounts exist there is one.
@@ -65,9 +66,11 @@ class Endpoint:
     updated_at: datetime
     # Set when deletion starts; replicas drain while it is set.
     deleting_at: datetime | None = None
-    # Bumped when the GPU settings change, so older replicas get replaced.
+    # Bumped when the GPU or engine settings change, so older replicas get replaced.
     generation: int = 1
     project_id: str = DEFAULT_PROJECT
+    # How its replicas run their engine (context, dtype, quantization, ...).
+    engine_settings: EngineSettings = NO_ENGINE_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class EndpointChanges:
     hourly_price: float | None = None
     currency: str | None = None
     generation: int | None = None
+    engine_settings: EngineSettings | None = None
 
     def settings(self) -> dict[str, object]:
         """The changed settings by `Endpoint` field name (None ones left out)."""
@@ -95,6 +99,7 @@ class EndpointChanges:
             "hourly_price": self.hourly_price,
             "currency": self.currency,
             "generation": self.generation,
+            "engine_settings": self.engine_settings,
         }
         return {k: v for k, v in values.items() if v is not None}
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.vocab import ModelKind
 
 
@@ -75,6 +77,37 @@ class EngineOptions:
     optimize: bool = False
     serving: ServingDefaults = field(default_factory=ServingDefaults)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The endpoint's engine settings: they override every default above.
+    settings: EngineSettings = NO_ENGINE_SETTINGS
+    # Where the replica found the draft model the settings name (its
+    # weights are on the replica's machine); None: no speculative decoding.
+    draft_model_path: Path | None = None
+
+    @property
+    def context_limit(self) -> int | None:
+        """The context length asked for: the endpoint's, else the server's."""
+        return self.settings.maxModelLen or self.max_model_len
+
+    @property
+    def weights_dtype(self) -> str:
+        """The dtype asked for: the endpoint's, else the server's."""
+        return self.settings.dtype or self.dtype
+
+
+# Engine settings an engine without vLLM's scheduler can honour (the
+# transformers engine: context and dtype); it refuses the others.
+PORTABLE_SETTINGS = frozenset({"maxModelLen", "dtype"})
+
+
+def refuse_settings(options: EngineOptions, engine: str, honoured: frozenset[str]) -> None:
+    """An engine that cannot apply a setting says so at start, instead of
+    serving as if it had."""
+    unsupported = sorted(set(options.settings.given()) - honoured)
+    if unsupported:
+        raise UnknownEngineOption(
+            f"the {engine} engine cannot apply the engine setting(s) {', '.join(unsupported)}"
+            + (f"; it applies {', '.join(sorted(honoured))}" if honoured else "")
+        )
 
 
 class UnknownEngineOption(ValueError):

@@ -63,6 +63,7 @@ from inferd.engines.base import (
     ImageModelInfo,
     ImageRequest,
     engine_options,
+    refuse_settings,
     validate_image_request,
 )
 from inferd.errors import ServiceUnavailable
@@ -223,6 +224,8 @@ class DiffusersImageEngine:
         self._model_path = model_path
         self._options = options
         self._own = engine_options(DiffusersOptions, options.extra, "diffusers")
+        # An image pipeline has no context, KV cache or batch scheduler.
+        refuse_settings(options, "diffusers", frozenset())
         self._loader = loader
         self._pipeline: Any = None
         self._info: ImageModelInfo | None = None

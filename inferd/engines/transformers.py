@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.engines.base import (
+    PORTABLE_SETTINGS,
     EngineLoad,
     EngineOptions,
     SamplingOptions,
@@ -57,6 +58,7 @@ from inferd.engines.base import (
     TextModelInfo,
     TextRequest,
     engine_options,
+    refuse_settings,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
 from inferd.engines.limits import check_prompt_fits, check_token_ids, refuse_tools_and_logprobs
@@ -255,6 +257,7 @@ class TransformersTextEngine:
         self._model_path = model_path
         self._options = options
         own = engine_options(TransformersOptions, options.extra, "transformers")
+        refuse_settings(options, "transformers", PORTABLE_SETTINGS)
         self._max_batch_size = own.max_batch_size
         self._batch_window_s = own.batch_window_s
         self._model: Any = None
@@ -453,8 +456,8 @@ class TransformersTextEngine:
         )
         config = model.config.get_text_config()
         context = int(getattr(config, "max_position_embeddings", 0) or 2048)
-        if self._options.max_model_len is not None:
-            context = min(context, self._options.max_model_len)
+        if self._options.context_limit is not None:
+            context = min(context, self._options.context_limit)
         self._model, self._tokenizer, self._renderer = model, tokenizer, renderer
         self._info = TextModelInfo(
             name=self._name, context_length=context, vocab_size=int(config.vocab_size)
@@ -526,12 +529,13 @@ def _placement(options: EngineOptions) -> tuple[str, Any, dict[str, Any]]:
     if options.device == "cuda" and not cuda:
         raise RuntimeError("device 'cuda' was asked for, but torch sees no GPU")
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if options.dtype == "auto":
+    wanted = options.weights_dtype
+    if wanted == "auto":
         dtype = torch.bfloat16 if cuda else torch.float32
-    elif options.dtype in dtypes:
-        dtype = dtypes[options.dtype]
+    elif wanted in dtypes:
+        dtype = dtypes[wanted]
     else:
-        raise ValueError(f"unknown dtype {options.dtype!r} for the transformers engine")
+        raise ValueError(f"unknown dtype {wanted!r} for the transformers engine")
     if not cuda:
         return "cpu", dtype, {}
     if len(options.gpu_ids) > 1:

@@ -35,6 +35,7 @@ from inferd.engines.base import (
 from inferd.engines.chat_template import ChatPromptRenderer
 from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.engines.vllm_serving import VllmServing
+from inferd.engines.vllm_settings import vllm_args
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
 from inferd.vocab import ModelKind
 
@@ -109,6 +110,8 @@ def engine_args_for(model_path: Path, name: str, options: EngineOptions) -> dict
         args["gpu_memory_utilization"] = options.gpu_memory_utilization
         args["enforce_eager"] = False
     args.update(vllm_engine_args(options.extra))
+    # The endpoint's own settings last: the server's are its defaults.
+    args.update(vllm_args(options.settings, options.draft_model_path))
     return args
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.engines.base import EngineOptions, ServingDefaults
 from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
@@ -92,6 +93,10 @@ class ReplicaSpec:
     location: str = "local"
     served_names: tuple[str, ...] = ()
     generation: int = 1
+    # The endpoint's engine settings; its draft model (speculative decoding)
+    # resolved like `model`, since a replica never reads the catalog.
+    engine_settings: EngineSettings = NO_ENGINE_SETTINGS
+    draft_model: ModelSource | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,9 @@ class ReplicaConfig:
     # started by hand).
     model_source: str | None = None
     model_kind: ModelKind | None = None
+    # Where the draft model of speculative decoding comes from (resolved as
+    # `model_source` is); None: the settings name none, or a catalog name.
+    draft_model_source: str | None = None
     host: str = "127.0.0.1"
     # Address the replica reports as its URL; None: the bind address.
     advertise_host: str | None = None
@@ -164,7 +172,9 @@ def config_for(
     `host` is where the replica binds and `advertise_host` what it reports
     (a launcher on another machine binds 0.0.0.0 and advertises the node's
     address). `gpu_ids` are the GPU indices as the replica will see them.
-    The operator's `replica_args` apply last, as they would on a command line.
+    The operator's `replica_args` apply after the control plane's own
+    arguments, as they would on a command line, and the endpoint's engine
+    settings over both: the server's are the defaults an endpoint overrides.
     """
     device = "cpu" if spec.gpu_type == "cpu" else "cuda"
     base = ReplicaConfig(
@@ -186,7 +196,14 @@ def config_for(
         log_level=settings.log_level,
     )
     config = config_from_argv(to_argv(base) + shlex.split(settings.replica_args), env={})
-    return replace(config, secret=spec.secret)
+    settings_in_force = config.engine.settings.overridden_by(spec.engine_settings)
+    engine = replace(config.engine, settings=settings_in_force)
+    return replace(
+        config,
+        engine=engine,
+        draft_model_source=None if spec.draft_model is None else spec.draft_model.source,
+        secret=spec.secret,
+    )
 
 
 def _serving_json(serving: ServingDefaults) -> str | None:
@@ -229,6 +246,12 @@ def to_argv(config: ReplicaConfig) -> list[str]:
         argv.append("--optimize")
     for key, value in e.extra.items():
         argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    if not e.settings.is_empty():
+        # One typed document, not a flag per setting: the replica validates
+        # it with the same model the API did.
+        argv += ["--engine-settings", e.settings.to_json()]
+    if config.draft_model_source is not None:
+        argv += ["--draft-model-source", config.draft_model_source]
     argv += ["--host", config.host, "--port", str(config.port)]
     if config.advertise_host is not None:
         argv += ["--advertise-host", config.advertise_host]
@@ -300,6 +323,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="engine-specific option; VALUE is parsed as JSON when it can be",
     )
+    parser.add_argument(
+        "--engine-settings",
+        default=None,
+        metavar="JSON",
+        help="engine settings as the management API takes them (engineSettings), e.g. "
+        '\'{"maxModelLen": 1024, "maxNumSeqs": 8}\'; they override --dtype, --max-model-len '
+        "and --engine-arg",
+    )
+    parser.add_argument("--draft-model-source", default=None, help=internal)
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
@@ -423,6 +455,10 @@ def config_from_args(
         serving = with_parsers(serving_from_json(args.serving_defaults), args)
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"--serving-defaults: {exc}") from None
+    try:
+        engine_settings = EngineSettings.from_json(args.engine_settings)
+    except ValueError as exc:
+        raise SystemExit(f"--engine-settings: {exc}") from None
     return ReplicaConfig(
         model=args.model,
         served_names=tuple(args.served_model_name),
@@ -437,9 +473,11 @@ def config_from_args(
             optimize=args.optimize,
             serving=serving,
             extra=parse_engine_args(args.engine_arg),
+            settings=engine_settings,
         ),
         model_source=args.model_source,
         model_kind=None if args.model_kind is None else ModelKind(args.model_kind),
+        draft_model_source=args.draft_model_source,
         host=args.host,
         advertise_host=args.advertise_host,
         port=args.port,

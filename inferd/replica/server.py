@@ -178,13 +178,16 @@ class ReplicaProcess:
             # In a thread: a build or a download takes minutes, and the
             # reporter keeps telling the registry this replica is alive.
             name, kind, path, defaults = await asyncio.to_thread(resolve, config)
+            draft_path = await asyncio.to_thread(resolve_draft, config)
         except Exception as exc:
             self.state.set(ReplicaStatus.FAILED, f"model unavailable: {exc}")
             logger.error("cannot resolve model %r: %s", config.model, exc)
             return 1
         self._model_name = config.served_names[0] if config.served_names else name
         options = replace(
-            config.engine, serving=with_parsers_given(defaults, config.engine.serving)
+            config.engine,
+            serving=with_parsers_given(defaults, config.engine.serving),
+            draft_model_path=draft_path,
         )
         try:
             self._engine_name = choose_engine(kind, options.engine)
@@ -339,6 +342,23 @@ def resolve(config: ReplicaConfig) -> tuple[str, ModelKind, Path, ServingDefault
         resolved.path,
         serving_defaults(resolved.spec),
     )
+
+
+def resolve_draft(config: ReplicaConfig) -> Path | None:
+    """The draft model of speculative decoding, on this machine: from the
+    source the launcher passed, else the settings' catalog name (a replica
+    started by hand); None when the settings name no draft."""
+    speculative = config.engine.settings.speculativeDecoding
+    if speculative is None or config.engine.engine == "fake":
+        return None
+    from inferd.catalog.resolve import resolve_model, resolve_source
+
+    if config.draft_model_source is not None:
+        return resolve_source(config.draft_model_source, speculative.draftModel, config.cache_dir)
+    from inferd.catalog import load_catalog
+
+    catalog = load_catalog(models_dir=config.models_dir)
+    return resolve_model(speculative.draftModel, catalog.models, cache_dir=config.cache_dir).path
 
 
 def with_parsers_given(defaults: ServingDefaults, given: ServingDefaults) -> ServingDefaults:

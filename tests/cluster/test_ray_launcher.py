@@ -214,6 +214,9 @@ def test_pending_says_which_location_type_and_count_is_missing(serve: ServeHandl
     finally:
         for endpoint in (no_type, holder, too_big):
             delete(serve, endpoint["id"])
+    # Deleting the holder frees room that the pending endpoint may take just
+    # before its own delete: whatever it launched must not outlive it.
+    wait_until(lambda: capacity(serve)["us-east"]["H100-80GB"]["free"] == 3, timeout=30)
 
 
 # -- stop and faults ------------------------------------------------------------------

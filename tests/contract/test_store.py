@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import load_catalog
 from inferd.catalog.inspect import ServingHints
 from inferd.catalog.registered import (
@@ -150,6 +151,36 @@ def test_times_and_types_round_trip_exactly(opener: Opener) -> None:
         assert got == e
         assert got is not None and got.created_at.tzinfo is not None
         assert got.created_at.utcoffset() == timedelta(0)
+
+    run(body, opener())
+
+
+def test_engine_settings_are_stored_and_changed(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        tuned = EngineSettings.model_validate(
+            {
+                "maxModelLen": 1024,
+                "kvCacheDtype": "fp8",
+                "enablePrefixCaching": False,
+                "speculativeDecoding": {"draftModel": "tiny-chat", "numSpeculativeTokens": 3},
+            }
+        )
+        plain, with_settings = endpoint(1), replace(endpoint(2), engine_settings=tuned)
+        await store.insert_endpoint(plain, digest(1))
+        await store.insert_endpoint(with_settings, digest(2))
+        assert (await store.get_endpoint(plain.id)) == plain
+        assert plain.engine_settings.is_empty()
+        assert (await store.get_endpoint(with_settings.id)) == with_settings
+        later = T0 + timedelta(minutes=1)
+        fewer = EngineSettings.model_validate({"maxNumSeqs": 4})
+        changed = await store.update_endpoint(
+            with_settings.id, EndpointChanges(updated_at=later, engine_settings=fewer, generation=2)
+        )
+        assert changed.engine_settings == fewer and changed.generation == 2
+        assert [e.engine_settings for e in await store.list_endpoints()] == [
+            EngineSettings(),
+            fewer,
+        ]
 
     run(body, opener())
 

@@ -369,7 +369,9 @@ def test_least_in_flight_spreads_over_two_replicas(
     results: list[int] = []
 
     def call() -> None:
-        response = httpx.post(gw.url() + CHAT, json=chat(40), headers=auth(), timeout=30)
+        # Long enough (3 s at 10 ms a token) that all eight are in flight at
+        # once even when a busy machine starts the threads slowly.
+        response = httpx.post(gw.url() + CHAT, json=chat(300), headers=auth(), timeout=30)
         results.append(response.status_code)
 
     threads = [threading.Thread(target=call) for _ in range(8)]
@@ -420,7 +422,9 @@ def test_queue_full_while_busy_is_429_and_while_scaling_503(
     results: list[int] = []
 
     def call() -> None:
-        response = httpx.post(gw.url() + CHAT, json=chat(30), headers=auth(), timeout=30)
+        # The first must still be in flight while the second is held and a
+        # third is refused: 3 s at 10 ms a token, slack for a busy machine.
+        response = httpx.post(gw.url() + CHAT, json=chat(300), headers=auth(), timeout=30)
         results.append(response.status_code)
 
     threads = [threading.Thread(target=call) for _ in range(2)]

@@ -16,14 +16,24 @@ from inferd.catalog.fit import (
     SOURCE_ERROR_GOAL,
     Dataset,
     context,
+    current,
     fit,
+    leave_one_gpu_out,
     leave_one_source_out,
     median_abs,
     predict,
     published,
     relative_error,
 )
+from inferd.catalog.models import ModelSpec
 from inferd.catalog.perfmodel import PRIOR_PARAMETERS
+from inferd.catalog.workload import (
+    TPOT_P95_OVER_MEAN,
+    ChatWorkload,
+    chat_performance,
+    recommend_for_workload,
+    scheduler_limits,
+)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "recommendation_table.py"
 # Sources whose held-out error misses the per-source goal, with the reason
@@ -40,7 +50,7 @@ def dataset() -> Dataset:
 def test_the_dataset_covers_what_the_fit_needs(dataset: Dataset) -> None:
     rows = dataset.rows
     assert len(rows) >= 40 and len(dataset.sources) >= 6
-    assert {"A100-80GB", "H100-80GB", "H200", "L40S"} <= {r.gpu for r in rows}
+    assert {"A100-80GB", "H100-80GB", "H200", "L40S", "L4"} <= {r.gpu for r in rows}
     assert {"bf16", "fp8", "int4"} <= {r.precision for r in rows}
     assert any(r.scenario == "image" for r in rows)
     assert any(r.input >= 2000 and r.output <= 128 for r in rows)  # prefill-heavy
@@ -56,6 +66,63 @@ def test_leave_one_source_out_error_meets_the_goal(dataset: Dataset) -> None:
     for source in dataset.sources:
         err = median_abs(p.error for p in predictions if p.row.source == source)
         assert (err <= SOURCE_ERROR_GOAL) == (source not in KNOWN_MISSES), (source, err)
+
+
+def test_the_l4_figures_held_out_together_meet_the_goal(dataset: Dataset) -> None:
+    """Fitted without a single L4 figure (Ada's efficiencies then rest on the
+    L40S's FP8 figures), the model still predicts the L4's: the error an L4
+    estimate carried before it had figures of its own."""
+    ctx = context(load_catalog(), dataset)
+    held = leave_one_gpu_out(dataset, ctx, "L4")
+    assert len(held) == sum(1 for r in dataset.rows if r.gpu == "L4") >= 10
+    assert median_abs(p.error for p in held) <= SOURCE_ERROR_GOAL
+
+
+def test_the_recommenders_l4_estimates_meet_the_l4_figures(dataset: Dataset) -> None:
+    """The recommender's own estimate (`chat_performance`: the committed fit,
+    vLLM's token budget for an L4) of every published L4 serving figure:
+    each within the per-source goal, and at the median within the band an L4
+    recommendation quotes."""
+    gpu = load_catalog().gpus.gpu_type("L4")
+    band, _ = current().band(gpu.generation, "bf16")
+    errors = []
+    for row in dataset.rows:
+        if row.gpu != "L4" or row.scenario not in ("served", "served-tpot"):
+            continue
+        # Measured under the scheduler limits the recommender assumes for an L4.
+        assert row.token_budget == scheduler_limits(gpu).token_budget
+        assert row.batch is not None
+        arch = dataset.architectures[row.model]
+        model = ModelSpec(row.model, "chat", row.stated_model, "", arch)
+        work = ChatWorkload(1.0, row.input, row.output)
+        perf = chat_performance(model, gpu, row.gpus, row.batch, work)
+        assert perf.tpot_p95_s is not None
+        estimate = (
+            perf.throughput if row.scenario == "served"
+            else 1000 * perf.tpot_p95_s / TPOT_P95_OVER_MEAN
+        )  # fmt: skip
+        errors.append(relative_error(estimate, row))
+    assert len(errors) >= 8
+    assert all(abs(e) <= SOURCE_ERROR_GOAL for e in errors), errors
+    assert median_abs(errors) <= band
+
+
+def test_an_l4_recommendation_rests_on_the_l4_figures() -> None:
+    """An L4 option quotes the held-out error of the L4 figures, not a band
+    carried over from the L40S."""
+    catalog = load_catalog()
+    group = current().evidence["ada 16-bit"]
+    assert "L4" in group["gpus"] and group["measurements"] >= 10
+    rec = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus,
+        ChatWorkload(2, 500, 200, ttft_p95_s=2.0, tpot_p95_s=0.1), "us-east", gpu_type="L4",
+    )  # fmt: skip
+    assert rec.options
+    for option in rec.options:
+        assert option.error_band == pytest.approx(group["medianAbsError"])
+        assert f"{group['measurements']} published measurements of ada 16-bit, L4" in (
+            option.evidence
+        )
 
 
 def test_the_fit_improves_on_the_prior(dataset: Dataset) -> None:

@@ -365,7 +365,8 @@ def test_every_option_states_what_it_rests_on(
     assert h100.error_band is not None and 0 < h100.error_band < 0.3
     assert "published measurements of hopper 16-bit" in h100.evidence
     assert h100.reasons[-1] == f"rests on: {h100.evidence}"
-    # No L4 figure is in the dataset: the band says so and is the overall error.
+    # The L4's band is the held-out error of the published L4 figures.
     l4 = _option(rec.options, "L4", 2)
-    assert "no published measurement of ada 16-bit" in l4.evidence
-    assert l4.error_band is not None and l4.error_band >= fit_module.current().overall_error
+    group = fit_module.current().evidence["ada 16-bit"]
+    assert "published measurements of ada 16-bit, L4" in l4.evidence
+    assert l4.error_band == pytest.approx(group["medianAbsError"])

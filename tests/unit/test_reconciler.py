@@ -349,6 +349,26 @@ async def test_delete_while_the_loop_ticks_forgets_each_replica_once() -> None:
     assert w.registry.of_endpoint("e1") == [] and await w.stored() == {}
 
 
+async def test_a_replica_launched_after_its_endpoints_delete_is_stopped() -> None:
+    """The endpoint copy lags behind a delete: DELETE's drain found nothing to
+    stop, then a pass that still saw the row launched a replica. Once the row
+    is gone from the copy, that replica is drained and its row removed."""
+    w = await World(endpoint(min_replicas=0)).open()
+    await w.tick()
+    assert w.live() == []
+    await w.reconciler.drain_endpoint("e1", timeout_s=5)  # nothing to stop yet
+    w.rows[0] = dataclasses.replace(w.rows[0], min_replicas=1)  # the stale copy
+    await w.tick()
+    (rid,) = w.live()
+    w.rows.clear()  # the copy catches up: the endpoint is gone
+    await w.tick()
+    assert w.launcher.stopping == {rid}
+    w.launcher.exit(rid, 1)  # not a clean exit: a failed row would stay
+    await w.tick()
+    await w.tick()
+    assert w.registry.of_endpoint("e1") == [] and await w.stored() == {}
+
+
 async def test_an_exit_is_told_apart_by_its_reason() -> None:
     """A stopped replica that drained goes; one that crashed is failed."""
     w = await World(endpoint(min_replicas=2)).open()

@@ -54,8 +54,8 @@ def test_a_light_workload_picks_a_small_gpu(catalog: Catalog) -> None:
     )
     best = rec.best()
     assert best is not None and (best.gpu_type, best.replicas) == ("L4", 1)
-    # No L4 figure was published: the band says so, and falls back to the overall error.
-    assert "no published measurement of ada 16-bit" in best.evidence
+    # The band rests on the published L4 figures.
+    assert "published measurements of ada 16-bit, L4" in best.evidence
 
 
 @pytest.mark.parametrize(

@@ -228,6 +228,7 @@ def build_record(
             "reason": last_failure.reason,
             "at": last_failure.at,
         },
+        "engineSettings": row.engine_settings.given(),
         "projectId": row.project_id,
         "costSoFar": cost_so_far,
     }

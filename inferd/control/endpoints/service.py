@@ -25,8 +25,10 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
+from inferd.catalog.models import ModelSpec
 from inferd.control.accounts.metering import UsageMeter
 from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction
 from inferd.control.accounts.project_guard import ProjectGuard
@@ -34,6 +36,7 @@ from inferd.control.accounts.quota import EndpointShape
 from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
 from inferd.control.accounts.service import AccountService, project_missing
 from inferd.control.endpoints.cache import EndpointCache
+from inferd.control.endpoints.engine_checks import check_engine_settings
 from inferd.control.endpoints.checks import check_scaling, model_not_usable, name_taken, not_found
 from inferd.control.endpoints.placement import Placement, placement_for_change, resolve_placement
 from inferd.control.endpoints.records import (
@@ -327,6 +330,16 @@ class EndpointService:
 
     # --- writes ----------------------------------------------------------------------------
 
+    def _model_or_none(self, name: str) -> ModelSpec | None:
+        return self.catalog.models.get(name) if name in self.catalog.models else None
+
+    def check_engine_settings(self, model_name: str, settings: EngineSettings) -> None:
+        """400 naming the setting the model cannot run with (an unknown model
+        is left to placement, which names `modelName`)."""
+        model = self._model_or_none(model_name)
+        if model is not None:
+            check_engine_settings(settings, model, self._model_or_none)
+
     def _place(
         self, model_name: str, location: str, gpu_type: str | None, gpu_count: int | None
     ) -> Placement:
@@ -361,7 +374,11 @@ class EndpointService:
         async with self._guard.exclusive(project_id):
             await self._guard.check_quota(project_id, shape, max_replicas, new_endpoint=True)
             check_scaling(req.minReplicas, max_replicas, self.max_replicas_cap)
-            row, token = await self._insert(req, project_id, placement, max_replicas)
+            engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
+            self.check_engine_settings(placement.model_name, engine_settings)
+            row, token = await self._insert(
+                req, project_id, placement, max_replicas, engine_settings
+            )
         self._signals.endpoint_changed(row.id)
         logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
         await self.accounts.audit_event(
@@ -372,7 +389,12 @@ class EndpointService:
         return self.record_of(row), token
 
     async def _insert(
-        self, req: CreateEndpointRequest, project_id: str, placement: Placement, max_replicas: int
+        self,
+        req: CreateEndpointRequest,
+        project_id: str,
+        placement: Placement,
+        max_replicas: int,
+        engine_settings: EngineSettings,
     ) -> tuple[Endpoint, str]:
         async with self._cache.lock:
             if self._cache.find_by_name(project_id, req.name) is not None:
@@ -399,6 +421,7 @@ class EndpointService:
                 created_at=now,
                 updated_at=now,
                 project_id=project_id,
+                engine_settings=engine_settings,
             )
             token = new_endpoint_token()
             digest = hash_token(token)
@@ -452,6 +475,12 @@ class EndpointService:
                     currency=placement.currency,
                     generation=row.generation + 1,
                 )
+            if req.engineSettings is not None:
+                engine_settings = row.engine_settings.merged(req.engineSettings)
+                self.check_engine_settings(row.model_name, engine_settings)
+                if engine_settings != row.engine_settings:
+                    # Replicas take their settings at start: new ones replace them.
+                    wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
             if not wanted:
                 return row

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.control.cluster.ports import Deposed
 from inferd.control.endpoints.records import ReplicaFailure
 from inferd.control.model import ReplicaRecord, rfc3339, utc_now
@@ -101,6 +102,8 @@ class EndpointFacts(Protocol):
     def generation(self) -> int: ...
     @property
     def deleting_at(self) -> object | None: ...
+    @property
+    def engine_settings(self) -> EngineSettings: ...
 
 
 # (endpoint, replicas the autoscaler wants, every endpoint of this pass) ->
@@ -189,6 +192,8 @@ class Reconciler:
         self._tick_lock = asyncio.Lock()
         # Replicas whose process has not ended, by id: what to stop or kill.
         self._handles: dict[str, ReplicaHandle] = {}
+        # Replicas drained because their endpoint is gone (see _stop_orphans).
+        self._orphans: set[str] = set()
         # Set when a replica of the endpoint ends (deletion waits on it).
         self._ended: dict[str, asyncio.Event] = {}
 
@@ -337,11 +342,33 @@ class Reconciler:
                     await self._reconcile(row, rows)
                 else:
                     await self._stop_all(row.id)
+            await self._stop_orphans(known)
             looked_at = self._plans.keys() if only is None else self._plans.keys() & only
             for endpoint_id in list(looked_at):
                 if endpoint_id not in known:
                     self._forget(endpoint_id)
             await self._sync_records()
+
+    async def _stop_orphans(self, known: set[str]) -> None:
+        """Drain the replicas this instance runs whose endpoint is gone. The
+        endpoint copy can lag behind a delete: a pass that still saw the row
+        may launch a replica after the delete's drain found none to stop, and
+        nothing else would ever stop it (it would hold its GPUs for good)."""
+        for replica_id in list(self._handles):
+            replica = self.registry.get(replica_id)
+            if replica is None or replica.endpoint_id in known:
+                continue
+            if replica.live and replica.status is not ReplicaStatus.DRAINING:
+                self._orphans.add(replica_id)
+                await self._drain(replica, "its endpoint was deleted")
+        # Ended ones that did not exit cleanly stay as failed rows otherwise.
+        for replica_id in list(self._orphans):
+            replica = self.registry.get(replica_id)
+            if replica is None:
+                self._orphans.discard(replica_id)
+            elif not replica.live and replica_id not in self._handles:
+                self.registry.remove(replica_id)
+                self._orphans.discard(replica_id)
 
     async def _sync_records(self) -> None:
         """Every transition of this pass in the store, fenced with the term
@@ -563,6 +590,8 @@ class Reconciler:
             secret = secrets.token_urlsafe(32)
             try:
                 model = self.models(row.model_name)
+                speculative = row.engine_settings.speculativeDecoding
+                draft = None if speculative is None else self.models(speculative.draftModel)
             except Exception as exc:  # not in the catalog any more
                 plan.capacity_reason = f"model unavailable: {exc}"
                 return
@@ -576,6 +605,8 @@ class Reconciler:
                 location=row.location_name,
                 served_names=(row.model_name,),
                 generation=row.generation,
+                engine_settings=row.engine_settings,
+                draft_model=draft,
             )
             try:
                 handle = await self.launcher.launch(spec)

@@ -33,6 +33,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.postgres import PostgresAccounts
 from inferd.control.accounts.quota import EndpointShape
@@ -82,7 +83,7 @@ FOREIGN_KEY_VIOLATION = "23503"
 _ENDPOINT_COLUMNS = (
     "id", "name", "model_name", "model_kind", "gpu_type", "gpu_count", "location_name",
     "min_replicas", "max_replicas", "retention_seconds", "hourly_price", "currency",
-    "created_at", "updated_at", "deleting_at", "generation", "project_id",
+    "created_at", "updated_at", "deleting_at", "generation", "project_id", "engine_settings",
 )  # fmt: skip
 _REPLICA_COLUMNS = (
     "id", "endpoint_id", "generation", "gpu_type", "gpu_count", "secret_hash", "status",
@@ -91,7 +92,7 @@ _REPLICA_COLUMNS = (
 _UPDATABLE = frozenset(
     {
         "min_replicas", "max_replicas", "retention_seconds", "gpu_type", "gpu_count",
-        "hourly_price", "currency", "generation", "updated_at",
+        "hourly_price", "currency", "generation", "updated_at", "engine_settings",
     }
 )  # fmt: skip
 _ENDPOINT_LIST = sql.SQL(", ").join(map(sql.Identifier, _ENDPOINT_COLUMNS))
@@ -138,7 +139,12 @@ def _endpoint(row: tuple[Any, ...]) -> Endpoint:
     values = dict(zip(_ENDPOINT_COLUMNS, row, strict=True))
     for key in ("created_at", "updated_at", "deleting_at"):
         values[key] = _utc(values[key])
+    values["engine_settings"] = EngineSettings.from_json(values["engine_settings"])
     return Endpoint(**values)
+
+
+def _column_value(value: Any) -> Any:
+    return value.to_json() if isinstance(value, EngineSettings) else value
 
 
 def _fence(conn: psycopg.Connection, term: int | None) -> None:
@@ -275,7 +281,9 @@ class PostgresStore(PostgresAccounts):
         )
         try:
             with conn.transaction():  # a savepoint: the error leaves the outer one usable
-                conn.execute(statement, tuple(getattr(endpoint, c) for c in _ENDPOINT_COLUMNS))
+                conn.execute(
+                    statement, tuple(_column_value(getattr(endpoint, c)) for c in _ENDPOINT_COLUMNS)
+                )
         except psycopg.errors.UniqueViolation as exc:
             if (
                 exc.sqlstate == UNIQUE_VIOLATION
@@ -379,7 +387,10 @@ class PostgresStore(PostgresAccounts):
 
     async def update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:
         def write(conn: psycopg.Connection) -> Endpoint:
-            values: dict[str, Any] = {**changes.settings(), "updated_at": changes.updated_at}
+            values: dict[str, Any] = {
+                **{k: _column_value(v) for k, v in changes.settings().items()},
+                "updated_at": changes.updated_at,
+            }
             assert set(values) <= _UPDATABLE
             statement = sql.SQL("UPDATE endpoints SET {} WHERE id = %s RETURNING {}").format(
                 sql.SQL(", ").join(

@@ -256,7 +256,15 @@ _V8 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+_V9 = Migration(
+    9,
+    "an endpoint's engine settings",
+    # A JSON document validated by `EngineSettings` on both ways; '{}': the
+    # server's defaults, which is what every endpoint before had.
+    ("ALTER TABLE endpoints ADD COLUMN engine_settings TEXT NOT NULL DEFAULT '{}'",),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 
 
 def latest_version() -> int:

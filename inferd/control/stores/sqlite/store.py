@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog.registered import DuplicateModel, MeasuredProfile, RegisteredModel
 from inferd.control.accounts.quota import EndpointShape
 from inferd.control.accounts.sqlite import SqliteAccounts
@@ -59,7 +60,7 @@ T = TypeVar("T")
 _ENDPOINT_COLUMNS = (
     "id", "name", "model_name", "model_kind", "gpu_type", "gpu_count", "location_name",
     "min_replicas", "max_replicas", "retention_seconds", "hourly_price", "currency",
-    "created_at", "updated_at", "deleting_at", "generation", "project_id",
+    "created_at", "updated_at", "deleting_at", "generation", "project_id", "engine_settings",
 )  # fmt: skip
 _SELECT_ENDPOINT = f"SELECT {', '.join(_ENDPOINT_COLUMNS)} FROM endpoints"
 _REPLICA_COLUMNS = (
@@ -80,6 +81,7 @@ def _endpoint(row: tuple[Any, ...]) -> Endpoint:
         values[key] = parse_rfc3339(values[key])
     if values["deleting_at"] is not None:
         values["deleting_at"] = parse_rfc3339(values["deleting_at"])
+    values["engine_settings"] = EngineSettings.from_json(values["engine_settings"])
     return Endpoint(**values)
 
 
@@ -107,12 +109,16 @@ def _endpoint_conditions(where: EndpointFilter, after: int | None) -> tuple[list
     return conditions, params
 
 
+def _column_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return rfc3339(value)
+    if isinstance(value, EngineSettings):
+        return value.to_json()
+    return value
+
+
 def _endpoint_values(endpoint: Endpoint) -> tuple[Any, ...]:
-    values = []
-    for column in _ENDPOINT_COLUMNS:
-        value = getattr(endpoint, column)
-        values.append(rfc3339(value) if isinstance(value, datetime) else value)
-    return tuple(values)
+    return tuple(_column_value(getattr(endpoint, column)) for column in _ENDPOINT_COLUMNS)
 
 
 def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
@@ -333,7 +339,10 @@ class SqliteStore(SqliteAccounts):
         return await self._run(self._update_endpoint, endpoint_id, changes)
 
     def _update_endpoint(self, endpoint_id: str, changes: EndpointChanges) -> Endpoint:
-        values: dict[str, Any] = {**changes.settings(), "updated_at": rfc3339(changes.updated_at)}
+        values: dict[str, Any] = {
+            **{k: _column_value(v) for k, v in changes.settings().items()},
+            "updated_at": rfc3339(changes.updated_at),
+        }
         with self._tx() as conn:
             assignments = ", ".join(f"{c} = ?" for c in values)
             conn.execute(

@@ -1,0 +1,147 @@
+"""An endpoint's engine settings through the management API, the store and
+the reconciler, with the fake launcher: the record shows them, the replicas
+are launched with them, and a PATCH that changes them rolls the replicas
+(the old one serves until its replacement is ready)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inferd.control.fakes import FakeLauncher
+from inferd.replica.config import config_for, to_argv
+from inferd.server.app import create_app
+from inferd.server.compose import Server, build
+from inferd.settings import load_settings
+from inferd.testing import replica_report
+
+ADMIN = "engine-settings-admin-key-0123456789"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def open_plane(tmp_path: Path, launcher: FakeLauncher) -> Server:
+    settings = load_settings(env={}, overrides={"state_dir": tmp_path, "admin_key": ADMIN})
+    return asyncio.run(build(settings, launcher=launcher))
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(20_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def ready(plane: Server, launcher: FakeLauncher, replica_id: str) -> None:
+    secret = launcher.alive[replica_id].secret
+    report = replica_report(
+        replica_id, {"status": "ready", "url": f"http://127.0.0.1/{replica_id}"}
+    )
+    plane.registry.report(replica_id, secret, report)
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    return dict(body["error"])
+
+
+def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> None:
+    launcher = FakeLauncher(slots=4)
+    plane = open_plane(tmp_path, launcher)
+    app = create_app(plane)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c,
+        ):
+            body = {
+                "name": "tuned",
+                "modelName": "tiny-chat",
+                "minReplicas": 1,
+                "engineSettings": {"maxModelLen": 1024, "maxNumSeqs": 8},
+            }
+            created = await c.post("/inference/endpoints", json=body)
+            assert created.status_code == 201, created.text
+            record = created.json()
+            assert record["engineSettings"] == {"maxModelLen": 1024, "maxNumSeqs": 8}
+            path = f"/inference/endpoints/{record['id']}"
+            await until(lambda: len(launcher.alive) == 1)
+            (old,) = launcher.alive
+            spec = launcher.alive[old]
+            assert spec.engine_settings.given() == {"maxModelLen": 1024, "maxNumSeqs": 8}
+            argv = to_argv(config_for(spec, plane.settings.replicas))
+            assert argv[argv.index("--engine-settings") + 1] == (
+                '{"maxModelLen":1024,"maxNumSeqs":8}'
+            )
+            ready(plane, launcher, old)
+
+            # A setting the model cannot run with changes nothing.
+            refused = await c.patch(path, json={"engineSettings": {"maxModelLen": 4096}})
+            assert error_of(refused)["param"] == "engineSettings.maxModelLen"
+            # Scaling alone restarts nothing; the same settings again neither.
+            same = {"maxReplicas": 2, "engineSettings": {"maxNumSeqs": 8}}
+            assert (await c.patch(path, json=same)).status_code == 200
+            await plane.reconciler.tick()
+            assert list(launcher.alive) == [old] and launcher.stopping == set()
+
+            changed = await c.patch(
+                path, json={"engineSettings": {"maxNumSeqs": 4, "maxModelLen": None}}
+            )
+            assert changed.status_code == 200, changed.text
+            assert changed.json()["engineSettings"] == {"maxNumSeqs": 4}
+            await until(lambda: len(launcher.alive) == 2)
+            (new,) = set(launcher.alive) - {old}
+            assert launcher.alive[new].engine_settings.given() == {"maxNumSeqs": 4}
+            # The old replica serves until its replacement is ready.
+            await plane.reconciler.tick()
+            assert launcher.stopping == set()
+            assert (await c.get(path)).json()["status"] == "updating"
+            ready(plane, launcher, new)
+            await plane.reconciler.tick()
+            assert launcher.stopping == {old}
+
+            stored = await plane.store.get_endpoint(record["id"])
+            assert stored is not None and stored.engine_settings.given() == {"maxNumSeqs": 4}
+            assert (await c.get(path)).json()["engineSettings"] == {"maxNumSeqs": 4}
+
+    asyncio.run(scenario())
+
+
+def test_creates_with_settings_the_model_cannot_run_are_400s_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    plane = open_plane(tmp_path, FakeLauncher())
+    app = create_app(plane)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c,
+        ):
+            cases = [
+                ("tiny-chat", {"maxModelLen": 100_000}, "engineSettings.maxModelLen"),
+                ("tiny-chat", {"quantization": "gptq"}, "engineSettings.quantization"),
+                ("tiny-chat", {"speculativeDecoding": {"draftModel": "tiny-qwen3-embed",
+                                                       "numSpeculativeTokens": 2}},
+                 "engineSettings.speculativeDecoding.draftModel"),
+                ("tiny-sdxl", {"maxNumSeqs": 2}, "engineSettings"),
+                ("tiny-chat", {"maxModelLen": "long"}, "engineSettings.maxModelLen"),
+            ]  # fmt: skip
+            for model, value, param in cases:
+                answer = await c.post(
+                    "/inference/endpoints",
+                    json={"name": "bad", "modelName": model, "engineSettings": value},
+                )
+                assert error_of(answer)["param"] == param, (model, value)
+            assert await plane.store.list_endpoints() == []
+
+    asyncio.run(scenario())
