@@ -36,8 +36,8 @@ from inferd.control.accounts.quota import EndpointShape
 from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
 from inferd.control.accounts.service import AccountService, project_missing
 from inferd.control.endpoints.cache import EndpointCache
-from inferd.control.endpoints.engine_checks import check_engine_settings
 from inferd.control.endpoints.checks import check_scaling, model_not_usable, name_taken, not_found
+from inferd.control.endpoints.engine_checks import check_engine_settings
 from inferd.control.endpoints.placement import Placement, placement_for_change, resolve_placement
 from inferd.control.endpoints.records import (
     DEFAULT_IMAGE_SIZE,
