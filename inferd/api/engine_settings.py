@@ -16,6 +16,7 @@ refused, integers bounded.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -121,3 +122,25 @@ class EngineSettings(_Settings):
 
 
 NO_ENGINE_SETTINGS = EngineSettings()
+
+# The settings that change what a replica needs (memory, batch), as query
+# parameters of a recommendation: an endpoint's answer, before it exists.
+SIZING_QUERY = {
+    "maxModelLen": int,
+    "dtype": str,
+    "quantization": str,
+    "kvCacheDtype": str,
+    "maxNumSeqs": int,
+}
+
+
+def sizing_from_query(params: Mapping[str, str]) -> dict[str, Any]:
+    """The sizing settings a query names, typed (an integer that is not one
+    is left as text, for the model's validation to refuse by name)."""
+    values: dict[str, Any] = {}
+    for name, kind in SIZING_QUERY.items():
+        raw = params.get(name)
+        if raw is None:
+            continue
+        values[name] = int(raw) if kind is int and raw.lstrip("-").isdigit() else raw
+    return values

@@ -108,9 +108,6 @@ class ConsoleSources:
                 return opt
         return None
 
-    def visible_rows(self, principal: Principal) -> list[EndpointRow]:
-        return self.endpoints.visible(principal)
-
     async def projects(self, principal: Principal) -> list[str]:
         return [p.id for p in await self.accounts.projects(principal)]
 

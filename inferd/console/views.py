@@ -62,26 +62,6 @@ def row_view_of(row: EndpointRow, runtime: EndpointRuntime, cost: float) -> RowV
     )
 
 
-def matches(view: RowView, query: str) -> bool:
-    """Case-insensitive search over what a person would type: name, model,
-    GPU type, location, status."""
-    if not query:
-        return True
-    q = query.lower()
-    return any(
-        q in field.lower()
-        for field in (
-            view.name,
-            view.project,
-            view.model,
-            view.gpu_type,
-            view.location,
-            view.status,
-            view.id,
-        )
-    )
-
-
 def ids_signature(ids: Iterable[str]) -> str:
     """A short digest of which rows a list shows, in order."""
     digest = hashlib.blake2b(digest_size=8)

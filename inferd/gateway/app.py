@@ -23,7 +23,6 @@ from inferd import COMPAT_FAMILY
 from inferd.errors import (
     BadRequest,
     InferdError,
-    NotFound,
     PayloadTooLarge,
 )
 from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
@@ -38,6 +37,7 @@ from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.gateway.upstream import HttpxUpstream, Upstream
 from inferd.http_errors import error_response
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -204,10 +204,12 @@ class Gateway:
             raise gone
         assert endpoint is not None
         if route.kind is not None and endpoint.kind not in route.kind.split():
-            # Answered here: a wrong route must not wake a scaled-to-zero endpoint.
-            raise NotFound(
-                f"This endpoint serves the {endpoint.kind} model '{endpoint.model_name}'; "
-                f"{route.path} is not available on it.",
+            # Answered here: a wrong route must not wake a scaled-to-zero
+            # endpoint. A 400, not a 404: the path exists, the request is for
+            # another kind of model than this endpoint serves.
+            raise BadRequest(
+                f"This endpoint serves the {endpoint.kind} model '{endpoint.model_name}': "
+                f"{ModelKind(endpoint.kind).serves}; {route.path} is not available on it.",
                 code="unsupported_route",
             )
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.console_support import ServedConsole, served_console
 from tests.support import chromium_path, require
 
 EXPECT_TIMEOUT_MS = 30_000
@@ -44,3 +45,11 @@ def browser() -> Iterator[object]:
             yield chromium
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedConsole]:
+    """The console of an in-process control plane with fake replicas and two
+    seeded projects (tests/console_support.py); one per test module."""
+    with served_console(tmp_path_factory.mktemp("console")) as served:
+        yield served

@@ -8,101 +8,21 @@ playground's token hint. In-process control plane with fake replicas
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 
 from inferd.control.accounts.model import UsageDelta, hour_of
-from inferd.control.fakes import FakeLauncher
-from inferd.server.app import create_app
-from inferd.server.compose import Server, build
-from inferd.settings import load_settings
-from inferd.testing import free_port
-from tests.console_support import ADMIN, seed_projects
+from tests.console_support import ADMIN, ServedConsole, signed_in
 
 pytestmark = [pytest.mark.browser]
 
 
-@dataclass
-class Console:
-    url: str
-    keys: dict[str, str]  # user -> plaintext management key
-    plane: Server
-    loop: asyncio.AbstractEventLoop
-
-    def api(self, method: str, path: str, key: str = ADMIN, **kwargs: Any) -> Any:
-        answer = httpx.request(
-            method, f"{self.url}/inference{path}",
-            headers={"Authorization": f"Bearer {key}"}, timeout=120, **kwargs,
-        )  # fmt: skip
-        assert answer.status_code < 300, answer.text
-        return answer.json() if answer.content else None
-
-    def run(self, coro: Any) -> Any:
-        """A coroutine on the plane's own loop (its store lives there)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-
-@pytest.fixture(scope="module")
-def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    state: Path = tmp_path_factory.mktemp("console-tenancy")
-    settings = load_settings(
-        env={}, overrides={"state_dir": state, "admin_key": ADMIN, "public_url": url}
-    )
-    server: list[uvicorn.Server] = []
-    planes: list[tuple[Server, asyncio.AbstractEventLoop]] = []
-
-    async def serve() -> None:
-        plane = await build(settings, launcher=FakeLauncher(), run_replicas=False)
-        planes.append((plane, asyncio.get_running_loop()))
-        try:
-            config = uvicorn.Config(create_app(plane), host="127.0.0.1", port=port,
-                                    log_level="warning")  # fmt: skip
-            server.append(uvicorn.Server(config))
-            await server[0].serve()
-        finally:
-            await plane.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not (server and server[0].started):
-        assert thread.is_alive() and time.monotonic() < deadline, "the console did not start"
-        time.sleep(0.01)
-    try:
-        with httpx.Client(base_url=url) as client:
-            keys = seed_projects(client)
-        yield Console(url, keys, *planes[0])
-    finally:
-        server[0].should_exit = True
-        thread.join(10)
-
-
-def signed_in(browser: Any, console: Console, key: str) -> Any:
-    from playwright.sync_api import expect
-
-    page = browser.new_context().new_page()
-    page.goto(f"{console.url}/console/signin")
-    page.get_by_label("Key").fill(key)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(re.compile(r"/console/endpoints$"))
-    return page
-
-
 def test_another_projects_model_is_not_offered(
-    browser: Any, console: Console, tiny_chat_dir: Path
+    browser: Any, console: ServedConsole, tiny_chat_dir: Path
 ) -> None:
     from playwright.sync_api import expect
 
@@ -110,7 +30,7 @@ def test_another_projects_model_is_not_offered(
         "source": str(tiny_chat_dir), "name": "secret-weights", "projectId": "alpha",
     })["name"]  # fmt: skip
     assert private == "alpha:secret-weights"
-    olga = signed_in(browser, console, console.keys["olga"])  # beta's developer
+    olga = signed_in(browser, console.url, console.keys["olga"])  # beta's developer
     olga.goto(f"{console.url}/console/endpoints/new")
     offered = olga.get_by_test_id("model").locator("option").all_text_contents()
     assert "tiny-chat" in " ".join(offered)
@@ -121,10 +41,10 @@ def test_another_projects_model_is_not_offered(
     assert "secret-weights" not in olga.content()
 
 
-def test_pages_read_as_words(browser: Any, console: Console) -> None:
+def test_pages_read_as_words(browser: Any, console: ServedConsole) -> None:
     from playwright.sync_api import expect
 
-    page = signed_in(browser, console, ADMIN)
+    page = signed_in(browser, console.url, ADMIN)
     # A name the API's pattern refuses: the form says what it wants, in words.
     page.goto(f"{console.url}/console/endpoints/new")
     page.get_by_test_id("project").select_option("beta")

@@ -199,12 +199,12 @@ def test_list_search_live_changes_and_empty_state(client: TestClient) -> None:
     beta = create(client, csrf, "beta")
     listed = client.get("/console/endpoints")
     assert 'data-testid="row-alpha"' in listed.text and 'data-testid="row-beta"' in listed.text
-    found = client.get("/console/endpoints/rows", params={"q": "alp"})
+    found = client.get("/console/endpoints/rows", params={"name": "Alp"})
     assert "row-alpha" in found.text and "row-beta" not in found.text
     version = int(re.search(r'"since": (\d+)', listed.text).group(1))  # type: ignore[union-attr]
     signature = re.search(r'"signature": "([0-9a-f]+)"', listed.text).group(1)  # type: ignore[union-attr]
     quiet = client.get(
-        "/console/endpoints/changes", params={"since": version, "signature": signature, "q": ""}
+        "/console/endpoints/changes", params={"since": version, "signature": signature}
     )
     assert "row-" not in quiet.text  # nothing changed: no row sent
     client.post(
@@ -212,7 +212,7 @@ def test_list_search_live_changes_and_empty_state(client: TestClient) -> None:
         data={"csrf": csrf, "minReplicas": "0", "maxReplicas": "3", "retention": "60"},
     )
     changed = client.get(
-        "/console/endpoints/changes", params={"since": version, "signature": signature, "q": ""}
+        "/console/endpoints/changes", params={"since": version, "signature": signature}
     )
     assert "row-beta" in changed.text and "row-alpha" not in changed.text
     assert 'hx-swap-oob="true"' in changed.text and "0 / 0 / 3" in changed.text
@@ -270,7 +270,7 @@ def test_names_and_typed_values_render_as_text(client: TestClient) -> None:
     )
     assert answer.status_code == 400
     assert evil not in answer.text and "&lt;img src=x" in answer.text
-    search = client.get("/console/endpoints", params={"q": evil})
+    search = client.get("/console/endpoints", params={"name": evil})
     assert evil not in search.text and "&lt;img" in search.text
 
 

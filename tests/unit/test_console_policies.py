@@ -10,7 +10,7 @@ import pytest
 
 from inferd.console.costs import Envelope, SettingsChange, cost_so_far
 from inferd.console.live import LiveBoard
-from inferd.console.views import RowView, ids_signature, matches
+from inferd.console.views import RowView, ids_signature
 from inferd.control.metrics.timeseries import EndpointSeries, ReplicaTotals, percentile
 from inferd.control.replicas.scale_events import ScaleCause, ScaleJournal, classify
 
@@ -126,7 +126,6 @@ def test_live_rows_answer_only_what_changed() -> None:
     live.refresh_marked()
     assert live.changed_since(since) == [views["b"]]
     assert ids_signature(["a", "b"]) != ids_signature(["b", "a"])
-    assert matches(_view("a"), "TINY") and not matches(_view("a"), "sdxl")
 
 
 def test_live_board_sweep_finds_changes_made_elsewhere_and_rows_gone() -> None:

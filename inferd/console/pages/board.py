@@ -1,9 +1,20 @@
-"""The endpoints board: the list, its search, and its live updates (rows
-polled from the live board and swapped in as they change)."""
+"""The endpoints board: a page of the endpoints the principal sees, a
+filter by name and status, previous and next, and live updates of the page
+shown (its rows polled from the live board and swapped in as they change).
+
+A page is one of the store's keyset pages, as the API's list reads them
+(`EndpointService.visible_page`: the principal's projects and the name prefix
+selected in the store, the status on the rows it returns). A poll answers
+from the live board: the rows of this page changed since the browser's
+version, or the whole board when the page's set of rows changed (an
+endpoint created or deleted, one whose status left or entered the filter,
+a next page that appeared).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from markupsafe import Markup
@@ -11,28 +22,45 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from inferd.console.board_query import STATUSES, BadBoardQuery, BoardQuery
 from inferd.console.live import LiveBoard
 from inferd.console.pages.base import Pages, form_int
 from inferd.console.security import Session
-from inferd.console.views import RowView, ViewCache, ids_signature, matches
-from inferd.console.web import Web
+from inferd.console.views import RowView, ViewCache, ids_signature
+from inferd.console.web import ConsoleError, Web
 from inferd.control.accounts.roles import Principal
 from inferd.control.model import Endpoint as EndpointRow
+from inferd.control.paging import EndpointFilter
+
+PAGE_SIZE = 50
+BOARD = "/console/endpoints"
 
 
-def _list_key(principal: Principal, query: str) -> tuple[Any, ...]:
-    """Who sees which rows, and the search: what a list's signature depends on."""
+@dataclass(frozen=True)
+class BoardPage:
+    """The rows a page shows, where the next page starts (None: this is the
+    last), and the live board's versions it was read at."""
+
+    ids: tuple[str, ...]
+    after: int | None
+    signature: str
+    members_version: int
+    version: int
+
+
+def _page_key(principal: Principal, query: BoardQuery) -> tuple[Any, ...]:
+    """Who sees which rows, and which page: what a page's rows depend on."""
     return (principal.operator, tuple(sorted(principal.roles.items())), query)
 
 
 class Board(Pages):
-    def __init__(self, web: Web) -> None:
+    def __init__(self, web: Web, page_size: int = PAGE_SIZE) -> None:
         super().__init__(web)
+        self.page_size = page_size
         row_template = web.env.get_template("_row.html")
         self.cache = ViewCache(lambda view: row_template.render(view=view))
         self.live = LiveBoard(self.view_of, self.sources.endpoints.endpoint_ids)
-        # (operator, roles, query) -> (members version, version, signature)
-        self._signatures: dict[tuple[Any, ...], tuple[int, int, str]] = {}
+        self._pages: dict[tuple[Any, ...], BoardPage] = {}
 
     def routes(self) -> list[BaseRoute]:
         page = self.web.page
@@ -50,7 +78,9 @@ class Board(Pages):
 
     def view(self, row: EndpointRow) -> RowView:
         """An endpoint's row as the board shows it now."""
-        return self._views([row])[0]
+        return self.cache.view(
+            row, self.sources.endpoints.runtime_of(row.id), self.sources.cost_so_far(row.id)
+        )
 
     def mark(self, endpoint_id: str) -> None:
         """This endpoint was just changed here: the next poll shows it."""
@@ -58,135 +88,117 @@ class Board(Pages):
 
     def view_of(self, endpoint_id: str) -> RowView | None:
         row = self.sources.endpoints.find(endpoint_id)
-        if row is None:
-            return None
-        runtime = self.sources.endpoints.runtime_of(endpoint_id)
-        return self.cache.view(row, runtime, self.sources.cost_so_far(endpoint_id))
+        return None if row is None else self.view(row)
 
-    def _views(self, rows: Sequence[EndpointRow]) -> list[RowView]:
-        runtime_of, cost, view = (
-            self.sources.endpoints.runtime_of,
-            self.sources.cost_so_far,
-            self.cache.view,
-        )
-        return [view(r, runtime_of(r.id), cost(r.id)) for r in rows]
+    # --- a page -----------------------------------------------------------------------
 
-    # --- what a list shows ------------------------------------------------------------
-
-    def _signature(self, principal: Principal, query: str) -> str:
-        """The signature of the rows this principal's list shows for `query`,
-        recomputed only when rows appeared or went (or, while searching,
-        when any row changed: a change can move a row in or out of a search)."""
+    async def _page(
+        self, principal: Principal, query: BoardQuery, *, fresh: bool = False
+    ) -> BoardPage:
+        """The page's rows. A poll reads them from the store again only when
+        the live board saw rows appear or go since (or, with a status filter,
+        any row change: a change can move a row in or out of the filter); a
+        page load (`fresh`) always does."""
         live = self.live
-        key = _list_key(principal, query)
-        cached = self._signatures.get(key)
+        key = _page_key(principal, query)
+        known = self._pages.get(key)
         if (
-            cached is not None
-            and cached[0] == live.members_version
-            and (not query or cached[1] == live.version)
+            not fresh
+            and known is not None
+            and known.members_version == live.members_version
+            and (not query.status or known.version == live.version)
         ):
-            return cached[2]
-        views = self._listed_by(principal, query)
+            return known
+        status = query.status
+
+        def keep(row: Any) -> bool:
+            return self.view(row).status == status
+
+        page = await self.sources.endpoints.visible_page(
+            principal,
+            EndpointFilter(name_prefix=query.name or None),
+            query.after,
+            self.page_size,
+            keep if status else None,
+        )
+        views = [self.view(row) for row in page.items]
         live.update(views)
-        return self._remember_signature(key, views)
+        ids = tuple(v.id for v in views)
+        # The next link is part of what the page shows.
+        signature = ids_signature((*ids, "" if page.after is None else "+"))
+        if len(self._pages) > 256:
+            self._pages.clear()
+        board_page = BoardPage(ids, page.after, signature, live.members_version, live.version)
+        self._pages[key] = board_page
+        return board_page
 
-    def _remember_signature(self, key: tuple[Any, ...], views: Sequence[RowView]) -> str:
-        if len(self._signatures) > 256:
-            self._signatures.clear()
-        signature = ids_signature(v.id for v in views)
-        self._signatures[key] = (self.live.members_version, self.live.version, signature)
-        return signature
+    def _views(self, ids: Sequence[str]) -> list[RowView]:
+        views = (self.view_of(endpoint_id) for endpoint_id in ids)
+        return [v for v in views if v is not None]
 
-    def _rows_html(self, views: Sequence[RowView]) -> list[Markup]:
-        # Each row was rendered (escaped) by the row template; joined as is.
-        return [Markup(self.cache.html(v)) for v in views]
+    def _query(self, request: Request) -> BoardQuery:
+        try:
+            return BoardQuery.read(request.query_params)
+        except BadBoardQuery as exc:
+            raise ConsoleError(400, str(exc)) from None
 
-    def _listed(self, session: Session, query: str) -> list[RowView]:
-        assert session.principal is not None
-        return self._listed_by(session.principal, query)
-
-    def _listed_by(self, principal: Principal, query: str) -> list[RowView]:
-        views = self._views(self.sources.visible_rows(principal))
-        return [v for v in views if matches(v, query)]
-
-    # --- the pages --------------------------------------------------------------------
-
-    async def endpoints(self, request: Request, session: Session) -> Response:
-        return await self._list(request, session, "endpoints.html")
-
-    async def rows(self, request: Request, session: Session) -> Response:
-        """The table body for a search (htmx swaps it in as one types)."""
-        return await self._list(request, session, "_rows.html")
-
-    async def _list(
-        self, request: Request, session: Session, template: str, **more: Any
+    async def _board(
+        self, request: Request, session: Session, template: str, *, oob: bool = False
     ) -> Response:
-        """The list (whole page, or its body), its rows as they are now."""
+        """The board (the whole page, or the board alone), its rows as they are now."""
         assert session.principal is not None
-        query = request.query_params.get("q", "")
-        views = self._listed(session, query)
-        self.live.update(views)
-        key = _list_key(session.principal, query)
+        query = self._query(request)
+        page = await self._page(session.principal, query, fresh=not oob)
+        views = self._views(page.ids)
+        previous = query.previous()
         return self.web.render(
             request,
             session,
             template,
-            views=views,
-            rows_html=self._rows_html(views),
             query=query,
+            statuses=STATUSES,
+            rows_html=[Markup(self.cache.html(v)) for v in views],
             version=self.live.version,
-            signature=self._remember_signature(key, views),
+            signature=page.signature,
+            previous=None if previous is None else previous.query_string(),
+            next=None if page.after is None else query.next(page.after).query_string(),
             can_create=await self.web.can_create(session),
-            **more,
+            oob=oob,
         )
 
+    # --- the pages --------------------------------------------------------------------
+
+    async def endpoints(self, request: Request, session: Session) -> Response:
+        return await self._board(request, session, "endpoints.html")
+
+    async def rows(self, request: Request, session: Session) -> Response:
+        """The board alone, for a filter or another page (htmx swaps it in);
+        the address bar then shows the page's own address."""
+        response = await self._board(request, session, "_board.html")
+        query = self._query(request).query_string()
+        response.headers["HX-Push-Url"] = f"{BOARD}?{query}" if query else BOARD
+        return response
+
     async def changes(self, request: Request, session: Session) -> Response:
-        """The poll of a list: only the rows changed since the version the
-        browser has (swapped in out of band), or the whole body when the set
-        of rows changed (an endpoint created or deleted, a search's matches).
-        Usually answered from the live board without looking at every row."""
+        """The poll of a page: only its rows changed since the version the
+        browser has (swapped in out of band), or the whole board when the
+        page's set of rows changed. Usually answered from the live board
+        without reading the store."""
         assert session.principal is not None
-        principal = session.principal
         params = request.query_params
-        query = params.get("q", "")
+        query = self._query(request)
         since = form_int(params.get("since"), 0)
         self.live.watch()
         self.live.refresh_marked()
         changed = self.live.changed_since(since)
-        if changed is not None:
-            changed = [v for v in changed if principal.sees(v.project)]
-            if not (query and changed) and self._signature(principal, query) == params.get(
-                "signature"
-            ):
-                return self._changes(request, session, changed, query, params["signature"])
-        views = self._listed(session, query)
-        self.live.update(views)
-        key = _list_key(principal, query)
-        signature = self._remember_signature(key, views)
-        if signature != params.get("signature"):
-            return self.web.render(
-                request,
-                session,
-                "_rows.html",
-                views=views,
-                rows_html=self._rows_html(views),
-                version=self.live.version,
-                oob=True,
-                can_create=await self.web.can_create(session),
-                query=query,
-                signature=signature,
-            )
-        changed = [v for v in views if self.live.version_of(v.id) > since]
-        return self._changes(request, session, changed, query, signature)
-
-    def _changes(
-        self,
-        request: Request,
-        session: Session,
-        changed: list[RowView],
-        query: str,
-        signature: str,
-    ) -> Response:
+        page = await self._page(session.principal, query)
+        if page.signature != params.get("signature"):
+            return await self._board(request, session, "_board.html", oob=True)
+        on_page = set(page.ids)
+        if changed is None:  # the browser's version is too old to say what changed
+            changed = [v for v in self._views(page.ids) if self.live.version_of(v.id) > since]
+        else:
+            changed = [v for v in changed if v.id in on_page]
         return self.web.render(
             request,
             session,
@@ -194,7 +206,7 @@ class Board(Pages):
             changed=changed,
             version=self.live.version,
             query=query,
-            signature=signature,
+            signature=page.signature,
         )
 
     async def row(self, request: Request, session: Session) -> Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, GpuOption, recommend
 from inferd.control.model import Endpoint
 from inferd.errors import BadRequest
@@ -44,7 +45,10 @@ def resolve_placement(
     location_name: str,
     gpu_type: str | None,
     gpu_count: int | None,
+    engine_settings: EngineSettings | None = None,
 ) -> Placement:
+    """`engine_settings`: the endpoint's; the fit is of the model as its
+    engine holds it under them (context, dtype, FP8 weights or KV cache)."""
     try:
         model = catalog.models.get(model_name)
     except KeyError:
@@ -92,7 +96,14 @@ def resolve_placement(
             code="gpu_count_not_allowed",
         )
 
-    rec = recommend(model, gpus, location_name, gpu_type=gpu_type, gpu_count=gpu_count)
+    rec = recommend(
+        model,
+        gpus,
+        location_name,
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        engine_settings=engine_settings,
+    )
     fitting = [o for o in rec.options if o.fits]
     if not fitting:
         raise _does_not_fit(model_name, location_name, gpu_type, gpu_count, rec.rejected)
@@ -109,11 +120,16 @@ def resolve_placement(
 
 
 def placement_for_change(
-    catalog: Catalog, row: Endpoint, gpu_type: str | None, gpu_count: int | None
+    catalog: Catalog,
+    row: Endpoint,
+    gpu_type: str | None,
+    gpu_count: int | None,
+    engine_settings: EngineSettings,
 ) -> Placement | None:
-    """Where a change of `row`'s GPU type or count puts it; None when it
-    names neither. A new count alone keeps the type; a new type without a
-    count gets the recommended count for it (as a create does)."""
+    """Where a change of `row`'s GPU type or count puts it (with the engine
+    settings it will have); None when it names neither. A new count alone
+    keeps the type; a new type without a count gets the recommended count
+    for it (as a create does)."""
     if gpu_type is None and gpu_count is None:
         return None
     if gpu_count is None and gpu_type in (None, row.gpu_type):
@@ -124,6 +140,7 @@ def placement_for_change(
         location_name=row.location_name,
         gpu_type=gpu_type or row.gpu_type,
         gpu_count=gpu_count,
+        engine_settings=engine_settings,
     )
 
 

@@ -117,6 +117,12 @@ class ServiceStore(EndpointStore, TokenStore, Protocol):
     """What the service writes to: endpoints and their tokens."""
 
 
+def _settings_after(row: Endpoint, req: UpdateEndpointRequest) -> EngineSettings:
+    if req.engineSettings is None:
+        return row.engine_settings
+    return row.engine_settings.merged(req.engineSettings)
+
+
 class EndpointService:
     def __init__(
         self,
@@ -273,6 +279,34 @@ class EndpointService:
     def get_json(self, principal: Principal, endpoint_id: str) -> bytes:
         return self.record_json(self.endpoint(principal, endpoint_id, Action.READ))
 
+    async def visible_page(
+        self,
+        principal: Principal,
+        where: EndpointFilter,
+        after: int | None,
+        limit: int,
+        keep: Callable[[Endpoint], bool] | None = None,
+    ) -> Page[Endpoint]:
+        """One page of the endpoints `principal` sees, in the store's keyset
+        order, and where the next page starts (None: the end). `where` selects
+        in the store, narrowed to the principal's projects; `keep`, a condition
+        the store cannot apply (the derived status), is applied to the rows
+        read, reading at most STATUS_SCAN_FACTOR pages' worth: a page may then
+        hold fewer than `limit` and still not be the last."""
+        if not principal.operator:
+            seen = frozenset(principal.roles)
+            scope = seen if where.project_ids is None else seen & where.project_ids
+            where = replace(where, project_ids=scope)
+        rows: list[Endpoint] = []
+        budget = limit * STATUS_SCAN_FACTOR
+        while True:
+            page = await self.page(where, after, limit - len(rows))
+            budget -= len(page.items)
+            rows.extend(row for row in page.items if keep is None or keep(row))
+            after = page.after
+            if after is None or len(rows) >= limit or budget <= 0:
+                return Page(rows, after)
+
     async def page_json(
         self,
         principal: Principal,
@@ -283,21 +317,14 @@ class EndpointService:
     ) -> tuple[bytes, int | None]:
         """One page of the endpoints `principal` sees (JSON records, without
         the list's envelope) and where the next page starts (None: the end)."""
-        if not principal.operator:
-            seen = frozenset(principal.roles)
-            scope = seen if where.project_ids is None else seen & where.project_ids
-            where = replace(where, project_ids=scope)
-        parts: list[bytes] = []
-        budget = limit * STATUS_SCAN_FACTOR
-        while True:
-            page = await self.page(where, after, limit - len(parts))
-            budget -= len(page.items)
-            for row in page.items:
-                if status is None or self.status_of(row) == status:
-                    parts.append(self.record_json(row))
-            after = page.after
-            if after is None or len(parts) >= limit or budget <= 0:
-                return b",".join(parts), after
+
+        def in_status(row: Endpoint) -> bool:
+            return self.status_of(row) == status
+
+        page = await self.visible_page(
+            principal, where, after, limit, None if status is None else in_status
+        )
+        return b",".join(self.record_json(row) for row in page.items), page.after
 
     async def page(self, where: EndpointFilter, after: int | None, limit: int) -> Page[Endpoint]:
         """A page of endpoints: which ones, from the store's keyset; their
@@ -341,7 +368,12 @@ class EndpointService:
             check_engine_settings(settings, model, self._model_or_none)
 
     def _place(
-        self, model_name: str, location: str, gpu_type: str | None, gpu_count: int | None
+        self,
+        model_name: str,
+        location: str,
+        gpu_type: str | None,
+        gpu_count: int | None,
+        engine_settings: EngineSettings | None = None,
     ) -> Placement:
         return resolve_placement(
             self.catalog,
@@ -349,7 +381,33 @@ class EndpointService:
             location_name=location,
             gpu_type=gpu_type,
             gpu_count=gpu_count,
+            engine_settings=engine_settings,
         )
+
+    def _fits_with(self, row: Endpoint, engine_settings: EngineSettings) -> None:
+        """New settings on the endpoint's GPUs: a 400 naming them if the
+        model, as the engine would hold it, no longer fits."""
+        try:
+            self._place(
+                row.model_name, row.location_name, row.gpu_type, row.gpu_count, engine_settings
+            )
+        except BadRequest as exc:
+            if exc.code != "model_does_not_fit":
+                raise
+            raise BadRequest(
+                f"With these engine settings: {exc.message}", param="engineSettings", code=exc.code
+            ) from None
+
+    def _check_draft(self, settings: EngineSettings | None, project_id: str) -> None:
+        """A draft model is a use of a model, as `modelName` is: another
+        project's is answered as unknown."""
+        speculative = None if settings is None else settings.speculativeDecoding
+        if speculative is not None and not self._models.usable_in(
+            speculative.draftModel, project_id
+        ):
+            error = model_not_usable(speculative.draftModel, project_id)
+            error.param = "engineSettings.speculativeDecoding.draftModel"
+            raise error
 
     async def create(
         self, principal: Principal, req: CreateEndpointRequest, project_id: str | None
@@ -367,15 +425,18 @@ class EndpointService:
         )
         if not self._models.usable_in(req.modelName, project_id):
             raise model_not_usable(req.modelName, project_id)
+        self._check_draft(req.engineSettings, project_id)
         location = req.locationName or self.default_location
-        placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
+        placement = self._place(
+            req.modelName, location, req.gpuType, req.gpuCount, req.engineSettings
+        )
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         shape = EndpointShape("", placement.gpu_type, placement.gpu_count, req.minReplicas)
         async with self._guard.exclusive(project_id):
             await self._guard.check_quota(project_id, shape, max_replicas, new_endpoint=True)
             check_scaling(req.minReplicas, max_replicas, self.max_replicas_cap)
             engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
-            self.check_engine_settings(placement.model_name, engine_settings)
+            self.check_engine_settings(req.modelName, engine_settings)
             row, token = await self._insert(
                 req, project_id, placement, max_replicas, engine_settings
             )
@@ -437,10 +498,13 @@ class EndpointService:
         self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
     ) -> dict[str, Any]:
         project_id = self.endpoint(principal, endpoint_id, Action.WRITE).project_id
+        self._check_draft(req.engineSettings, project_id)
         async with self._guard.exclusive(project_id):
             # Read again under the lock: the change applies to the row as it is.
             row = self.row(endpoint_id)
-            placement = placement_for_change(self.catalog, row, req.gpuType, req.gpuCount)
+            placement = placement_for_change(
+                self.catalog, row, req.gpuType, req.gpuCount, _settings_after(row, req)
+            )
             now = row if placement is None else placement
             min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
             max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
@@ -464,6 +528,13 @@ class EndpointService:
             wanted: dict[str, Any] = {"min_replicas": min_replicas, "max_replicas": max_replicas}
             if req.scaleToZeroRetentionPeriodSeconds is not None:
                 wanted["retention_seconds"] = req.scaleToZeroRetentionPeriodSeconds
+            engine_settings = _settings_after(row, req)
+            if engine_settings != row.engine_settings:
+                self.check_engine_settings(row.model_name, engine_settings)
+                if placement is None:
+                    self._fits_with(row, engine_settings)
+                # Replicas take their settings at start: new ones replace them.
+                wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             moved = placement is not None and (placement.gpu_type, placement.gpu_count) != (
                 row.gpu_type, row.gpu_count)  # fmt: skip
             # Only a new GPU type or count replaces the replicas (a new generation).
@@ -475,12 +546,6 @@ class EndpointService:
                     currency=placement.currency,
                     generation=row.generation + 1,
                 )
-            if req.engineSettings is not None:
-                engine_settings = row.engine_settings.merged(req.engineSettings)
-                self.check_engine_settings(row.model_name, engine_settings)
-                if engine_settings != row.engine_settings:
-                    # Replicas take their settings at start: new ones replace them.
-                    wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
             if not wanted:
                 return row
