@@ -335,6 +335,9 @@ class ProjectEndpoints:
         async with self._within_quota(row.project_id, shape, max_replicas, new_endpoint=False):
             record = await self.service.update(endpoint_id, req)
         changed = req.model_dump(exclude_none=True)
+        if req.engineSettings is not None:
+            # As asked: a null clears a setting, and the audit says so.
+            changed["engineSettings"] = req.engineSettings.model_dump(exclude_unset=True)
         await self.accounts.audit_event(
             principal, AuditAction.ENDPOINT_UPDATE, row.project_id, f"endpoint:{row.id}", **changed
         )
