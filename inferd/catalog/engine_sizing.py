@@ -25,7 +25,8 @@ def sized_for(model: ModelSpec, settings: EngineSettings | None) -> ModelSpec:
         return model
     arch = model.chat
     if settings.maxModelLen is not None:
-        arch = replace(arch, context_length=settings.maxModelLen)
+        # Never longer than the model's own (the API refuses that anyway).
+        arch = replace(arch, context_length=min(settings.maxModelLen, arch.context_length))
     if settings.dtype in DTYPES:
         arch = replace(arch, dtype=DTYPES[settings.dtype])
     if settings.quantization == "fp8" and arch.quantization is None:

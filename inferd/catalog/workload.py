@@ -546,7 +546,7 @@ def _chat_option(
     perf = found
     assert perf.ttft_p95_s is not None and perf.tpot_p95_s is not None
     limit = (
-        "maxNumSeqs of the engine settings, and" if settings_cap and perf.batch == max_batch
+        "the engine settings' maxNumSeqs; it meets" if settings_cap and perf.batch == max_batch
         else "the largest measured" if max_batch < scheduler_max and perf.batch == max_batch
         else "the scheduler's limit" if perf.batch == scheduler_max
         else "the largest that meets"

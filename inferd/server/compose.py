@@ -59,6 +59,7 @@ from inferd.control.cluster.loadshare import max_age
 from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
+from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
 from inferd.control.endpoints.service import EndpointService
@@ -179,6 +180,7 @@ class Server:
     endpoint_rows: FollowedEndpoints
     reconciler: Reconciler
     service: EndpointService
+    adapters: AdapterService
     models: ModelService
     accounts: Accounts
     meter_feed: MeterFeed
@@ -247,6 +249,7 @@ class Server:
 
         self._followers = [
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
+            asyncio.ensure_future(run("adapters", self.adapters.follow, self.adapters.load)),
             asyncio.ensure_future(
                 run("reconciler's endpoints", self.endpoint_rows.follow, self.endpoint_rows.load)
             ),
@@ -372,13 +375,20 @@ async def build(
             signals=signals,
             capacity_of=launcher.capacity,
         )
+        adapters = AdapterService(
+            store,
+            service,
+            lambda name: catalog.models.get(name).source,
+            roots=ModelRoots.parse(settings.model_roots),
+        )
+        await adapters.load()
         accounts = Accounts(
             store, resolver, account_service, meter, UsageReads(service, account_service, meter)
         )
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service))
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
-            EndpointDirectory(service, registry, reconciler),
+            EndpointDirectory(service, registry, reconciler, adapters),
             verifier,
             gateway_knobs,
             clock=clock,
@@ -408,6 +418,7 @@ async def build(
         endpoint_rows=endpoint_rows,
         reconciler=reconciler,
         service=service,
+        adapters=adapters,
         models=models,
         accounts=accounts,
         meter_feed=meter_feed,

@@ -6,6 +6,7 @@ are launched with them, and a PATCH that changes them rolls the replicas
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,10 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             record = created.json()
             assert record["engineSettings"] == {"maxModelLen": 1024, "maxNumSeqs": 8}
             path = f"/inference/endpoints/{record['id']}"
+            models = f"/endpoints/{record['id']}/openai/v1/models"
+            bearer = {"Authorization": f"Bearer {record['accessToken']}"}
+            (card,) = (await c.get(models, headers=bearer)).json()["data"]
+            assert card["max_model_len"] == 1024  # as vLLM's server shows it
             await until(lambda: len(launcher.alive) == 1)
             (old,) = launcher.alive
             spec = launcher.alive[old]
@@ -111,6 +116,13 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             stored = await plane.store.get_endpoint(record["id"])
             assert stored is not None and stored.engine_settings.given() == {"maxNumSeqs": 4}
             assert (await c.get(path)).json()["engineSettings"] == {"maxNumSeqs": 4}
+            (card,) = (await c.get(models, headers=bearer)).json()["data"]
+            assert "max_model_len" not in card  # the model's own again
+            audit = await c.get(
+                "/inference/projects/default/audit", params={"action": "endpoint.update"}
+            )
+            changes = [e for e in audit.json()["data"] if "engineSettings" in json.dumps(e)]
+            assert '"maxModelLen": null' in json.dumps(changes[-1])  # the clearing is told
 
     asyncio.run(scenario())
 

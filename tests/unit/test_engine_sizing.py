@@ -89,7 +89,7 @@ def test_a_workload_is_sized_with_the_settings() -> None:
     )  # fmt: skip
     (best,) = capped.options
     assert best.performance is not None and best.performance.batch == 8
-    assert "maxNumSeqs of the engine settings" in best.reasons[0]
+    assert "batch 8 (the engine settings' maxNumSeqs; it meets the targets" in best.reasons[0]
     short = recommend_for_workload(
         LLAMA_8B, CATALOG.gpus, work, "us-east", gpu_type="H100-80GB", gpu_count=1,
         engine_settings=settings(maxModelLen=512),

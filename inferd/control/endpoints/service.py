@@ -512,6 +512,9 @@ class EndpointService:
             await self._guard.check_quota(project_id, shape, max_replicas, new_endpoint=False)
             row = await self._change(endpoint_id, req, placement)
         changed = req.model_dump(exclude_none=True)
+        if req.engineSettings is not None:
+            # As asked: a null clears a setting, and the audit says so.
+            changed["engineSettings"] = req.engineSettings.model_dump(exclude_unset=True)
         await self.accounts.audit_event(
             principal, AuditAction.ENDPOINT_UPDATE, project_id, f"endpoint:{row.id}", **changed
         )
