@@ -31,6 +31,7 @@ from inferd.console.web import ConsoleError, Web
 from inferd.control.accounts.roles import Principal
 from inferd.control.model import Endpoint as EndpointRow
 from inferd.control.paging import EndpointFilter
+from inferd.errors import InferdError
 
 PAGE_SIZE = 50
 BOARD = "/console/endpoints"
@@ -114,13 +115,19 @@ class Board(Pages):
         def keep(row: Any) -> bool:
             return self.view(row).status == status
 
-        page = await self.sources.endpoints.visible_page(
-            principal,
-            EndpointFilter(name_prefix=query.name or None),
-            query.after,
-            self.page_size,
-            keep if status else None,
-        )
+        try:
+            page = await self.sources.endpoints.visible_page(
+                principal,
+                EndpointFilter(name_prefix=query.name or None),
+                query.after,
+                self.page_size,
+                keep if status else None,
+            )
+        except InferdError as exc:
+            # The database away: a page that fits this instance's copy is
+            # answered from it, any other is this error (a poll then keeps
+            # the rows shown and tries again).
+            raise ConsoleError(exc.status, exc.message) from None
         views = [self.view(row) for row in page.items]
         live.update(views)
         ids = tuple(v.id for v in views)
