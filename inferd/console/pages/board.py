@@ -3,8 +3,8 @@ filter by name and status, previous and next, and live updates of the page
 shown (its rows polled from the live board and swapped in as they change).
 
 A page is one of the store's keyset pages, as the API's list reads them
-(`ProjectEndpoints.page`: the principal's projects and the name prefix
-selected in the store, the status on the rows it returns). A poll answers
+(`visible_page`: the principal's projects and the name prefix selected in
+the store, the status on the rows it returns). A poll answers
 from the live board: the rows of this page changed since the browser's
 version, or the whole board when the page's set of rows changed (an
 endpoint created or deleted, one whose status left or entered the filter,
