@@ -24,6 +24,21 @@ class ModelKind(str, enum.Enum):
         """Served by a pooling model: one forward pass per input, no decode."""
         return self in (ModelKind.EMBEDDING, ModelKind.RERANK)
 
+    @property
+    def serves(self) -> str:
+        """What an endpoint of this kind answers, for the refusal of a route
+        it does not (paths below the endpoint's URL)."""
+        return _SERVES[self]
+
+
+_SERVES = {
+    ModelKind.CHAT: "chat completions at /openai/v1/chat/completions and text completions "
+    "at /openai/v1/completions",
+    ModelKind.IMAGE: "image generations at /v1/images/generations",
+    ModelKind.EMBEDDING: "embeddings at /openai/v1/embeddings, and scores at /score and /rerank",
+    ModelKind.RERANK: "relevance scores at /score and /rerank",
+}
+
 
 class ReplicaStatus(str, enum.Enum):
     """starting -> loading -> ready -> draining -> stopped; any live status

@@ -40,6 +40,16 @@ def tiny_chat_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_lora_dir(tiny_chat_dir: Path) -> Path:
+    """A random rank-8 PEFT LoRA adapter of tiny-chat (beside it, so below
+    the same model root)."""
+    require("peft", "tiny LoRA adapters are built with it")
+    from inferd.catalog.tiny_lora import ensure_tiny_lora
+
+    return ensure_tiny_lora(tiny_chat_dir, rank=8, seed=1)
+
+
+@pytest.fixture(scope="session")
 def tiny_sdxl_dir() -> Path:
     from inferd.catalog.tiny import ensure_tiny_model
 

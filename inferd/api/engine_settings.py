@@ -16,6 +16,7 @@ refused, integers bounded.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,11 @@ Quantization = Literal[
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "compressed-tensors"
 ]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+# LoRA: the ranks vLLM reserves room for (its max_lora_rank), and a bound on
+# adapter slots per replica (each holds a copy of every adapted matrix).
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+DEFAULT_LORA_RANK = 16
+MAX_LORAS = 256
 
 
 class _Settings(BaseModel):
@@ -83,6 +89,24 @@ class EngineSettings(_Settings):
         default=None, description="Split long prompts into chunks batched with decoding."
     )
     speculativeDecoding: SpeculativeDecoding | None = None
+    maxLoras: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LORAS,
+        description="LoRA adapters one replica serves in the same batch (vLLM's max_loras); "
+        "more registered adapters are loaded on demand, the least recently used evicted. "
+        "Omitted or 0: the replicas run without LoRA and no adapter can be registered.",
+    )
+    maxLoraRank: LoraRank | None = Field(
+        default=None,
+        description="The largest adapter rank the replicas reserve room for (vLLM's "
+        f"max_lora_rank). Omitted: {DEFAULT_LORA_RANK}.",
+    )
+
+    @property
+    def lora_rank(self) -> int:
+        """The largest adapter rank the replicas serve."""
+        return self.maxLoraRank or DEFAULT_LORA_RANK
 
     def given(self) -> dict[str, Any]:
         """The settings that are set, as JSON values (camelCase)."""
@@ -121,3 +145,25 @@ class EngineSettings(_Settings):
 
 
 NO_ENGINE_SETTINGS = EngineSettings()
+
+# The settings that change what a replica needs (memory, batch), as query
+# parameters of a recommendation: an endpoint's answer, before it exists.
+SIZING_QUERY = {
+    "maxModelLen": int,
+    "dtype": str,
+    "quantization": str,
+    "kvCacheDtype": str,
+    "maxNumSeqs": int,
+}
+
+
+def sizing_from_query(params: Mapping[str, str]) -> dict[str, Any]:
+    """The sizing settings a query names, typed (an integer that is not one
+    is left as text, for the model's validation to refuse by name)."""
+    values: dict[str, Any] = {}
+    for name, kind in SIZING_QUERY.items():
+        raw = params.get(name)
+        if raw is None:
+            continue
+        values[name] = int(raw) if kind is int and raw.lstrip("-").isdigit() else raw
+    return values

@@ -24,6 +24,7 @@ MAX_REPLICAS_LIMIT = 1024
 MAX_RETENTION_SECONDS = 7 * 24 * 3600
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_RETENTION_SECONDS = 600
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 
 EndpointStatusName = Literal[
     "pending", "initializing", "running", "updating", "scaledToZero", "failed", "deleting"
@@ -177,6 +178,40 @@ class UpdateEndpointRequest(_Request):
         "replaces the current one, null clears it (back to the server's default), the others "
         "stay. A change replaces the replicas (new ones start, the old drain once they serve).",
     )
+
+
+class RegisterAdapterRequest(_Request):
+    """Body of `POST /inference/endpoints/{id}/adapters`."""
+
+    name: str = Field(
+        pattern=ADAPTER_NAME_PATTERN,
+        description="What requests put in `model` to be served with this adapter: letters, "
+        "digits, '.', '_', '-' and ':', 1-64 characters, starting with a letter or digit.",
+        examples=["sql-lora"],
+    )
+    source: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="A PEFT LoRA adapter: a Hugging Face repository id (org/name) or an "
+        "absolute directory on the server holding adapter_config.json and "
+        "adapter_model.safetensors. Checked against the endpoint's base model.",
+        examples=["/adapters/sql-lora"],
+    )
+
+
+class Adapter(_Response):
+    name: str
+    source: str
+    rank: int
+    baseModel: str | None = Field(
+        description="The base the adapter says it was trained on (PEFT's "
+        "base_model_name_or_path), as written by its trainer."
+    )
+    createdAt: str = Field(description="RFC 3339 UTC.")
+
+
+class AdapterList(_Response):
+    data: list[Adapter]
 
 
 class Replica(_Response):

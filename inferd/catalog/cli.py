@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferd.client.api import ManagementClient
 
+from pydantic import ValidationError
+
+from inferd.api.engine_settings import SIZING_QUERY, EngineSettings
 from inferd.catalog import Catalog, CatalogError, load_catalog
 from inferd.catalog.models import TEXT_KINDS, parse_size
 from inferd.catalog.recommend import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT_TOKENS
@@ -67,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="ask the management API (--api-url, --admin-key): registered models and "
         "measured profiles count",
     )
+    tuned = rec.add_argument_group(
+        "engine settings", "size the model as an endpoint with these engineSettings runs it"
+    )
+    for flag, setting in _SETTING_FLAGS.items():
+        kind = int if SIZING_QUERY[setting] is int else str
+        tuned.add_argument(f"--{flag}", dest=flag.replace("-", "_"), type=kind, help=setting)
     load.add_argument("--api-url", help="management API URL (with --server)")
     load.add_argument("--admin-key", help="admin key (with --server)")
     _catalog_args(rec)
@@ -214,6 +223,30 @@ def format_recommendation(rec: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# `inferd recommend` flag -> the engine setting (and query parameter) it sets.
+_SETTING_FLAGS = {
+    "max-model-len": "maxModelLen",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "kv-cache-dtype": "kvCacheDtype",
+    "max-num-seqs": "maxNumSeqs",
+}
+
+
+def settings_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine-settings flags given, as the API's query parameters."""
+    values = {s: getattr(args, f.replace("-", "_"), None) for f, s in _SETTING_FLAGS.items()}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _engine_settings(args: argparse.Namespace) -> EngineSettings:
+    try:
+        return EngineSettings.model_validate(settings_args(args))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
 def workload_args(args: argparse.Namespace) -> dict[str, Any]:
     """The workload flags given, as the API's query parameters."""
     names = {
@@ -300,7 +333,7 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
         from inferd.client.cli import client_from_args
 
         args.timeout = 60.0
-        params = {"modelName": args.model, **query}
+        params = {"modelName": args.model, **query, **settings_args(args)}
         if args.location:
             params["locationName"] = args.location
         try:
@@ -333,6 +366,7 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
             rec = recommend_for_workload(
                 model, catalog.gpus, work, args.location,
                 gpu_type=args.gpu_type, gpu_count=args.gpu_count,
+                engine_settings=_engine_settings(args),
             ).to_dict()  # fmt: skip
         except KeyError as exc:
             return _fail(_unknown_model(exc))
@@ -363,6 +397,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             gpu_count=args.gpu_count,
             concurrency=args.concurrency,
             context_tokens=args.context_tokens,
+            engine_settings=_engine_settings(args),
         )
     except KeyError as exc:
         return _fail(_unknown_model(exc))

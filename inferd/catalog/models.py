@@ -156,6 +156,9 @@ class ChatArchitecture:
     quantization: str | None = None
     weight_bits: float | None = None
     unquantized_parameters: int = 0
+    # KV-cache element type when an endpoint's engine settings choose one
+    # (fp8); None: the weights' dtype. Never read from a catalog file.
+    kv_cache_dtype: str | None = None
 
     @property
     def bytes_per_param(self) -> int:
@@ -172,11 +175,15 @@ class ChatArchitecture:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        # A key and a value vector per layer and KV head, in the weights' dtype.
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+        # A key and a value vector per layer and KV head, in the cache's dtype.
+        element = DTYPE_BYTES[self.kv_cache_dtype or self.dtype]
+        return 2 * self.layers * self.kv_heads * self.head_dim * element
 
     def to_dict(self) -> dict[str, Any]:
-        return camel_dict(self)
+        out = camel_dict(self)
+        if self.kv_cache_dtype is None:
+            del out["kvCacheDtype"]  # a setting of an endpoint, not a fact of the model
+        return out
 
 
 @dataclass(frozen=True)

@@ -128,8 +128,11 @@ def for_engine(params: Parameters, engine: str) -> Parameters:
     })  # fmt: skip
 
 
-def precision_of(arch: ChatArchitecture, kv_cache: str = "auto") -> Precision:
-    """The precision a catalog architecture runs at."""
+def precision_of(arch: ChatArchitecture, kv_cache: str | None = None) -> Precision:
+    """The precision a catalog architecture runs at (its KV cache: as asked,
+    else as the architecture's engine settings chose, else 16-bit)."""
+    if kv_cache is None:
+        kv_cache = "fp8" if (arch.kv_cache_dtype or "").startswith("fp8") else "auto"
     q = (arch.quantization or "").lower()
     if q == "fp8":
         return Precision("fp8", kv_cache)

@@ -49,6 +49,8 @@ from typing import Any
 
 import inferd.catalog.fit as fit
 import inferd.catalog.perfmodel as perfmodel
+from inferd.api.engine_settings import EngineSettings
+from inferd.catalog.engine_sizing import max_sequences, sized_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import TEXT_KINDS, ChatArchitecture, ModelSpec
 
@@ -264,7 +266,10 @@ def _evaluate(
     count: int,
     concurrency: int,
     seq_tokens: int,
+    full_context: int = 0,
 ) -> GpuOption:
+    """`full_context`: the context length an endpoint's settings promise;
+    vLLM starts only if one sequence of it fits in the KV cache."""
     gpu = gpus.gpu_types[gpu_type]
     price = gpus.price_per_gpu(location, gpu_type) * count
     available = count * gpu.total_memory_gb * USABLE_MEMORY_FRACTION
@@ -272,6 +277,8 @@ def _evaluate(
         # A pooling model keeps no cache between steps, but vLLM sizes one
         # for a decoder embedder's prefill: the chat bound is a safe one.
         memory = chat_memory(model.chat, count, concurrency, seq_tokens)
+        if full_context > concurrency * seq_tokens:
+            memory = chat_memory(model.chat, count, 1, full_context)
     else:
         memory = image_memory(model)
     base = GpuOption(
@@ -448,6 +455,7 @@ def recommend(
     gpu_count: int | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    engine_settings: EngineSettings | None = None,
 ) -> Recommendation:
     """Every offered (location, GPU type, count), fitting ones ranked by cost.
 
@@ -455,12 +463,20 @@ def recommend(
     narrow the options (a count the type does not allow comes back rejected,
     with the reason). Raises KeyError for an unknown location or GPU type, or
     a type not offered in the location named.
+
+    `engine_settings`: an endpoint's; the model is sized as its engine will
+    hold it (`engine_sizing.sized_for`: context, dtype, FP8 weights or KV
+    cache), the KV cache holds at least one sequence of the context they
+    set, and their maxNumSeqs caps the concurrency.
     """
     if concurrency < 1 or context_tokens < 1:
         raise ValueError("concurrency and context_tokens must be at least 1")
+    model = sized_for(model, engine_settings)
+    concurrency = min(concurrency, max_sequences(engine_settings) or concurrency)
     seq_tokens = min(context_tokens, model.chat.context_length) if model.kind in TEXT_KINDS else 0
+    full_context = (engine_settings.maxModelLen or 0) if engine_settings is not None else 0
     options = [
-        _evaluate(model, gpus, loc, name, count, concurrency, seq_tokens)
+        _evaluate(model, gpus, loc, name, count, concurrency, seq_tokens, full_context)
         for loc, name, count in _candidates(model, gpus, location, gpu_type, gpu_count)
     ]
     fitting = sorted((o for o in options if o.fits), key=_rank_key)

@@ -49,7 +49,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, cast
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, perfmodel
+from inferd.catalog.engine_sizing import max_sequences, sized_for
 from inferd.catalog.fit import Context, Fitted, Row, current, refit_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import ModelSpec
@@ -366,6 +368,7 @@ def _evaluate(
     count: int,
     work: Workload,
     profile: MeasuredProfile | None,
+    batch_cap: int | None = None,
 ) -> WorkloadOption:
     gpu = gpus.gpu_types[gpu_type]
     price = gpus.price_per_gpu(location, gpu_type) * count
@@ -391,7 +394,9 @@ def _evaluate(
     if isinstance(work, ChatWorkload):
         most = scheduler_limits(gpu).max_sequences
         limit = min(most, measured_max or most)
-        perf, reasons = _chat_option(model, gpu, count, work, available, params, limit)
+        capped = batch_cap is not None and batch_cap < limit
+        limit = min(limit, batch_cap or limit)
+        perf, reasons = _chat_option(model, gpu, count, work, available, params, limit, capped)
         load = work.requests_per_s
     else:
         limit = min(MAX_IMAGE_BATCH, measured_max or MAX_IMAGE_BATCH)
@@ -517,7 +522,10 @@ def _chat_option(
     available: float,
     params: Parameters,
     max_batch: int | None = None,
+    settings_cap: bool = False,
 ) -> tuple[Performance | None, list[str]]:
+    """`settings_cap`: `max_batch` is the endpoint's maxNumSeqs (else the
+    largest measured concurrency, or the scheduler's limit)."""
     scheduler_max = scheduler_limits(gpu).max_sequences
     max_batch = scheduler_max if max_batch is None else max_batch
     seq = work.prompt_tokens + work.output_tokens
@@ -538,7 +546,8 @@ def _chat_option(
     perf = found
     assert perf.ttft_p95_s is not None and perf.tpot_p95_s is not None
     limit = (
-        "the largest measured" if max_batch < scheduler_max and perf.batch == max_batch
+        "the engine settings' maxNumSeqs; it meets" if settings_cap and perf.batch == max_batch
+        else "the largest measured" if max_batch < scheduler_max and perf.batch == max_batch
         else "the scheduler's limit" if perf.batch == scheduler_max
         else "the largest that meets"
     )  # fmt: skip
@@ -651,16 +660,21 @@ def recommend_for_workload(
     gpu_type: str | None = None,
     gpu_count: int | None = None,
     profiles: Iterable[MeasuredProfile] = (),
+    engine_settings: EngineSettings | None = None,
 ) -> WorkloadRecommendation:
     """Every offered (location, GPU type, count) for `work`, cheapest total first.
 
     Raises ValueError for a workload that does not suit the model, KeyError
     for an unknown location or GPU type (as `recommend` does).
+    `engine_settings`: an endpoint's (the model as its engine holds it; the
+    batch at most their maxNumSeqs).
     """
+    model = sized_for(model, engine_settings)
     validate(model, work)
     measured = {(p.gpu_type, p.gpu_count): p for p in profiles if p.model_name == model.name}
+    batch_cap = max_sequences(engine_settings)
     options = [
-        _evaluate(model, gpus, loc, name, count, work, measured.get((name, count)))
+        _evaluate(model, gpus, loc, name, count, work, measured.get((name, count)), batch_cap)
         for loc, name, count in _candidates(model, gpus, location, gpu_type, gpu_count)
     ]
     return WorkloadRecommendation(

@@ -48,6 +48,7 @@ DETAIL_FIELDS: tuple[str, ...] = (
     "status",
     "statusReason",
     "projectId",
+    "engineSettings",
     "costSoFar",
     "url",
     "createdAt",
@@ -89,7 +90,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     get.add_argument("--project", help="the project of a name in several of yours")
     get.set_defaults(func=command(_get))
 
-    update = sub.add_parser("update", parents=[common], help="change scaling or GPU settings")
+    update = sub.add_parser(
+        "update", parents=[common], help="change scaling, GPU or engine settings"
+    )
     update.add_argument("endpoint", metavar="ID_OR_NAME")
     update.add_argument("--project", help="the project of a name in several of yours")
     _scaling_args(update)
@@ -147,6 +150,23 @@ def _scaling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retention", type=int, metavar="SECONDS", help="idle seconds before scaling to zero"
     )
+    parser.add_argument(
+        "--engine-settings",
+        type=_json_object,
+        metavar="JSON",
+        help='engine settings, e.g. \'{"maxModelLen": 8192, "kvCacheDtype": "fp8"}\' '
+        "(an update merges them: null clears one; a change replaces the replicas)",
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _scaling_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,6 +177,7 @@ def _scaling_body(args: argparse.Namespace) -> dict[str, Any]:
         ("retention", "scaleToZeroRetentionPeriodSeconds"),
         ("gpu_type", "gpuType"),
         ("gpu_count", "gpuCount"),
+        ("engine_settings", "engineSettings"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
@@ -436,6 +457,8 @@ def _print_detail(record: Mapping[str, Any]) -> None:
             value = f"{value} (this month)"
         if key == "statusReason" and value is None:
             continue
+        if key == "engineSettings":
+            value = json.dumps(value, separators=(", ", ": ")) if value else "server defaults"
         print(f"{key:<34} {'-' if value is None else value}")
     replicas = record.get("replicas") or []
     if not replicas:

@@ -72,6 +72,15 @@ class Endpoint:
     # How its replicas run their engine (context, dtype, quantization, ...).
     engine_settings: EngineSettings = NO_ENGINE_SETTINGS
 
+    @property
+    def max_loras(self) -> int:
+        """LoRA adapters one replica serves in a batch; 0: LoRA is off."""
+        return self.engine_settings.maxLoras or 0
+
+    @property
+    def max_lora_rank(self) -> int:
+        return self.engine_settings.lora_rank
+
 
 @dataclass(frozen=True)
 class EndpointChanges:
@@ -131,6 +140,22 @@ class ReplicaRecord:
     url: str | None = None
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter registered on an endpoint: requests whose `model` is
+    `name` are served by the endpoint's base model with this adapter."""
+
+    endpoint_id: str
+    name: str
+    # What the replica loads: a directory on its machine or a Hugging Face
+    # repository id (as given at registration, directories made absolute).
+    source: str
+    rank: int
+    created_at: datetime
+    # PEFT's base_model_name_or_path, as the adapter's trainer wrote it.
+    base_model: str | None = None
+
+
 class ChangeKind(str, Enum):
     ENDPOINT = "endpoint"  # id: the endpoint's id (created, changed or deleted)
     TOKEN = "token"  # id: the endpoint whose active token changed
@@ -139,6 +164,7 @@ class ChangeKind(str, Enum):
     # id: "key:<id>", "user:<id>" (memberships) or "project:<id>" (its quota)
     ACCOUNT = "account"
     MODEL = "model"  # id: a registered model's name, or "" when a profile changed
+    ADAPTER = "adapter"  # id: the endpoint whose adapters changed
     # Changes may have been missed (the feed fell too far behind): reload all.
     RESYNC = "resync"
 
@@ -161,6 +187,10 @@ class SchemaTooNew(StoreError):
 
 class DuplicateName(Exception):
     """Another endpoint already has this name."""
+
+
+class DuplicateAdapter(Exception):
+    """The endpoint already has an adapter of this name."""
 
 
 class EndpointGone(Exception):

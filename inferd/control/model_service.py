@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from anyio import to_thread
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.api.management import RegisterModelRequest
 from inferd.catalog import Catalog
 from inferd.catalog.inspect import InspectError
@@ -171,6 +172,7 @@ class ModelService:
         location: str | None,
         gpu_type: str | None = None,
         gpu_count: int | None = None,
+        engine_settings: EngineSettings | None = None,
     ) -> WorkloadRecommendation:
         model = self.catalog.models.get(model_name)
         return recommend_for_workload(
@@ -181,6 +183,7 @@ class ModelService:
             gpu_type=gpu_type,
             gpu_count=gpu_count,
             profiles=self.profiles(),
+            engine_settings=engine_settings,
         )
 
     # --- writes ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from inferd.catalog.registered import ModelStore, ProfileStore
 from inferd.control.accounts.ports import AccountStore
-from inferd.control.model import Change, Endpoint, EndpointChanges, ReplicaRecord
+from inferd.control.model import Adapter, Change, Endpoint, EndpointChanges, ReplicaRecord
 from inferd.control.paging import EndpointFilter, Page
 from inferd.replica.config import ReplicaSpec
 
@@ -118,6 +118,24 @@ class ReplicaStore(Protocol):
         ...
 
 
+class AdapterStore(Protocol):
+    """LoRA adapters of endpoints; an endpoint's go with it when it is deleted.
+    Every write logs `ChangeKind.ADAPTER` with the endpoint's id."""
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        """Raises `DuplicateAdapter` when the endpoint has one of that name,
+        `EndpointGone` when the endpoint is absent or being deleted."""
+        ...
+
+    async def list_adapters(self, endpoint_id: str | None = None) -> list[Adapter]:
+        """The adapters of one endpoint (None: of every endpoint), oldest first."""
+        ...
+
+    async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
+        """False if it was not there."""
+        ...
+
+
 class ChangeFeed(Protocol):
     def changes(self) -> AsyncIterator[Change]:
         """Changes committed by anyone (this process or another one) from the
@@ -140,6 +158,7 @@ class Store(
     TokenStore,
     AdminKeyStore,
     ReplicaStore,
+    AdapterStore,
     ModelStore,
     ProfileStore,
     AccountStore,

@@ -33,6 +33,13 @@ def vllm_args(settings: EngineSettings, draft_model_path: Path | None = None) ->
         value = getattr(settings, ours)
         if value is not None:
             args[theirs] = value
+    if settings.maxLoras:
+        # Adapters are added at run time (the replica loads one when a
+        # request names it); vLLM keeps max_loras in a batch and evicts the
+        # least recently used.
+        args["enable_lora"] = True
+        args["max_loras"] = settings.maxLoras
+        args["max_lora_rank"] = settings.lora_rank
     spec = settings.speculativeDecoding
     if spec is not None:
         args["speculative_config"] = {

@@ -14,8 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -38,12 +40,16 @@ from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.gateway.upstream import HttpxUpstream, Upstream
 from inferd.http_errors import error_response
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
 # Request headers passed to the replica. Not the client's Authorization:
 # the endpoint token stops at the gateway.
 FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
+# Where the replica loads the LoRA adapter a request names (percent-encoded);
+# only the gateway sets it: a client's own is not forwarded (above).
+ADAPTER_SOURCE_HEADER = b"x-inferd-adapter-source"
 CLIENT_GONE = 499
 
 
@@ -181,9 +187,15 @@ class Gateway:
             label = endpoint_id
             endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
-            body = await self._read_body(receive, content_length)
             assert endpoint is not None
+            if route.label == "models":
+                status = 200
+                await models_response(endpoint)(scope, receive, send)
+                return
+            body = await self._read_body(receive, content_length)
             prefix = self._prefix(endpoint, route, body)
+            if prefix is not None and prefix.adapter is not None:
+                headers.append((ADAPTER_SOURCE_HEADER, adapter_source(endpoint, prefix.adapter)))
             ep = self._book.endpoint(endpoint_id)
             ep.arrived(self.clock())
             try:
@@ -204,10 +216,12 @@ class Gateway:
             raise gone
         assert endpoint is not None
         if route.kind is not None and endpoint.kind not in route.kind.split():
-            # Answered here: a wrong route must not wake a scaled-to-zero endpoint.
-            raise NotFound(
-                f"This endpoint serves the {endpoint.kind} model '{endpoint.model_name}'; "
-                f"{route.path} is not available on it.",
+            # Answered here: a wrong route must not wake a scaled-to-zero
+            # endpoint. A 400, not a 404: the path exists, the request is for
+            # another kind of model than this endpoint serves.
+            raise BadRequest(
+                f"This endpoint serves the {endpoint.kind} model '{endpoint.model_name}': "
+                f"{ModelKind(endpoint.kind).serves}; {route.path} is not available on it.",
                 code="unsupported_route",
             )
 
@@ -356,6 +370,45 @@ class Gateway:
             # The rest of the body was not read: do not reuse this connection.
             response.raw_headers.append((b"connection", b"close"))
         await response(scope, receive, send)
+
+
+def adapter_source(endpoint: EndpointRoute, name: str) -> bytes:
+    """The header value telling the replica where adapter `name` is; 404
+    (before any replica is woken) when the endpoint has no such model."""
+    source = endpoint.adapters.get(name)
+    if source is None:
+        served = ", ".join(f"'{n}'" for n in (endpoint.model_name, *endpoint.adapters))
+        raise NotFound(
+            f"The model '{name}' does not exist on this endpoint; it serves {served}.",
+            param="model",
+            code="model_not_found",
+        )
+    return quote(source, safe="/:@").encode()
+
+
+def models_response(endpoint: EndpointRoute) -> JSONResponse:
+    """`/v1/models`, answered here (no replica is woken for it): the base
+    model and its LoRA adapters, in vLLM's shape (an adapter's `parent` is
+    the base, its `root` where it is loaded from)."""
+    base = endpoint.model_name
+    card: dict[str, object] = {
+        "id": base, "object": "model", "created": 0, "owned_by": "inferd", "root": base
+    }  # fmt: skip
+    if endpoint.max_model_len is not None:
+        card["max_model_len"] = endpoint.max_model_len
+    cards = [card]
+    cards += [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "inferd",
+            "root": source,
+            "parent": base,
+        }
+        for name, source in endpoint.adapters.items()
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 class _DisconnectWatch:

@@ -9,9 +9,12 @@ replace the local one without touching the gateway.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
+
+NO_ADAPTERS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,12 @@ class EndpointRoute:
     # Why no replica can be placed anywhere (not even on an idle cluster):
     # with no ready replica, requests are refused at once with this reason.
     unplaceable: str | None = None
+    # LoRA adapters registered on it: name (a request's `model`) -> where a
+    # replica loads it from (told to the replica with the request).
+    adapters: Mapping[str, str] = field(default_factory=lambda: NO_ADAPTERS)
+    # The context its engine settings set (None: the model's own), shown as
+    # `max_model_len` in /v1/models as vLLM's server shows it.
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from inferd import COMPAT_FAMILY
 from inferd.engines.base import Engine, ImageEngine, TextEngine
-from inferd.errors import NotFound
+from inferd.errors import BadRequest
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.replica.chat import ChatHandler, ServedModel
@@ -41,13 +41,6 @@ INFERENCE_PATHS = (
     *SCORE_PATHS,
     *RERANK_PATHS,
 )
-# What each kind of model answers, for the refusal of any other route.
-SERVES = {
-    ModelKind.CHAT: "chat and text completions",
-    ModelKind.IMAGE: "image generations",
-    ModelKind.EMBEDDING: "embeddings at /v1/embeddings, and scores at /score and /rerank",
-    ModelKind.RERANK: "relevance scores at /score and /rerank",
-}
 MODELS_PATH = f"/{COMPAT_FAMILY}/v1/models"
 
 
@@ -60,9 +53,11 @@ def build_app(
     engine_name: str | None = None,
 ) -> Starlette:
     async def wrong_kind(request: Request) -> Response:
-        raise NotFound(
-            f"This endpoint serves the {engine.kind.value} model '{model.name}' "
-            f"({SERVES[engine.kind]}); {request.url.path} is not available on it.",
+        # A 400, not a 404: the path exists, the request is for another
+        # kind of model than this endpoint serves.
+        raise BadRequest(
+            f"This endpoint serves the {engine.kind.value} model '{model.name}': "
+            f"{engine.kind.serves}; {request.url.path} is not available on it.",
             code="unsupported_route",
         )
 

@@ -29,6 +29,7 @@ from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, build_routes
 from inferd.server.account_routes import AccountRoutes
 from inferd.server.accounts_openapi import accounts_openapi
+from inferd.server.adapter_routes import AdapterRoutes, adapters_openapi
 from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
@@ -52,7 +53,7 @@ def openapi_document(
         gpu_counts=sorted({c for t in gpus.gpu_types for c in gpus.allowed_counts_for(t)}),
         locations=list(gpus.locations),
         server_url=settings.public_url,
-        parts=[accounts_openapi(), *parts],
+        parts=[accounts_openapi(), adapters_openapi(), *parts],
     )
 
 
@@ -100,10 +101,12 @@ async def console_home_redirect(request: Request) -> Response:
     return RedirectResponse(f"/console/{query}", status_code=308)
 
 
-def management_operations(management: ManagementRoutes, accounts: AccountRoutes) -> list[Operation]:
+def management_operations(
+    management: ManagementRoutes, accounts: AccountRoutes, adapters: AdapterRoutes
+) -> list[Operation]:
     """Every operation below /inference: the route table the access checks
     and their tests are generated from."""
-    return [*management.operations(), *accounts.operations()]
+    return [*management.operations(), *adapters.operations(), *accounts.operations()]
 
 
 def create_app(server: Server) -> Starlette:
@@ -132,7 +135,8 @@ def create_app(server: Server) -> Starlette:
         lambda: server.catalog.gpus.gpu_types.keys(),
     )
     access = AccessCheck(accounts.endpoints, accounts.service, server.models)
-    operations = management_operations(management, account_routes)
+    adapter_routes = AdapterRoutes(server.adapters, accounts.service, settings.max_body_bytes)
+    operations = management_operations(management, account_routes, adapter_routes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and
     # every path here is exact.
     inference = Router(build_routes(operations, access), redirect_slashes=False)

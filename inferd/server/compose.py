@@ -56,6 +56,7 @@ from inferd.control.cluster.loadshare import max_age
 from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
+from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.endpoints.tokens import TokenVerifier
@@ -175,6 +176,7 @@ class Server:
     endpoint_rows: FollowedEndpoints
     reconciler: Reconciler
     service: EndpointService
+    adapters: AdapterService
     models: ModelService
     accounts: Accounts
     meter_feed: MeterFeed
@@ -243,6 +245,7 @@ class Server:
 
         self._followers = [
             asyncio.ensure_future(run("service", self.service.follow, self.service.load)),
+            asyncio.ensure_future(run("adapters", self.adapters.follow, self.adapters.load)),
             asyncio.ensure_future(
                 run("reconciler's endpoints", self.endpoint_rows.follow, self.endpoint_rows.load)
             ),
@@ -357,6 +360,13 @@ async def build(
             capacity_of=launcher.capacity,
         )
         await service.load()
+        adapters = AdapterService(
+            store,
+            service,
+            lambda name: catalog.models.get(name).source,
+            roots=ModelRoots.parse(settings.model_roots),
+        )
+        await adapters.load()
         # Registered models join the catalog before anything uses them.
         models = ModelService(
             store, catalog, service.rows, roots=ModelRoots.parse(settings.model_roots)
@@ -372,7 +382,7 @@ async def build(
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service))
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
-            EndpointDirectory(service, registry, reconciler),
+            EndpointDirectory(service, registry, reconciler, adapters),
             verifier,
             gateway_knobs,
             clock=clock,
@@ -402,6 +412,7 @@ async def build(
         endpoint_rows=endpoint_rows,
         reconciler=reconciler,
         service=service,
+        adapters=adapters,
         models=models,
         accounts=accounts,
         meter_feed=meter_feed,

@@ -13,6 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.api.engine_settings import SIZING_QUERY, EngineSettings, sizing_from_query
 from inferd.api.management import (
     CreateEndpointRequest,
     GpuTypeInfo,
@@ -38,7 +39,7 @@ from inferd.control.model_service import ModelService
 from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Capacity
 from inferd.errors import BadRequest
-from inferd.http import read_model
+from inferd.http import read_model, validate
 from inferd.server.access import Operation, Target
 from inferd.server.paging import (
     ENDPOINT_FILTERS,
@@ -95,7 +96,8 @@ class ManagementRoutes:
             Operation("GET", "/locations", Target.ANY, R, self.list_locations),
             Operation(
                 "GET", "/recommendations", Target.ANY, R, self.recommendations,
-                ("modelName", "locationName", *_CHAT_PARAMS, *_IMAGE_PARAMS),
+                ("modelName", "locationName", *_CHAT_PARAMS, *_IMAGE_PARAMS, "inputsPerRequest",
+                 *SIZING_QUERY),
             ),
         ]  # fmt: skip
 
@@ -254,6 +256,13 @@ class ManagementRoutes:
                 f"Unknown location '{location}'.", param="locationName", code="location_not_found"
             )
         model = catalog.models.get(model_name)
+        # Sized as an endpoint with these engine settings would run it.
+        settings = validate(EngineSettings, sizing_from_query(params))
+        try:
+            self.service.check_engine_settings(model_name, settings)
+        except BadRequest as exc:  # named as the query parameter it is here
+            exc.param = (exc.param or "").removeprefix("engineSettings.") or None
+            raise
         if model.kind in POOLING_KINDS:
             pooling = pooling_workload_from_query(params)
             if pooling is not None:
@@ -263,11 +272,11 @@ class ManagementRoutes:
                     raise BadRequest(f"{exc}.", code="invalid_value") from None
         work = workload_from_query(params, model.kind)
         if work is None:
-            rec = recommend(catalog.models.get(model_name), catalog.gpus, location)
+            rec = recommend(model, catalog.gpus, location, engine_settings=settings)
             body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
             return JSONResponse(body)
         try:
-            sized = self.models.recommend(model_name, work, location)
+            sized = self.models.recommend(model_name, work, location, engine_settings=settings)
         except ValueError as exc:  # a workload the model cannot take
             raise BadRequest(f"{exc}.", param="modelName", code="invalid_value") from None
         return JSONResponse(sized.to_dict())

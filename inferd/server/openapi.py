@@ -19,6 +19,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from inferd import __version__
 from inferd.api import management as wire
+from inferd.api.engine_settings import SIZING_QUERY, EngineSettings
 from inferd.server.paging import ENDPOINT_FILTERS, MODEL_FILTERS, PAGE_PARAMS, query_params
 
 _REF = "#/components/schemas/{model}"
@@ -145,6 +146,18 @@ _WORKLOAD_PARAMS = [
     _query_number("steps", "Denoising steps.", integer=True),
     _query_number("secondsPerImageP95", "Seconds-per-image target at p95."),
 ]
+
+
+def _setting_param(name: str) -> dict[str, Any]:
+    prop = EngineSettings.model_json_schema()["properties"][name]
+    schema = next(b for b in prop.get("anyOf", [prop]) if b.get("type") != "null")
+    return {"name": name, "in": "query", "required": False,
+            "description": f"{prop.get('description', name)} Sized as an endpoint with this "
+            "engine setting would run.", "schema": schema}  # fmt: skip
+
+
+# An endpoint's engine settings that change what a replica needs (memory, batch).
+_SIZING_PARAMS = [_setting_param(name) for name in SIZING_QUERY]
 
 
 def _constrain(prop: dict[str, Any], type_: str, key: str, value: Any) -> None:
@@ -347,6 +360,7 @@ def build_openapi(
                 (400,),
                 params=[
                     *_WORKLOAD_PARAMS,
+                    *_SIZING_PARAMS,
                     {
                         "name": "modelName",
                         "in": "query",

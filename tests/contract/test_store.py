@@ -26,8 +26,10 @@ from inferd.catalog.registered import (
     RegisteredModel,
 )
 from inferd.control.model import (
+    Adapter,
     Change,
     ChangeKind,
+    DuplicateAdapter,
     DuplicateName,
     EndpointChanges,
     EndpointGone,
@@ -586,5 +588,68 @@ def test_replica_writes_under_the_current_leader_term(opener: Opener, kind: str)
         assert await store.list_replicas() == [replace(r1, status="ready", updated_at=later)]
         await store.delete_replica(r1.id, term=term)
         assert await store.list_replicas() == []
+
+    run(body, opener())
+
+
+# --- LoRA adapters --------------------------------------------------------------------
+
+
+def adapter(endpoint_id: str, name: str, rank: int = 8) -> Adapter:
+    return Adapter(endpoint_id, name, f"/adapters/{name}", rank, T0, base_model="base")
+
+
+def test_adapters_belong_to_their_endpoint(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        a = replace(endpoint(1), engine_settings=EngineSettings(maxLoras=4, maxLoraRank=32))
+        b = endpoint(2)
+        await store.insert_endpoint(a, digest(1))
+        await store.insert_endpoint(b, digest(2))
+        assert await store.get_endpoint(a.id) == a  # the LoRA settings round-trip
+        lora = EngineSettings(maxLoras=2, maxLoraRank=8)
+        changed = await store.update_endpoint(
+            b.id, EndpointChanges(updated_at=T0, engine_settings=lora)
+        )
+        assert (changed.max_loras, changed.max_lora_rank) == (2, 8)
+
+        first, second = adapter(a.id, "sql"), adapter(a.id, "poems", rank=16)
+        await store.add_adapter(first)
+        await store.add_adapter(second)
+        await store.add_adapter(adapter(b.id, "sql"))  # another endpoint: another namespace
+        with pytest.raises(DuplicateAdapter):
+            await store.add_adapter(adapter(a.id, "sql", rank=4))
+        with pytest.raises(EndpointGone):
+            await store.add_adapter(adapter("no-such-endpoint", "x"))
+        assert await store.list_adapters(a.id) == [first, second]
+        assert [x.endpoint_id for x in await store.list_adapters()] == [a.id, a.id, b.id]
+
+        assert await store.delete_adapter(a.id, "sql") is True
+        assert await store.delete_adapter(a.id, "sql") is False
+        assert await store.list_adapters(a.id) == [second]
+
+        await store.mark_deleting(a.id, T0)
+        with pytest.raises(EndpointGone):  # no adapter joins an endpoint on its way out
+            await store.add_adapter(adapter(a.id, "late"))
+        assert await store.delete_endpoint(a.id) is True
+        assert [x.endpoint_id for x in await store.list_adapters()] == [b.id]
+
+    run(body, opener())
+
+
+def test_adapter_changes_reach_the_feed(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        e = endpoint(1)
+        feed = store.changes()
+        await store.insert_endpoint(e, digest(1))
+        await store.add_adapter(adapter(e.id, "sql"))
+        await store.delete_adapter(e.id, "sql")
+        await store.delete_adapter(e.id, "sql")  # nothing deleted: nothing to tell
+        expected = [Change(ChangeKind.ADAPTER, e.id), Change(ChangeKind.ADAPTER, e.id)]
+
+        def adapters(seen: list[Change]) -> list[Change]:
+            return [c for c in seen if c.kind is ChangeKind.ADAPTER]
+
+        seen = await collect(feed, lambda s: len(adapters(s)) >= len(expected))
+        assert adapters(seen) == expected
 
     run(body, opener())

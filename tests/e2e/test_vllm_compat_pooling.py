@@ -219,6 +219,7 @@ def test_chat_is_refused_on_an_embedding_endpoint_saying_what_it_serves(
         (gateway.url(EMBED_EP), auth(EMBED_EP)),
     ):
         answer = post(f"{url}/openai/v1/chat/completions", body, headers)
-        assert answer.status_code == 404, answer.text
+        assert answer.status_code == 400, answer.text
         error = answer.json()["error"]
-        assert error["code"] == "unsupported_route" and "embedding" in error["message"]
+        assert error["code"] == "unsupported_route"
+        assert "serves the embedding model 'tiny-embed': embeddings at" in error["message"]

@@ -39,6 +39,8 @@ class World:
     plane: Server
     # A model directory to register models of a project from.
     model_source: str = ""
+    # A LoRA adapter of tiny-chat below the same model root.
+    adapter_source: str = ""
     keys: dict[str, str] = field(default_factory=dict)  # user -> plaintext key
 
     def op(self, method: str, path: str, key: str | None = None, **kwargs: Any) -> Any:
@@ -75,7 +77,7 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path, tiny_chat_dir: Path) -> Iterator[World]:
+def world(tmp_path: Path, tiny_chat_dir: Path, tiny_lora_dir: Path) -> Iterator[World]:
     settings = load_settings(
         env={},
         overrides={
@@ -90,7 +92,7 @@ def world(tmp_path: Path, tiny_chat_dir: Path) -> Iterator[World]:
     plane = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     try:
         with TestClient(create_app(plane)) as client:
-            w = World(client, plane, str(tiny_chat_dir))
+            w = World(client, plane, str(tiny_chat_dir), str(tiny_lora_dir))
             for project in (OWN, OTHER):
                 w.ok("POST", "/projects", json={"id": project})
             for role in ROLES:

@@ -79,6 +79,11 @@ EXPECTED: dict[tuple[str, str], Row] = {
     ("DELETE", "/endpoints/{id}"): {"own": WRITE, "other": HIDDEN},
     ("POST", "/endpoints/{id}/access-token"): {"own": WRITE, "other": HIDDEN},
     ("GET", "/endpoints/{id}/usage"): {"own": READ, "other": HIDDEN},
+    # An endpoint's LoRA adapters are the endpoint's: its project, its roles.
+    ("GET", "/endpoints/{id}/adapters"): {"own": READ, "other": HIDDEN},
+    ("POST", "/endpoints/{id}/adapters"): {"own": WRITE, "other": HIDDEN},
+    ("GET", "/endpoints/{id}/adapters/{name}"): {"own": READ, "other": HIDDEN},
+    ("DELETE", "/endpoints/{id}/adapters/{name}"): {"own": WRITE, "other": HIDDEN},
     # --- models ---
     ("GET", "/models"): {"any": READ},
     ("POST", "/models"): {"own": WRITE, "other": HIDDEN},
@@ -132,6 +137,9 @@ BODIES: dict[tuple[str, str], Callable[[World, str], Any]] = {
         "name": unique("ep"), "modelName": "tiny-chat", "minReplicas": 0, "projectId": project,
     },
     ("PATCH", "/endpoints/{id}"): lambda w, project: {"minReplicas": 0, "maxReplicas": 2},
+    ("POST", "/endpoints/{id}/adapters"): lambda w, project: {
+        "name": unique("lora"), "source": w.adapter_source,
+    },
     ("POST", "/projects"): lambda w, project: {"id": unique("proj")},
     ("PUT", "/projects/{id}/quota"): lambda w, project: {"replicas": 10},
     ("PUT", "/projects/{id}/quota-limit"): lambda w, project: {"replicas": 10},
@@ -175,6 +183,13 @@ def concrete(w: World, method: str, path: str, whose: str, caller: str) -> str:
     if (method, path) == ("DELETE", "/projects/{id}"):
         # Deleting takes an empty project: a fresh one.
         return f"/projects/{w.ok('POST', '/projects', json={'id': unique('gone')})['id']}"
+    if path.startswith("/endpoints/{id}/adapters"):
+        endpoint_id = w.endpoint(project, engineSettings={"maxLoras": 2})["id"]
+        path = path.replace("{id}", endpoint_id)
+        if "{name}" in path:
+            body = {"name": unique("lora"), "source": w.adapter_source}
+            name = w.ok("POST", f"/endpoints/{endpoint_id}/adapters", json=body)["name"]
+            path = path.replace("{name}", name)
     if path.startswith("/endpoints/{id}"):
         path = path.replace("{id}", w.endpoint(project)["id"])
     path = path.replace("{id}", project)

@@ -6,6 +6,7 @@ are launched with them, and a PATCH that changes them rolls the replicas
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,10 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             record = created.json()
             assert record["engineSettings"] == {"maxModelLen": 1024, "maxNumSeqs": 8}
             path = f"/inference/endpoints/{record['id']}"
+            models = f"/endpoints/{record['id']}/openai/v1/models"
+            bearer = {"Authorization": f"Bearer {record['accessToken']}"}
+            (card,) = (await c.get(models, headers=bearer)).json()["data"]
+            assert card["max_model_len"] == 1024  # as vLLM's server shows it
             await until(lambda: len(launcher.alive) == 1)
             (old,) = launcher.alive
             spec = launcher.alive[old]
@@ -111,6 +116,13 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             stored = await plane.store.get_endpoint(record["id"])
             assert stored is not None and stored.engine_settings.given() == {"maxNumSeqs": 4}
             assert (await c.get(path)).json()["engineSettings"] == {"maxNumSeqs": 4}
+            (card,) = (await c.get(models, headers=bearer)).json()["data"]
+            assert "max_model_len" not in card  # the model's own again
+            audit = await c.get(
+                "/inference/projects/default/audit", params={"action": "endpoint.update"}
+            )
+            changes = [e for e in audit.json()["data"] if "engineSettings" in json.dumps(e)]
+            assert '"maxModelLen": null' in json.dumps(changes[-1])  # the clearing is told
 
     asyncio.run(scenario())
 
@@ -143,5 +155,53 @@ def test_creates_with_settings_the_model_cannot_run_are_400s_naming_the_field(
                 )
                 assert error_of(answer)["param"] == param, (model, value)
             assert await plane.store.list_endpoints() == []
+
+    asyncio.run(scenario())
+
+
+def test_recommendations_and_placement_size_the_model_with_the_settings(tmp_path: Path) -> None:
+    plane = open_plane(tmp_path, FakeLauncher())
+    app = create_app(plane)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c,
+        ):
+            url = "/inference/recommendations?modelName=llama-3.1-70b-instruct&locationName=us-east"
+            plain = (await c.get(url)).json()
+            fp8 = (await c.get(url + "&quantization=fp8&kvCacheDtype=fp8")).json()
+
+            def h200(answer: dict[str, Any]) -> dict[str, Any]:
+                every = answer["options"] + answer["rejected"]
+                return next(o for o in every if (o["gpuType"], o["gpuCount"]) == ("H200", 1))
+
+            assert not h200(plain)["fits"] and h200(fp8)["fits"]
+            assert h200(fp8)["memoryNeededGb"] < h200(plain)["memoryNeededGb"]
+            too_long = await c.get(url + "&maxModelLen=200000")
+            assert error_of(too_long)["param"] == "maxModelLen"
+            not_a_number = await c.get(url + "&maxNumSeqs=many")
+            assert error_of(not_a_number)["param"] == "maxNumSeqs"
+            # An embedding load, sized with a shorter context.
+            embed = "/inference/recommendations?modelName=bge-base-en-v1.5&locationName=us-east"
+            load = "&requestsPerSecond=50&promptTokens=256&inputsPerRequest=4&maxModelLen=256"
+            sized = await c.get(embed + load)
+            assert sized.status_code == 200, sized.text
+
+            # A create is placed with its settings, and a change of settings
+            # that no longer fits its GPUs is refused naming them.
+            created = await c.post(
+                "/inference/endpoints",
+                json={"name": "big", "modelName": "llama-3.1-70b-instruct",
+                      "locationName": "us-east", "gpuType": "H200", "gpuCount": 1,
+                      "minReplicas": 0, "engineSettings": {"quantization": "fp8"}},
+            )  # fmt: skip
+            assert created.status_code == 201, created.text
+            path = f"/inference/endpoints/{created.json()['id']}"
+            unquantized = await c.patch(path, json={"engineSettings": {"quantization": None}})
+            error = error_of(unquantized)
+            assert error["param"] == "engineSettings" and error["code"] == "model_does_not_fit"
+            assert (await c.get(path)).json()["engineSettings"] == {"quantization": "fp8"}
 
     asyncio.run(scenario())

@@ -236,12 +236,31 @@ def test_after_auth_gone_is_404_and_deleting_is_503(serve: Callable[..., Gateway
     gone = httpx.post(gw.url(OTHER_EP) + CHAT, json=chat(), headers=auth(OTHER_EP))
     assert gone.status_code == 404
     assert set(gone.json()) == {"error"}
-    # A chat path on an image endpoint is answered without waking a replica.
+    # A chat path on an image endpoint is answered without waking a replica:
+    # a 400 (the request is wrong for this endpoint) saying what it serves.
     gw.directory.set_ready(IMAGE_EP, [])
     wrong_kind = httpx.post(gw.url(IMAGE_EP) + CHAT, json=chat(), headers=auth(IMAGE_EP))
-    assert wrong_kind.status_code == 404
-    assert wrong_kind.json()["error"]["code"] == "unsupported_route"
+    assert wrong_kind.status_code == 400
+    error = wrong_kind.json()["error"]
+    assert error["code"] == "unsupported_route"
+    assert "image generations at /v1/images/generations" in error["message"]
     assert IMAGE_EP not in gw.directory.capacity_requests
+
+
+def test_chat_to_an_embedding_endpoint_is_a_400_saying_what_it_serves(
+    serve: Callable[..., GatewayServer],
+) -> None:
+    gw = serve()
+    gw.directory.add_endpoint(EndpointRoute(OTHER_EP, "embedding", "tiny-embed"), [])
+    for path in (CHAT, "/openai/v1/completions"):
+        answer = httpx.post(gw.url(OTHER_EP) + path, json=chat(), headers=auth(OTHER_EP))
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "unsupported_route" and error["type"] == "invalid_request_error"
+        assert "embedding model 'tiny-embed'" in error["message"]
+        assert "embeddings at /openai/v1/embeddings" in error["message"]
+    # Held nowhere, and no replica is asked for.
+    assert OTHER_EP not in gw.directory.capacity_requests
 
 
 # -- passthrough ------------------------------------------------------------

@@ -189,9 +189,7 @@ def test_the_console_address_as_typed_leads_to_it(api: TestClient) -> None:
 def test_a_quota_on_an_unknown_gpu_type_is_refused(api: TestClient) -> None:
     auth = {"Authorization": f"Bearer {ADMIN}"}
     assert api.post("/inference/projects", json={"id": "ml"}, headers=auth).status_code == 201
-    answer = api.put(
-        "/inference/projects/ml/quota-limit", json={"gpus": {"A100": 8}}, headers=auth
-    )
+    answer = api.put("/inference/projects/ml/quota-limit", json={"gpus": {"A100": 8}}, headers=auth)
     assert answer.status_code == 400
     error = answer.json()["error"]
     assert (error["code"], error["param"]) == ("unknown_gpu_type", "gpus")
@@ -203,3 +201,22 @@ def test_a_quota_on_an_unknown_gpu_type_is_refused(api: TestClient) -> None:
         headers=auth,
     )  # fmt: skip
     assert created.status_code == 400 and created.json()["error"]["param"] == "quotaLimit.gpus"
+
+
+def test_engine_settings_on_create_and_update(
+    api: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "create", "long", "--model", "tiny-chat", "--min-replicas", "0",
+                       "--engine-settings", '{"maxModelLen": 1024, "maxNumSeqs": 8}')  # fmt: skip
+    assert code == 0
+    assert re.search(r'^engineSettings +\{"maxModelLen": 1024, "maxNumSeqs": 8\}$', out, re.M)
+    change = '{"maxModelLen": null, "kvCacheDtype": "fp8"}'
+    code, out, _ = run(capsys, "update", "long", "--json", "--engine-settings", change)
+    assert code == 0
+    assert json.loads(out)["engineSettings"] == {"kvCacheDtype": "fp8", "maxNumSeqs": 8}
+    code, _, err = run(capsys, "update", "long", "--engine-settings", '{"maxModelLen": 4096}')
+    assert code != 0 and "engineSettings.maxModelLen" in err
+    with pytest.raises(SystemExit):
+        run(capsys, "update", "long", "--engine-settings", "maxModelLen=1024")
+    code, out, _ = run(capsys, "create", "plain", "--model", "tiny-chat", "--min-replicas", "0")
+    assert re.search(r"^engineSettings +server defaults$", out, re.M)

@@ -226,8 +226,8 @@ def test_body_over_limit_is_413_from_content_length_alone() -> None:
 def test_unknown_route_wrong_method_and_wrong_kind_use_error_shape(chat: TestClient) -> None:
     assert_error_shape(chat.get("/nope"), 404)
     assert_error_shape(chat.get(CHAT), 405)
-    error = assert_error_shape(chat.post(IMAGES, json={"prompt": "x"}), 404)
-    assert error["code"] == "unsupported_route"
+    error = assert_error_shape(chat.post(IMAGES, json={"prompt": "x"}), 400)
+    assert error["code"] == "unsupported_route" and "chat completions at" in error["message"]
 
 
 def test_duplicate_running_request_id_is_409(chat: TestClient) -> None:

@@ -210,12 +210,12 @@ def test_image_endpoint(
 
 def test_wrong_route_for_the_model_kind(surfaces: Surfaces) -> None:
     """A chat request to an image endpoint and an image request to a chat
-    endpoint, through the gateway: each a 404 `unsupported_route` in the one
+    endpoint, through the gateway: each a 400 `unsupported_route` in the one
     error shape."""
     image, chat = surfaces.image, surfaces.chat
-    check(post_raw(image.url + CHAT, image.headers, {"messages": HI}), 404, "unsupported_route",
+    check(post_raw(image.url + CHAT, image.headers, {"messages": HI}), 400, "unsupported_route",
           None)  # fmt: skip
-    check(post_raw(chat.url + IMAGES, chat.headers, {"prompt": "x"}), 404, "unsupported_route",
+    check(post_raw(chat.url + IMAGES, chat.headers, {"prompt": "x"}), 400, "unsupported_route",
           None)  # fmt: skip
 
 

@@ -113,3 +113,14 @@ def test_models_build_and_the_script(
         runpy.run_path(str(script), run_name="__main__")
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == str(tiny_chat_dir)
+
+
+def test_recommend_sizes_with_engine_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--location", "us-east", "--gpu-type", "H200", "--gpu-count", "1"]
+    status, out, _ = run(["recommend", "llama-3.1-70b-instruct", *where], capsys)
+    assert status == 0 and "0 option(s) fit" in out
+    status, out, _ = run(["recommend", "llama-3.1-70b-instruct", *where, "--quantization", "fp8",
+                          "--kv-cache-dtype", "fp8"], capsys)  # fmt: skip
+    assert status == 0 and "weights 72.7 GB + KV cache 10.7 GB" in out
+    status, _, err = run(["recommend", "tiny-chat", "--max-num-seqs", "0"], capsys)
+    assert status != 0 and "maxNumSeqs" in err

@@ -120,6 +120,14 @@ def test_each_setting_is_one_typed_vllm_argument() -> None:
     assert vllm_args(EngineSettings()) == {}
 
 
+def test_lora_settings_enable_vllms_lora_with_its_slots_and_rank() -> None:
+    assert vllm_args(settings(maxLoras=4)) == {
+        "enable_lora": True, "max_loras": 4, "max_lora_rank": 16,
+    }  # fmt: skip
+    assert vllm_args(settings(maxLoras=2, maxLoraRank=64))["max_lora_rank"] == 64
+    assert vllm_args(settings(maxLoras=0)) == {}  # 0: LoRA off
+
+
 def test_the_vllm_arguments_are_fields_of_vllms_engine_args() -> None:
     dataclass_fields = pytest.importorskip("vllm.engine.arg_utils").AsyncEngineArgs
     known = {f.name for f in dataclasses.fields(dataclass_fields)}
@@ -127,6 +135,7 @@ def test_the_vllm_arguments_are_fields_of_vllms_engine_args() -> None:
         maxModelLen=64, dtype="auto", quantization="fp8", kvCacheDtype="auto", maxNumSeqs=1,
         enablePrefixCaching=True, enableChunkedPrefill=True,
         speculativeDecoding={"draftModel": "d", "numSpeculativeTokens": 1},
+        maxLoras=2, maxLoraRank=8,
     )  # fmt: skip
     assert set(vllm_args(every)) <= known
 

@@ -50,13 +50,13 @@ def test_commands_join_continuations_drop_comments_and_split_on_semicolons() -> 
         "# a comment line\n"
         "inferd a --x 1 \\\n    --y 2        # trailing comment\n"
         "inferd b ; inferd c 'semi;colon # not a comment'\n"
-        "curl -d '{\"k\": \"v\"}' -H \"A: b#c\"\n"
+        'curl -d \'{"k": "v"}\' -H "A: b#c"\n'
     )
     assert commands(bash) == [
         "inferd a --x 1 --y 2",
         "inferd b",
         "inferd c 'semi;colon # not a comment'",
-        "curl -d '{\"k\": \"v\"}' -H \"A: b#c\"",
+        'curl -d \'{"k": "v"}\' -H "A: b#c"',
     ]
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.control.accounts.metering import UsageMeter, merge_usage
 from inferd.control.accounts.model import (
@@ -225,6 +226,7 @@ class ProjectEndpoints:
         )
         if not self.models.usable_in(req.modelName, project_id):
             raise model_not_usable(req.modelName, project_id)
+        self._check_draft(req.engineSettings, project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(None, req)
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         new = EndpointShape("", gpu_type, gpu_count, req.minReplicas)
@@ -237,6 +239,17 @@ class ProjectEndpoints:
             minReplicas=record["minReplicas"], maxReplicas=record["maxReplicas"],
         )  # fmt: skip
         return (self._decorate_dict(row, record) if row else record), token
+
+    def _check_draft(self, settings: EngineSettings | None, project_id: str) -> None:
+        """A draft model is a use of a model, as `modelName` is: another
+        project's is answered as unknown."""
+        speculative = None if settings is None else settings.speculativeDecoding
+        if speculative is not None and not self.models.usable_in(
+            speculative.draftModel, project_id
+        ):
+            error = model_not_usable(speculative.draftModel, project_id)
+            error.param = "engineSettings.speculativeDecoding.draftModel"
+            raise error
 
     @contextlib.asynccontextmanager
     async def _within_quota(
@@ -314,6 +327,7 @@ class ProjectEndpoints:
         self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
     ) -> dict[str, Any]:
         row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        self._check_draft(req.engineSettings, row.project_id)
         gpu_type, gpu_count = self.service.resolve_gpus(row, req)
         min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
         max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
@@ -321,6 +335,9 @@ class ProjectEndpoints:
         async with self._within_quota(row.project_id, shape, max_replicas, new_endpoint=False):
             record = await self.service.update(endpoint_id, req)
         changed = req.model_dump(exclude_none=True)
+        if req.engineSettings is not None:
+            # As asked: a null clears a setting, and the audit says so.
+            changed["engineSettings"] = req.engineSettings.model_dump(exclude_unset=True)
         await self.accounts.audit_event(
             principal, AuditAction.ENDPOINT_UPDATE, row.project_id, f"endpoint:{row.id}", **changed
         )

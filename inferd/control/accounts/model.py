@@ -84,6 +84,8 @@ class AuditAction(str, Enum):
     ENDPOINT_UPDATE = "endpoint.update"
     ENDPOINT_DELETE = "endpoint.delete"
     TOKEN_REISSUE = "endpoint.token.reissue"
+    ADAPTER_ADD = "endpoint.adapter.add"
+    ADAPTER_REMOVE = "endpoint.adapter.remove"
     KEY_CREATE = "key.create"
     KEY_REVOKE = "key.revoke"
     USER_CREATE = "user.create"

@@ -29,7 +29,7 @@ SERVED_AS = {
 # A 16-bit checkpoint can be quantized as it loads to these.
 ONLINE = frozenset({"fp8"})
 # Settings of a text generation engine that a pooling model has no use for.
-GENERATION_ONLY = ("speculativeDecoding",)
+GENERATION_ONLY = ("speculativeDecoding", "maxLoras", "maxLoraRank")
 
 # Finds a model another setting names (the draft model); None: not usable here.
 ModelLookup = Callable[[str], ModelSpec | None]

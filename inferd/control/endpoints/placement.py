@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, GpuOption, recommend
 from inferd.errors import BadRequest
 
@@ -43,7 +44,10 @@ def resolve_placement(
     location_name: str,
     gpu_type: str | None,
     gpu_count: int | None,
+    engine_settings: EngineSettings | None = None,
 ) -> Placement:
+    """`engine_settings`: the endpoint's; the fit is of the model as its
+    engine holds it under them (context, dtype, FP8 weights or KV cache)."""
     try:
         model = catalog.models.get(model_name)
     except KeyError:
@@ -91,7 +95,14 @@ def resolve_placement(
             code="gpu_count_not_allowed",
         )
 
-    rec = recommend(model, gpus, location_name, gpu_type=gpu_type, gpu_count=gpu_count)
+    rec = recommend(
+        model,
+        gpus,
+        location_name,
+        gpu_type=gpu_type,
+        gpu_count=gpu_count,
+        engine_settings=engine_settings,
+    )
     fitting = [o for o in rec.options if o.fits]
     if not fitting:
         raise _does_not_fit(model_name, location_name, gpu_type, gpu_count, rec.rejected)

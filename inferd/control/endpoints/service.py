@@ -326,7 +326,12 @@ class EndpointService:
             check_engine_settings(settings, model, self._model_or_none)
 
     def _place(
-        self, model_name: str, location: str, gpu_type: str | None, gpu_count: int | None
+        self,
+        model_name: str,
+        location: str,
+        gpu_type: str | None,
+        gpu_count: int | None,
+        engine_settings: EngineSettings | None = None,
     ) -> Placement:
         return resolve_placement(
             self.catalog,
@@ -334,7 +339,22 @@ class EndpointService:
             location_name=location,
             gpu_type=gpu_type,
             gpu_count=gpu_count,
+            engine_settings=engine_settings,
         )
+
+    def _fits_with(self, row: Endpoint, engine_settings: EngineSettings) -> None:
+        """New settings on the endpoint's GPUs: a 400 naming them if the
+        model, as the engine would hold it, no longer fits."""
+        try:
+            self._place(
+                row.model_name, row.location_name, row.gpu_type, row.gpu_count, engine_settings
+            )
+        except BadRequest as exc:
+            if exc.code != "model_does_not_fit":
+                raise
+            raise BadRequest(
+                f"With these engine settings: {exc.message}", param="engineSettings", code=exc.code
+            ) from None
 
     # --- writes ----------------------------------------------------------------------
 
@@ -346,7 +366,9 @@ class EndpointService:
         if row is None:
             assert isinstance(req, CreateEndpointRequest)
             location = req.locationName or self.default_location
-            placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
+            placement = self._place(
+                req.modelName, location, req.gpuType, req.gpuCount, req.engineSettings
+            )
             return placement.gpu_type, placement.gpu_count
         if req.gpuType is None and req.gpuCount is None:
             return row.gpu_type, row.gpu_count
@@ -354,9 +376,21 @@ class EndpointService:
         if gpu_count is None and req.gpuType in (None, row.gpu_type):
             gpu_count = row.gpu_count
         placement = self._place(
-            row.model_name, row.location_name, req.gpuType or row.gpu_type, gpu_count
+            row.model_name,
+            row.location_name,
+            req.gpuType or row.gpu_type,
+            gpu_count,
+            self._settings_after(row, req),
         )
         return placement.gpu_type, placement.gpu_count
+
+    @staticmethod
+    def _settings_after(
+        row: Endpoint, req: CreateEndpointRequest | UpdateEndpointRequest
+    ) -> EngineSettings:
+        if req.engineSettings is None:
+            return row.engine_settings
+        return row.engine_settings.merged(req.engineSettings)
 
     async def create(
         self, req: CreateEndpointRequest, project_id: str = DEFAULT_PROJECT
@@ -365,9 +399,9 @@ class EndpointService:
         max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
         self._check_scaling(req.minReplicas, max_replicas)
         location = req.locationName or self.default_location
-        placement = self._place(req.modelName, location, req.gpuType, req.gpuCount)
         engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
-        self.check_engine_settings(placement.model_name, engine_settings)
+        self.check_engine_settings(req.modelName, engine_settings)
+        placement = self._place(req.modelName, location, req.gpuType, req.gpuCount, engine_settings)
         async with self._write_lock:
             if (project_id, req.name) in self._names:
                 raise Conflict(
@@ -428,6 +462,13 @@ class EndpointService:
             }
             if req.scaleToZeroRetentionPeriodSeconds is not None:
                 wanted["retention_seconds"] = req.scaleToZeroRetentionPeriodSeconds
+            engine_settings = self._settings_after(row, req)
+            if engine_settings != row.engine_settings:
+                self.check_engine_settings(row.model_name, engine_settings)
+                if req.gpuType is None and req.gpuCount is None:
+                    self._fits_with(row, engine_settings)
+                # Replicas take their settings at start: new ones replace them.
+                wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             if req.gpuType is not None or req.gpuCount is not None:
                 gpu_type = req.gpuType or row.gpu_type
                 # Same type, new count: keep the type. New type, no count:
@@ -435,7 +476,9 @@ class EndpointService:
                 gpu_count = req.gpuCount
                 if gpu_count is None and req.gpuType in (None, row.gpu_type):
                     gpu_count = row.gpu_count
-                placement = self._place(row.model_name, row.location_name, gpu_type, gpu_count)
+                placement = self._place(
+                    row.model_name, row.location_name, gpu_type, gpu_count, engine_settings
+                )
                 if (placement.gpu_type, placement.gpu_count) != (row.gpu_type, row.gpu_count):
                     wanted.update(
                         gpu_type=placement.gpu_type,
@@ -444,12 +487,6 @@ class EndpointService:
                         currency=placement.currency,
                         generation=row.generation + 1,
                     )
-            if req.engineSettings is not None:
-                engine_settings = row.engine_settings.merged(req.engineSettings)
-                self.check_engine_settings(row.model_name, engine_settings)
-                if engine_settings != row.engine_settings:
-                    # Replicas take their settings at start: new ones replace them.
-                    wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
             if wanted:
                 changes = EndpointChanges(updated_at=self._clock(), **wanted)

@@ -5,13 +5,13 @@ the gateway each get one plain object at construction."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from inferd.control.endpoints.records import EndpointRuntime, ReplicaFailure, ReplicaView
 from inferd.control.model import Endpoint
 from inferd.control.replicas.registry import Registry
-from inferd.gateway.directory import EndpointRoute, RoutableReplica
+from inferd.gateway.directory import NO_ADAPTERS, EndpointRoute, RoutableReplica
 
 
 class CapacityReasons(Protocol):
@@ -60,6 +60,15 @@ class Placeability(Protocol):
     def unplaceable(self, endpoint_id: str) -> str | None: ...
 
 
+class AdapterSources(Protocol):
+    def sources(self, endpoint_id: str) -> Mapping[str, str]: ...
+
+
+class _NoAdapters:
+    def sources(self, endpoint_id: str) -> Mapping[str, str]:
+        return NO_ADAPTERS
+
+
 class _Placeable:
     def unplaceable(self, endpoint_id: str) -> str | None:
         return None
@@ -75,12 +84,14 @@ class EndpointDirectory:
         endpoints: EndpointLookup,
         registry: Registry,
         placeability: Placeability | None = None,
+        adapters: AdapterSources | None = None,
     ) -> None:
         """`placeability`: the reconciler (which knows when an endpoint's
         replica fits nowhere); an instance that does not lead never knows."""
         self._endpoints = endpoints
         self._registry = registry
         self._placeability = placeability or _Placeable()
+        self._adapters = adapters or _NoAdapters()
 
     def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
         row = self._endpoints.find(endpoint_id)
@@ -92,6 +103,8 @@ class EndpointDirectory:
             row.model_name,
             deleting=row.deleting_at is not None,
             unplaceable=self._placeability.unplaceable(row.id),
+            adapters=self._adapters.sources(row.id),
+            max_model_len=row.engine_settings.maxModelLen,
         )
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:

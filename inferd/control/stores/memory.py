@@ -18,8 +18,10 @@ from inferd.catalog.registered import DuplicateModel, MeasuredProfile, Registere
 from inferd.control.accounts.memory import MemoryAccountStore
 from inferd.control.accounts.quota import EndpointShape
 from inferd.control.model import (
+    Adapter,
     Change,
     ChangeKind,
+    DuplicateAdapter,
     DuplicateName,
     Endpoint,
     EndpointChanges,
@@ -50,6 +52,7 @@ class MemoryStore(MemoryAccountStore):
         self._admin_keys: list[tuple[bytes, bool]] = []
         self._replicas: dict[str, ReplicaRecord] = {}
         self._models: dict[str, RegisteredModel] = {}
+        self._adapters: dict[tuple[str, str], Adapter] = {}
         self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
         self._hub = ChangeHub()
         self._quota_lock = asyncio.Lock()
@@ -161,6 +164,8 @@ class MemoryStore(MemoryAccountStore):
         if self._endpoints.pop(endpoint_id, None) is None:
             return False
         self._tokens = [t for t in self._tokens if t.endpoint_id != endpoint_id]
+        for key in [k for k in self._adapters if k[0] == endpoint_id]:
+            del self._adapters[key]
         for replica_id in [r.id for r in self._replicas.values() if r.endpoint_id == endpoint_id]:
             del self._replicas[replica_id]
             self._changed(ChangeKind.REPLICA, replica_id)
@@ -208,6 +213,30 @@ class MemoryStore(MemoryAccountStore):
             self._admin_keys = [(digest, True) for digest, _ in self._admin_keys]
         self._admin_keys.append((key_hash, False))
         self._changed(ChangeKind.ADMIN_KEY)
+
+    # --- LoRA adapters ----------------------------------------------------------------
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        self._check()
+        endpoint = self._endpoints.get(adapter.endpoint_id)
+        if endpoint is None or endpoint.deleting_at is not None:
+            raise EndpointGone(adapter.endpoint_id)
+        key = (adapter.endpoint_id, adapter.name)
+        if key in self._adapters:
+            raise DuplicateAdapter(adapter.name)
+        self._adapters[key] = adapter
+        self._changed(ChangeKind.ADAPTER, adapter.endpoint_id)
+
+    async def list_adapters(self, endpoint_id: str | None = None) -> list[Adapter]:
+        self._check()
+        return [a for a in self._adapters.values() if endpoint_id in (None, a.endpoint_id)]
+
+    async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
+        self._check()
+        if self._adapters.pop((endpoint_id, name), None) is None:
+            return False
+        self._changed(ChangeKind.ADAPTER, endpoint_id)
+        return True
 
     # --- registered models and measured profiles -------------------------------------
 

@@ -221,7 +221,26 @@ _V9 = Migration(
     ("ALTER TABLE endpoints ADD COLUMN engine_settings TEXT NOT NULL DEFAULT '{}'",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+_V10 = Migration(
+    10,
+    "LoRA adapters registered on endpoints",
+    (
+        """
+        CREATE TABLE endpoint_adapters (
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            name        TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            rank        BIGINT NOT NULL CHECK (rank >= 1),
+            base_model  TEXT,
+            created_at  TIMESTAMPTZ NOT NULL,
+            seq         BIGINT GENERATED ALWAYS AS IDENTITY,
+            PRIMARY KEY (endpoint_id, name)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 
 def latest_version() -> int:

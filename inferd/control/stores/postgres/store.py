@@ -39,8 +39,10 @@ from inferd.control.accounts.postgres import PostgresAccounts
 from inferd.control.accounts.quota import EndpointShape
 from inferd.control.cluster.postgres import check_term_sync
 from inferd.control.model import (
+    Adapter,
     Change,
     ChangeKind,
+    DuplicateAdapter,
     DuplicateName,
     Endpoint,
     EndpointChanges,
@@ -502,6 +504,57 @@ class PostgresStore(PostgresAccounts):
             self._log(conn, [(ChangeKind.ADMIN_KEY, "")])
 
         await self._run(write)
+
+    # --- LoRA adapters ----------------------------------------------------------------
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            row = conn.execute(
+                "SELECT deleting_at FROM endpoints WHERE id = %s FOR SHARE", (adapter.endpoint_id,)
+            ).fetchone()
+            if row is None or row[0] is not None:
+                raise EndpointGone(adapter.endpoint_id)
+            try:
+                with conn.transaction():  # a savepoint, as in _insert_endpoint
+                    conn.execute(
+                        "INSERT INTO endpoint_adapters"
+                        " (endpoint_id, name, source, rank, base_model, created_at)"
+                        " VALUES (%s, %s, %s, %s, %s, %s)",
+                        (adapter.endpoint_id, adapter.name, adapter.source, adapter.rank,
+                         adapter.base_model, adapter.created_at),
+                    )  # fmt: skip
+            except psycopg.errors.UniqueViolation:
+                raise DuplicateAdapter(adapter.name) from None
+            self._log(conn, [(ChangeKind.ADAPTER, adapter.endpoint_id)])
+
+        await self._run(write)
+
+    async def list_adapters(self, endpoint_id: str | None = None) -> list[Adapter]:
+        def query(conn: psycopg.Connection) -> list[Adapter]:
+            rows = conn.execute(
+                "SELECT endpoint_id, name, source, rank, base_model, created_at"
+                " FROM endpoint_adapters WHERE %s::text IS NULL OR endpoint_id = %s"
+                " ORDER BY seq",
+                (endpoint_id, endpoint_id),
+            ).fetchall()
+            return [
+                Adapter(r[0], r[1], r[2], int(r[3]), r[5].astimezone(UTC), base_model=r[4])
+                for r in rows
+            ]
+
+        return await self._run(query)
+
+    async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
+        def write(conn: psycopg.Connection) -> bool:
+            cursor = conn.execute(
+                "DELETE FROM endpoint_adapters WHERE endpoint_id = %s AND name = %s",
+                (endpoint_id, name),
+            )
+            if cursor.rowcount > 0:
+                self._log(conn, [(ChangeKind.ADAPTER, endpoint_id)])
+            return cursor.rowcount > 0
+
+        return await self._run(write)
 
     # --- registered models and measured profiles -------------------------------------
 

@@ -264,7 +264,25 @@ _V9 = Migration(
     ("ALTER TABLE endpoints ADD COLUMN engine_settings TEXT NOT NULL DEFAULT '{}'",),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+_V10 = Migration(
+    10,
+    "LoRA adapters registered on endpoints",
+    (
+        """
+        CREATE TABLE endpoint_adapters (
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            name        TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            rank        INTEGER NOT NULL CHECK (rank >= 1),
+            base_model  TEXT,
+            created_at  TEXT NOT NULL,
+            PRIMARY KEY (endpoint_id, name)
+        ) STRICT
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 
 def latest_version() -> int:

@@ -36,8 +36,10 @@ from inferd.catalog.registered import DuplicateModel, MeasuredProfile, Registere
 from inferd.control.accounts.quota import EndpointShape
 from inferd.control.accounts.sqlite import SqliteAccounts
 from inferd.control.model import (
+    Adapter,
     Change,
     ChangeKind,
+    DuplicateAdapter,
     DuplicateName,
     Endpoint,
     EndpointChanges,
@@ -451,6 +453,56 @@ class SqliteStore(SqliteAccounts):
                 "INSERT INTO admin_keys (key_hash, created_at) VALUES (?, ?)", (key_hash, at)
             )
             self._log(conn, ChangeKind.ADMIN_KEY)
+
+    # --- LoRA adapters ----------------------------------------------------------------
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        await self._run(self._add_adapter, adapter)
+
+    def _add_adapter(self, adapter: Adapter) -> None:
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT deleting_at FROM endpoints WHERE id = ?", (adapter.endpoint_id,)
+            ).fetchone()
+            if row is None or row[0] is not None:
+                raise EndpointGone(adapter.endpoint_id)
+            try:
+                conn.execute(
+                    "INSERT INTO endpoint_adapters"
+                    " (endpoint_id, name, source, rank, base_model, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (adapter.endpoint_id, adapter.name, adapter.source, adapter.rank,
+                     adapter.base_model, rfc3339(adapter.created_at)),
+                )  # fmt: skip
+            except sqlite3.IntegrityError:
+                raise DuplicateAdapter(adapter.name) from None
+            self._log(conn, ChangeKind.ADAPTER, adapter.endpoint_id)
+
+    async def list_adapters(self, endpoint_id: str | None = None) -> list[Adapter]:
+        query = (
+            "SELECT endpoint_id, name, source, rank, base_model, created_at FROM endpoint_adapters"
+        )
+        params: tuple[Any, ...] = ()
+        if endpoint_id is not None:
+            query += " WHERE endpoint_id = ?"
+            params = (endpoint_id,)
+        rows = await self._run(self._query, query + " ORDER BY rowid", params)
+        return [
+            Adapter(r[0], r[1], r[2], int(r[3]), parse_rfc3339(r[5]), base_model=r[4]) for r in rows
+        ]
+
+    async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
+        def write() -> bool:
+            with self._tx() as conn:
+                cursor = conn.execute(
+                    "DELETE FROM endpoint_adapters WHERE endpoint_id = ? AND name = ?",
+                    (endpoint_id, name),
+                )
+                if cursor.rowcount > 0:
+                    self._log(conn, ChangeKind.ADAPTER, endpoint_id)
+                return cursor.rowcount > 0
+
+        return await self._run(write)
 
     # --- registered models and measured profiles -------------------------------------
 

@@ -1,0 +1,138 @@
+"""Routes of an endpoint's LoRA adapters, mounted at `/inference`.
+
+`/endpoints/{id}/adapters`: the endpoint's own operations' access check
+(`Target.ENDPOINT`: its project, read or write) covers them, so an adapter
+belongs to the endpoint's project and another project's is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from inferd.api import management as wire
+from inferd.api.management import RegisterAdapterRequest
+from inferd.control.accounts.model import AuditAction
+from inferd.control.accounts.roles import Action, Principal
+from inferd.control.accounts.service import AccountService
+from inferd.control.endpoints.adapters import AdapterService, adapter_record
+from inferd.http import read_model
+from inferd.server.access import Operation, Target
+from inferd.server.openapi import _REF, _op
+
+
+class AdapterRoutes:
+    def __init__(
+        self, adapters: AdapterService, accounts: AccountService, max_body_bytes: int
+    ) -> None:
+        self.adapters = adapters
+        self.accounts = accounts
+        self.max_body_bytes = max_body_bytes
+
+    def operations(self) -> list[Operation]:
+        R, W = Action.READ, Action.WRITE
+        base = "/endpoints/{id}/adapters"
+        return [
+            Operation("GET", base, Target.ENDPOINT, R, self.list_adapters),
+            Operation("POST", base, Target.ENDPOINT, W, self.register),
+            Operation("GET", base + "/{name}", Target.ENDPOINT, R, self.get_adapter),
+            Operation("DELETE", base + "/{name}", Target.ENDPOINT, W, self.remove),
+        ]
+
+    async def list_adapters(self, request: Request, principal: Principal) -> Response:
+        adapters = self.adapters.of(request.path_params["id"]).values()
+        return JSONResponse({"data": [adapter_record(a) for a in adapters]})
+
+    async def get_adapter(self, request: Request, principal: Principal) -> Response:
+        params = request.path_params
+        return JSONResponse(adapter_record(self.adapters.get(params["id"], params["name"])))
+
+    async def register(self, request: Request, principal: Principal) -> Response:
+        endpoint_id = request.path_params["id"]
+        req = await read_model(request, RegisterAdapterRequest, self.max_body_bytes)
+        adapter = await self.adapters.register(endpoint_id, req, operator=principal.operator)
+        await self._audit(principal, AuditAction.ADAPTER_ADD, endpoint_id, adapter.name)
+        return JSONResponse(adapter_record(adapter), status_code=201)
+
+    async def remove(self, request: Request, principal: Principal) -> Response:
+        params = request.path_params
+        await self.adapters.remove(params["id"], params["name"])
+        await self._audit(principal, AuditAction.ADAPTER_REMOVE, params["id"], params["name"])
+        return Response(status_code=204)
+
+    async def _audit(
+        self, principal: Principal, action: AuditAction, endpoint_id: str, name: str
+    ) -> None:
+        row = self.adapters.endpoint(endpoint_id)
+        if row is not None:
+            await self.accounts.audit_event(
+                principal, action, row.project_id, f"endpoint:{endpoint_id}", adapter=name
+            )
+
+
+def adapters_openapi() -> dict[str, Any]:
+    """OpenAPI paths and components of the adapter routes (merged into the
+    server's one document by `openapi_document`)."""
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (wire.RegisterAdapterRequest, "validation"),
+        (wire.Adapter, "serialization"),
+        (wire.AdapterList, "serialization"),
+    ]
+    _, top = models_json_schema(models, ref_template=_REF)
+    endpoint = {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "description": "Endpoint id (UUID).",
+        "schema": {"type": "string"},
+    }
+    name = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "description": "The adapter's name (what requests put in `model`).",
+        "schema": {"type": "string"},
+    }
+    return {
+        "paths": {
+            "/inference/endpoints/{id}/adapters": {
+                "get": _op(
+                    "listAdapters",
+                    "The endpoint's LoRA adapters",
+                    (200, "AdapterList", "Every adapter, oldest first."),
+                    (404,),
+                    params=[endpoint],
+                ),
+                "post": _op(
+                    "registerAdapter",
+                    "Register a LoRA adapter (checked against the base model; no replica "
+                    "restarts: replicas load it on demand)",
+                    (201, "Adapter", "The adapter as registered."),
+                    (400, 403, 404, 409, 413),
+                    body="RegisterAdapterRequest",
+                    params=[endpoint],
+                ),
+            },
+            "/inference/endpoints/{id}/adapters/{name}": {
+                "get": _op(
+                    "getAdapter",
+                    "One LoRA adapter",
+                    (200, "Adapter", "The adapter."),
+                    (404,),
+                    params=[endpoint, name],
+                ),
+                "delete": _op(
+                    "removeAdapter",
+                    "Remove a LoRA adapter (requests naming it are then 404)",
+                    (204, None, "Removed."),
+                    (403, 404),
+                    params=[endpoint, name],
+                ),
+            },
+        },
+        "components": {"schemas": dict(top.get("$defs", {}))},
+    }
