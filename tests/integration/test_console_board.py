@@ -22,8 +22,7 @@ from inferd.control.model import StoreUnavailable
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
-from tests.console_support import ADMIN, seed_projects
-from tests.integration.test_console import sign_in
+from tests.console_support import ADMIN, seed_projects, sign_in
 
 BASE = "http://testserver"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
