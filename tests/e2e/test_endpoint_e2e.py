@@ -241,8 +241,8 @@ def test_embedding_endpoint_answers_the_openai_embeddings_client(serve: ServeHan
         )
         assert ranked.status_code == 200, ranked.text
         assert sorted(r["index"] for r in ranked.json()["results"]) == [0, 1]
-    # What the endpoint does not serve is refused, saying what it serves.
-    with pytest.raises(openai.NotFoundError, match="embedding"):
+    # What the endpoint does not serve is a 400 saying what it serves.
+    with pytest.raises(openai.BadRequestError, match="embeddings at /openai/v1/embeddings"):
         client.chat.completions.create(
             model="tiny-embed", messages=[{"role": "user", "content": "x"}], max_tokens=1
         )
@@ -250,6 +250,32 @@ def test_embedding_endpoint_answers_the_openai_embeddings_client(serve: ServeHan
         client.embeddings.create(model="tiny-embed", input="word " * 600)
     with pytest.raises(openai.BadRequestError, match="empty"):
         client.embeddings.create(model="tiny-embed", input=[])
+    with serve.api() as api:
+        assert api.delete(f"/inference/endpoints/{created['id']}").status_code == 204
+
+
+def test_engine_settings_reach_vllm(serve: ServeHandle) -> None:
+    """An endpoint's engine settings start its replica's vLLM engine with
+    them: its context is the 128 tokens they set (the model's own is 2048),
+    so a 300-token prompt the model could take is refused by the engine."""
+    settings = {"maxModelLen": 128, "maxNumSeqs": 2, "enablePrefixCaching": False}
+    created = serve.create_endpoint(
+        name="short", modelName="tiny-chat", minReplicas=0, maxReplicas=1,
+        scaleToZeroRetentionPeriodSeconds=RETENTION_S, engineSettings=settings,
+    )  # fmt: skip
+    assert created["engineSettings"] == settings
+    client = chat_client(created, created["accessToken"])
+    hello = [{"role": "user", "content": "Hello!"}]
+    # Held while the replica starts, then answered.
+    reply = client.chat.completions.create(model="tiny-chat", messages=hello, max_tokens=4)
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    long = [{"role": "user", "content": "word " * 300}]
+    with pytest.raises(openai.BadRequestError, match="context is 128 tokens"):
+        client.chat.completions.create(model="tiny-chat", messages=long, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="context of 128 tokens"):
+        client.chat.completions.create(model="tiny-chat", messages=hello, max_tokens=200)
+    (card,) = client.models.list().data
+    assert card.model_dump()["max_model_len"] == 128
     with serve.api() as api:
         assert api.delete(f"/inference/endpoints/{created['id']}").status_code == 204
 

@@ -6,6 +6,7 @@ are launched with them, and a PATCH that changes them rolls the replicas
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,11 @@ def test_settings_reach_the_replicas_and_a_change_rolls_them(tmp_path: Path) -> 
             assert (await c.get(path)).json()["engineSettings"] == {"maxNumSeqs": 4}
             (card,) = (await c.get(models, headers=bearer)).json()["data"]
             assert "max_model_len" not in card  # the model's own again
+            audit = await c.get(
+                "/inference/projects/default/audit", params={"action": "endpoint.update"}
+            )
+            changes = [e for e in audit.json()["data"] if "engineSettings" in json.dumps(e)]
+            assert '"maxModelLen": null' in json.dumps(changes[-1])  # the clearing is told
 
     asyncio.run(scenario())
 
