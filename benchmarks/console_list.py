@@ -45,6 +45,7 @@ from common import ms, percentile, print_table, write_report
 
 from inferd.api.management import CreateEndpointRequest
 from inferd.console.pages.board import PAGE_SIZE
+from inferd.control.accounts.roles import OPERATOR
 from inferd.control.endpoints.records import EndpointRuntime, ReplicaStatus, ReplicaView
 from inferd.control.fakes import FakeLauncher
 from inferd.server.app import create_app
@@ -83,9 +84,11 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
     try:
         for i in range(endpoints):
             await plane.service.create(
+                OPERATOR,
                 CreateEndpointRequest(
                     name=f"ep-{i:05d}", modelName="tiny-chat", locationName="local", maxReplicas=2
-                )
+                ),
+                None,
             )
         ids = [row.id for row in plane.service.rows()]
         for endpoint_id in ids:  # every endpoint running one replica

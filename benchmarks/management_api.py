@@ -138,8 +138,8 @@ async def _populate(state_dir: str, count: int) -> tuple[list[dict[str, Any]], s
                 minReplicas=i % 2,
                 maxReplicas=2,
             )
-            await plane.service.create(req)
-        records = json.loads(plane.accounts.endpoints.list_json(OPERATOR))["data"]
+            await plane.service.create(OPERATOR, req, None)
+        records = [plane.service.record(row.id) for row in plane.service.rows()]
         return records, created.plaintext
     finally:
         await plane.close()

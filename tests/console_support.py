@@ -51,6 +51,24 @@ def seed_projects(client: Client, admin_key: str = ADMIN) -> dict[str, str]:
     return keys
 
 
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match, html
+    return match.group(1)
+
+
+def sign_in(client: Client, key: str = ADMIN) -> str:
+    """Signs an in-process client (Starlette's TestClient) in to the console;
+    returns the session's CSRF token."""
+    form = client.request("GET", "/console/signin")
+    answer = client.request(
+        "POST", "/console/signin", data={"key": key, "csrf": csrf_of(form.text)},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert answer.status_code == 303, answer.text
+    return csrf_of(client.request("GET", "/console/endpoints").text)
+
+
 @dataclass
 class ServedConsole:
     url: str

@@ -2,9 +2,9 @@
 
 `ConsoleSources` is filled in from the built server (see
 `inferd.server.console`); the console never calls its own JSON API over
-HTTP. Endpoint reads and writes go through the accounts layer
-(`ProjectEndpoints`: project and role checks, quotas, audit), exactly as the
-management routes do. The serving parts (scale journal, series, replicas,
+HTTP. Endpoint reads and writes go through the one endpoint service
+(project and role checks, quotas, audit), exactly as the management routes
+do. The serving parts (scale journal, series, replicas,
 logs) default to empty, so the console's own tests can build it alone.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from inferd.catalog import Catalog, recommend
 from inferd.catalog.models import ModelSpec
 from inferd.catalog.recommend import GpuOption, Recommendation
-from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
+from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model import Endpoint as EndpointRow
@@ -62,8 +62,8 @@ async def _no_log(replica_id: str, max_bytes: int) -> str | None:
 
 @dataclass
 class ConsoleSources:
-    service: EndpointService
-    endpoints: ProjectEndpoints
+    endpoints: EndpointService
+    usage: UsageReads
     accounts: AccountService
     catalog: Catalog
     # "Bearer <key>" -> who it is (raises Unauthorized): the API's resolver.

@@ -19,10 +19,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
 from inferd.control.accounts.service import AccountService, project_missing
+from inferd.control.endpoints.service import EndpointService
 from inferd.control.model_service import ModelService, model_missing
 from inferd.errors import BadRequest
 
@@ -56,7 +56,7 @@ class Operation:
 
 class AccessCheck:
     def __init__(
-        self, endpoints: ProjectEndpoints, accounts: AccountService, models: ModelService
+        self, endpoints: EndpointService, accounts: AccountService, models: ModelService
     ) -> None:
         self.endpoints = endpoints
         self.accounts = accounts

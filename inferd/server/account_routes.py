@@ -19,7 +19,6 @@ from inferd.api.accounts import (
     PutMemberRequest,
     QuotaBody,
 )
-from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.model import (
     AuditAction,
     AuditEntry,
@@ -34,6 +33,8 @@ from inferd.control.accounts.model import (
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Action, Principal, Role
 from inferd.control.accounts.service import AccountService, CreatedKey, key_info
+from inferd.control.accounts.usage_reads import UsageReads
+from inferd.control.endpoints.service import EndpointService
 from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
@@ -192,7 +193,8 @@ class AccountRoutes:
     def __init__(
         self,
         accounts: AccountService,
-        endpoints: ProjectEndpoints,
+        endpoints: EndpointService,
+        usage: UsageReads,
         currency: Callable[[], str],
         max_body_bytes: int,
         models_of: Callable[[str], Sequence[str]],
@@ -200,6 +202,7 @@ class AccountRoutes:
     ) -> None:
         self.accounts = accounts
         self.endpoints = endpoints
+        self.usage = usage
         # Names of the models registered in a project (a project with some
         # is not deleted).
         self.models_of = models_of
@@ -428,7 +431,7 @@ class AccountRoutes:
                  "from": request.query_params.get("from"),
                  "to": request.query_params.get("to")}  # fmt: skip
         page = read_key_page(request, "usage", query)
-        rows, after, totals = await self.endpoints.usage_page(
+        rows, after, totals = await self.usage.usage_page(
             principal,
             endpoint_id=endpoint_id,
             project_id=project_id,

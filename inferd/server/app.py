@@ -123,18 +123,17 @@ def create_app(server: Server) -> Starlette:
         return JSONResponse({"status": "ok", **server.health()})
 
     accounts = server.accounts
-    management = ManagementRoutes(
-        server.service, accounts.endpoints, server.models, settings.max_body_bytes
-    )
+    management = ManagementRoutes(server.service, server.models, settings.max_body_bytes)
     account_routes = AccountRoutes(
         accounts.service,
-        accounts.endpoints,
+        server.service,
+        accounts.usage,
         lambda: server.catalog.gpus.currency,
         settings.max_body_bytes,
         server.models.of_project,
         lambda: server.catalog.gpus.gpu_types.keys(),
     )
-    access = AccessCheck(accounts.endpoints, accounts.service, server.models)
+    access = AccessCheck(server.service, accounts.service, server.models)
     adapter_routes = AdapterRoutes(server.adapters, accounts.service, settings.max_body_bytes)
     operations = management_operations(management, account_routes, adapter_routes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and

@@ -9,11 +9,13 @@ callback points at something that does not exist yet:
     metrics; its metrics feed the series) -> load observations -> principal
     resolver, account service, usage meter, project quota cap, scale journal
     -> reconciler (ScaleSignals; reads endpoints from the store; capped by
-    the quotas; journals each change of desired replicas) -> endpoint
-    service (tells the reconciler; shows the registry's replicas) ->
-    registered models -> project-aware endpoints, accounts, meter feed
-    (registry -> meter), series sampler (registry, gateway state, service)
-    -> endpoint directory -> gateway (asks the reconciler for capacity)
+    the quotas; journals each change of desired replicas) -> the endpoints'
+    copy -> registered models (refused deletion while the copy has a user)
+    -> project guard -> endpoint service (project checks, quotas, audit;
+    tells the reconciler; shows the registry's replicas) -> accounts (usage
+    reads), meter feed (registry -> meter), series sampler (registry,
+    gateway state, service) -> endpoint directory -> gateway (asks the
+    reconciler for capacity)
 
 `Server.start()`/`stop()` run in the serving event loop (the app lifespan),
 in one order for both run modes; `inferd.server.app.create_app` only puts
@@ -38,13 +40,14 @@ from typing import Any
 
 from inferd.catalog import Catalog, load_catalog
 from inferd.catalog.roots import ModelRoots
-from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.meter_feed import MeterFeed
 from inferd.control.accounts.metering import UsageMeter
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.plane import Accounts, EndpointPrices, ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
+from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.service import AccountService
+from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.cluster.duties import (
     LeaderDrain,
     LeaderDutySet,
@@ -57,6 +60,7 @@ from inferd.control.cluster.ports import Coordination
 from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
 from inferd.control.endpoints.adapters import AdapterService
+from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.endpoints.tokens import TokenVerifier
@@ -346,10 +350,22 @@ async def build(
         drain = LeaderDrain(
             reconciler, flag, store, timeout_s=settings.replica_drain_timeout_seconds + 30
         )
+        endpoint_cache = EndpointCache(store)
+        await endpoint_cache.load()
+        # Registered models join the catalog before anything uses them.
+        models = ModelService(
+            store, catalog, endpoint_cache.rows, roots=ModelRoots.parse(settings.model_roots)
+        )
+        await models.load()
         service = EndpointService(
             store,
+            endpoint_cache,
             catalog,
             verifier,
+            account_service,
+            ProjectGuard(store),
+            meter,
+            models,
             public_url=settings.public_url,
             default_location=settings.default_location,
             max_replicas_cap=settings.max_replicas_cap,
@@ -359,7 +375,6 @@ async def build(
             signals=signals,
             capacity_of=launcher.capacity,
         )
-        await service.load()
         adapters = AdapterService(
             store,
             service,
@@ -367,17 +382,8 @@ async def build(
             roots=ModelRoots.parse(settings.model_roots),
         )
         await adapters.load()
-        # Registered models join the catalog before anything uses them.
-        models = ModelService(
-            store, catalog, service.rows, roots=ModelRoots.parse(settings.model_roots)
-        )
-        await models.load()
         accounts = Accounts(
-            store,
-            resolver,
-            account_service,
-            meter,
-            ProjectEndpoints(service, account_service, meter, utc_now, models),
+            store, resolver, account_service, meter, UsageReads(service, account_service, meter)
         )
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service))
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)

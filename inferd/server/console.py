@@ -39,8 +39,8 @@ def console_sources(server: Server) -> ConsoleSources:
     accounts = server.accounts
     settings = server.settings
     return ConsoleSources(
-        service=server.service,
-        endpoints=accounts.endpoints,
+        endpoints=server.service,
+        usage=accounts.usage,
         accounts=accounts.service,
         catalog=server.catalog,
         # The same resolver as the management API: operator key or user key.

@@ -30,7 +30,6 @@ from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
 from inferd.catalog.recommend import POOLING_KINDS
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
-from inferd.control.accounts.endpoints import ProjectEndpoints
 from inferd.control.accounts.roles import Action, Principal, authorize
 from inferd.control.accounts.service import project_missing
 from inferd.control.endpoints.service import EndpointService, render_json
@@ -59,16 +58,14 @@ _STATUSES = tuple(s.value for s in EndpointStatus)
 class ManagementRoutes:
     def __init__(
         self,
-        service: EndpointService,
-        endpoints: ProjectEndpoints,
+        endpoints: EndpointService,
         models: ModelService,
         max_body_bytes: int,
     ) -> None:
-        self.service = service
         self.endpoints = endpoints
         self.models = models
         self.max_body_bytes = max_body_bytes
-        self._gpu_types, self._locations = _catalog_documents(service.catalog)
+        self._gpu_types, self._locations = _catalog_documents(endpoints.catalog)
 
     def operations(self) -> list[Operation]:
         R, W = Action.READ, Action.WRITE
@@ -221,7 +218,7 @@ class ManagementRoutes:
         return JSONResponse(profile.to_dict(), status_code=201)
 
     async def list_gpu_types(self, request: Request, principal: Principal) -> Response:
-        live = _by_location(await self.service.capacity_of())
+        live = _by_location(await self.endpoints.capacity_of())
         data = [
             {**g, "capacity": {loc: types[g["name"]] for loc, types in live.items()
                                if g["name"] in types}}
@@ -230,9 +227,9 @@ class ManagementRoutes:
         return Response(render_json({"data": data}), media_type="application/json")
 
     async def list_locations(self, request: Request, principal: Principal) -> Response:
-        live = _by_location(await self.service.capacity_of())
+        live = _by_location(await self.endpoints.capacity_of())
         data = [{**loc, "capacity": live.get(loc["name"], {})} for loc in self._locations]
-        body = {"currency": self.service.catalog.gpus.currency, "data": data}
+        body = {"currency": self.endpoints.catalog.gpus.currency, "data": data}
         return Response(render_json(body), media_type="application/json")
 
     async def recommendations(self, request: Request, principal: Principal) -> Response:
@@ -244,7 +241,7 @@ class ManagementRoutes:
                 param="modelName",
                 code="missing_required_parameter",
             )
-        catalog = self.service.catalog
+        catalog = self.endpoints.catalog
         # Another project's model is answered as an unknown name.
         if not self.models.seen_by(model_name, principal.sees):
             raise BadRequest(
@@ -259,7 +256,7 @@ class ManagementRoutes:
         # Sized as an endpoint with these engine settings would run it.
         settings = validate(EngineSettings, sizing_from_query(params))
         try:
-            self.service.check_engine_settings(model_name, settings)
+            self.endpoints.check_engine_settings(model_name, settings)
         except BadRequest as exc:  # named as the query parameter it is here
             exc.param = (exc.param or "").removeprefix("engineSettings.") or None
             raise

@@ -18,7 +18,7 @@ from inferd.control.replicas.registry import Replica
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
-from tests.console_support import ADMIN, seed_projects
+from tests.console_support import ADMIN, csrf_of, seed_projects, sign_in
 
 BASE = "http://testserver"
 
@@ -42,22 +42,6 @@ def plane(tmp_path: Path) -> Iterator[Server]:
 def client(plane: Server) -> Iterator[TestClient]:
     with TestClient(create_app(plane), base_url=BASE) as c:
         yield c
-
-
-def csrf_of(html: str) -> str:
-    match = re.search(r'name="csrf" value="([^"]+)"', html)
-    assert match, html
-    return match.group(1)
-
-
-def sign_in(client: TestClient, key: str = ADMIN) -> str:
-    """Signs in; returns the session's CSRF token."""
-    form = client.get("/console/signin")
-    answer = client.post(
-        "/console/signin", data={"key": key, "csrf": csrf_of(form.text)}, follow_redirects=False
-    )
-    assert answer.status_code == 303, answer.text
-    return csrf_of(client.get("/console/endpoints").text)
 
 
 def create(client: TestClient, csrf: str, name: str = "chat", **extra: str) -> str:

@@ -18,11 +18,11 @@ from starlette.testclient import TestClient
 
 from inferd.console.pages.board import PAGE_SIZE
 from inferd.control.fakes import FakeLauncher
+from inferd.control.model import StoreUnavailable
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
-from tests.console_support import ADMIN, seed_projects
-from tests.integration.test_console import sign_in
+from tests.console_support import ADMIN, seed_projects, sign_in
 
 BASE = "http://testserver"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -183,3 +183,20 @@ def test_live_updates_stay_on_the_page_shown(client: TestClient) -> None:
         state = poll_state(board)
         time.sleep(0.1)
     assert 'hx-swap-oob="true"' in board and rows(board) == [*rows(third), "late"]
+
+
+def test_while_the_database_is_away_the_board_says_so(
+    client: TestClient, plane: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_many(client)
+    sign_in(client)
+
+    async def unreachable(*args: object) -> None:
+        raise StoreUnavailable("The database is unreachable.")
+
+    monkeypatch.setattr(plane.store, "page_endpoint_ids", unreachable)
+    away = client.get("/console/endpoints")
+    assert away.status_code == 503 and "database is unavailable" in away.text
+    # A page that fits this instance's copy is still answered from it.
+    small = client.get("/console/endpoints", params={"name": "a-00"})
+    assert small.status_code == 200 and rows(small.text) == [f"a-00{i}" for i in range(10)]

@@ -262,7 +262,7 @@ def test_usage_pages_merge_unwritten_figures_and_total_the_window(world: World) 
     # Some hours written, some only in the meter (not written yet), one both.
     written = [delta(h, requests=1, cost=0.25) for h in (0, 1, 3, 5)]
     asyncio.run(world.plane.accounts.service.store.add_usage(written))
-    world.plane.accounts.endpoints.meter.restore(
+    world.plane.accounts.meter.restore(
         [delta(2, requests=2), delta(3, requests=5), delta(4, "L4", images=1)]
     )
     path = f"/endpoints/{endpoint_id}/usage"

@@ -12,19 +12,35 @@ import pytest
 
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import load_catalog
+from inferd.control.accounts.metering import UsageMeter
+from inferd.control.accounts.model import utc_now
+from inferd.control.accounts.principals import PrincipalResolver
+from inferd.control.accounts.project_guard import ProjectGuard
+from inferd.control.accounts.roles import OPERATOR
+from inferd.control.accounts.service import AccountService
+from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.model import StoreUnavailable
+from inferd.control.model_service import ModelService
 from inferd.control.stores.memory import MemoryStore
 
 CATALOG = load_catalog()
 
 
-def service(store: MemoryStore) -> EndpointService:
+async def service(store: MemoryStore) -> EndpointService:
+    accounts = AccountService(store, PrincipalResolver(store, lambda key: False), utc_now)
+    await accounts.ensure_default_project()
+    cache = EndpointCache(store)
     return EndpointService(
         store,
+        cache,
         CATALOG,
         TokenVerifier(store),
+        accounts,
+        ProjectGuard(store),
+        UsageMeter(),
+        ModelService(store, CATALOG, cache.rows),
         public_url="http://inferd.test",
         default_location="local",
         max_replicas_cap=4,
@@ -42,7 +58,7 @@ async def settle(condition: Callable[[], bool]) -> None:
 def test_a_second_service_on_the_same_store_follows_the_first() -> None:
     async def body() -> None:
         store = MemoryStore()
-        writer, reader = service(store), service(store)
+        writer, reader = await service(store), await service(store)
         feeds = [store.changes(), store.changes()]
         await reader.load()
         await reader.verifier.load()
@@ -52,22 +68,24 @@ def test_a_second_service_on_the_same_store_follows_the_first() -> None:
         ]
 
         record, token = await writer.create(
-            CreateEndpointRequest(name="shared", modelName="tiny-chat", minReplicas=0)
+            OPERATOR,
+            CreateEndpointRequest(name="shared", modelName="tiny-chat", minReplicas=0),
+            None,
         )
         endpoint_id = record["id"]
         await settle(lambda: reader.find(endpoint_id) is not None)
         assert reader.find_by_name("shared") is not None
         await settle(lambda: reader.verifier.verify(endpoint_id, token))
 
-        await writer.update(endpoint_id, UpdateEndpointRequest(maxReplicas=3))
+        await writer.update(OPERATOR, endpoint_id, UpdateEndpointRequest(maxReplicas=3))
         await settle(lambda: reader.row(endpoint_id).max_replicas == 3)
         assert reader.record(endpoint_id)["maxReplicas"] == 3
 
-        new_token = await writer.reissue_token(endpoint_id)
+        new_token = await writer.reissue_token(OPERATOR, endpoint_id)
         await settle(lambda: reader.verifier.verify(endpoint_id, new_token))
         assert not reader.verifier.verify(endpoint_id, token)
 
-        await writer.delete(endpoint_id)
+        await writer.delete(OPERATOR, endpoint_id)
         await settle(lambda: reader.find(endpoint_id) is None)
         assert reader.find_by_name("shared") is None
         assert not reader.verifier.verify(endpoint_id, new_token)
@@ -81,23 +99,27 @@ def test_a_second_service_on_the_same_store_follows_the_first() -> None:
 def test_store_away_writes_refused_reads_served_then_back() -> None:
     async def body() -> None:
         store = MemoryStore()
-        svc = service(store)
-        record, _ = await svc.create(CreateEndpointRequest(name="kept", modelName="tiny-chat"))
+        svc = await service(store)
+        record, _ = await svc.create(
+            OPERATOR, CreateEndpointRequest(name="kept", modelName="tiny-chat"), None
+        )
 
         store.unavailable = True
         assert svc.record(record["id"])["name"] == "kept"
-        assert svc.records_json().startswith(b'{"data":[')
+        assert svc.get_json(OPERATOR, record["id"]).startswith(b'{"id":')
         with pytest.raises(StoreUnavailable) as refused:
-            await svc.create(CreateEndpointRequest(name="later", modelName="tiny-chat"))
+            await svc.create(
+                OPERATOR, CreateEndpointRequest(name="later", modelName="tiny-chat"), None
+            )
         assert refused.value.status == 503 and "Retry-After" in refused.value.headers()
         with pytest.raises(StoreUnavailable):
-            await svc.update(record["id"], UpdateEndpointRequest(maxReplicas=2))
+            await svc.update(OPERATOR, record["id"], UpdateEndpointRequest(maxReplicas=2))
         # Nothing half-applied in memory either.
         assert svc.record(record["id"])["maxReplicas"] == 1
         assert svc.find_by_name("later") is None
 
         store.unavailable = False
-        await svc.create(CreateEndpointRequest(name="later", modelName="tiny-chat"))
+        await svc.create(OPERATOR, CreateEndpointRequest(name="later", modelName="tiny-chat"), None)
         assert [e.name for e in await store.list_endpoints()] == ["kept", "later"]
 
     asyncio.run(body())

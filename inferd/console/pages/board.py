@@ -3,8 +3,8 @@ filter by name and status, previous and next, and live updates of the page
 shown (its rows polled from the live board and swapped in as they change).
 
 A page is one of the store's keyset pages, as the API's list reads them
-(`ProjectEndpoints.page`: the principal's projects and the name prefix
-selected in the store, the status on the rows it returns). A poll answers
+(`visible_page`: the principal's projects and the name prefix selected in
+the store, the status on the rows it returns). A poll answers
 from the live board: the rows of this page changed since the browser's
 version, or the whole board when the page's set of rows changed (an
 endpoint created or deleted, one whose status left or entered the filter,
@@ -31,6 +31,7 @@ from inferd.console.web import ConsoleError, Web
 from inferd.control.accounts.roles import Principal
 from inferd.control.model import Endpoint as EndpointRow
 from inferd.control.paging import EndpointFilter
+from inferd.errors import InferdError
 
 PAGE_SIZE = 50
 BOARD = "/console/endpoints"
@@ -59,7 +60,7 @@ class Board(Pages):
         self.page_size = page_size
         row_template = web.env.get_template("_row.html")
         self.cache = ViewCache(lambda view: row_template.render(view=view))
-        self.live = LiveBoard(self.view_of, self.sources.service.endpoint_ids)
+        self.live = LiveBoard(self.view_of, self.sources.endpoints.endpoint_ids)
         self._pages: dict[tuple[Any, ...], BoardPage] = {}
 
     def routes(self) -> list[BaseRoute]:
@@ -79,7 +80,7 @@ class Board(Pages):
     def view(self, row: EndpointRow) -> RowView:
         """An endpoint's row as the board shows it now."""
         return self.cache.view(
-            row, self.sources.service.runtime_of(row.id), self.sources.cost_so_far(row.id)
+            row, self.sources.endpoints.runtime_of(row.id), self.sources.cost_so_far(row.id)
         )
 
     def mark(self, endpoint_id: str) -> None:
@@ -87,7 +88,7 @@ class Board(Pages):
         self.live.mark(endpoint_id)
 
     def view_of(self, endpoint_id: str) -> RowView | None:
-        row = self.sources.service.find(endpoint_id)
+        row = self.sources.endpoints.find(endpoint_id)
         return None if row is None else self.view(row)
 
     # --- a page -----------------------------------------------------------------------
@@ -114,13 +115,19 @@ class Board(Pages):
         def keep(row: Any) -> bool:
             return self.view(row).status == status
 
-        page = await self.sources.endpoints.visible_page(
-            principal,
-            EndpointFilter(name_prefix=query.name or None),
-            query.after,
-            self.page_size,
-            keep if status else None,
-        )
+        try:
+            page = await self.sources.endpoints.visible_page(
+                principal,
+                EndpointFilter(name_prefix=query.name or None),
+                query.after,
+                self.page_size,
+                keep if status else None,
+            )
+        except InferdError as exc:
+            # The database away: a page that fits this instance's copy is
+            # answered from it, any other is this error (a poll then keeps
+            # the rows shown and tries again).
+            raise ConsoleError(exc.status, exc.message) from None
         views = [self.view(row) for row in page.items]
         live.update(views)
         ids = tuple(v.id for v in views)

@@ -44,7 +44,7 @@ class Create(Pages):
         catalog = self.sources.catalog
         models = self.sources.models_for(session.principal)
         if location not in catalog.gpus.locations:
-            location = self.sources.service.default_location
+            location = self.sources.endpoints.default_location
         if model not in {m.name for m in models}:
             # The first model that fits somewhere here, not one that cannot run.
             fitting = [

@@ -49,7 +49,7 @@ class EndpointPage(Pages):
 
     def _context(self, session: Session, row: EndpointRow) -> dict[str, Any]:
         assert session.principal is not None
-        record = self.sources.service.record(row.id)
+        record = self.sources.endpoints.record(row.id)
         gpu_choices = []
         if row.model_name in self.sources.catalog.models:
             rec = self.sources.recommendation(row.model_name, row.location_name)

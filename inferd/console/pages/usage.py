@@ -25,8 +25,8 @@ class Usage(Pages):
         month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         projects = []
         for project in await self.sources.projects(principal):
-            rows = await self.sources.endpoints.project_usage(principal, project, month, None)
-            names = {r.id: r.name for r in self.sources.service.rows()}
+            rows = await self.sources.usage.project_usage(principal, project, month, None)
+            names = {r.id: r.name for r in self.sources.endpoints.rows()}
             lines: dict[str, dict[str, Any]] = {}
             for u in rows:
                 line = lines.setdefault(
@@ -42,7 +42,7 @@ class Usage(Pages):
                 line["cost"] += u.cost
             gone = [i for i, line in lines.items() if line["name"] is None]
             if gone:
-                deleted = await self.sources.endpoints.names_of_deleted(principal, project, gone)
+                deleted = await self.sources.usage.names_of_deleted(principal, project, gone)
                 for endpoint_id, name in deleted.items():
                     lines[endpoint_id]["deleted_name"] = name
             projects.append(

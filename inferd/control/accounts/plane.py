@@ -1,7 +1,7 @@
 """The accounts part of the control plane (built by `inferd.server.compose`
 in dependency order: principal resolver, account service, usage meter and
-the reconciler's quota cap before the endpoint service, project-aware
-endpoints after it), and its background work (last-used times and usage
+the reconciler's quota cap before the endpoint service, the usage reads
+after it), and its background work (last-used times and usage
 figures to the store)."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from inferd.control.accounts.endpoints import EndpointLike, Endpoints, ProjectEndpoints
 from inferd.control.accounts.metering import EndpointPricing, UsageMeter, month_of
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.quota import EndpointShape, cap_replicas, capped_reason
 from inferd.control.accounts.service import AccountService
+from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.follow import follow
-from inferd.control.model import Change, ChangeKind
+from inferd.control.model import Change, ChangeKind, Endpoint
 from inferd.control.replicas.registry import Replica
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class Accounts:
     resolver: PrincipalResolver
     service: AccountService
     meter: UsageMeter
-    endpoints: ProjectEndpoints
+    usage: UsageReads
     clock: Callable[[], datetime] = utc_now
     flush_period_s: float = FLUSH_PERIOD_S
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -101,6 +101,19 @@ class Accounts:
                 logger.exception("writing usage and key use to the store failed; retrying")
 
 
+class EndpointLike(Protocol):
+    """What the quota cap reads of an endpoint."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def project_id(self) -> str: ...
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def gpu_count(self) -> int: ...
+
+
 class LiveReplicas(Protocol):
     def of_endpoint(self, endpoint_id: str) -> Sequence[Replica]: ...
 
@@ -136,10 +149,14 @@ class ProjectQuotaCap:
         return cap.allowed, capped_reason(endpoint.project_id, cap)
 
 
+class EndpointRows(Protocol):
+    def rows(self) -> Sequence[Endpoint]: ...
+
+
 class EndpointPrices:
     """Each endpoint's project and hourly price, for the usage meter."""
 
-    def __init__(self, endpoints: Endpoints) -> None:
+    def __init__(self, endpoints: EndpointRows) -> None:
         self.endpoints = endpoints
 
     def __call__(self) -> dict[str, EndpointPricing]:

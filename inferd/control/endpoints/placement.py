@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, GpuOption, recommend
+from inferd.control.model import Endpoint
 from inferd.errors import BadRequest
 
 
@@ -115,6 +116,31 @@ def resolve_placement(
         gpu_count=best.gpu_count,
         hourly_price=float(gpus.hourly_price(location_name, best.gpu_type, best.gpu_count)),
         currency=gpus.currency,
+    )
+
+
+def placement_for_change(
+    catalog: Catalog,
+    row: Endpoint,
+    gpu_type: str | None,
+    gpu_count: int | None,
+    engine_settings: EngineSettings,
+) -> Placement | None:
+    """Where a change of `row`'s GPU type or count puts it (with the engine
+    settings it will have); None when it names neither. A new count alone
+    keeps the type; a new type without a count gets the recommended count
+    for it (as a create does)."""
+    if gpu_type is None and gpu_count is None:
+        return None
+    if gpu_count is None and gpu_type in (None, row.gpu_type):
+        gpu_count = row.gpu_count
+    return resolve_placement(
+        catalog,
+        model_name=row.model_name,
+        location_name=row.location_name,
+        gpu_type=gpu_type or row.gpu_type,
+        gpu_count=gpu_count,
+        engine_settings=engine_settings,
     )
 
 

@@ -180,10 +180,12 @@ def build_record(
     waiting_for: str | None = None,
     last_failure: ReplicaFailure | None = None,
     replacing: str | None = None,
+    cost_so_far: float = 0.0,
 ) -> dict[str, Any]:
     """The endpoint record (spec 2.1 fields first, then inferd's extras).
 
-    `image_size` is the model's default size, used in an image model's example.
+    `image_size` is the model's default size, used in an image model's example;
+    `cost_so_far`: this month's cost of the endpoint (the usage meter's).
     """
     derived = derive_status(row, replicas, waiting_for, replacing)
     url = endpoint_url(public_url, row.id)
@@ -227,4 +229,6 @@ def build_record(
             "at": last_failure.at,
         },
         "engineSettings": row.engine_settings.given(),
+        "projectId": row.project_id,
+        "costSoFar": cost_so_far,
     }

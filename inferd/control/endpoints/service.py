@@ -1,23 +1,27 @@
-"""Endpoint lifecycle: create, read, update, delete, re-issue the access token.
+"""The endpoint service: create, read, change and delete endpoints, re-issue
+their access tokens, as a principal may.
 
-Reads are the hot path and are served from an in-memory copy of the
-endpoints: loaded from the store at start (`load`), written through on
-every change made here, and kept fresh from the store's change feed
-(`follow`) so that another control plane's writes to the same database are
-seen too. Writes are serialised by one asyncio lock (validate against the
-current copy, commit, then update memory, with no interleaving; changes from
-the feed are applied under the same lock). A write returns only after the
-commit is durable; a database that is away makes writes answer 503 while
-reads go on from memory.
+Every operation checks who may act on which project's endpoints: another
+project's endpoint is answered exactly like one that does not exist (404,
+same message); a role that may not act gets 403. A create or change is
+authorized, placed once (catalog and recommender), checked against the
+project's quota on that placement, written (the endpoint row and its token in
+one transaction), signalled to the reconciler and audited. The HTTP routes and
+the console both call this service.
+
+Reads are served from this instance's copy (`EndpointCache`). The record, with
+its project and cost so far, is built once per change and rendered once; a
+write returns only after the commit is durable, and a database that is away
+makes writes answer 503 while reads go on from memory.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -25,9 +29,16 @@ from inferd.api.engine_settings import NO_ENGINE_SETTINGS, EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import Catalog
 from inferd.catalog.models import ModelSpec
-from inferd.control.accounts.model import DEFAULT_PROJECT
+from inferd.control.accounts.metering import UsageMeter
+from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction
+from inferd.control.accounts.project_guard import ProjectGuard
+from inferd.control.accounts.quota import EndpointShape
+from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
+from inferd.control.accounts.service import AccountService, project_missing
+from inferd.control.endpoints.cache import EndpointCache
+from inferd.control.endpoints.checks import check_scaling, model_not_usable, name_taken, not_found
 from inferd.control.endpoints.engine_checks import check_engine_settings
-from inferd.control.endpoints.placement import Placement, resolve_placement
+from inferd.control.endpoints.placement import Placement, placement_for_change, resolve_placement
 from inferd.control.endpoints.records import (
     DEFAULT_IMAGE_SIZE,
     EndpointRuntime,
@@ -35,10 +46,8 @@ from inferd.control.endpoints.records import (
     derive_status,
 )
 from inferd.control.endpoints.tokens import TokenVerifier, hash_token, new_endpoint_token
-from inferd.control.follow import follow
 from inferd.control.model import (
     Change,
-    ChangeKind,
     DuplicateName,
     Endpoint,
     EndpointChanges,
@@ -57,6 +66,11 @@ logger = logging.getLogger(__name__)
 # before a deleted endpoint's row goes.
 RuntimeOf = Callable[[str], EndpointRuntime]
 
+# A status filter is applied to records, not in the store (status is derived
+# from the replicas): one page reads at most this many store rows per item
+# asked for before it answers, possibly short, with a cursor to go on from.
+STATUS_SCAN_FACTOR = 10
+
 
 class Drain(Protocol):
     async def drain_endpoint(self, endpoint_id: str) -> None: ...
@@ -66,6 +80,12 @@ class EndpointSignals(Protocol):
     """`ScaleSignals.endpoint_changed`: the reconciler acts at once."""
 
     def endpoint_changed(self, endpoint_id: str) -> None: ...
+
+
+class ModelOwners(Protocol):
+    """Which models an endpoint of a project may serve (`ModelService`)."""
+
+    def usable_in(self, name: str, project_id: str) -> bool: ...
 
 
 class NoReplicas:
@@ -97,12 +117,23 @@ class ServiceStore(EndpointStore, TokenStore, Protocol):
     """What the service writes to: endpoints and their tokens."""
 
 
+def _settings_after(row: Endpoint, req: UpdateEndpointRequest) -> EngineSettings:
+    if req.engineSettings is None:
+        return row.engine_settings
+    return row.engine_settings.merged(req.engineSettings)
+
+
 class EndpointService:
     def __init__(
         self,
         store: ServiceStore,
+        cache: EndpointCache,
         catalog: Catalog,
         verifier: TokenVerifier,
+        accounts: AccountService,
+        guard: ProjectGuard,
+        meter: UsageMeter,
+        models: ModelOwners,
         *,
         public_url: str,
         default_location: str,
@@ -119,91 +150,83 @@ class EndpointService:
         registry's replicas, the reconciler, the launcher's live capacity by
         location and GPU type); left out, the service runs no replicas."""
         self._store = store
+        self._cache = cache
         self.catalog = catalog
         self.verifier = verifier
+        self.accounts = accounts
+        self._guard = guard
+        self._meter = meter
+        self._models = models
         self.public_url = public_url
         self.default_location = default_location
         self.max_replicas_cap = max_replicas_cap
         self.max_endpoints = max_endpoints
-        self._clock = clock
-        self._new_id = new_id
-        self._rows: dict[str, Endpoint] = {}
-        # Names are unique within a project: (project, name) -> id.
-        self._names: dict[tuple[str, str], str] = {}
-        # Rendered JSON of each record, keyed by everything the record is
-        # computed from: the row object (frozen, replaced on every change, so
-        # identity is its version) and the replicas' views (frozen, compared by
-        # value). Reads are far more frequent than changes, and the list call
-        # renders a thousand records; a hit costs a tuple comparison.
-        self._rendered: dict[str, tuple[Endpoint, EndpointRuntime, bytes]] = {}
-        self._write_lock = asyncio.Lock()
         self.runtime_of = runtime_of
         self._drain = drain
         self._signals = signals
         self.capacity_of = capacity_of
+        self._clock = clock
+        self._new_id = new_id
 
-    # --- the in-memory copy ---------------------------------------------------------
+    # --- the copy ------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """(Re)load every endpoint from the store."""
-        async with self._write_lock:
-            endpoints = await self._store.list_endpoints()
-            # Keep the objects that did not change: the render cache is keyed
-            # by identity.
-            fresh: dict[str, Endpoint] = {}
-            for endpoint in endpoints:
-                old = self._rows.get(endpoint.id)
-                fresh[endpoint.id] = old if old is not None and old == endpoint else endpoint
-            self._rows = fresh
-            self._names = {(e.project_id, e.name): e.id for e in self._rows.values()}
-            for endpoint_id in [i for i in self._rendered if i not in self._rows]:
-                del self._rendered[endpoint_id]
+        await self._cache.load()
 
     async def follow(self, feed: AsyncIterator[Change]) -> None:
-        """Apply other writers' changes from `feed` (subscribed before `load`)."""
-        await follow(feed, self._apply, self.load, what="endpoint cache")
-
-    async def _apply(self, change: Change) -> None:
-        if change.kind is not ChangeKind.ENDPOINT:
-            return
-        async with self._write_lock:
-            stored = await self._store.get_endpoint(change.id)
-            current = self._rows.get(change.id)
-            if stored == current:
-                return
-            if current is not None:
-                key = (current.project_id, current.name)
-                if self._names.get(key) == current.id:
-                    del self._names[key]
-            if stored is None:
-                self._rows.pop(change.id, None)
-                self._rendered.pop(change.id, None)
-            else:
-                self._rows[stored.id] = stored
-                self._names[(stored.project_id, stored.name)] = stored.id
-
-    # --- reads (memory only) -------------------------------------------------------
+        await self._cache.follow(feed)
 
     def rows(self) -> list[Endpoint]:
-        return list(self._rows.values())
+        return self._cache.rows()
 
     def endpoint_ids(self) -> list[str]:
-        return list(self._rows)
+        return self._cache.endpoint_ids()
 
     def find(self, endpoint_id: str) -> Endpoint | None:
-        return self._rows.get(endpoint_id)
+        return self._cache.find(endpoint_id)
+
+    def find_by_name(self, name: str, project_id: str = DEFAULT_PROJECT) -> Endpoint | None:
+        return self._cache.find_by_name(project_id, name)
 
     def row(self, endpoint_id: str) -> Endpoint:
-        row = self._rows.get(endpoint_id)
+        row = self._cache.find(endpoint_id)
         if row is None:
-            # Also the answer for an id that is not a UUID at all: to a client
-            # both are "no such endpoint".
-            raise self._gone(endpoint_id)
+            raise not_found(endpoint_id)
         return row
 
-    @staticmethod
-    def _gone(endpoint_id: str) -> NotFound:
-        return NotFound(f"No endpoint with id '{endpoint_id}'.", param="id")
+    # --- access ----------------------------------------------------------------------------
+
+    def endpoint(self, principal: Principal, endpoint_id: str, action: Action) -> Endpoint:
+        """The endpoint, if `principal` may do `action` on it."""
+        row = self.row(endpoint_id)
+        authorize(principal, row.project_id, action, hidden=not_found(endpoint_id))
+        return row
+
+    def visible(self, principal: Principal, project_id: str | None = None) -> list[Endpoint]:
+        return [
+            r
+            for r in self._cache.rows()
+            if principal.sees(r.project_id) and (project_id is None or r.project_id == project_id)
+        ]
+
+    def target_project(self, principal: Principal, project_id: str | None) -> str:
+        """The project a create names, or the only one the principal may
+        create in (the operator's default: the default project)."""
+        if project_id is not None:
+            return project_id
+        if principal.operator:
+            return DEFAULT_PROJECT
+        writable = [p for p in principal.roles if principal.may(Action.WRITE, p)]
+        if len(writable) == 1:
+            return writable[0]
+        raise BadRequest(
+            "Name the project to create the endpoint in ('projectId'): "
+            f"you may create endpoints in {len(writable)} projects.",
+            param="projectId",
+            code="project_required",
+        )
+
+    # --- records ---------------------------------------------------------------------------
 
     def _image_size(self, row: Endpoint) -> str:
         # The model's own default size, so the example works as pasted; a
@@ -214,9 +237,10 @@ class EndpointService:
                 return f"{size[0]}x{size[1]}"
         return DEFAULT_IMAGE_SIZE
 
-    def _build(self, row: Endpoint, runtime: EndpointRuntime | None = None) -> dict[str, Any]:
-        if runtime is None:
-            runtime = self.runtime_of(row.id)
+    def _cost(self, row: Endpoint) -> float:
+        return round(self._meter.cost_so_far(row.id), 6)
+
+    def _build(self, row: Endpoint, runtime: EndpointRuntime, cost: float) -> dict[str, Any]:
         return build_record(
             row,
             self.public_url,
@@ -225,23 +249,82 @@ class EndpointService:
             waiting_for=runtime.waiting_for,
             last_failure=runtime.last_failure,
             replacing=runtime.replacing,
+            cost_so_far=cost,
         )
 
-    def _rendered_json(self, row: Endpoint) -> bytes:
-        runtime = self.runtime_of(row.id)
-        cached = self._rendered.get(row.id)
-        if cached is not None and cached[0] is row and cached[1] == runtime:
-            return cached[2]
-        data = render_json(self._build(row, runtime))
-        self._rendered[row.id] = (row, runtime, data)
-        return data
+    def record_of(self, row: Endpoint) -> dict[str, Any]:
+        return self._build(row, self.runtime_of(row.id), self._cost(row))
 
     def record(self, endpoint_id: str) -> dict[str, Any]:
-        return self._build(self.row(endpoint_id))
+        return self.record_of(self.row(endpoint_id))
 
-    def record_json(self, endpoint_id: str) -> bytes:
-        """`record(endpoint_id)` as JSON bytes, from the render cache."""
-        return self._rendered_json(self.row(endpoint_id))
+    def record_json(self, row: Endpoint) -> bytes:
+        """The record of `row` as JSON bytes, rendered once for everything it
+        is computed from: the row object (frozen, replaced on every change),
+        the replicas' views (frozen, compared by value) and the cost so far."""
+        runtime, cost = self.runtime_of(row.id), self._cost(row)
+        key = (row, runtime, cost)
+        data = self._cache.rendered(row.id, key)
+        if data is None:
+            data = render_json(self._build(row, runtime, cost))
+            self._cache.keep_rendered(row.id, key, data)
+        return data
+
+    def status_of(self, row: Endpoint) -> str:
+        runtime = self.runtime_of(row.id)
+        return derive_status(row, runtime.replicas, runtime.waiting_for).status.value
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def get_json(self, principal: Principal, endpoint_id: str) -> bytes:
+        return self.record_json(self.endpoint(principal, endpoint_id, Action.READ))
+
+    async def visible_page(
+        self,
+        principal: Principal,
+        where: EndpointFilter,
+        after: int | None,
+        limit: int,
+        keep: Callable[[Endpoint], bool] | None = None,
+    ) -> Page[Endpoint]:
+        """One page of the endpoints `principal` sees, in the store's keyset
+        order, and where the next page starts (None: the end). `where` selects
+        in the store, narrowed to the principal's projects; `keep`, a condition
+        the store cannot apply (the derived status), is applied to the rows
+        read, reading at most STATUS_SCAN_FACTOR pages' worth: a page may then
+        hold fewer than `limit` and still not be the last."""
+        if not principal.operator:
+            seen = frozenset(principal.roles)
+            scope = seen if where.project_ids is None else seen & where.project_ids
+            where = replace(where, project_ids=scope)
+        rows: list[Endpoint] = []
+        budget = limit * STATUS_SCAN_FACTOR
+        while True:
+            page = await self.page(where, after, limit - len(rows))
+            budget -= len(page.items)
+            rows.extend(row for row in page.items if keep is None or keep(row))
+            after = page.after
+            if after is None or len(rows) >= limit or budget <= 0:
+                return Page(rows, after)
+
+    async def page_json(
+        self,
+        principal: Principal,
+        where: EndpointFilter,
+        status: str | None,
+        after: int | None,
+        limit: int,
+    ) -> tuple[bytes, int | None]:
+        """One page of the endpoints `principal` sees (JSON records, without
+        the list's envelope) and where the next page starts (None: the end)."""
+
+        def in_status(row: Endpoint) -> bool:
+            return self.status_of(row) == status
+
+        page = await self.visible_page(
+            principal, where, after, limit, None if status is None else in_status
+        )
+        return b",".join(self.record_json(row) for row in page.items), page.after
 
     async def page(self, where: EndpointFilter, after: int | None, limit: int) -> Page[Endpoint]:
         """A page of endpoints: which ones, from the store's keyset; their
@@ -253,7 +336,7 @@ class EndpointService:
             return self._page_from_copy(where, after, limit)
         rows: list[Endpoint] = []
         for endpoint_id in page.items:
-            row = self._rows.get(endpoint_id) or await self._store.get_endpoint(endpoint_id)
+            row = self._cache.find(endpoint_id) or await self._store.get_endpoint(endpoint_id)
             if row is not None:  # None: deleted since the page was read
                 rows.append(row)
         return Page(rows, page.after)
@@ -264,7 +347,7 @@ class EndpointService:
         """While the store is down, reads go on from this instance's copy (as
         `record` does), as long as the answer is one whole list: a cursor is
         a store position, which the copy does not know."""
-        matching = [row for row in self._rows.values() if where.matches(row)]
+        matching = [row for row in self._cache.rows() if where.matches(row)]
         if after is not None or len(matching) > limit:
             raise StoreUnavailable(
                 "The database is unreachable: only a list that fits one page can be answered "
@@ -272,48 +355,7 @@ class EndpointService:
             )
         return Page(matching, None)
 
-    def status_of(self, row: Endpoint) -> str:
-        runtime = self.runtime_of(row.id)
-        return derive_status(row, runtime.replicas, runtime.waiting_for).status.value
-
-    def row_json(self, row: Endpoint) -> bytes:
-        """The record of `row` (from `page`) as JSON bytes."""
-        return self._rendered_json(row)
-
-    def records(self) -> list[dict[str, Any]]:
-        return [self._build(row) for row in self._rows.values()]
-
-    def records_json(self) -> bytes:
-        """`{"data": [every record, oldest first]}` as JSON bytes."""
-        return b'{"data":[' + b",".join(map(self._rendered_json, self._rows.values())) + b"]}"
-
-    def find_by_name(self, name: str, project_id: str = DEFAULT_PROJECT) -> Endpoint | None:
-        endpoint_id = self._names.get((project_id, name))
-        return None if endpoint_id is None else self._rows.get(endpoint_id)
-
-    # --- validation ------------------------------------------------------------------
-
-    def _check_scaling(self, min_replicas: int, max_replicas: int) -> None:
-        if min_replicas > self.max_replicas_cap:
-            raise BadRequest(
-                f"minReplicas {min_replicas} is above this server's cap of "
-                f"{self.max_replicas_cap} replicas.",
-                param="minReplicas",
-                code="min_replicas_above_cap",
-            )
-        if max_replicas > self.max_replicas_cap:
-            raise BadRequest(
-                f"maxReplicas {max_replicas} is above this server's cap of "
-                f"{self.max_replicas_cap}.",
-                param="maxReplicas",
-                code="max_replicas_above_cap",
-            )
-        if min_replicas > max_replicas:
-            raise BadRequest(
-                f"minReplicas ({min_replicas}) must not exceed maxReplicas ({max_replicas}).",
-                param="minReplicas",
-                code="min_above_max",
-            )
+    # --- writes ----------------------------------------------------------------------------
 
     def _model_or_none(self, name: str) -> ModelSpec | None:
         return self.catalog.models.get(name) if name in self.catalog.models else None
@@ -356,60 +398,69 @@ class EndpointService:
                 f"With these engine settings: {exc.message}", param="engineSettings", code=exc.code
             ) from None
 
-    # --- writes ----------------------------------------------------------------------
-
-    def resolve_gpus(
-        self, row: Endpoint | None, req: CreateEndpointRequest | UpdateEndpointRequest
-    ) -> tuple[str, int]:
-        """The GPU type and count a create (`row` None) or an update of `row`
-        would give the endpoint (400 if the catalog does not allow them)."""
-        if row is None:
-            assert isinstance(req, CreateEndpointRequest)
-            location = req.locationName or self.default_location
-            placement = self._place(
-                req.modelName, location, req.gpuType, req.gpuCount, req.engineSettings
-            )
-            return placement.gpu_type, placement.gpu_count
-        if req.gpuType is None and req.gpuCount is None:
-            return row.gpu_type, row.gpu_count
-        gpu_count = req.gpuCount
-        if gpu_count is None and req.gpuType in (None, row.gpu_type):
-            gpu_count = row.gpu_count
-        placement = self._place(
-            row.model_name,
-            row.location_name,
-            req.gpuType or row.gpu_type,
-            gpu_count,
-            self._settings_after(row, req),
-        )
-        return placement.gpu_type, placement.gpu_count
-
-    @staticmethod
-    def _settings_after(
-        row: Endpoint, req: CreateEndpointRequest | UpdateEndpointRequest
-    ) -> EngineSettings:
-        if req.engineSettings is None:
-            return row.engine_settings
-        return row.engine_settings.merged(req.engineSettings)
+    def _check_draft(self, settings: EngineSettings | None, project_id: str) -> None:
+        """A draft model is a use of a model, as `modelName` is: another
+        project's is answered as unknown."""
+        speculative = None if settings is None else settings.speculativeDecoding
+        if speculative is not None and not self._models.usable_in(
+            speculative.draftModel, project_id
+        ):
+            error = model_not_usable(speculative.draftModel, project_id)
+            error.param = "engineSettings.speculativeDecoding.draftModel"
+            raise error
 
     async def create(
-        self, req: CreateEndpointRequest, project_id: str = DEFAULT_PROJECT
+        self, principal: Principal, req: CreateEndpointRequest, project_id: str | None
     ) -> tuple[dict[str, Any], str]:
-        """Returns the record and the plaintext token (which is never stored)."""
-        max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
-        self._check_scaling(req.minReplicas, max_replicas)
+        """The record and the plaintext token (which is never stored)."""
+        project_id = self.target_project(principal, project_id)
+        await self.accounts.project(principal, project_id)
+        authorize(
+            principal,
+            project_id,
+            Action.WRITE,
+            hidden=NotFound(
+                f"No project '{project_id}'.", param="projectId", code="project_not_found"
+            ),
+        )
+        if not self._models.usable_in(req.modelName, project_id):
+            raise model_not_usable(req.modelName, project_id)
+        self._check_draft(req.engineSettings, project_id)
         location = req.locationName or self.default_location
-        engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
-        self.check_engine_settings(req.modelName, engine_settings)
-        placement = self._place(req.modelName, location, req.gpuType, req.gpuCount, engine_settings)
-        async with self._write_lock:
-            if (project_id, req.name) in self._names:
-                raise Conflict(
-                    f"An endpoint named '{req.name}' already exists in project '{project_id}'.",
-                    param="name",
-                    code="name_taken",
-                )
-            if len(self._rows) >= self.max_endpoints:
+        placement = self._place(
+            req.modelName, location, req.gpuType, req.gpuCount, req.engineSettings
+        )
+        max_replicas = req.maxReplicas if req.maxReplicas is not None else max(1, req.minReplicas)
+        shape = EndpointShape("", placement.gpu_type, placement.gpu_count, req.minReplicas)
+        async with self._guard.exclusive(project_id):
+            await self._guard.check_quota(project_id, shape, max_replicas, new_endpoint=True)
+            check_scaling(req.minReplicas, max_replicas, self.max_replicas_cap)
+            engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
+            self.check_engine_settings(req.modelName, engine_settings)
+            row, token = await self._insert(
+                req, project_id, placement, max_replicas, engine_settings
+            )
+        self._signals.endpoint_changed(row.id)
+        logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
+        await self.accounts.audit_event(
+            principal, AuditAction.ENDPOINT_CREATE, project_id, f"endpoint:{row.id}",
+            name=req.name, modelName=row.model_name, gpuType=row.gpu_type,
+            minReplicas=row.min_replicas, maxReplicas=row.max_replicas,
+        )  # fmt: skip
+        return self.record_of(row), token
+
+    async def _insert(
+        self,
+        req: CreateEndpointRequest,
+        project_id: str,
+        placement: Placement,
+        max_replicas: int,
+        engine_settings: EngineSettings,
+    ) -> tuple[Endpoint, str]:
+        async with self._cache.lock:
+            if self._cache.find_by_name(project_id, req.name) is not None:
+                raise name_taken(req.name, project_id)
+            if len(self._cache) >= self.max_endpoints:
                 raise Conflict(
                     f"This server holds at most {self.max_endpoints} endpoints.",
                     code="endpoint_limit_reached",
@@ -438,106 +489,124 @@ class EndpointService:
             try:
                 await self._store.insert_endpoint(row, digest)
             except DuplicateName:
-                raise Conflict(
-                    f"An endpoint named '{req.name}' already exists in project '{project_id}'.",
-                    param="name",
-                    code="name_taken",
-                ) from None
-            self._rows[row.id] = row
-            self._names[(row.project_id, row.name)] = row.id
+                raise name_taken(req.name, project_id) from None
+            self._cache.put(row)
             self.verifier.set_active(row.id, digest)
-        self._signals.endpoint_changed(row.id)
-        logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
-        return self._build(row), token
+        return row, token
 
-    async def update(self, endpoint_id: str, req: UpdateEndpointRequest) -> dict[str, Any]:
-        async with self._write_lock:
+    async def update(
+        self, principal: Principal, endpoint_id: str, req: UpdateEndpointRequest
+    ) -> dict[str, Any]:
+        project_id = self.endpoint(principal, endpoint_id, Action.WRITE).project_id
+        self._check_draft(req.engineSettings, project_id)
+        async with self._guard.exclusive(project_id):
+            # Read again under the lock: the change applies to the row as it is.
+            row = self.row(endpoint_id)
+            placement = placement_for_change(
+                self.catalog, row, req.gpuType, req.gpuCount, _settings_after(row, req)
+            )
+            now = row if placement is None else placement
+            min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
+            max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
+            shape = EndpointShape(row.id, now.gpu_type, now.gpu_count, min_replicas)
+            await self._guard.check_quota(project_id, shape, max_replicas, new_endpoint=False)
+            row = await self._change(endpoint_id, req, placement)
+        changed = req.model_dump(exclude_none=True)
+        if req.engineSettings is not None:
+            # As asked: a null clears a setting, and the audit says so.
+            changed["engineSettings"] = req.engineSettings.model_dump(exclude_unset=True)
+        await self.accounts.audit_event(
+            principal, AuditAction.ENDPOINT_UPDATE, project_id, f"endpoint:{row.id}", **changed
+        )
+        return self.record_of(row)
+
+    async def _change(
+        self, endpoint_id: str, req: UpdateEndpointRequest, placement: Placement | None
+    ) -> Endpoint:
+        async with self._cache.lock:
             row = self._writable(endpoint_id)
             min_replicas = row.min_replicas if req.minReplicas is None else req.minReplicas
             max_replicas = row.max_replicas if req.maxReplicas is None else req.maxReplicas
-            self._check_scaling(min_replicas, max_replicas)
-            wanted: dict[str, Any] = {
-                "min_replicas": min_replicas,
-                "max_replicas": max_replicas,
-            }
+            check_scaling(min_replicas, max_replicas, self.max_replicas_cap)
+            wanted: dict[str, Any] = {"min_replicas": min_replicas, "max_replicas": max_replicas}
             if req.scaleToZeroRetentionPeriodSeconds is not None:
                 wanted["retention_seconds"] = req.scaleToZeroRetentionPeriodSeconds
-            engine_settings = self._settings_after(row, req)
+            engine_settings = _settings_after(row, req)
             if engine_settings != row.engine_settings:
                 self.check_engine_settings(row.model_name, engine_settings)
-                if req.gpuType is None and req.gpuCount is None:
+                if placement is None:
                     self._fits_with(row, engine_settings)
                 # Replicas take their settings at start: new ones replace them.
                 wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
-            if req.gpuType is not None or req.gpuCount is not None:
-                gpu_type = req.gpuType or row.gpu_type
-                # Same type, new count: keep the type. New type, no count:
-                # the recommended count for it (as on create).
-                gpu_count = req.gpuCount
-                if gpu_count is None and req.gpuType in (None, row.gpu_type):
-                    gpu_count = row.gpu_count
-                placement = self._place(
-                    row.model_name, row.location_name, gpu_type, gpu_count, engine_settings
+            moved = placement is not None and (placement.gpu_type, placement.gpu_count) != (
+                row.gpu_type, row.gpu_count)  # fmt: skip
+            # Only a new GPU type or count replaces the replicas (a new generation).
+            if placement is not None and moved:
+                wanted.update(
+                    gpu_type=placement.gpu_type,
+                    gpu_count=placement.gpu_count,
+                    hourly_price=placement.hourly_price,
+                    currency=placement.currency,
+                    generation=row.generation + 1,
                 )
-                if (placement.gpu_type, placement.gpu_count) != (row.gpu_type, row.gpu_count):
-                    wanted.update(
-                        gpu_type=placement.gpu_type,
-                        gpu_count=placement.gpu_count,
-                        hourly_price=placement.hourly_price,
-                        currency=placement.currency,
-                        generation=row.generation + 1,
-                    )
             wanted = {k: v for k, v in wanted.items() if getattr(row, k) != v}
-            if wanted:
-                changes = EndpointChanges(updated_at=self._clock(), **wanted)
-                try:
-                    row = await self._store.update_endpoint(endpoint_id, changes)
-                except EndpointGone:
-                    raise self._gone(endpoint_id) from None
-                self._rows[endpoint_id] = row
-                self._signals.endpoint_changed(endpoint_id)
-        return self._build(row)
+            if not wanted:
+                return row
+            changes = EndpointChanges(updated_at=self._clock(), **wanted)
+            try:
+                row = await self._store.update_endpoint(endpoint_id, changes)
+            except EndpointGone:
+                raise not_found(endpoint_id) from None
+            self._cache.put(row)
+        self._signals.endpoint_changed(endpoint_id)
+        return row
 
-    async def reissue_token(self, endpoint_id: str) -> str:
-        async with self._write_lock:
+    async def reissue_token(self, principal: Principal, endpoint_id: str) -> str:
+        row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        async with self._cache.lock:
             self._writable(endpoint_id)
             token = new_endpoint_token()
             digest = hash_token(token)
             try:
                 await self._store.replace_token(endpoint_id, digest, self._clock())
             except EndpointGone:
-                raise self._gone(endpoint_id) from None
+                raise not_found(endpoint_id) from None
             # After the commit and before the answer: the old token fails from now on.
             self.verifier.set_active(endpoint_id, digest)
         logger.info("re-issued the access token of endpoint %s", endpoint_id)
+        await self.accounts.audit_event(
+            principal, AuditAction.TOKEN_REISSUE, row.project_id, f"endpoint:{row.id}"
+        )
         return token
 
-    async def delete(self, endpoint_id: str) -> None:
+    async def delete(self, principal: Principal, endpoint_id: str) -> None:
         """Mark deleting (tokens stop working), drain replicas, then remove the row."""
-        async with self._write_lock:
+        row = self.endpoint(principal, endpoint_id, Action.WRITE)
+        await self.accounts.audit_event(
+            principal, AuditAction.ENDPOINT_DELETE, row.project_id, f"endpoint:{row.id}",
+            name=row.name,
+        )  # fmt: skip
+        async with self._cache.lock:
             self.row(endpoint_id)
             try:
                 row = await self._store.mark_deleting(endpoint_id, self._clock())
             except EndpointGone:
-                raise self._gone(endpoint_id) from None
-            self._rows[endpoint_id] = row
+                raise not_found(endpoint_id) from None
+            self._cache.put(row)
             self.verifier.forget(endpoint_id)
         self._signals.endpoint_changed(endpoint_id)
         await self._finish_delete(row)
 
     async def _finish_delete(self, row: Endpoint) -> None:
         await self._drain.drain_endpoint(row.id)
-        async with self._write_lock:
+        async with self._cache.lock:
             await self._store.delete_endpoint(row.id)
-            self._rows.pop(row.id, None)
-            self._rendered.pop(row.id, None)
-            if self._names.get((row.project_id, row.name)) == row.id:
-                del self._names[(row.project_id, row.name)]
+            self._cache.drop(row.id)
         logger.info("deleted endpoint %s (%s)", row.id, row.name)
 
     async def finish_pending_deletions(self) -> None:
         """Complete deletions a previous process started but did not finish."""
-        for row in [r for r in self._rows.values() if r.deleting_at is not None]:
+        for row in [r for r in self._cache.rows() if r.deleting_at is not None]:
             await self._finish_delete(row)
 
     def _writable(self, endpoint_id: str) -> Endpoint:
@@ -547,3 +616,36 @@ class EndpointService:
                 f"Endpoint '{endpoint_id}' is being deleted.", param="id", code="endpoint_deleting"
             )
         return row
+
+    # --- projects ----------------------------------------------------------------------------
+
+    async def delete_project(
+        self, principal: Principal, project_id: str, models_of: Callable[[str], Sequence[str]]
+    ) -> None:
+        """The operator deletes an empty project: refused while it has
+        endpoints (being deleted included) or registered models, under the
+        guard creates take, so none can appear meanwhile. Members lose it
+        at once; its audit entries and usage stay in the store."""
+        require_operator(principal, "delete projects")
+        if project_id == DEFAULT_PROJECT:
+            raise Conflict(
+                "The default project cannot be deleted.", param="id", code="project_is_default"
+            )
+        await self.accounts.project(principal, project_id)
+        store = self.accounts.store
+        async with self._guard.exclusive(project_id):
+            endpoints = await store.count_endpoints(project_id)
+            models = list(models_of(project_id))
+            if endpoints or models:
+                raise Conflict(
+                    f"Project '{project_id}' still has {endpoints} endpoint(s) and "
+                    f"{len(models)} registered model(s); delete them first.",
+                    param="id",
+                    code="project_not_empty",
+                )
+            if not await store.delete_project(project_id):
+                raise project_missing(project_id)
+        self.accounts.quotas.pop(project_id, None)
+        await self.accounts.audit_event(
+            principal, AuditAction.PROJECT_DELETE, project_id, f"project:{project_id}"
+        )
