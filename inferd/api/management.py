@@ -236,6 +236,11 @@ class Replica(_Response):
         description="Where the replica runs: `local` on the control plane's machine; on a "
         "Ray cluster the node's address and id. Null before it is placed.",
     )
+    adapters: list[str] = Field(
+        default_factory=list,
+        description="The LoRA adapters its engine holds now (the gateway prefers a replica "
+        "that holds the adapter a request names), as it last reported.",
+    )
 
 
 class ReplicaFailureInfo(_Response):

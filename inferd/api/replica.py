@@ -18,6 +18,10 @@ from pydantic.alias_generators import to_camel
 
 from inferd.vocab import ReplicaStatus
 
+# The gateway -> replica side: where the LoRA adapter a request names is
+# (percent-encoded); set by the gateway only, never forwarded from a client.
+ADAPTER_SOURCE_HEADER = "x-inferd-adapter-source"
+
 MAX_REASON_CHARS = 2000
 MAX_URL_CHARS = 2048
 MAX_ADAPTERS = 256

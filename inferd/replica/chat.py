@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,7 +32,9 @@ from inferd.api.openai import (
     choice,
     sse_error,
 )
+from inferd.api.replica import ADAPTER_SOURCE_HEADER
 from inferd.engines.base import (
+    AdapterRef,
     ChatMessage,
     SamplingOptions,
     TextDelta,
@@ -49,6 +52,15 @@ from inferd.replica.state import InFlight, ReplicaState
 logger = logging.getLogger(__name__)
 
 ROUTE = "chat"
+
+
+def requested_adapter(request: Request, model: str | None) -> AdapterRef | None:
+    """The LoRA adapter a request is for: the gateway names where it is when
+    the request's `model` is one of the endpoint's adapters."""
+    source = request.headers.get(ADAPTER_SOURCE_HEADER)
+    if source is None or not model:
+        return None
+    return AdapterRef(model, unquote(source))
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,9 @@ def to_tool_options(body: ChatCompletionRequest) -> ToolOptions | None:
     )
 
 
-def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextRequest]:
+def to_text_requests(
+    body: ChatCompletionRequest, request_id: str, adapter: AdapterRef | None = None
+) -> list[TextRequest]:
     messages = tuple(to_message(m) for m in body.messages)
     tools = to_tool_options(body)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -134,6 +148,7 @@ def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextR
                 tools=tools,
                 logprobs=logprobs,
                 stream=body.stream,
+                adapter=adapter,
             )
         )
     return requests
@@ -161,13 +176,15 @@ class ChatHandler:
         streaming = False
         try:
             body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
-            self.model.check(body.model)
+            adapter = requested_adapter(request, body.model)
+            if adapter is None:
+                self.model.check(body.model)
             request_id = (
                 body.request_id
                 or request.headers.get("x-request-id")
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
-            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id)]
+            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id, adapter)]
             try:
                 # All choices enter the engine together (one batch), and any
                 # validation error surfaces here, before a status is sent.

@@ -19,10 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.api.openai import sse_error
+from inferd.engines.base import AdapterRef, ServesAdapters
 from inferd.engines.vllm_serving import SseStream, VllmServing, Whole
 from inferd.errors import BadRequest, InferdError, ServiceUnavailable
 from inferd.http import parse_json_object, read_body
-from inferd.replica.chat import ServedModel, _unless_disconnected
+from inferd.replica.chat import ServedModel, _unless_disconnected, requested_adapter
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import InFlight, ReplicaState
 
@@ -88,7 +89,10 @@ class VllmRouteHandler:
         try:
             body = parse_json_object(await read_body(request, self.max_body_bytes))
             requested = body.get("model")
-            if isinstance(requested, str):
+            adapter = requested_adapter(request, requested if isinstance(requested, str) else None)
+            if adapter is not None:
+                await self._load_adapter(adapter)
+            elif isinstance(requested, str):
                 self.model.check(requested)
                 if requested in self.model.aliases and requested != self.model.name:
                     # vLLM knows the model by its served name only.
@@ -118,6 +122,18 @@ class VllmRouteHandler:
             if not streaming:
                 in_flight.release()
                 self._observe(status, started)
+
+    async def _load_adapter(self, adapter: AdapterRef) -> None:
+        """vLLM's serving code resolves an adapter's name itself once it is
+        loaded into the engine."""
+        if not isinstance(self.engine, ServesAdapters):
+            raise BadRequest(
+                f"The model '{adapter.name}' is a LoRA adapter; this replica's engine serves none.",
+                param="model",
+                code="lora_disabled",
+            )
+        self._serving()  # 503 while the model loads
+        await self.engine.load_adapter(adapter)
 
     async def _relay(
         self, stream: SseStream, in_flight: InFlight, started: float
