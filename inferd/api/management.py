@@ -300,7 +300,6 @@ class EndpointRecord(_Response):
         "replica is replaced), or null.",
     )
     engineSettings: EngineSettings = Field(
-        default=EngineSettings(),
         description="The engine settings set on this endpoint; a setting left out is the "
         "server's default.",
     )
