@@ -214,6 +214,17 @@ class AdapterList(_Response):
     data: list[Adapter]
 
 
+class AdapterUsageRow(_Response):
+    hour: str = Field(description="Start of the hour, RFC 3339 UTC.")
+    requests: int = Field(description="Requests the adapter answered (2xx).")
+    promptTokens: int
+    completionTokens: int
+
+
+class AdapterUsageList(_Response):
+    data: list[AdapterUsageRow]
+
+
 class Replica(_Response):
     gpus: int = Field(description="GPUs used by the replica.")
     status: ReplicaStatusName

@@ -174,6 +174,7 @@ class ChatHandler:
         status = 500
         in_flight = self.state.admit()
         streaming = False
+        adapter: AdapterRef | None = None
         try:
             body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
             adapter = requested_adapter(request, body.model)
@@ -206,6 +207,7 @@ class ChatHandler:
                     include_usage,
                     in_flight,
                     started,
+                    adapter.name if adapter is not None else None,
                 )
                 streaming = True
                 status = 200
@@ -221,7 +223,9 @@ class ChatHandler:
                 status = 499  # client closed the connection; nobody reads this
                 return Response(status_code=499)
             choices, prompt_tokens, completion_tokens = result
-            self._count_tokens(prompt_tokens, completion_tokens)
+            self.metrics.count(
+                prompt_tokens, completion_tokens, adapter.name if adapter is not None else None
+            )
             status = 200
             return JSONResponse(
                 chat_completion(
@@ -235,15 +239,10 @@ class ChatHandler:
         finally:
             if not streaming:
                 in_flight.release()
-                self._observe(status, started)
+                self._observe(status, started, adapter.name if adapter is not None else None)
 
-    def _count_tokens(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.metrics.prompt_tokens.inc(prompt_tokens)
-        self.metrics.generated_tokens.inc(completion_tokens)
-
-    def _observe(self, status: int, started: float) -> None:
-        self.metrics.requests.labels(ROUTE, str(status)).inc()
-        self.metrics.latency.labels(ROUTE).observe(time.perf_counter() - started)
+    def _observe(self, status: int, started: float, adapter: str | None) -> None:
+        self.metrics.answered(ROUTE, status, time.perf_counter() - started, adapter)
 
     async def _sse(
         self,
@@ -255,6 +254,7 @@ class ChatHandler:
         include_usage: bool,
         in_flight: InFlight,
         started: float,
+        adapter: str | None,
     ) -> AsyncIterator[bytes]:
         encoder = ChunkEncoder(request_id, created, model_name)
         prompt_tokens = firsts[0].prompt_tokens
@@ -290,9 +290,9 @@ class ChatHandler:
             yield sse_error("The engine failed while generating.", "server_error", "engine_error")
         finally:
             await _close_all(streams)
-            self._count_tokens(prompt_tokens, sum(completion))
+            self.metrics.count(prompt_tokens, sum(completion), adapter)
             in_flight.release()
-            self._observe(status, started)
+            self._observe(status, started, adapter)
 
 
 async def _collect(

@@ -86,6 +86,7 @@ class VllmRouteHandler:
         status = 500
         in_flight = self.state.admit()
         streaming = False
+        adapter: AdapterRef | None = None
         try:
             body = parse_json_object(await read_body(request, self.max_body_bytes))
             requested = body.get("model")
@@ -105,11 +106,11 @@ class VllmRouteHandler:
                 streaming = True
                 status = 200
                 return StreamingResponse(
-                    self._relay(result, in_flight, started),
+                    self._relay(result, in_flight, started, adapter),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache"},
                 )
-            self._count(result.usage.prompt_tokens, result.usage.completion_tokens)
+            self._count(result.usage.prompt_tokens, result.usage.completion_tokens, adapter)
             response: Response = (
                 JSONResponse(result.body) if result.response is None else result.response
             )
@@ -121,7 +122,7 @@ class VllmRouteHandler:
         finally:
             if not streaming:
                 in_flight.release()
-                self._observe(status, started)
+                self._observe(status, started, adapter)
 
     async def _load_adapter(self, adapter: AdapterRef) -> None:
         """vLLM's serving code resolves an adapter's name itself once it is
@@ -136,7 +137,7 @@ class VllmRouteHandler:
         await self.engine.load_adapter(adapter)
 
     async def _relay(
-        self, stream: SseStream, in_flight: InFlight, started: float
+        self, stream: SseStream, in_flight: InFlight, started: float, adapter: AdapterRef | None
     ) -> AsyncIterator[bytes]:
         status = 200
         first = True
@@ -156,14 +157,17 @@ class VllmRouteHandler:
             yield sse_error("The engine failed while generating.", "server_error", "engine_error")
         finally:
             await stream.aclose()
-            self._count(stream.usage.prompt_tokens, stream.usage.completion_tokens)
+            self._count(stream.usage.prompt_tokens, stream.usage.completion_tokens, adapter)
             in_flight.release()
-            self._observe(status, started)
+            self._observe(status, started, adapter)
 
-    def _count(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.metrics.prompt_tokens.inc(prompt_tokens)
-        self.metrics.generated_tokens.inc(completion_tokens)
+    def _count(
+        self, prompt_tokens: int, completion_tokens: int, adapter: AdapterRef | None
+    ) -> None:
+        self.metrics.count(
+            prompt_tokens, completion_tokens, adapter.name if adapter is not None else None
+        )
 
-    def _observe(self, status: int, started: float) -> None:
-        self.metrics.requests.labels(self.route, str(status)).inc()
-        self.metrics.latency.labels(self.route).observe(time.perf_counter() - started)
+    def _observe(self, status: int, started: float, adapter: AdapterRef | None) -> None:
+        name = adapter.name if adapter is not None else None
+        self.metrics.answered(self.route, status, time.perf_counter() - started, name)

@@ -7,6 +7,7 @@ belongs to the endpoint's project and another project's is a 404.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -16,10 +17,13 @@ from starlette.responses import JSONResponse, Response
 
 from inferd.api import management as wire
 from inferd.api.management import RegisterAdapterRequest
+from inferd.control.accounts.adapter_metering import AdapterMeter, merge_adapter_usage
 from inferd.control.accounts.model import AuditAction
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.adapters import AdapterService, adapter_record
+from inferd.control.model import AdapterUsage, rfc3339
+from inferd.control.ports import AdapterStore
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
 from inferd.server.openapi import _REF, _op
@@ -27,11 +31,16 @@ from inferd.server.openapi import _REF, _op
 
 class AdapterRoutes:
     def __init__(
-        self, adapters: AdapterService, accounts: AccountService, max_body_bytes: int
+        self,
+        adapters: AdapterService,
+        accounts: AccountService,
+        max_body_bytes: int,
+        usage: AdapterUsageReads,
     ) -> None:
         self.adapters = adapters
         self.accounts = accounts
         self.max_body_bytes = max_body_bytes
+        self.usage = usage
 
     def operations(self) -> list[Operation]:
         R, W = Action.READ, Action.WRITE
@@ -41,6 +50,7 @@ class AdapterRoutes:
             Operation("POST", base, Target.ENDPOINT, W, self.register),
             Operation("GET", base + "/{name}", Target.ENDPOINT, R, self.get_adapter),
             Operation("DELETE", base + "/{name}", Target.ENDPOINT, W, self.remove),
+            Operation("GET", base + "/{name}/usage", Target.ENDPOINT, R, self.adapter_usage),
         ]
 
     async def list_adapters(self, request: Request, principal: Principal) -> Response:
@@ -50,6 +60,15 @@ class AdapterRoutes:
     async def get_adapter(self, request: Request, principal: Principal) -> Response:
         params = request.path_params
         return JSONResponse(adapter_record(self.adapters.get(params["id"], params["name"])))
+
+    async def adapter_usage(self, request: Request, principal: Principal) -> Response:
+        """Hourly requests and tokens of one adapter (stored, plus what this
+        instance has not written yet). Kept after the adapter is removed."""
+        params = request.path_params
+        endpoint_id, name = params["id"], params["name"]
+        stored = await self.usage.store.adapter_usage(endpoint_id, name)
+        rows = merge_adapter_usage(stored, self.usage.meter.pending(endpoint_id, name))
+        return JSONResponse({"data": [usage_record(r) for r in rows]})
 
     async def register(self, request: Request, principal: Principal) -> Response:
         endpoint_id = request.path_params["id"]
@@ -74,6 +93,21 @@ class AdapterRoutes:
             )
 
 
+@dataclass(frozen=True)
+class AdapterUsageReads:
+    store: AdapterStore
+    meter: AdapterMeter
+
+
+def usage_record(row: AdapterUsage) -> dict[str, Any]:
+    return {
+        "hour": rfc3339(row.hour),
+        "requests": row.requests,
+        "promptTokens": row.prompt_tokens,
+        "completionTokens": row.completion_tokens,
+    }
+
+
 def adapters_openapi() -> dict[str, Any]:
     """OpenAPI paths and components of the adapter routes (merged into the
     server's one document by `openapi_document`)."""
@@ -81,6 +115,7 @@ def adapters_openapi() -> dict[str, Any]:
         (wire.RegisterAdapterRequest, "validation"),
         (wire.Adapter, "serialization"),
         (wire.AdapterList, "serialization"),
+        (wire.AdapterUsageList, "serialization"),
     ]
     _, top = models_json_schema(models, ref_template=_REF)
     endpoint = {
@@ -130,6 +165,15 @@ def adapters_openapi() -> dict[str, Any]:
                     "Remove a LoRA adapter (requests naming it are then 404)",
                     (204, None, "Removed."),
                     (403, 404),
+                    params=[endpoint, name],
+                ),
+            },
+            "/inference/endpoints/{id}/adapters/{name}/usage": {
+                "get": _op(
+                    "getAdapterUsage",
+                    "Requests and tokens one LoRA adapter served, per hour",
+                    (200, "AdapterUsageList", "Hourly rows, oldest first."),
+                    (404,),
                     params=[endpoint, name],
                 ),
             },

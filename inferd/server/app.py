@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
 from inferd.catalog import Catalog
+from inferd.control.accounts.adapter_metering import AdapterCollector
 from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
@@ -29,7 +30,7 @@ from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, build_routes
 from inferd.server.account_routes import AccountRoutes
 from inferd.server.accounts_openapi import accounts_openapi
-from inferd.server.adapter_routes import AdapterRoutes, adapters_openapi
+from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads, adapters_openapi
 from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
@@ -81,6 +82,7 @@ def serving_routes(server: Server) -> list[BaseRoute]:
     """The gateway, the registry's report route and `/metrics`."""
     metrics_registry = CollectorRegistry(auto_describe=True)
     metrics_registry.register(ReplicaCollector(server.registry))
+    metrics_registry.register(AdapterCollector(server.accounts.adapters))
     gateway_metrics = server.gateway.metrics
 
     async def metrics(request: Request) -> Response:
@@ -134,7 +136,12 @@ def create_app(server: Server) -> Starlette:
         lambda: server.catalog.gpus.gpu_types.keys(),
     )
     access = AccessCheck(server.service, accounts.service, server.models)
-    adapter_routes = AdapterRoutes(server.adapters, accounts.service, settings.max_body_bytes)
+    adapter_routes = AdapterRoutes(
+        server.adapters,
+        accounts.service,
+        settings.max_body_bytes,
+        AdapterUsageReads(server.store, accounts.adapters),
+    )
     operations = management_operations(management, account_routes, adapter_routes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and
     # every path here is exact.

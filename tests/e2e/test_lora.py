@@ -9,6 +9,7 @@ engines in real replica processes; one test runs the real thing on vLLM
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,12 +102,26 @@ def test_adapters_come_and_go_without_a_restart_and_stick_to_a_replica(
     assert holders(record, "sql") == {holder}
     assert replica_ids(record) == replicas  # registering restarted nothing
 
+    # Usage per adapter: the hourly record and the Prometheus counters.
+    def served(name: str) -> int:
+        with serve.api() as api:
+            rows = api.get(f"/inference/endpoints/{endpoint_id}/adapters/{name}/usage").json()
+        return sum(row["requests"] for row in rows["data"])
+
+    deadline = time.monotonic() + 30
+    while served("sql") < 7 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert served("sql") == 7 and served("poems") == 0
+    metrics = httpx.get(f"{serve.url}/metrics", timeout=30).text
+    assert f'inferd_adapter_requests_total{{adapter="sql",endpoint="{endpoint_id}"}} 7.0' in metrics
+
     with serve.api() as api:
         assert api.delete(f"/inference/endpoints/{endpoint_id}/adapters/sql").status_code == 204
     gone = chat(url, token, "sql")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
     assert chat(url, token, "poems").status_code == 200
     assert replica_ids(serve.record(endpoint_id)) == replicas  # nor did removing one
+    assert served("sql") == 7  # usage outlives the adapter
 
 
 @pytest.fixture
