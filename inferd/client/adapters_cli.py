@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from inferd.client.api import ManagementClient
 
+Action = Callable[[ManagementClient, argparse.Namespace], int]
 
-def register(endpoints: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
-    from inferd.client.cli import command
 
+def register(
+    endpoints: argparse._SubParsersAction[Any],
+    common: argparse.ArgumentParser,
+    command: Callable[[Action], Callable[[argparse.Namespace], int]],
+) -> None:
+    """`command`: the endpoints CLI's wrapper (client from the flags, API
+    errors reported)."""
     parser = endpoints.add_parser("adapters", help="an endpoint's LoRA adapters")
     sub = parser.add_subparsers(dest="adapters_command", metavar="ACTION", required=True)
 

@@ -113,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     token.add_argument("--project", help="the project of a name in several of yours")
     token.set_defaults(func=command(_token))
 
-    adapters_cli.register(sub, common)
+    adapters_cli.register(sub, common, command)
 
     bench = subparsers.add_parser(
         "bench",
