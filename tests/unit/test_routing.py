@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.gateway.directory import RoutableReplica
-from inferd.gateway.routing import Outcome, choose_replica
+from inferd.gateway.routing import Affinity, Outcome, choose_replica
 
 
 def r(rid: str, waiting: int = 0) -> RoutableReplica:
@@ -66,3 +66,33 @@ def test_same_inputs_same_answer_whatever_the_directory_order() -> None:
     forward = choose_replica([r("a"), r("b")], {}, max_in_flight=4, turn=5)
     backward = choose_replica([r("b"), r("a")], {}, max_in_flight=4, turn=5)
     assert forward == backward
+
+
+def held(rid: str, *adapters: str, waiting: int = 0) -> RoutableReplica:
+    return RoutableReplica(rid, f"http://127.0.0.1/{rid}", waiting, frozenset(adapters))
+
+
+ADAPTER_CASES = [
+    # (name, replicas, in_flight, adapter, chosen): least-loaded policy, bound 1.25x mean
+    ("the holder, though busier", [held("a"), held("b", "sql")], {"b": 1}, "sql", "b"),
+    ("base model: least loaded", [held("a"), held("b", "sql")], {"b": 1}, None, "a"),
+    ("least loaded of the holders", [held("a", "sql"), held("b", "sql"), held("c")],
+     {"a": 2, "b": 1}, "sql", "b"),
+    ("holder over the load bound: least loaded", [held("a"), held("b", "sql")], {"b": 3},
+     "sql", "a"),
+    ("nobody holds it: least loaded", [held("a", "x"), held("b")], {"a": 1}, "sql", "b"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("replicas", "in_flight", "adapter", "chosen"),
+    [case[1:] for case in ADAPTER_CASES],
+    ids=[case[0] for case in ADAPTER_CASES],
+)
+def test_an_adapters_holder_is_preferred_within_the_load_bound(
+    replicas: list[RoutableReplica], in_flight: dict[str, int], adapter: str | None, chosen: str
+) -> None:
+    choice = choose_replica(
+        replicas, in_flight, max_in_flight=8, affinity=Affinity(adapter=adapter)
+    )
+    assert choice.replica is not None and choice.replica.replica_id == chosen
