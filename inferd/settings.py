@@ -228,7 +228,8 @@ class Settings(BaseModel):
     replica_args: str = Field(
         "",
         description="extra `inferd replica` arguments for every replica, e.g. "
-        "'--engine fake' or '--cpu-kv-cache-gib 2' (shell syntax)",
+        "'--engine fake' or '--cpu-kv-cache-gib 2' (shell syntax); the defaults an "
+        "endpoint's engineSettings override",
     )
     cpu_replica_slots: int = Field(
         4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"

@@ -214,6 +214,17 @@ class AdapterList(_Response):
     data: list[Adapter]
 
 
+class AdapterUsageRow(_Response):
+    hour: str = Field(description="Start of the hour, RFC 3339 UTC.")
+    requests: int = Field(description="Requests the adapter answered (2xx).")
+    promptTokens: int
+    completionTokens: int
+
+
+class AdapterUsageList(_Response):
+    data: list[AdapterUsageRow]
+
+
 class Replica(_Response):
     gpus: int = Field(description="GPUs used by the replica.")
     status: ReplicaStatusName
@@ -235,6 +246,11 @@ class Replica(_Response):
         None,
         description="Where the replica runs: `local` on the control plane's machine; on a "
         "Ray cluster the node's address and id. Null before it is placed.",
+    )
+    adapters: list[str] = Field(
+        default_factory=list,
+        description="The LoRA adapters its engine holds now (the gateway prefers a replica "
+        "that holds the adapter a request names), as it last reported.",
     )
 
 
@@ -284,7 +300,6 @@ class EndpointRecord(_Response):
         "replica is replaced), or null.",
     )
     engineSettings: EngineSettings = Field(
-        default=EngineSettings(),
         description="The engine settings set on this endpoint; a setting left out is the "
         "server's default.",
     )

@@ -18,9 +18,15 @@ from pydantic.alias_generators import to_camel
 
 from inferd.vocab import ReplicaStatus
 
+# The gateway -> replica side: where the LoRA adapter a request names is
+# (percent-encoded); set by the gateway only, never forwarded from a client.
+ADAPTER_SOURCE_HEADER = "x-inferd-adapter-source"
+
 MAX_REASON_CHARS = 2000
 MAX_URL_CHARS = 2048
 MAX_ADAPTERS = 256
+# Adapters one report carries usage of (an endpoint has at most 1000).
+MAX_ADAPTER_USAGE = 1000
 
 _STRICT = ConfigDict(
     strict=True, extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True
@@ -46,6 +52,16 @@ class ReplicaLoadReport(BaseModel):
     )
 
 
+class AdapterUsageReport(BaseModel):
+    """What the replica has done with one LoRA adapter since it started."""
+
+    model_config = _STRICT
+
+    requests: int = Field(default=0, ge=0)
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+
+
 class ReplicaUsageReport(BaseModel):
     """What the replica has done since it started (cumulative): the control
     plane meters usage from the differences between reports."""
@@ -56,6 +72,11 @@ class ReplicaUsageReport(BaseModel):
     prompt_tokens: int = Field(default=0, ge=0)
     completion_tokens: int = Field(default=0, ge=0)
     images: int = Field(default=0, ge=0)
+    # Of the above, what each LoRA adapter served (the base model's share is
+    # the rest); every adapter used since the replica started.
+    adapters: dict[Annotated[str, Field(max_length=200)], AdapterUsageReport] = Field(
+        default_factory=dict, max_length=MAX_ADAPTER_USAGE
+    )
 
 
 class ReplicaReport(BaseModel):

@@ -156,6 +156,30 @@ class Adapter:
     base_model: str | None = None
 
 
+@dataclass(frozen=True)
+class AdapterUsage:
+    """What one LoRA adapter of an endpoint served within one hour (added to
+    the stored sum; the endpoint's own usage rows count these requests too)."""
+
+    endpoint_id: str
+    adapter: str
+    hour: datetime  # start of the hour, UTC
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def key(self) -> tuple[str, str, datetime]:
+        return (self.endpoint_id, self.adapter, self.hour)
+
+    def plus(self, other: AdapterUsage) -> AdapterUsage:
+        return replace(
+            self,
+            requests=self.requests + other.requests,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
 class ChangeKind(str, Enum):
     ENDPOINT = "endpoint"  # id: the endpoint's id (created, changed or deleted)
     TOKEN = "token"  # id: the endpoint whose active token changed

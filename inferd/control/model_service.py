@@ -48,6 +48,13 @@ class ModelAndProfileStore(ModelStore, ProfileStore, Protocol):
     pass
 
 
+def _models_used_by(endpoint: Endpoint) -> tuple[str, ...]:
+    """The models an endpoint's replicas load: its own, and the draft model
+    of its speculative decoding."""
+    speculative = endpoint.engine_settings.speculativeDecoding
+    return (endpoint.model_name,) + (() if speculative is None else (speculative.draftModel,))
+
+
 class ModelService:
     def __init__(
         self,
@@ -250,7 +257,7 @@ class ModelService:
                     )
                 raise model_missing(name)
             owner = self._registered[name].project_id
-            users = [r for r in self._endpoints() if r.model_name == name]
+            users = [r for r in self._endpoints() if name in _models_used_by(r)]
             if users:
                 # A project's model: only its own project's endpoints are
                 # named; any other (made before models were checked at

@@ -8,7 +8,7 @@ write has committed durably when its coroutine returns.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -16,7 +16,14 @@ from typing import Protocol, runtime_checkable
 
 from inferd.catalog.registered import ModelStore, ProfileStore
 from inferd.control.accounts.ports import AccountStore
-from inferd.control.model import Adapter, Change, Endpoint, EndpointChanges, ReplicaRecord
+from inferd.control.model import (
+    Adapter,
+    AdapterUsage,
+    Change,
+    Endpoint,
+    EndpointChanges,
+    ReplicaRecord,
+)
 from inferd.control.paging import EndpointFilter, Page
 from inferd.replica.config import ReplicaSpec
 
@@ -133,6 +140,16 @@ class AdapterStore(Protocol):
 
     async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
         """False if it was not there."""
+        ...
+
+    async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None:
+        """Add each row to the stored hourly sum of its endpoint, adapter and
+        hour (several instances' figures add up). Usage outlives an adapter
+        and its endpoint, as the endpoint's own usage does."""
+        ...
+
+    async def adapter_usage(self, endpoint_id: str, adapter: str) -> list[AdapterUsage]:
+        """The hourly rows of one adapter of an endpoint, oldest first."""
         ...
 
 

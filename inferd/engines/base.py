@@ -208,6 +208,25 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter a request names: its name (the request's `model`) and
+    where the replica loads it from (a directory or a repository id, as the
+    gateway says)."""
+
+    name: str
+    source: str
+
+
+@runtime_checkable
+class ServesAdapters(Protocol):
+    """An engine that serves LoRA adapters, loading each on demand."""
+
+    async def load_adapter(self, adapter: AdapterRef) -> None:
+        """Have `adapter` loaded (at once if it is); 4xx if it cannot be."""
+        ...
+
+
+@dataclass(frozen=True)
 class TextRequest:
     request_id: str
     messages: tuple[ChatMessage, ...]
@@ -218,6 +237,8 @@ class TextRequest:
     # False: the client reads the answer whole, so an engine may parse the
     # output (tool calls, reasoning) once at the end instead of per delta.
     stream: bool = True
+    # The LoRA adapter to generate with; None: the base model.
+    adapter: AdapterRef | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ tests. Behaviour is set through `FakeOptions`, read from `EngineOptions.extra`
 - `context_length`: default 4096.
 - `kind`: `chat` or `image`, for a fake replica started by hand on a model
   name the catalog does not know (it loads nothing, so nothing says).
+- LoRA adapters (with `EngineOptions.settings.maxLoras`): loaded on demand,
+  the least recently used of more than `maxLoras` evicted, reported loaded,
+  and each one's text starts at another word (outputs differ by adapter).
 - `child_process`: if set, `start()` starts a child process that ignores
   SIGTERM, as vLLM's engine core does (named `FAKE_ENGINE_CORE`), and
   `shutdown()` stops it: what a replica's process tree must not leak.
@@ -25,10 +28,12 @@ import hashlib
 import struct
 import sys
 import zlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from inferd.engines.base import (
+    AdapterRef,
     Engine,
     EngineLoad,
     EngineOptions,
@@ -104,10 +109,26 @@ class FakeTextEngine:
         self._token_delay = self._options.token_delay_s
         self._running: set[str] = set()
         self._core = _EngineCore() if self._options.child_process else None
+        self._max_loras = options.settings.maxLoras or 0
+        # Adapter name -> source, least recently used first.
+        self._adapters: OrderedDict[str, str] = OrderedDict()
 
     @property
     def info(self) -> TextModelInfo:
         return self._info
+
+    async def load_adapter(self, adapter: AdapterRef) -> None:
+        if self._max_loras == 0:
+            raise BadRequest(
+                f"The model '{adapter.name}' is a LoRA adapter, and this replica runs without "
+                "LoRA (engineSettings.maxLoras is not set).",
+                param="model",
+                code="lora_disabled",
+            )
+        self._adapters[adapter.name] = adapter.source
+        self._adapters.move_to_end(adapter.name)
+        while len(self._adapters) > self._max_loras:
+            self._adapters.popitem(last=False)
 
     async def start(self) -> None:
         if self._core is not None:
@@ -128,12 +149,16 @@ class FakeTextEngine:
         if request.request_id in self._running:
             raise Conflict(f"Request id {request.request_id!r} is already running.")
         max_tokens = s.max_tokens or min(16, self._info.context_length - prompt_tokens)
+        first_word = s.seed or 0
+        if request.adapter is not None:
+            await self.load_adapter(request.adapter)
+            first_word += zlib.crc32(request.adapter.name.encode())
         self._running.add(request.request_id)
         try:
             text = ""
             for i in range(max_tokens):
                 await asyncio.sleep(self._token_delay)
-                word = _WORDS[(i + (s.seed or 0)) % len(_WORDS)] + " "
+                word = _WORDS[(i + first_word) % len(_WORDS)] + " "
                 text += word
                 for stop in s.stop:
                     if stop in text:
@@ -155,7 +180,12 @@ class FakeTextEngine:
             self._running.discard(request.request_id)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(running=len(self._running), waiting=0, kv_cache_usage=None)
+        return EngineLoad(
+            running=len(self._running),
+            waiting=0,
+            kv_cache_usage=None,
+            adapters=tuple(self._adapters),
+        )
 
     async def check_health(self) -> None:
         return None

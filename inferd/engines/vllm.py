@@ -24,6 +24,7 @@ from typing import Any
 from inferd import procfs
 from inferd.engines import vllm_parsing
 from inferd.engines.base import (
+    AdapterRef,
     EngineLoad,
     EngineOptions,
     TextDelta,
@@ -34,6 +35,7 @@ from inferd.engines.base import (
 )
 from inferd.engines.chat_template import ChatPromptRenderer
 from inferd.engines.limits import check_prompt_fits, check_token_ids
+from inferd.engines.vllm_lora import VllmAdapters
 from inferd.engines.vllm_serving import VllmServing
 from inferd.engines.vllm_settings import vllm_args
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
@@ -241,6 +243,8 @@ class VllmTextEngine:
         self._active: set[str] = set()
         self._parser_cls: Any = None
         self._openai: VllmServing | None = None
+        # None: the engine runs without LoRA (engineSettings.maxLoras unset).
+        self._adapters: VllmAdapters | None = None
 
     @property
     def info(self) -> TextModelInfo:
@@ -271,6 +275,23 @@ class VllmTextEngine:
             vocab_size=int(model_config.get_vocab_size()),
         )
         self._openai = await VllmServing.build(self._engine, self._model_path, [self._name])
+        if self._options.settings.maxLoras:
+            self._adapters = VllmAdapters(self._engine, self._openai.models)
+
+    async def load_adapter(self, adapter: AdapterRef) -> None:
+        await self._lora_request(adapter)
+
+    async def _lora_request(self, adapter: AdapterRef | None) -> Any:
+        if adapter is None:
+            return None
+        if self._adapters is None:
+            raise BadRequest(
+                f"The model '{adapter.name}' is a LoRA adapter, and this replica runs without "
+                "LoRA (engineSettings.maxLoras is not set).",
+                param="model",
+                code="lora_disabled",
+            )
+        return await self._adapters.request_for(adapter)
 
     async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
         if self._engine is None or self._renderer is None:
@@ -287,6 +308,7 @@ class VllmTextEngine:
         tools = json.loads(request.tools.tools_json) if request.tools is not None else None
         prompt_ids = self._renderer.render(request.messages, tools)
         params = self._sampling_params(request, len(prompt_ids), parsing)
+        lora = await self._lora_request(request.adapter)
         if request.request_id in self._active:
             raise Conflict(
                 f"A request with id {request.request_id!r} is already running.",
@@ -296,7 +318,11 @@ class VllmTextEngine:
         self._active.add(request.request_id)
         extra = parsing.reasoning_kwargs(prompt_ids) if parsing is not None else {}
         stream = self._engine.generate(
-            {"prompt_token_ids": prompt_ids}, params, request.request_id, **extra
+            {"prompt_token_ids": prompt_ids},
+            params,
+            request.request_id,
+            lora_request=lora,
+            **extra,
         )
         mapped = _map_vllm_errors(stream)
         finished = False
@@ -451,6 +477,7 @@ class VllmTextEngine:
             kv_cache_usage=self._tracker.kv_cache_usage,
             prefix_cache_queries=self._tracker.prefix_cache_queries,
             prefix_cache_hits=self._tracker.prefix_cache_hits,
+            adapters=self._adapters.loaded if self._adapters is not None else (),
         )
 
     async def check_health(self) -> None:

@@ -84,6 +84,11 @@ class VllmServing:
         await init_app_state(engine_client, state, args, tasks)
         return cls(state, tasks)
 
+    @property
+    def models(self) -> Any:
+        """vLLM's `OpenAIServingModels`: the served names and LoRA adapters."""
+        return self._state.openai_serving_models
+
     # -- the routes -----------------------------------------------------------
 
     async def completion(self, body: dict[str, Any], raw_request: Any) -> Whole | SseStream:

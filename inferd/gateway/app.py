@@ -22,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from inferd import COMPAT_FAMILY
+from inferd.api.replica import ADAPTER_SOURCE_HEADER
 from inferd.errors import (
     BadRequest,
     InferdError,
@@ -47,9 +48,9 @@ logger = logging.getLogger(__name__)
 # Request headers passed to the replica. Not the client's Authorization:
 # the endpoint token stops at the gateway.
 FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
-# Where the replica loads the LoRA adapter a request names (percent-encoded);
-# only the gateway sets it: a client's own is not forwarded (above).
-ADAPTER_SOURCE_HEADER = b"x-inferd-adapter-source"
+# Where the replica loads the LoRA adapter a request names; only the
+# gateway sets it: a client's own is not forwarded (above).
+ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
 CLIENT_GONE = 499
 
 
@@ -195,7 +196,7 @@ class Gateway:
             body = await self._read_body(receive, content_length)
             prefix = self._prefix(endpoint, route, body)
             if prefix is not None and prefix.adapter is not None:
-                headers.append((ADAPTER_SOURCE_HEADER, adapter_source(endpoint, prefix.adapter)))
+                headers.append((ADAPTER_SOURCE, adapter_source(endpoint, prefix.adapter)))
             ep = self._book.endpoint(endpoint_id)
             ep.arrived(self.clock())
             try:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,7 +32,9 @@ from inferd.api.openai import (
     choice,
     sse_error,
 )
+from inferd.api.replica import ADAPTER_SOURCE_HEADER
 from inferd.engines.base import (
+    AdapterRef,
     ChatMessage,
     SamplingOptions,
     TextDelta,
@@ -49,6 +52,15 @@ from inferd.replica.state import InFlight, ReplicaState
 logger = logging.getLogger(__name__)
 
 ROUTE = "chat"
+
+
+def requested_adapter(request: Request, model: str | None) -> AdapterRef | None:
+    """The LoRA adapter a request is for: the gateway names where it is when
+    the request's `model` is one of the endpoint's adapters."""
+    source = request.headers.get(ADAPTER_SOURCE_HEADER)
+    if source is None or not model:
+        return None
+    return AdapterRef(model, unquote(source))
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,9 @@ def to_tool_options(body: ChatCompletionRequest) -> ToolOptions | None:
     )
 
 
-def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextRequest]:
+def to_text_requests(
+    body: ChatCompletionRequest, request_id: str, adapter: AdapterRef | None = None
+) -> list[TextRequest]:
     messages = tuple(to_message(m) for m in body.messages)
     tools = to_tool_options(body)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -134,6 +148,7 @@ def to_text_requests(body: ChatCompletionRequest, request_id: str) -> list[TextR
                 tools=tools,
                 logprobs=logprobs,
                 stream=body.stream,
+                adapter=adapter,
             )
         )
     return requests
@@ -159,15 +174,18 @@ class ChatHandler:
         status = 500
         in_flight = self.state.admit()
         streaming = False
+        adapter: AdapterRef | None = None
         try:
             body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
-            self.model.check(body.model)
+            adapter = requested_adapter(request, body.model)
+            if adapter is None:
+                self.model.check(body.model)
             request_id = (
                 body.request_id
                 or request.headers.get("x-request-id")
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
-            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id)]
+            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id, adapter)]
             try:
                 # All choices enter the engine together (one batch), and any
                 # validation error surfaces here, before a status is sent.
@@ -189,6 +207,7 @@ class ChatHandler:
                     include_usage,
                     in_flight,
                     started,
+                    adapter.name if adapter is not None else None,
                 )
                 streaming = True
                 status = 200
@@ -204,7 +223,9 @@ class ChatHandler:
                 status = 499  # client closed the connection; nobody reads this
                 return Response(status_code=499)
             choices, prompt_tokens, completion_tokens = result
-            self._count_tokens(prompt_tokens, completion_tokens)
+            self.metrics.count(
+                prompt_tokens, completion_tokens, adapter.name if adapter is not None else None
+            )
             status = 200
             return JSONResponse(
                 chat_completion(
@@ -218,15 +239,10 @@ class ChatHandler:
         finally:
             if not streaming:
                 in_flight.release()
-                self._observe(status, started)
+                self._observe(status, started, adapter.name if adapter is not None else None)
 
-    def _count_tokens(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.metrics.prompt_tokens.inc(prompt_tokens)
-        self.metrics.generated_tokens.inc(completion_tokens)
-
-    def _observe(self, status: int, started: float) -> None:
-        self.metrics.requests.labels(ROUTE, str(status)).inc()
-        self.metrics.latency.labels(ROUTE).observe(time.perf_counter() - started)
+    def _observe(self, status: int, started: float, adapter: str | None) -> None:
+        self.metrics.answered(ROUTE, status, time.perf_counter() - started, adapter)
 
     async def _sse(
         self,
@@ -238,6 +254,7 @@ class ChatHandler:
         include_usage: bool,
         in_flight: InFlight,
         started: float,
+        adapter: str | None,
     ) -> AsyncIterator[bytes]:
         encoder = ChunkEncoder(request_id, created, model_name)
         prompt_tokens = firsts[0].prompt_tokens
@@ -273,9 +290,9 @@ class ChatHandler:
             yield sse_error("The engine failed while generating.", "server_error", "engine_error")
         finally:
             await _close_all(streams)
-            self._count_tokens(prompt_tokens, sum(completion))
+            self.metrics.count(prompt_tokens, sum(completion), adapter)
             in_flight.release()
-            self._observe(status, started)
+            self._observe(status, started, adapter)
 
 
 async def _collect(

@@ -3,6 +3,8 @@ one, so several replicas can live in one test process)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inferd.engines.base import Engine
@@ -40,6 +42,25 @@ class ReplicaMetrics:
             "inferd_generated_tokens", "Completion tokens generated.", registry=r
         )
         self.images = Counter("inferd_generated_images", "Images generated.", registry=r)
+        # Per LoRA adapter (a request naming the base model counts above only).
+        self.adapter_requests = Counter(
+            "inferd_adapter_requests",
+            "Requests answered with a LoRA adapter, by adapter and HTTP status.",
+            ["adapter", "status"],
+            registry=r,
+        )
+        self.adapter_prompt_tokens = Counter(
+            "inferd_adapter_prompt_tokens",
+            "Prompt tokens processed with a LoRA adapter.",
+            ["adapter"],
+            registry=r,
+        )
+        self.adapter_generated_tokens = Counter(
+            "inferd_adapter_generated_tokens",
+            "Completion tokens generated with a LoRA adapter.",
+            ["adapter"],
+            registry=r,
+        )
         in_flight = Gauge(
             "inferd_requests_in_flight", "Requests admitted and not yet finished.", registry=r
         )
@@ -65,7 +86,44 @@ class ReplicaMetrics:
         ready = Gauge("inferd_replica_ready", "1 when the replica takes requests.", registry=r)
         ready.set_function(lambda: 1.0 if state.status.value == "ready" else 0.0)
 
-    def usage(self) -> dict[str, int]:
+    def count(self, prompt_tokens: int, completion_tokens: int, adapter: str | None = None) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generated_tokens.inc(completion_tokens)
+        if adapter is not None:
+            self.adapter_prompt_tokens.labels(adapter).inc(prompt_tokens)
+            self.adapter_generated_tokens.labels(adapter).inc(completion_tokens)
+
+    def answered(self, route: str, status: int, seconds: float, adapter: str | None) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+        if adapter is not None:
+            self.adapter_requests.labels(adapter, str(status)).inc()
+
+    def adapter_usage(self) -> dict[str, dict[str, int]]:
+        """Per adapter, cumulative since start: answered (2xx) requests and
+        tokens (the control plane meters the differences)."""
+        usage: dict[str, dict[str, int]] = {}
+
+        def entry(adapter: str) -> dict[str, int]:
+            return usage.setdefault(
+                adapter, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            )
+
+        for counter, field in (
+            (self.adapter_requests, "requests"),
+            (self.adapter_prompt_tokens, "prompt_tokens"),
+            (self.adapter_generated_tokens, "completion_tokens"),
+        ):
+            for family in counter.collect():
+                for sample in family.samples:
+                    if not sample.name.endswith("_total"):
+                        continue
+                    if field == "requests" and not sample.labels["status"].startswith("2"):
+                        continue
+                    entry(sample.labels["adapter"])[field] += int(sample.value)
+        return {name: counts for name, counts in usage.items() if any(counts.values())}
+
+    def usage(self) -> dict[str, Any]:
         """Cumulative counts since the replica started, for its reports (the
         control plane meters usage from their differences). Requests: the
         answered ones with a 2xx status."""
@@ -81,6 +139,7 @@ class ReplicaMetrics:
             "prompt_tokens": _total(self.prompt_tokens),
             "completion_tokens": _total(self.generated_tokens),
             "images": _total(self.images),
+            "adapters": self.adapter_usage(),
         }
 
     def render(self) -> bytes:

@@ -19,10 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.api.openai import sse_error
+from inferd.engines.base import AdapterRef, ServesAdapters
 from inferd.engines.vllm_serving import SseStream, VllmServing, Whole
 from inferd.errors import BadRequest, InferdError, ServiceUnavailable
 from inferd.http import parse_json_object, read_body
-from inferd.replica.chat import ServedModel, _unless_disconnected
+from inferd.replica.chat import ServedModel, _unless_disconnected, requested_adapter
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import InFlight, ReplicaState
 
@@ -85,10 +86,14 @@ class VllmRouteHandler:
         status = 500
         in_flight = self.state.admit()
         streaming = False
+        adapter: AdapterRef | None = None
         try:
             body = parse_json_object(await read_body(request, self.max_body_bytes))
             requested = body.get("model")
-            if isinstance(requested, str):
+            adapter = requested_adapter(request, requested if isinstance(requested, str) else None)
+            if adapter is not None:
+                await self._load_adapter(adapter)
+            elif isinstance(requested, str):
                 self.model.check(requested)
                 if requested in self.model.aliases and requested != self.model.name:
                     # vLLM knows the model by its served name only.
@@ -101,11 +106,11 @@ class VllmRouteHandler:
                 streaming = True
                 status = 200
                 return StreamingResponse(
-                    self._relay(result, in_flight, started),
+                    self._relay(result, in_flight, started, adapter),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache"},
                 )
-            self._count(result.usage.prompt_tokens, result.usage.completion_tokens)
+            self._count(result.usage.prompt_tokens, result.usage.completion_tokens, adapter)
             response: Response = (
                 JSONResponse(result.body) if result.response is None else result.response
             )
@@ -117,10 +122,22 @@ class VllmRouteHandler:
         finally:
             if not streaming:
                 in_flight.release()
-                self._observe(status, started)
+                self._observe(status, started, adapter)
+
+    async def _load_adapter(self, adapter: AdapterRef) -> None:
+        """vLLM's serving code resolves an adapter's name itself once it is
+        loaded into the engine."""
+        if not isinstance(self.engine, ServesAdapters):
+            raise BadRequest(
+                f"The model '{adapter.name}' is a LoRA adapter; this replica's engine serves none.",
+                param="model",
+                code="lora_disabled",
+            )
+        self._serving()  # 503 while the model loads
+        await self.engine.load_adapter(adapter)
 
     async def _relay(
-        self, stream: SseStream, in_flight: InFlight, started: float
+        self, stream: SseStream, in_flight: InFlight, started: float, adapter: AdapterRef | None
     ) -> AsyncIterator[bytes]:
         status = 200
         first = True
@@ -140,14 +157,17 @@ class VllmRouteHandler:
             yield sse_error("The engine failed while generating.", "server_error", "engine_error")
         finally:
             await stream.aclose()
-            self._count(stream.usage.prompt_tokens, stream.usage.completion_tokens)
+            self._count(stream.usage.prompt_tokens, stream.usage.completion_tokens, adapter)
             in_flight.release()
-            self._observe(status, started)
+            self._observe(status, started, adapter)
 
-    def _count(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.metrics.prompt_tokens.inc(prompt_tokens)
-        self.metrics.generated_tokens.inc(completion_tokens)
+    def _count(
+        self, prompt_tokens: int, completion_tokens: int, adapter: AdapterRef | None
+    ) -> None:
+        self.metrics.count(
+            prompt_tokens, completion_tokens, adapter.name if adapter is not None else None
+        )
 
-    def _observe(self, status: int, started: float) -> None:
-        self.metrics.requests.labels(self.route, str(status)).inc()
-        self.metrics.latency.labels(self.route).observe(time.perf_counter() - started)
+    def _observe(self, status: int, started: float, adapter: AdapterRef | None) -> None:
+        name = adapter.name if adapter is not None else None
+        self.metrics.answered(self.route, status, time.perf_counter() - started, name)

@@ -7,15 +7,21 @@ belongs to the endpoint's project and another project's is a 404.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.api import management as wire
 from inferd.api.management import RegisterAdapterRequest
+from inferd.control.accounts.adapter_metering import AdapterMeter, merge_adapter_usage
 from inferd.control.accounts.model import AuditAction
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.adapters import AdapterService, adapter_record
+from inferd.control.model import AdapterUsage, rfc3339
+from inferd.control.ports import AdapterStore
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
 from inferd.server.docs import Doc, ok
@@ -23,11 +29,16 @@ from inferd.server.docs import Doc, ok
 
 class AdapterRoutes:
     def __init__(
-        self, adapters: AdapterService, accounts: AccountService, max_body_bytes: int
+        self,
+        adapters: AdapterService,
+        accounts: AccountService,
+        max_body_bytes: int,
+        usage: AdapterUsageReads,
     ) -> None:
         self.adapters = adapters
         self.accounts = accounts
         self.max_body_bytes = max_body_bytes
+        self.usage = usage
 
     async def list_adapters(self, request: Request, principal: Principal) -> Response:
         adapters = self.adapters.of(request.path_params["id"]).values()
@@ -36,6 +47,15 @@ class AdapterRoutes:
     async def get_adapter(self, request: Request, principal: Principal) -> Response:
         params = request.path_params
         return JSONResponse(adapter_record(self.adapters.get(params["id"], params["name"])))
+
+    async def adapter_usage(self, request: Request, principal: Principal) -> Response:
+        """Hourly requests and tokens of one adapter (stored, plus what this
+        instance has not written yet). Kept after the adapter is removed."""
+        params = request.path_params
+        endpoint_id, name = params["id"], params["name"]
+        stored = await self.usage.store.adapter_usage(endpoint_id, name)
+        rows = merge_adapter_usage(stored, self.usage.meter.pending(endpoint_id, name))
+        return JSONResponse({"data": [usage_record(r) for r in rows]})
 
     async def register(self, request: Request, principal: Principal) -> Response:
         endpoint_id = request.path_params["id"]
@@ -60,6 +80,21 @@ class AdapterRoutes:
             )
 
 
+@dataclass(frozen=True)
+class AdapterUsageReads:
+    store: AdapterStore
+    meter: AdapterMeter
+
+
+def usage_record(row: AdapterUsage) -> dict[str, Any]:
+    return {
+        "hour": rfc3339(row.hour),
+        "requests": row.requests,
+        "promptTokens": row.prompt_tokens,
+        "completionTokens": row.completion_tokens,
+    }
+
+
 # --- the route table ------------------------------------------------------------------
 
 _BASE = "/endpoints/{id}/adapters"
@@ -81,4 +116,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("DELETE", _BASE + "/{name}", Target.ENDPOINT, W, AdapterRoutes.remove,
               doc=Doc("removeAdapter", "Remove a LoRA adapter (requests naming it are then 404)",
                       ok(204, "Removed."), (403, 404))),
+    Operation("GET", _BASE + "/{name}/usage", Target.ENDPOINT, R, AdapterRoutes.adapter_usage,
+              doc=Doc("getAdapterUsage", "Requests and tokens one LoRA adapter served, per hour",
+                      ok(200, "Hourly rows, oldest first.", wire.AdapterUsageList), (404,))),
 )  # fmt: skip

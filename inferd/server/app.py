@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, Router
 
 from inferd.catalog import Catalog
+from inferd.control.accounts.adapter_metering import AdapterCollector
 from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
@@ -29,7 +30,7 @@ from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server import account_routes, adapter_routes, management
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, Routes, build_routes
 from inferd.server.account_routes import AccountRoutes
-from inferd.server.adapter_routes import AdapterRoutes
+from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads
 from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
@@ -82,6 +83,7 @@ def serving_routes(server: Server) -> list[BaseRoute]:
     """The gateway, the registry's report route and `/metrics`."""
     metrics_registry = CollectorRegistry(auto_describe=True)
     metrics_registry.register(ReplicaCollector(server.registry))
+    metrics_registry.register(AdapterCollector(server.accounts.adapters))
     gateway_metrics = server.gateway.metrics
 
     async def metrics(request: Request) -> Response:
@@ -131,7 +133,12 @@ def create_app(server: Server) -> Starlette:
             management.OPERATIONS,
         ),
         Routes(
-            AdapterRoutes(server.adapters, accounts.service, settings.max_body_bytes),
+            AdapterRoutes(
+                server.adapters,
+                accounts.service,
+                settings.max_body_bytes,
+                AdapterUsageReads(server.store, accounts.adapters),
+            ),
             adapter_routes.OPERATIONS,
         ),
         Routes(

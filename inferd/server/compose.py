@@ -383,9 +383,14 @@ async def build(
         )
         await adapters.load()
         accounts = Accounts(
-            store, resolver, account_service, meter, UsageReads(service, account_service, meter)
+            store,
+            resolver,
+            account_service,
+            meter,
+            UsageReads(service, account_service, meter),
+            adapter_usage_store=store,
         )
-        meter_feed = MeterFeed(meter, registry, EndpointPrices(service))
+        meter_feed = MeterFeed(meter, registry, EndpointPrices(service), adapters=accounts.adapters)
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
             EndpointDirectory(service, registry, reconciler, adapters),

@@ -27,6 +27,7 @@ from inferd.catalog.registered import (
 )
 from inferd.control.model import (
     Adapter,
+    AdapterUsage,
     Change,
     ChangeKind,
     DuplicateAdapter,
@@ -38,6 +39,7 @@ from inferd.control.model import (
 from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Store
 from inferd.control.stores import open_store
+from inferd.control.stores.memory import MemoryStore
 from inferd.testing.postgres import PostgresServer
 from tests.records import T0
 from tests.records import endpoint_row as endpoint
@@ -653,3 +655,29 @@ def test_adapter_changes_reach_the_feed(opener: Opener) -> None:
         assert adapters(seen) == expected
 
     run(body, opener())
+
+
+def test_adapter_usage_adds_up_per_endpoint_adapter_and_hour(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        first, second = opener(), store  # two writers (two instances) add up
+        hour, later = T0.replace(minute=0), T0.replace(minute=0) + timedelta(hours=1)
+        await first.add_adapter_usage([AdapterUsage("e1", "sql", hour, 2, 20, 30)])
+        await second.add_adapter_usage(
+            [
+                AdapterUsage("e1", "sql", hour, 1, 5, 6),
+                AdapterUsage("e1", "sql", later, 1, 1, 1),
+                AdapterUsage("e1", "poems", hour, 9, 9, 9),
+                AdapterUsage("e2", "sql", hour, 7, 7, 7),
+            ]
+        )
+        assert await store.adapter_usage("e1", "sql") == [
+            AdapterUsage("e1", "sql", hour, 3, 25, 36),
+            AdapterUsage("e1", "sql", later, 1, 1, 1),
+        ]
+        assert await store.adapter_usage("e1", "none") == []
+
+    store = opener()
+    if isinstance(store, MemoryStore):
+        # One process's memory: the "second instance" is the same store.
+        opener = lambda: store  # noqa: E731
+    run(body, store)

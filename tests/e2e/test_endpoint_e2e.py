@@ -257,8 +257,11 @@ def test_embedding_endpoint_answers_the_openai_embeddings_client(serve: ServeHan
 def test_engine_settings_reach_vllm(serve: ServeHandle) -> None:
     """An endpoint's engine settings start its replica's vLLM engine with
     them: its context is the 128 tokens they set (the model's own is 2048),
-    so a 300-token prompt the model could take is refused by the engine."""
-    settings = {"maxModelLen": 128, "maxNumSeqs": 2, "enablePrefixCaching": False}
+    so a 300-token prompt the model could take is refused by the engine; and
+    it decodes with a draft model (tiny-chat drafting for itself, resolved
+    and built on the replica's side like the model)."""
+    draft = {"draftModel": "tiny-chat", "numSpeculativeTokens": 2}
+    settings = {"maxModelLen": 128, "maxNumSeqs": 2, "speculativeDecoding": draft}
     created = serve.create_endpoint(
         name="short", modelName="tiny-chat", minReplicas=0, maxReplicas=1,
         scaleToZeroRetentionPeriodSeconds=RETENTION_S, engineSettings=settings,
@@ -276,6 +279,13 @@ def test_engine_settings_reach_vllm(serve: ServeHandle) -> None:
         client.chat.completions.create(model="tiny-chat", messages=hello, max_tokens=200)
     (card,) = client.models.list().data
     assert card.model_dump()["max_model_len"] == 128
+    # vLLM's own account of the engine it started (its warnings reach the
+    # replica's log): it decodes with the draft.
+    (replica,) = serve.record(created["id"])["replicas"]
+    log = serve.state_dir / "state" / "logs" / f"replica-{replica['id']}.log"
+    text = log.read_text(errors="replace")
+    assert "based on the speculative decoding settings" in text
+    assert "won't work with speculative decoding" in text
     with serve.api() as api:
         assert api.delete(f"/inference/endpoints/{created['id']}").status_code == 204
 

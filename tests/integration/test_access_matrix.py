@@ -84,6 +84,7 @@ EXPECTED: dict[tuple[str, str], Row] = {
     ("POST", "/endpoints/{id}/adapters"): {"own": WRITE, "other": HIDDEN},
     ("GET", "/endpoints/{id}/adapters/{name}"): {"own": READ, "other": HIDDEN},
     ("DELETE", "/endpoints/{id}/adapters/{name}"): {"own": WRITE, "other": HIDDEN},
+    ("GET", "/endpoints/{id}/adapters/{name}/usage"): {"own": READ, "other": HIDDEN},
     # --- models ---
     ("GET", "/models"): {"any": READ},
     ("POST", "/models"): {"own": WRITE, "other": HIDDEN},

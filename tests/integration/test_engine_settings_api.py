@@ -205,3 +205,26 @@ def test_recommendations_and_placement_size_the_model_with_the_settings(tmp_path
             assert (await c.get(path)).json()["engineSettings"] == {"quantization": "fp8"}
 
     asyncio.run(scenario())
+
+
+def test_the_console_shows_an_endpoints_engine_settings(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from tests.console_support import sign_in
+
+    plane = open_plane(tmp_path, FakeLauncher())
+    with TestClient(create_app(plane), base_url="http://127.0.0.1") as client:
+        ids = {}
+        for name, settings in (("tuned", {"maxModelLen": 512, "enablePrefixCaching": False}),
+                               ("plain", None)):  # fmt: skip
+            body = {"name": name, "modelName": "tiny-chat", "minReplicas": 0}
+            answer = client.post(
+                "/inference/endpoints", headers=AUTH,
+                json={**body, **({"engineSettings": settings} if settings else {})},
+            )  # fmt: skip
+            ids[name] = answer.json()["id"]
+        sign_in(client, ADMIN)
+        tuned = client.get(f"/console/endpoints/{ids['tuned']}").text
+        assert "maxModelLen <code>512</code> · enablePrefixCaching <code>false</code>" in tuned
+        plain = client.get(f"/console/endpoints/{ids['plain']}").text
+        assert 'data-testid="engine-settings">the server\'s defaults</dd>' in plain

@@ -81,6 +81,17 @@ def test_register_a_directory_use_it_and_delete_it(
     assert refused.json()["error"]["code"] == "model_in_use"
     assert "uses-tiny" in refused.json()["error"]["message"]
     assert client.delete(f"/inference/endpoints/{endpoint.json()['id']}").status_code == 204
+    # A draft model of speculative decoding is in use too.
+    drafting = client.post(
+        "/inference/endpoints",
+        json={"name": "drafts-with-tiny", "modelName": "tiny-chat", "locationName": "local",
+              "engineSettings": {"speculativeDecoding": {"draftModel": "my-tiny",
+                                                         "numSpeculativeTokens": 2}}},
+    )  # fmt: skip
+    assert drafting.status_code == 201, drafting.text
+    refused = client.delete("/inference/models/my-tiny")
+    assert refused.status_code == 409 and "drafts-with-tiny" in refused.json()["error"]["message"]
+    assert client.delete(f"/inference/endpoints/{drafting.json()['id']}").status_code == 204
     assert client.delete("/inference/models/my-tiny").status_code == 204
     assert client.get("/inference/models/my-tiny").status_code == 404
     catalog = client.delete("/inference/models/tiny-chat")

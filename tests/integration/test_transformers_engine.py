@@ -215,3 +215,27 @@ def test_multibyte_characters_are_never_split(tiny_chat_dir: Path) -> None:
         seen.append(decoder.text)
     assert all("\ufffd" not in s for s in seen)
     assert decoder.text == text
+
+
+def test_engine_settings_it_can_apply_and_those_it_refuses(
+    tiny_chat_dir: Path, loop: LoopThread
+) -> None:
+    from inferd.api.engine_settings import EngineSettings
+    from inferd.engines.base import UnknownEngineOption
+    from inferd.engines.transformers import TransformersTextEngine
+
+    short = EngineSettings(maxModelLen=64, dtype="bfloat16")
+    engine = TransformersTextEngine(
+        "tiny-chat", tiny_chat_dir, EngineOptions(device="cpu", max_model_len=1024, settings=short)
+    )
+    loop.run(engine.start())
+    try:
+        assert engine.info.context_length == 64  # the endpoint's, over the server's 1024
+        with pytest.raises(BadRequest, match="context"):
+            loop.run(collect(engine, request("long", max_tokens=60)))
+    finally:
+        loop.run(engine.shutdown())
+    with pytest.raises(UnknownEngineOption, match="maxNumSeqs"):
+        TransformersTextEngine(
+            "tiny-chat", tiny_chat_dir, EngineOptions(settings=EngineSettings(maxNumSeqs=2))
+        )

@@ -109,6 +109,7 @@ def test_record_has_every_spec_field_typed() -> None:
             "since": None,
             "engine": None,
             "node": None,
+            "adapters": [],
         }
     ]
     assert record["status"] == "running"

@@ -19,10 +19,12 @@ from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.roles import OPERATOR
 from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.cache import EndpointCache
+from inferd.control.endpoints.records import EndpointRuntime, ReplicaStatus, ReplicaView
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.model import StoreUnavailable
 from inferd.control.model_service import ModelService
+from inferd.control.paging import EndpointFilter
 from inferd.control.stores.memory import MemoryStore
 
 CATALOG = load_catalog()
@@ -121,5 +123,28 @@ def test_store_away_writes_refused_reads_served_then_back() -> None:
         store.unavailable = False
         await svc.create(OPERATOR, CreateEndpointRequest(name="later", modelName="tiny-chat"), None)
         assert [e.name for e in await store.list_endpoints()] == ["kept", "later"]
+
+    asyncio.run(body())
+
+
+def test_the_lists_status_filter_says_what_the_record_says() -> None:
+    """While lost replicas are replaced the record says `initializing`; the
+    list filtered by status must find the endpoint under that status too."""
+
+    async def body() -> None:
+        svc = await service(MemoryStore())
+        record, _ = await svc.create(
+            OPERATOR, CreateEndpointRequest(name="back", modelName="tiny-chat", minReplicas=1), None
+        )
+        lost = EndpointRuntime(
+            (ReplicaView(1, ReplicaStatus.FAILED, reason="node lost"),),
+            replacing="replacing lost replica r-1: node lost",
+        )
+        svc.runtime_of = lambda endpoint_id: lost
+        assert svc.record(record["id"])["status"] == "initializing"
+        found, _ = await svc.page_json(OPERATOR, EndpointFilter(), "initializing", None, 10)
+        assert found.startswith(b'{"id":"' + record["id"].encode())
+        missed, _ = await svc.page_json(OPERATOR, EndpointFilter(), "failed", None, 10)
+        assert missed == b""
 
     asyncio.run(body())

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from inferd.api.replica import ReplicaReport, ReplicaUsageReport
+from inferd.control.accounts.adapter_metering import AdapterMeter
 from inferd.control.accounts.metering import (
     EndpointPricing,
     LiveReplica,
@@ -45,11 +46,13 @@ class MeterFeed:
         registry: Registry,
         pricing: Callable[[], Mapping[str, EndpointPricing]],
         *,
+        adapters: AdapterMeter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utc_now,
         period_s: float = SAMPLE_PERIOD_S,
     ) -> None:
         self.meter = meter
+        self.adapters = adapters
         self.registry = registry
         self.pricing = pricing
         self.clock = clock
@@ -70,6 +73,8 @@ class MeterFeed:
         if price is not None:
             counters = counters_of(report.usage)
             self.meter.count(_live(replica), price.project_id, counters, self.wall())
+        if self.adapters is not None and report.usage.adapters:
+            self.adapters.count(replica_id, replica.endpoint_id, report.usage.adapters, self.wall())
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="usage-meter")

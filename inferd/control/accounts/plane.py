@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from inferd.control.accounts.adapter_metering import AdapterMeter
 from inferd.control.accounts.metering import EndpointPricing, UsageMeter, month_of
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.ports import AccountStore
@@ -22,10 +23,15 @@ from inferd.control.accounts.quota import EndpointShape, cap_replicas, capped_re
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.follow import follow
-from inferd.control.model import Change, ChangeKind, Endpoint
+from inferd.control.model import AdapterUsage, Change, ChangeKind, Endpoint
 from inferd.control.replicas.registry import Replica
 
 logger = logging.getLogger(__name__)
+
+
+class AdapterUsageStore(Protocol):
+    async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None: ...
+
 
 FLUSH_PERIOD_S = 5.0
 
@@ -39,6 +45,9 @@ class Accounts:
     usage: UsageReads
     clock: Callable[[], datetime] = utc_now
     flush_period_s: float = FLUSH_PERIOD_S
+    # Usage per LoRA adapter, and where it is added up (None: kept nowhere).
+    adapters: AdapterMeter = field(default_factory=AdapterMeter)
+    adapter_usage_store: AdapterUsageStore | None = None
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -89,6 +98,13 @@ class Accounts:
         except BaseException:
             self.meter.restore(pending)
             raise
+        if self.adapter_usage_store is not None:
+            by_adapter = self.adapters.drain()
+            try:
+                await self.adapter_usage_store.add_adapter_usage(by_adapter)
+            except BaseException:
+                self.adapters.restore(by_adapter)
+                raise
         await self._load_month()
         await self.service.load_quotas()
 

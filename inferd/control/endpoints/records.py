@@ -32,6 +32,8 @@ class ReplicaView:
     since: str | None = None  # RFC 3339 time the replica entered its status
     engine: str | None = None  # the engine serving it, once the replica says
     node: str | None = None  # where it runs, as its launcher names it
+    # LoRA adapters its engine holds now (sorted), as it last reported.
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ def build_record(
                 "since": r.since,
                 "engine": r.engine,
                 "node": r.node,
+                "adapters": list(r.adapters),
             }
             for r in current
         ],

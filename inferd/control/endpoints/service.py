@@ -271,8 +271,10 @@ class EndpointService:
         return data
 
     def status_of(self, row: Endpoint) -> str:
+        """The record's `status` (the list's status filter), without building it."""
         runtime = self.runtime_of(row.id)
-        return derive_status(row, runtime.replicas, runtime.waiting_for).status.value
+        derived = derive_status(row, runtime.replicas, runtime.waiting_for, runtime.replacing)
+        return derived.status.value
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ class ReplicaViews:
                 since=r.status_since_wall or None,
                 engine=r.engine,
                 node=r.handle.node if r.handle is not None else None,
+                adapters=tuple(sorted(r.load.adapters)),
             )
             for r in self._registry.of_endpoint(endpoint_id)
         )

@@ -9,7 +9,7 @@ Nothing survives the process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -19,6 +19,7 @@ from inferd.control.accounts.memory import MemoryAccountStore
 from inferd.control.accounts.quota import EndpointShape
 from inferd.control.model import (
     Adapter,
+    AdapterUsage,
     Change,
     ChangeKind,
     DuplicateAdapter,
@@ -53,6 +54,7 @@ class MemoryStore(MemoryAccountStore):
         self._replicas: dict[str, ReplicaRecord] = {}
         self._models: dict[str, RegisteredModel] = {}
         self._adapters: dict[tuple[str, str], Adapter] = {}
+        self._adapter_usage: dict[tuple[str, str, datetime], AdapterUsage] = {}
         self._profiles: dict[tuple[str, str, int], MeasuredProfile] = {}
         self._hub = ChangeHub()
         self._quota_lock = asyncio.Lock()
@@ -237,6 +239,20 @@ class MemoryStore(MemoryAccountStore):
             return False
         self._changed(ChangeKind.ADAPTER, endpoint_id)
         return True
+
+    async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None:
+        self._check()
+        for row in rows:
+            stored = self._adapter_usage.get(row.key())
+            self._adapter_usage[row.key()] = row if stored is None else stored.plus(row)
+
+    async def adapter_usage(self, endpoint_id: str, adapter: str) -> list[AdapterUsage]:
+        self._check()
+        return sorted(
+            (u for u in self._adapter_usage.values()
+             if (u.endpoint_id, u.adapter) == (endpoint_id, adapter)),
+            key=lambda u: u.hour,
+        )  # fmt: skip
 
     # --- registered models and measured profiles -------------------------------------
 

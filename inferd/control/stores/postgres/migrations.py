@@ -240,7 +240,29 @@ _V10 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+_V11 = Migration(
+    11,
+    "what each LoRA adapter served, per hour",
+    (
+        # No reference to endpoints: usage outlives an adapter and its
+        # endpoint, as the endpoint's own usage does.
+        """
+        CREATE TABLE adapter_usage_hourly (
+            endpoint_id       TEXT NOT NULL,
+            adapter           TEXT NOT NULL,
+            hour              TIMESTAMPTZ NOT NULL,
+            requests          BIGINT NOT NULL DEFAULT 0,
+            prompt_tokens     BIGINT NOT NULL DEFAULT 0,
+            completion_tokens BIGINT NOT NULL DEFAULT 0,
+            PRIMARY KEY (endpoint_id, adapter, hour)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11,
+)  # fmt: skip
 
 
 def latest_version() -> int:

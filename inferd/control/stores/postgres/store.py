@@ -23,7 +23,7 @@ import functools
 import hashlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, LiteralString, TypeVar
@@ -40,6 +40,7 @@ from inferd.control.accounts.quota import EndpointShape
 from inferd.control.cluster.postgres import check_term_sync
 from inferd.control.model import (
     Adapter,
+    AdapterUsage,
     Change,
     ChangeKind,
     DuplicateAdapter,
@@ -555,6 +556,40 @@ class PostgresStore(PostgresAccounts):
             return cursor.rowcount > 0
 
         return await self._run(write)
+
+    async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None:
+        def write(conn: psycopg.Connection) -> None:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO adapter_usage_hourly (endpoint_id, adapter, hour, requests,"
+                    " prompt_tokens, completion_tokens) VALUES (%s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (endpoint_id, adapter, hour) DO UPDATE SET"
+                    " requests = adapter_usage_hourly.requests + excluded.requests,"
+                    " prompt_tokens = adapter_usage_hourly.prompt_tokens + excluded.prompt_tokens,"
+                    " completion_tokens ="
+                    " adapter_usage_hourly.completion_tokens + excluded.completion_tokens",
+                    [(r.endpoint_id, r.adapter, r.hour, r.requests, r.prompt_tokens,
+                      r.completion_tokens) for r in rows],
+                )  # fmt: skip
+
+        if rows:
+            await self._run(write)
+
+    async def adapter_usage(self, endpoint_id: str, adapter: str) -> list[AdapterUsage]:
+        def query(conn: psycopg.Connection) -> list[AdapterUsage]:
+            rows = conn.execute(
+                "SELECT hour, requests, prompt_tokens, completion_tokens"
+                " FROM adapter_usage_hourly WHERE endpoint_id = %s AND adapter = %s ORDER BY hour",
+                (endpoint_id, adapter),
+            ).fetchall()
+            return [
+                AdapterUsage(
+                    endpoint_id, adapter, r[0].astimezone(UTC), int(r[1]), int(r[2]), int(r[3])
+                )
+                for r in rows
+            ]
+
+        return await self._run(query)
 
     # --- registered models and measured profiles -------------------------------------
 

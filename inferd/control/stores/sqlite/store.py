@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
@@ -37,6 +37,7 @@ from inferd.control.accounts.quota import EndpointShape
 from inferd.control.accounts.sqlite import SqliteAccounts
 from inferd.control.model import (
     Adapter,
+    AdapterUsage,
     Change,
     ChangeKind,
     DuplicateAdapter,
@@ -503,6 +504,35 @@ class SqliteStore(SqliteAccounts):
                 return cursor.rowcount > 0
 
         return await self._run(write)
+
+    async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None:
+        def write() -> None:
+            with self._tx() as conn:
+                conn.executemany(
+                    "INSERT INTO adapter_usage_hourly (endpoint_id, adapter, hour, requests,"
+                    " prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (endpoint_id, adapter, hour) DO UPDATE SET"
+                    " requests = requests + excluded.requests,"
+                    " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+                    " completion_tokens = completion_tokens + excluded.completion_tokens",
+                    [(r.endpoint_id, r.adapter, rfc3339(r.hour), r.requests, r.prompt_tokens,
+                      r.completion_tokens) for r in rows],
+                )  # fmt: skip
+
+        if rows:
+            await self._run(write)
+
+    async def adapter_usage(self, endpoint_id: str, adapter: str) -> list[AdapterUsage]:
+        rows = await self._run(
+            self._query,
+            "SELECT hour, requests, prompt_tokens, completion_tokens FROM adapter_usage_hourly"
+            " WHERE endpoint_id = ? AND adapter = ? ORDER BY hour",
+            (endpoint_id, adapter),
+        )
+        return [
+            AdapterUsage(endpoint_id, adapter, parse_rfc3339(r[0]), int(r[1]), int(r[2]), int(r[3]))
+            for r in rows
+        ]
 
     # --- registered models and measured profiles -------------------------------------
 
