@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from inferd.client import adapters_cli
 from inferd.client.api import DEFAULT_API_URL, ApiError, ManagementClient
 from inferd.client.paging import list_pages, more_hint, page_args
 
@@ -111,6 +112,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     token.add_argument("endpoint", metavar="ID_OR_NAME")
     token.add_argument("--project", help="the project of a name in several of yours")
     token.set_defaults(func=command(_token))
+
+    adapters_cli.register(sub, common, command)
 
     bench = subparsers.add_parser(
         "bench",

@@ -52,6 +52,24 @@ def _no_replicas(endpoint_id: str) -> Sequence[ReplicaLine]:
     return ()
 
 
+@dataclass(frozen=True)
+class AdapterLine:
+    """A LoRA adapter as the endpoint page lists it."""
+
+    name: str
+    rank: int
+    source: str
+    # The replicas whose engines hold it now (as they last reported).
+    held_by: tuple[str, ...] = ()
+    # Requests it answered since this instance started (its hourly usage is
+    # in the API's /adapters/{name}/usage).
+    requests: int = 0
+
+
+def _no_adapters(endpoint_id: str) -> Sequence[AdapterLine]:
+    return ()
+
+
 def _no_events(endpoint_id: str) -> Sequence[ScaleEvent]:
     return ()
 
@@ -76,6 +94,7 @@ class ConsoleSources:
     series: EndpointSeries = field(default_factory=EndpointSeries)
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
+    adapters: Callable[[str], Sequence[AdapterLine]] = _no_adapters
     # The end of a replica's log, read through its launcher (None: none).
     replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
     _recommendations: dict[tuple[str, str], Recommendation] = field(default_factory=dict)

@@ -94,4 +94,10 @@ class VllmAdapters:
 
     def _refresh_soon(self) -> None:
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self._refresh()
+        except Exception as exc:  # the engine is going away: the next report says so
+            logger.debug("could not read the engine's loaded adapters: %s", exc)

@@ -24,11 +24,12 @@ SECURITY_SCHEME = "endpointToken"
 
 _ERRORS = {
     400: "Invalid request (the replica validates the body): malformed JSON, a wrong or "
-    "missing field, or a value beyond the model's limits; `error.param` names the field.",
+    "missing field, or a value beyond the model's limits; `error.param` names the field. "
+    "Also a path of another kind of model than the endpoint serves (`unsupported_route`, "
+    "saying what it serves).",
     401: "Missing, malformed or wrong access token, a token of another endpoint, or an "
     "endpoint id that does not exist: one answer for all.",
-    404: "The endpoint no longer exists, the path is not served by its model kind, or the "
-    "requested `model` is not the endpoint's.",
+    404: "The endpoint no longer exists, or the requested `model` is not the endpoint's.",
     409: "A request with this request id is already running.",
     413: "Request body over the limit (answered before the body is read).",
     429: "Every replica is at its in-flight bound and the endpoint's waiting queue is full.",

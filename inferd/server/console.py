@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inferd.console.app import Console
-from inferd.console.sources import ConsoleSources, ReplicaLine
+from inferd.console.sources import AdapterLine, ConsoleSources, ReplicaLine
+from inferd.control.accounts.adapter_metering import AdapterMeter
+from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.replicas.registry import Registry
 from inferd.server.compose import Server
 
@@ -35,6 +37,29 @@ class ReplicaLines:
         ]
 
 
+class AdapterLines:
+    """An endpoint's LoRA adapters as the endpoint page lists them."""
+
+    def __init__(self, adapters: AdapterService, registry: Registry, meter: AdapterMeter) -> None:
+        self._adapters = adapters
+        self._registry = registry
+        self._meter = meter
+
+    def __call__(self, endpoint_id: str) -> Sequence[AdapterLine]:
+        replicas = self._registry.of_endpoint(endpoint_id)
+        totals = self._meter.totals()
+        return [
+            AdapterLine(
+                a.name,
+                a.rank,
+                a.source,
+                held_by=tuple(r.replica_id for r in replicas if a.name in r.load.adapters),
+                requests=(c.requests if (c := totals.get((endpoint_id, a.name))) else 0),
+            )
+            for a in self._adapters.of(endpoint_id).values()
+        ]
+
+
 def console_sources(server: Server) -> ConsoleSources:
     accounts = server.accounts
     settings = server.settings
@@ -51,6 +76,7 @@ def console_sources(server: Server) -> ConsoleSources:
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),
+        adapters=AdapterLines(server.adapters, server.registry, accounts.adapters),
         # Read where each replica runs (this machine, or its Ray node).
         replica_log=server.launcher.log_tail,
     )

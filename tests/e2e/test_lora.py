@@ -186,6 +186,17 @@ def test_lora_adapters_on_vllm(
     )
     assert completion.status_code == 200, completion.text
     assert completion.json()["model"] == "poems"
+    # Metered per adapter: poems answered one chat and one completion.
+    usage_path = f"/inference/endpoints/{endpoint_id}/adapters/poems/usage"
+    deadline = time.monotonic() + 30
+    with serve.api() as api:
+        while time.monotonic() < deadline:
+            rows = api.get(usage_path).json()["data"]
+            if sum(r["requests"] for r in rows) >= 2:
+                break
+            time.sleep(0.5)
+    assert sum(r["requests"] for r in rows) == 2
+    assert sum(r["completionTokens"] for r in rows) == 8 + 4
     models = httpx.get(
         f"{url}/openai/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=30
     ).json()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from inferd.testing import ServeHandle
 from tests.reliability.fault_support import chat_body, open_loop, ready_ids, stream_status
+from tests.timings import record_figure, record_timing
 
 SETTINGS = {
     # The replicas' engine is the fake (a token every 20 ms): this is about
@@ -71,6 +73,7 @@ def test_a_settings_change_rolls_the_replicas_and_loses_no_request(serve: ServeH
             async with httpx.AsyncClient(
                 base_url=serve.url, headers={"Authorization": f"Bearer {serve.admin_key}"}
             ) as api:
+                changed_at = time.monotonic()
                 patched = await api.patch(
                     f"/inference/endpoints/{endpoint_id}",
                     json={"engineSettings": {"maxNumSeqs": 4}},
@@ -81,6 +84,7 @@ def test_a_settings_change_rolls_the_replicas_and_loses_no_request(serve: ServeH
                     if rolled(record):
                         break
                     await asyncio.sleep(0.2)
+                record_timing("engine_settings_rolled", time.monotonic() - changed_at)
             await asyncio.sleep(1)  # and after it
             done.set()
 
@@ -95,6 +99,7 @@ def test_a_settings_change_rolls_the_replicas_and_loses_no_request(serve: ServeH
         return results
 
     results = asyncio.run(scenario())
+    record_figure("engine_settings_roll_requests", len(results), "requests")
     assert len(results) > 2 * RATE_PER_S
     assert [r for r in results if r != 200] == []
     record = serve.wait_record(endpoint_id, rolled, 10)

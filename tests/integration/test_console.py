@@ -473,3 +473,33 @@ def test_the_log_panel_reads_each_replicas_log_through_its_launcher(
         "No replica has written a log yet"
         in client.get(f"/console/endpoints/{endpoint_id}/logs.txt").text
     )
+
+
+def test_the_console_lists_an_endpoints_adapters_and_the_playground_tries_them(
+    client: TestClient, plane: Server, tiny_lora_dir: Path
+) -> None:
+    from inferd.control.replicas.registry import Replica, secret_digest
+    from inferd.testing import replica_report
+
+    sign_in(client)
+    api = {"Authorization": f"Bearer {ADMIN}"}
+    body = {"name": "tuned", "modelName": "tiny-chat", "minReplicas": 0,
+            "engineSettings": {"maxLoras": 2}}  # fmt: skip
+    endpoint_id = client.post("/inference/endpoints", json=body, headers=api).json()["id"]
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    assert "No adapter is registered." in page
+    answer = client.post(f"/inference/endpoints/{endpoint_id}/adapters", headers=api,
+                         json={"name": "sql", "source": str(tiny_lora_dir)})  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    plane.registry.add(Replica("r-l", endpoint_id, 1, "cpu", 1, secret_digest("r-l")))
+    load = {"adapters": ["sql"]}
+    report = replica_report("r-l", {"status": "ready", "url": "http://127.0.0.1:9", "load": load})
+    plane.registry.report("r-l", "r-l", report)
+
+    live = client.get(f"/console/endpoints/{endpoint_id}/live").text
+    assert re.findall(r'data-testid="adapter-name">([^<]*)<', live) == ["sql"]
+    assert re.search(r'data-testid="adapter-held-by"><code>r-l</code><', live), live
+    playground = client.get(f"/console/endpoints/{endpoint_id}/playground").text
+    assert re.findall(r'<option value="([^"]*)"', playground.split('data-testid="pg-model"')[1])[
+        :2
+    ] == ["tiny-chat", "sql"]

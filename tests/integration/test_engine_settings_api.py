@@ -146,6 +146,8 @@ def test_creates_with_settings_the_model_cannot_run_are_400s_naming_the_field(
                                                        "numSpeculativeTokens": 2}},
                  "engineSettings.speculativeDecoding.draftModel"),
                 ("tiny-sdxl", {"maxNumSeqs": 2}, "engineSettings"),
+                # vLLM's CPU build has no FP8 weight kernels: a CPU replica could not start.
+                ("tiny-chat", {"quantization": "fp8"}, "engineSettings.quantization"),
                 ("tiny-chat", {"maxModelLen": "long"}, "engineSettings.maxModelLen"),
             ]  # fmt: skip
             for model, value, param in cases:

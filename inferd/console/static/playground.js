@@ -74,7 +74,8 @@ async function chat(form) {
     method: "POST",
     headers: headers(),
     body: JSON.stringify({
-      model: root.dataset.model,
+      // The base model, or the LoRA adapter picked in the form.
+      model: data.get("model") || root.dataset.model,
       messages,
       temperature: Number(data.get("temperature")),
       max_tokens: Number(data.get("max_tokens")),

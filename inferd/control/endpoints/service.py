@@ -37,7 +37,7 @@ from inferd.control.accounts.roles import Action, Principal, authorize, require_
 from inferd.control.accounts.service import AccountService, project_missing
 from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.checks import check_scaling, model_not_usable, name_taken, not_found
-from inferd.control.endpoints.engine_checks import check_engine_settings
+from inferd.control.endpoints.engine_checks import check_engine_settings, check_engine_settings_on
 from inferd.control.endpoints.placement import Placement, placement_for_change, resolve_placement
 from inferd.control.endpoints.records import (
     DEFAULT_IMAGE_SIZE,
@@ -439,6 +439,7 @@ class EndpointService:
             check_scaling(req.minReplicas, max_replicas, self.max_replicas_cap)
             engine_settings = req.engineSettings or NO_ENGINE_SETTINGS
             self.check_engine_settings(req.modelName, engine_settings)
+            check_engine_settings_on(engine_settings, placement.gpu_type)
             row, token = await self._insert(
                 req, project_id, placement, max_replicas, engine_settings
             )
@@ -542,6 +543,8 @@ class EndpointService:
                 wanted.update(engine_settings=engine_settings, generation=row.generation + 1)
             moved = placement is not None and (placement.gpu_type, placement.gpu_count) != (
                 row.gpu_type, row.gpu_count)  # fmt: skip
+            if moved or engine_settings != row.engine_settings:
+                check_engine_settings_on(engine_settings, (placement or row).gpu_type)
             # Only a new GPU type or count replaces the replicas (a new generation).
             if placement is not None and moved:
                 wanted.update(
