@@ -26,6 +26,7 @@ from inferd.api.management import (
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.models import KINDS as MODEL_KINDS
 from inferd.catalog.models import CatalogError, parse_size
 from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
 from inferd.catalog.recommend import POOLING_KINDS
@@ -125,9 +126,11 @@ class ManagementRoutes:
         # call (tens of entries).
         query = {name: filter_value(request, name) for name in MODEL_FILTERS}
         kind, project_id, prefix = query["kind"], query["projectId"], query["namePrefix"]
-        if kind is not None and kind not in ("chat", "image"):
+        if kind is not None and kind not in MODEL_KINDS:
             raise BadRequest(
-                f"Unknown kind '{kind}'; one of: chat, image.", param="kind", code="invalid_value"
+                f"Unknown kind '{kind}'; one of: {', '.join(MODEL_KINDS)}.",
+                param="kind",
+                code="invalid_value",
             )
         page = read_key_page(request, "models", query)
         found = sorted(

@@ -27,6 +27,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from inferd.catalog.models import KINDS as MODEL_KINDS
 from inferd.control.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from inferd.errors import BadRequest
 from inferd.server.docs import Param
@@ -60,7 +61,7 @@ QUERY_DOCS: dict[str, Param] = {
     ),
     "modelName": Param("Only endpoints serving this model.", {"type": "string", "minLength": 1}),
     "locationName": Param("Only endpoints in this location.", {"type": "string", "minLength": 1}),
-    "kind": Param("Only models of this kind.", {"type": "string", "enum": ["chat", "image"]}),
+    "kind": Param("Only models of this kind.", {"type": "string", "enum": list(MODEL_KINDS)}),
     "namePrefix": Param(
         "Only items whose name starts with this (case-sensitive).",
         {"type": "string", "minLength": 1},
