@@ -1,7 +1,12 @@
 """The management API's route table: every operation names what it acts on
 and the action it needs, and the dispatcher checks that before the handler
 runs. A route exists only as an `Operation`, so none can skip the check, and
-the authorization tests are generated from this same table.
+the OpenAPI document (`inferd.server.openapi`) is generated from this same
+table, each operation's `Doc` with it.
+
+The tables are module constants of the routes classes (their handlers are
+those classes' methods), so that the document can be built without a server;
+`Routes` pairs a table with the object whose methods answer it.
 
 `ResolvePrincipal` (ASGI middleware) turns the bearer key into a `Principal`
 before routing and body parsing: an unauthenticated caller learns nothing
@@ -11,8 +16,9 @@ about ids or validation rules.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,8 +31,10 @@ from inferd.control.accounts.service import AccountService, project_missing
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.model_service import ModelService, model_missing
 from inferd.errors import BadRequest
+from inferd.server.docs import Doc
 
-Handler = Callable[[Request, Principal], Awaitable[Response]]
+# A routes object's method (unbound): (self, request, principal) -> response.
+Handler = Callable[[Any, Request, Principal], Awaitable[Response]]
 
 
 class Target(str, Enum):
@@ -52,6 +60,16 @@ class Operation:
     # Query parameters it reads; any other is a 400 (a misspelt filter must
     # not silently widen an answer).
     query: tuple[str, ...] = ()
+    # What the OpenAPI document says of it.
+    doc: Doc = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class Routes:
+    """A route table and the routes object whose methods answer it."""
+
+    owner: object
+    operations: Sequence[Operation]
 
 
 class AccessCheck:
@@ -90,21 +108,22 @@ def principal_of(request: Request) -> Principal:
     return principal
 
 
-def build_routes(operations: Sequence[Operation], access: AccessCheck) -> list[BaseRoute]:
+def build_routes(tables: Sequence[Routes], access: AccessCheck) -> list[BaseRoute]:
     """One Starlette route per path, dispatching on the method, so that a 405
     answers with an `Allow` header listing every method of the path."""
-    by_path: dict[str, dict[str, Operation]] = {}
-    for op in operations:
-        methods = by_path.setdefault(op.path, {})
-        if op.method in methods:
-            raise ValueError(f"{op.method} {op.path} is declared twice")
-        methods[op.method] = op
-        if op.method == "GET":
-            methods.setdefault("HEAD", op)
+    by_path: dict[str, dict[str, tuple[Operation, object]]] = {}
+    for table in tables:
+        for op in table.operations:
+            methods = by_path.setdefault(op.path, {})
+            if op.method in methods:
+                raise ValueError(f"{op.method} {op.path} is declared twice")
+            methods[op.method] = (op, table.owner)
+            if op.method == "GET":
+                methods.setdefault("HEAD", (op, table.owner))
 
-    def route(path: str, methods: dict[str, Operation]) -> Route:
+    def route(path: str, methods: dict[str, tuple[Operation, object]]) -> Route:
         async def dispatch(request: Request) -> Response:
-            op = methods[request.method]
+            op, owner = methods[request.method]
             principal = principal_of(request)
             for name in request.query_params:
                 if name not in op.query:
@@ -114,7 +133,7 @@ def build_routes(operations: Sequence[Operation], access: AccessCheck) -> list[B
                         code="unknown_parameter",
                     )
             await access.check(op, principal, request)
-            return await op.handler(request, principal)
+            return await op.handler(owner, request, principal)
 
         return Route(path, dispatch, methods=list(methods), name=path)
 

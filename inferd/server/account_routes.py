@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.api import accounts as wire
 from inferd.api.accounts import (
     CreateKeyRequest,
     CreateProjectRequest,
@@ -39,6 +40,7 @@ from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
+from inferd.server.docs import Answer, Doc, Param, ok
 from inferd.server.paging import (
     PAGE_PARAMS,
     filter_value,
@@ -209,46 +211,6 @@ class AccountRoutes:
         self.currency = currency
         self.max_body_bytes = max_body_bytes
         self.gpu_types = gpu_types
-
-    def operations(self) -> list[Operation]:
-        R, W, M = Action.READ, Action.WRITE, Action.MANAGE
-        span = ("from", "to")
-        return [
-            Operation("GET", "/whoami", Target.ANY, R, self.whoami),
-            Operation("GET", "/projects", Target.ANY, R, self.list_projects),
-            Operation("POST", "/projects", Target.OPERATOR, M, self.create_project),
-            Operation("GET", "/projects/{id}", Target.PROJECT, R, self.get_project),
-            Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, self.delete_project),
-            Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, self.set_quota),
-            Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, self.set_limit),
-            Operation(
-                "GET", "/projects/{id}/members", Target.PROJECT, R, self.list_members,
-                (*MEMBER_FILTERS, *PAGE_PARAMS),
-            ),
-            Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.put_member),
-            Operation(
-                "DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M, self.remove_member
-            ),
-            Operation(
-                "GET", "/projects/{id}/audit", Target.PROJECT, M, self.audit,
-                (*span, "action", *PAGE_PARAMS),
-            ),
-            Operation(
-                "GET", "/projects/{id}/usage", Target.PROJECT, R, self.project_usage,
-                (*span, *PAGE_PARAMS),
-            ),
-            Operation("GET", "/users", Target.OPERATOR, M, self.list_users),
-            Operation("POST", "/users", Target.OPERATOR, M, self.create_user),
-            Operation(
-                "GET", "/users/{userId}/keys", Target.USER, R, self.list_keys, PAGE_PARAMS
-            ),
-            Operation("POST", "/users/{userId}/keys", Target.USER, W, self.create_key),
-            Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, self.revoke_key),
-            Operation(
-                "GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, self.endpoint_usage,
-                (*span, *PAGE_PARAMS),
-            ),
-        ]  # fmt: skip
 
     async def whoami(self, request: Request, principal: Principal) -> Response:
         roles = {p: r.value for p, r in principal.roles.items()}
@@ -446,3 +408,95 @@ class AccountRoutes:
             position = json.dumps([hour.isoformat(), key_id, gpu_type, gpu_count])
             body["continue"] = next_cursor("usage", query, position)
         return JSONResponse(body)
+
+
+# --- the route table ------------------------------------------------------------------
+
+R, W, M = Action.READ, Action.WRITE, Action.MANAGE
+_TIME = {"type": "string", "format": "date-time"}
+_SPAN = {
+    "from": Param("RFC 3339 time with a zone; usage: from the start of its hour.", _TIME),
+    "to": Param("RFC 3339 time with a zone (exclusive).", _TIME),
+}
+_AUDIT_QUERY = {
+    **_SPAN,
+    "action": Param(
+        "Only these actions (repeatable).",
+        {"type": "array", "items": {"type": "string", "enum": [a.value for a in AuditAction]}},
+    ),
+}
+_PROJECT_ANSWER = ok(200, "The project.", wire.ProjectInfo)
+_USAGE_ANSWER = "A page of usage by hour and endpoint; totals of the whole window."
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("GET", "/whoami", Target.ANY, R, AccountRoutes.whoami,
+              doc=Doc("whoAmI", "The caller: user id and roles, or the operator",
+                      ok(200, "The caller.", wire.WhoAmI))),
+    Operation("GET", "/projects", Target.ANY, R, AccountRoutes.list_projects,
+              doc=Doc("listProjects", "Projects the caller belongs to (every one: the operator)",
+                      ok(200, "Projects.", wire.ProjectList))),
+    Operation("POST", "/projects", Target.OPERATOR, M, AccountRoutes.create_project,
+              doc=Doc("createProject", "Create a project (operator)",
+                      ok(201, "The project.", wire.ProjectInfo), (400, 403, 409, 413),
+                      body=wire.CreateProjectRequest)),
+    Operation("GET", "/projects/{id}", Target.PROJECT, R, AccountRoutes.get_project,
+              doc=Doc("getProject", "A project with its quota and the caller's role",
+                      _PROJECT_ANSWER, (404,))),
+    Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, AccountRoutes.delete_project,
+              doc=Doc("deleteProject", "Delete an empty project (operator); its audit "
+                      "entries and usage stay", ok(204, "Deleted."), (403, 404, 409))),
+    Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, AccountRoutes.set_quota,
+              doc=Doc("setQuota", "Set a project's own quota (its admins, within the "
+                      "operator's limit; the operator)", _PROJECT_ANSWER, (400, 403, 404, 413),
+                      body=wire.QuotaBody)),
+    Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, AccountRoutes.set_limit,
+              doc=Doc("setQuotaLimit", "Set the operator's limit over a project's quota "
+                      "(operator)", _PROJECT_ANSWER, (400, 403, 404, 413),
+                      body=wire.QuotaBody)),
+    Operation("GET", "/projects/{id}/members", Target.PROJECT, R, AccountRoutes.list_members,
+              (*MEMBER_FILTERS, *PAGE_PARAMS),
+              doc=Doc("listMembers", "Members and their roles",
+                      ok(200, "A page of members, by user id.", wire.MemberList), (400, 404))),
+    Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M,
+              AccountRoutes.put_member,
+              doc=Doc("putMember", "Add a member or change their role (a new user gets a "
+                      "first key, shown once)",
+                      (Answer(200, "The membership.", wire.MemberAdded),
+                       Answer(201, "A new user, with a first key.", wire.MemberAdded)),
+                      (400, 403, 404, 413), body=wire.PutMemberRequest)),
+    Operation("DELETE", "/projects/{id}/members/{userId}", Target.PROJECT, M,
+              AccountRoutes.remove_member,
+              doc=Doc("removeMember", "Remove a member", ok(204, "Removed."), (403, 404))),
+    Operation("GET", "/projects/{id}/audit", Target.PROJECT, M, AccountRoutes.audit,
+              (*_AUDIT_QUERY, *PAGE_PARAMS),
+              doc=Doc("getAudit", "The project's audit log (admins, operator)",
+                      ok(200, "Entries, oldest first.", wire.AuditList), (400, 403, 404),
+                      query=_AUDIT_QUERY)),
+    Operation("GET", "/projects/{id}/usage", Target.PROJECT, R, AccountRoutes.project_usage,
+              (*_SPAN, *PAGE_PARAMS),
+              doc=Doc("getProjectUsage", "Hourly usage and cost of the project's endpoints",
+                      ok(200, _USAGE_ANSWER, wire.UsageList), (400, 404), query=_SPAN)),
+    Operation("GET", "/users", Target.OPERATOR, M, AccountRoutes.list_users,
+              doc=Doc("listUsers", "Every user (operator)", ok(200, "Users.", wire.UserList),
+                      (403,))),
+    Operation("POST", "/users", Target.OPERATOR, M, AccountRoutes.create_user,
+              doc=Doc("createUser", "Create a user with a first key (operator)",
+                      ok(201, "The user and its key (shown once).", wire.CreatedUser),
+                      (400, 403, 409, 413), body=wire.CreateUserRequest)),
+    Operation("GET", "/users/{userId}/keys", Target.USER, R, AccountRoutes.list_keys,
+              PAGE_PARAMS,
+              doc=Doc("listKeys", "A user's management keys (prefix and last 4 only)",
+                      ok(200, "A page of keys, oldest first.", wire.KeyList), (400, 404))),
+    Operation("POST", "/users/{userId}/keys", Target.USER, W, AccountRoutes.create_key,
+              doc=Doc("createKey", "Create a management key (shown once)",
+                      ok(201, "The key.", wire.CreatedKeyInfo), (400, 404, 409, 413),
+                      body=wire.CreateKeyRequest)),
+    Operation("DELETE", "/users/{userId}/keys/{keyId}", Target.USER, W, AccountRoutes.revoke_key,
+              doc=Doc("revokeKey", "Revoke a key; it fails from the next request on",
+                      ok(204, "Revoked."), (404,))),
+    Operation("GET", "/endpoints/{id}/usage", Target.ENDPOINT, R, AccountRoutes.endpoint_usage,
+              (*_SPAN, *PAGE_PARAMS),
+              doc=Doc("getEndpointUsage", "Hourly usage and cost of an endpoint",
+                      ok(200, "A page of usage by hour; totals of the whole window.",
+                         wire.UsageList), (400, 404), query=_SPAN)),
+)  # fmt: skip

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -26,7 +24,7 @@ from inferd.control.model import AdapterUsage, rfc3339
 from inferd.control.ports import AdapterStore
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
-from inferd.server.openapi import _REF, _op
+from inferd.server.docs import Doc, ok
 
 
 class AdapterRoutes:
@@ -41,17 +39,6 @@ class AdapterRoutes:
         self.accounts = accounts
         self.max_body_bytes = max_body_bytes
         self.usage = usage
-
-    def operations(self) -> list[Operation]:
-        R, W = Action.READ, Action.WRITE
-        base = "/endpoints/{id}/adapters"
-        return [
-            Operation("GET", base, Target.ENDPOINT, R, self.list_adapters),
-            Operation("POST", base, Target.ENDPOINT, W, self.register),
-            Operation("GET", base + "/{name}", Target.ENDPOINT, R, self.get_adapter),
-            Operation("DELETE", base + "/{name}", Target.ENDPOINT, W, self.remove),
-            Operation("GET", base + "/{name}/usage", Target.ENDPOINT, R, self.adapter_usage),
-        ]
 
     async def list_adapters(self, request: Request, principal: Principal) -> Response:
         adapters = self.adapters.of(request.path_params["id"]).values()
@@ -108,75 +95,28 @@ def usage_record(row: AdapterUsage) -> dict[str, Any]:
     }
 
 
-def adapters_openapi() -> dict[str, Any]:
-    """OpenAPI paths and components of the adapter routes (merged into the
-    server's one document by `openapi_document`)."""
-    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
-        (wire.RegisterAdapterRequest, "validation"),
-        (wire.Adapter, "serialization"),
-        (wire.AdapterList, "serialization"),
-        (wire.AdapterUsageList, "serialization"),
-    ]
-    _, top = models_json_schema(models, ref_template=_REF)
-    endpoint = {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "description": "Endpoint id (UUID).",
-        "schema": {"type": "string"},
-    }
-    name = {
-        "name": "name",
-        "in": "path",
-        "required": True,
-        "description": "The adapter's name (what requests put in `model`).",
-        "schema": {"type": "string"},
-    }
-    return {
-        "paths": {
-            "/inference/endpoints/{id}/adapters": {
-                "get": _op(
-                    "listAdapters",
-                    "The endpoint's LoRA adapters",
-                    (200, "AdapterList", "Every adapter, oldest first."),
-                    (404,),
-                    params=[endpoint],
-                ),
-                "post": _op(
-                    "registerAdapter",
-                    "Register a LoRA adapter (checked against the base model; no replica "
-                    "restarts: replicas load it on demand)",
-                    (201, "Adapter", "The adapter as registered."),
-                    (400, 403, 404, 409, 413),
-                    body="RegisterAdapterRequest",
-                    params=[endpoint],
-                ),
-            },
-            "/inference/endpoints/{id}/adapters/{name}": {
-                "get": _op(
-                    "getAdapter",
-                    "One LoRA adapter",
-                    (200, "Adapter", "The adapter."),
-                    (404,),
-                    params=[endpoint, name],
-                ),
-                "delete": _op(
-                    "removeAdapter",
-                    "Remove a LoRA adapter (requests naming it are then 404)",
-                    (204, None, "Removed."),
-                    (403, 404),
-                    params=[endpoint, name],
-                ),
-            },
-            "/inference/endpoints/{id}/adapters/{name}/usage": {
-                "get": _op(
-                    "getAdapterUsage",
-                    "Requests and tokens one LoRA adapter served, per hour",
-                    (200, "AdapterUsageList", "Hourly rows, oldest first."),
-                    (404,),
-                    params=[endpoint, name],
-                ),
-            },
-        },
-        "components": {"schemas": dict(top.get("$defs", {}))},
-    }
+# --- the route table ------------------------------------------------------------------
+
+_BASE = "/endpoints/{id}/adapters"
+R, W = Action.READ, Action.WRITE
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("GET", _BASE, Target.ENDPOINT, R, AdapterRoutes.list_adapters,
+              doc=Doc("listAdapters", "The endpoint's LoRA adapters",
+                      ok(200, "Every adapter, oldest first.", wire.AdapterList), (404,))),
+    Operation("POST", _BASE, Target.ENDPOINT, W, AdapterRoutes.register,
+              doc=Doc("registerAdapter",
+                      "Register a LoRA adapter (checked against the base model; no replica "
+                      "restarts: replicas load it on demand)",
+                      ok(201, "The adapter as registered.", wire.Adapter),
+                      (400, 403, 404, 409, 413), body=wire.RegisterAdapterRequest)),
+    Operation("GET", _BASE + "/{name}", Target.ENDPOINT, R, AdapterRoutes.get_adapter,
+              doc=Doc("getAdapter", "One LoRA adapter", ok(200, "The adapter.", wire.Adapter),
+                      (404,))),
+    Operation("DELETE", _BASE + "/{name}", Target.ENDPOINT, W, AdapterRoutes.remove,
+              doc=Doc("removeAdapter", "Remove a LoRA adapter (requests naming it are then 404)",
+                      ok(204, "Removed."), (403, 404))),
+    Operation("GET", _BASE + "/{name}/usage", Target.ENDPOINT, R, AdapterRoutes.adapter_usage,
+              doc=Doc("getAdapterUsage", "Requests and tokens one LoRA adapter served, per hour",
+                      ok(200, "Hourly rows, oldest first.", wire.AdapterUsageList), (404,))),
+)  # fmt: skip

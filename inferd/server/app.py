@@ -27,10 +27,10 @@ from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
 from inferd.http_errors import EXCEPTION_HANDLERS
-from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, build_routes
+from inferd.server import account_routes, adapter_routes, management
+from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, Routes, build_routes
 from inferd.server.account_routes import AccountRoutes
-from inferd.server.accounts_openapi import accounts_openapi
-from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads, adapters_openapi
+from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads
 from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
@@ -41,20 +41,21 @@ from inferd.settings import Settings
 def openapi_document(
     settings: Settings, catalog: Catalog, parts: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
-    """What `/openapi.json` serves for these settings and catalog; `parts`:
-    the OpenAPI paths and components of the routes mounted besides the
-    management API, so that the one document describes every public route."""
+    """What `/openapi.json` serves for these settings and catalog: generated
+    from the route table (`OPERATIONS`); `parts`: the OpenAPI paths and
+    components of the routes mounted besides the management API, so that the
+    one document describes every public route."""
     gpus = catalog.gpus
     return build_openapi(
+        OPERATIONS,
         max_replicas_cap=settings.max_replicas_cap,
-        model_names=[m.name for m in catalog.models.all()],
         gpu_types=list(gpus.gpu_types),
         # Any count some type allows; which type allows which is checked
         # per request (and listed by GET /inference/gpu-types).
         gpu_counts=sorted({c for t in gpus.gpu_types for c in gpus.allowed_counts_for(t)}),
         locations=list(gpus.locations),
         server_url=settings.public_url,
-        parts=[accounts_openapi(), adapters_openapi(), *parts],
+        parts=parts,
     )
 
 
@@ -103,12 +104,13 @@ async def console_home_redirect(request: Request) -> Response:
     return RedirectResponse(f"/console/{query}", status_code=308)
 
 
-def management_operations(
-    management: ManagementRoutes, accounts: AccountRoutes, adapters: AdapterRoutes
-) -> list[Operation]:
-    """Every operation below /inference: the route table the access checks
-    and their tests are generated from."""
-    return [*management.operations(), *adapters.operations(), *accounts.operations()]
+# Every operation below /inference: the route table the access checks and
+# the OpenAPI document are generated from.
+OPERATIONS: tuple[Operation, ...] = (
+    *management.OPERATIONS,
+    *adapter_routes.OPERATIONS,
+    *account_routes.OPERATIONS,
+)
 
 
 def create_app(server: Server) -> Starlette:
@@ -125,28 +127,37 @@ def create_app(server: Server) -> Starlette:
         return JSONResponse({"status": "ok", **server.health()})
 
     accounts = server.accounts
-    management = ManagementRoutes(server.service, server.models, settings.max_body_bytes)
-    account_routes = AccountRoutes(
-        accounts.service,
-        server.service,
-        accounts.usage,
-        lambda: server.catalog.gpus.currency,
-        settings.max_body_bytes,
-        server.models.of_project,
-        lambda: server.catalog.gpus.gpu_types.keys(),
-    )
+    tables = [
+        Routes(
+            ManagementRoutes(server.service, server.models, settings.max_body_bytes),
+            management.OPERATIONS,
+        ),
+        Routes(
+            AdapterRoutes(
+                server.adapters,
+                accounts.service,
+                settings.max_body_bytes,
+                AdapterUsageReads(server.store, accounts.adapters),
+            ),
+            adapter_routes.OPERATIONS,
+        ),
+        Routes(
+            AccountRoutes(
+                accounts.service,
+                server.service,
+                accounts.usage,
+                lambda: server.catalog.gpus.currency,
+                settings.max_body_bytes,
+                server.models.of_project,
+                lambda: server.catalog.gpus.gpu_types.keys(),
+            ),
+            account_routes.OPERATIONS,
+        ),
+    ]
     access = AccessCheck(server.service, accounts.service, server.models)
-    adapter_routes = AdapterRoutes(
-        server.adapters,
-        accounts.service,
-        settings.max_body_bytes,
-        AdapterUsageReads(server.store, accounts.adapters),
-    )
-    operations = management_operations(management, account_routes, adapter_routes)
     # No slash redirects: a 307 is not an answer a JSON client expects, and
     # every path here is exact.
-    inference = Router(build_routes(operations, access), redirect_slashes=False)
-
+    inference = Router(build_routes(tables, access), redirect_slashes=False)
     console = build_console(server)
 
     @contextlib.asynccontextmanager
@@ -177,6 +188,6 @@ def create_app(server: Server) -> Starlette:
     )
     app.router.redirect_slashes = False
     app.state.server = server
-    app.state.operations = operations
+    app.state.operations = [op for table in tables for op in table.operations]
     app.state.console = console
     return app

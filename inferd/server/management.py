@@ -13,6 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.api import management as wire
 from inferd.api.engine_settings import SIZING_QUERY, EngineSettings, sizing_from_query
 from inferd.api.management import (
     CreateEndpointRequest,
@@ -25,6 +26,7 @@ from inferd.api.management import (
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.models import KINDS as MODEL_KINDS
 from inferd.catalog.models import CatalogError, parse_size
 from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
 from inferd.catalog.recommend import POOLING_KINDS
@@ -40,6 +42,7 @@ from inferd.control.ports import Capacity
 from inferd.errors import BadRequest
 from inferd.http import read_model, validate
 from inferd.server.access import Operation, Target
+from inferd.server.docs import Answer, Doc, Param, ok
 from inferd.server.paging import (
     ENDPOINT_FILTERS,
     MODEL_FILTERS,
@@ -66,37 +69,6 @@ class ManagementRoutes:
         self.models = models
         self.max_body_bytes = max_body_bytes
         self._gpu_types, self._locations = _catalog_documents(endpoints.catalog)
-
-    def operations(self) -> list[Operation]:
-        R, W = Action.READ, Action.WRITE
-        return [
-            Operation(
-                "GET", "/endpoints", Target.ANY, R, self.list_endpoints,
-                (*ENDPOINT_FILTERS, *PAGE_PARAMS),
-            ),
-            Operation("POST", "/endpoints", Target.NEW_ENDPOINT, W, self.create_endpoint),
-            Operation("GET", "/endpoints/{id}", Target.ENDPOINT, R, self.get_endpoint),
-            Operation("PATCH", "/endpoints/{id}", Target.ENDPOINT, W, self.update_endpoint),
-            Operation("DELETE", "/endpoints/{id}", Target.ENDPOINT, W, self.delete_endpoint),
-            Operation(
-                "POST", "/endpoints/{id}/access-token", Target.ENDPOINT, W, self.reissue_token
-            ),
-            Operation(
-                "GET", "/models", Target.ANY, R, self.list_models, (*MODEL_FILTERS, *PAGE_PARAMS)
-            ),
-            Operation("POST", "/models", Target.NEW_MODEL, W, self.register_model),
-            Operation("GET", "/models/{name}", Target.MODEL, R, self.get_model),
-            Operation("DELETE", "/models/{name}", Target.MODEL, W, self.delete_model),
-            Operation("GET", "/models/{name}/profiles", Target.MODEL, R, self.list_profiles),
-            Operation("POST", "/models/{name}/profiles", Target.MODEL, W, self.record_profile),
-            Operation("GET", "/gpu-types", Target.ANY, R, self.list_gpu_types),
-            Operation("GET", "/locations", Target.ANY, R, self.list_locations),
-            Operation(
-                "GET", "/recommendations", Target.ANY, R, self.recommendations,
-                ("modelName", "locationName", *_CHAT_PARAMS, *_IMAGE_PARAMS, "inputsPerRequest",
-                 *SIZING_QUERY),
-            ),
-        ]  # fmt: skip
 
     # --- endpoints -------------------------------------------------------------------
 
@@ -154,9 +126,11 @@ class ManagementRoutes:
         # call (tens of entries).
         query = {name: filter_value(request, name) for name in MODEL_FILTERS}
         kind, project_id, prefix = query["kind"], query["projectId"], query["namePrefix"]
-        if kind is not None and kind not in ("chat", "image"):
+        if kind is not None and kind not in MODEL_KINDS:
             raise BadRequest(
-                f"Unknown kind '{kind}'; one of: chat, image.", param="kind", code="invalid_value"
+                f"Unknown kind '{kind}'; one of: {', '.join(MODEL_KINDS)}.",
+                param="kind",
+                code="invalid_value",
             )
         page = read_key_page(request, "models", query)
         found = sorted(
@@ -406,3 +380,136 @@ def _catalog_documents(catalog: Catalog) -> tuple[list[dict[str, Any]], list[dic
     locations = [LocationInfo.model_validate(loc.to_dict()).model_dump(mode="json")
                  for loc in gpus.locations.values()]  # fmt: skip
     return gpu_types, locations
+
+
+# --- the route table ------------------------------------------------------------------
+
+R, W = Action.READ, Action.WRITE
+_CREATED_LINKS = ("getEndpoint", "updateEndpoint", "deleteEndpoint", "requestAccessToken")
+
+
+def _workload(description: str, integer: bool = False) -> Param:
+    schema = {"type": "integer" if integer else "number", "exclusiveMinimum": 0, "maximum": 1e9}
+    return Param(description, schema)
+
+
+def _sizing(name: str) -> Param:
+    """An engine setting as a query parameter: its schema and description
+    are the wire model's (less the null that clears it in a PATCH)."""
+    prop = EngineSettings.model_json_schema()["properties"][name]
+    (schema,) = [b for b in prop["anyOf"] if b.get("type") != "null"]
+    description = f"{prop.get('description', name)} Sized as an endpoint with this engine "
+    return Param(description + "setting would run.", schema)
+
+
+# With these, the answer is a WorkloadRecommendationInfo: per option the
+# batch, replicas and total cost for the load.
+_RECOMMENDATION_QUERY = {
+    "modelName": Param(None, {"type": "string", "minLength": 1}, required=True),
+    "locationName": Param(
+        "Omitted: every location.", {"type": "string", "minLength": 1}, catalog="locations"
+    ),
+    "requestsPerSecond": _workload("Chat load; with promptTokens and outputTokens."),
+    "promptTokens": _workload("Prompt tokens per request.", integer=True),
+    "outputTokens": _workload("Output tokens per request.", integer=True),
+    "ttftP95Ms": _workload("Time-to-first-token target at p95, ms."),
+    "tpotP95Ms": _workload("Time-per-output-token target at p95, ms."),
+    "imagesPerMinute": _workload("Image load."),
+    "size": Param("Image size WxH.", {"type": "string", "pattern": "^[0-9]+x[0-9]+$"}),
+    "steps": _workload("Denoising steps.", integer=True),
+    "secondsPerImageP95": _workload("Seconds-per-image target at p95."),
+    "inputsPerRequest": _workload(
+        "Embedding or rerank load: inputs per request (default 1).", integer=True
+    ),
+    # The engine settings that size a replica, as an endpoint would have them.
+    **{name: _sizing(name) for name in SIZING_QUERY},
+}
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "GET", "/endpoints", Target.ANY, R, ManagementRoutes.list_endpoints,
+        (*ENDPOINT_FILTERS, *PAGE_PARAMS),
+        doc=Doc("listEndpoints", "List the endpoints of the caller's projects",
+                ok(200, "A page of endpoints, oldest first.", wire.EndpointList), (400,)),
+    ),
+    Operation(
+        "POST", "/endpoints", Target.NEW_ENDPOINT, W, ManagementRoutes.create_endpoint,
+        doc=Doc("createEndpoint", "Create an endpoint",
+                (Answer(201, "The new endpoint and its access token (shown once).",
+                        wire.CreatedEndpoint, links=_CREATED_LINKS),),
+                (400, 403, 404, 409, 413), body=wire.CreateEndpointRequest),
+    ),
+    Operation(
+        "GET", "/endpoints/{id}", Target.ENDPOINT, R, ManagementRoutes.get_endpoint,
+        doc=Doc("getEndpoint", "Get an endpoint",
+                ok(200, "The endpoint record.", wire.EndpointRecord), (404,)),
+    ),
+    Operation(
+        "PATCH", "/endpoints/{id}", Target.ENDPOINT, W, ManagementRoutes.update_endpoint,
+        doc=Doc("updateEndpoint", "Change scaling settings (or the GPU type and count)",
+                ok(200, "The updated record.", wire.EndpointRecord), (400, 403, 404, 409, 413),
+                body=wire.UpdateEndpointRequest),
+    ),
+    Operation(
+        "DELETE", "/endpoints/{id}", Target.ENDPOINT, W, ManagementRoutes.delete_endpoint,
+        doc=Doc("deleteEndpoint", "Delete an endpoint (its replicas drain first)",
+                ok(204, "Deleted."), (403, 404)),
+    ),
+    Operation(
+        "POST", "/endpoints/{id}/access-token", Target.ENDPOINT, W, ManagementRoutes.reissue_token,
+        doc=Doc("requestAccessToken",
+                "Request a new access token; the previous one stops working at once",
+                ok(200, "The new token (shown once).", wire.AccessToken), (403, 404, 409)),
+    ),
+    Operation(
+        "GET", "/models", Target.ANY, R, ManagementRoutes.list_models,
+        (*MODEL_FILTERS, *PAGE_PARAMS),
+        doc=Doc("listModels", "Models: the catalog's and the registered ones",
+                ok(200, "A page of models, by name.", wire.ModelList), (400,)),
+    ),
+    Operation(
+        "POST", "/models", Target.NEW_MODEL, W, ManagementRoutes.register_model,
+        doc=Doc("registerModel",
+                "Register a model from a Hugging Face repository or a server directory",
+                ok(201, "The model as read from its own files.", wire.ModelInfo),
+                (400, 403, 404, 409, 413), body=wire.RegisterModelRequest),
+    ),
+    Operation(
+        "GET", "/models/{name}", Target.MODEL, R, ManagementRoutes.get_model,
+        doc=Doc("getModel", "Get a model", ok(200, "The model.", wire.ModelInfo), (404,)),
+    ),
+    Operation(
+        "DELETE", "/models/{name}", Target.MODEL, W, ManagementRoutes.delete_model,
+        doc=Doc("deleteModel", "Delete a registered model (refused while an endpoint uses it)",
+                ok(204, "Deleted."), (403, 404, 409)),
+    ),
+    Operation(
+        "GET", "/models/{name}/profiles", Target.MODEL, R, ManagementRoutes.list_profiles,
+        doc=Doc("listProfiles", "Measured profiles of a model",
+                ok(200, "Profiles.", wire.ProfileList), (404,)),
+    ),
+    Operation(
+        "POST", "/models/{name}/profiles", Target.MODEL, W, ManagementRoutes.record_profile,
+        doc=Doc("recordProfile", "Record a measured profile (what `inferd bench` posts)",
+                ok(201, "The profile as stored.", wire.ProfileInfo), (400, 403, 404, 413),
+                body=wire.RecordProfileRequest),
+    ),
+    Operation(
+        "GET", "/gpu-types", Target.ANY, R, ManagementRoutes.list_gpu_types,
+        doc=Doc("listGpuTypes", "GPU types", ok(200, "GPU types.", wire.GpuTypeList)),
+    ),
+    Operation(
+        "GET", "/locations", Target.ANY, R, ManagementRoutes.list_locations,
+        doc=Doc("listLocations", "Locations with the GPU types offered and their hourly prices",
+                ok(200, "Locations.", wire.LocationList)),
+    ),
+    Operation(
+        "GET", "/recommendations", Target.ANY, R, ManagementRoutes.recommendations,
+        tuple(_RECOMMENDATION_QUERY),
+        doc=Doc("recommend",
+                "GPU options for a model, ranked by cost per output token (or image)",
+                (Answer(200, "Ranked options and rejected ones with reasons.",
+                        (wire.RecommendationInfo, wire.WorkloadRecommendationInfo)),),
+                (400,), query=_RECOMMENDATION_QUERY),
+    ),
+)  # fmt: skip

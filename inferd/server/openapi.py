@@ -1,17 +1,22 @@
-"""The OpenAPI 3.1 document of the server, built from the wire models.
+"""The OpenAPI 3.1 document of the server, generated from the route table
+(`inferd.server.access.Operation`, each with its `Doc`) and the wire models.
 
-The management API is described here; other parts of the server (the
-gateway's inference routes, `/metrics`) bring their own paths and components,
-merged in by `build_openapi(parts=...)`, so that one document describes every
-public route. Every operation lists every status it can answer with and that
-status's schema (errors all share `ErrorBody`), so a schema-driven fuzzer can
-hold the server to it. The document is built once per app; bounds that are
-settings (the replica cap) are written into it.
+A route exists only as an `Operation`, so every management route is in the
+document and nothing else is: paths, methods, path and query parameters,
+bodies and answers all come from the table, their schemas from the pydantic
+models. Other parts of the server (the gateway's inference routes, `/metrics`)
+bring their own paths and components, merged in by `build_openapi(parts=...)`,
+so that one document describes every public route. Every operation lists
+every status it can answer with and that status's schema (errors all share
+`ErrorBody`), so a schema-driven fuzzer can hold the server to it. Bounds
+that are settings (the replica cap) and the catalog's names are written in
+when the document is built, once per app.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,9 +24,11 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from inferd import __version__
 from inferd.api import management as wire
-from inferd.api.engine_settings import SIZING_QUERY, EngineSettings
-from inferd.server.paging import ENDPOINT_FILTERS, MODEL_FILTERS, PAGE_PARAMS, query_params
+from inferd.server.access import Operation
+from inferd.server.docs import Answer, Doc, Param
+from inferd.server.paging import QUERY_DOCS
 
+PREFIX = "/inference"
 _REF = "#/components/schemas/{model}"
 
 _ERRORS = {
@@ -34,130 +41,138 @@ _ERRORS = {
     413: "Request body over the server's limit.",
 }
 
+# What a path parameter names, by the path segment before it.
+PATH_DOCS = {
+    "endpoints/{id}": "Endpoint id (UUID).",
+    "projects/{id}": "Project id (its name).",
+    "members/{userId}": "User id (its name).",
+    "users/{userId}": "User id (its name).",
+    "keys/{keyId}": "Management key id.",
+    "models/{name}": "Model name.",
+    "adapters/{name}": "The adapter's name (what requests put in `model`).",
+}
 
-def _component_schemas() -> dict[str, Any]:
-    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
-        (wire.CreateEndpointRequest, "validation"),
-        (wire.UpdateEndpointRequest, "validation"),
-        (wire.EndpointRecord, "serialization"),
-        (wire.CreatedEndpoint, "serialization"),
-        (wire.EndpointList, "serialization"),
-        (wire.AccessToken, "serialization"),
-        (wire.Health, "serialization"),
-        (wire.ErrorBody, "serialization"),
-        (wire.ModelList, "serialization"),
-        (wire.GpuTypeList, "serialization"),
-        (wire.LocationList, "serialization"),
-        (wire.RecommendationInfo, "serialization"),
-        (wire.WorkloadRecommendationInfo, "serialization"),
-        (wire.RegisterModelRequest, "validation"),
-        (wire.RecordProfileRequest, "validation"),
-        (wire.ModelInfo, "serialization"),
-        (wire.ProfileInfo, "serialization"),
-        (wire.ProfileList, "serialization"),
-    ]
-    _, top = models_json_schema(models, ref_template=_REF)
-    schemas: dict[str, Any] = dict(top.get("$defs", {}))
-    return schemas
-
-
-def _json(schema_name: str, description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": _REF.format(model=schema_name)}}},
+# The routes of the server itself, beside the route table.
+HEALTH = Doc("health", "Liveness of the control plane", (Answer(200, "Up.", wire.Health),))
+_OPENAPI_PATH = {
+    "get": {
+        "operationId": "openapi",
+        "summary": "This document",
+        "responses": {
+            "200": {
+                "description": "The OpenAPI 3.1 document of every public route.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+        "security": [],
     }
+}
 
 
-def _op(
-    op_id: str,
-    summary: str,
-    ok: tuple[int, str | None, str],
-    errors: tuple[int, ...],
+def _ref(model: type[BaseModel]) -> dict[str, Any]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(schema: Mapping[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _answer(answer: Answer) -> dict[str, Any]:
+    body = answer.body
+    if body is None:
+        return {"description": answer.description}
+    schema = {"oneOf": [_ref(m) for m in body]} if isinstance(body, tuple) else _ref(body)
+    out = _json(schema, answer.description)
+    if answer.links:
+        out["links"] = {
+            op_id[0].upper() + op_id[1:]: {
+                "operationId": op_id,
+                "parameters": {"id": "$response.body#/id"},
+            }
+            for op_id in answer.links
+        }
+    return out
+
+
+def _path_params(path: str) -> list[dict[str, Any]]:
+    params = []
+    for found in re.finditer(r"([^/]+)/\{(\w+)\}", path):
+        segment, name = found.groups()
+        params.append(
+            {
+                "name": name,
+                "in": "path",
+                "required": True,
+                "description": PATH_DOCS[f"{segment}/{{{name}}}"],
+                "schema": {"type": "string"},
+            }
+        )
+    return params
+
+
+def _query_param(name: str, param: Param, locations: Sequence[str]) -> dict[str, Any]:
+    schema = dict(param.schema)
+    if param.catalog == "locations" and locations:
+        schema = {"type": "string", "enum": list(locations)}
+    out: dict[str, Any] = {"name": name, "in": "query", "required": param.required}
+    if param.description is not None:
+        out["description"] = param.description
+    out["schema"] = schema
+    if schema.get("type") == "array":
+        out.update(style="form", explode=True)
+    return out
+
+
+def _operation(
+    doc: Doc,
     *,
-    body: str | None = None,
-    params: list[dict[str, Any]] | None = None,
+    path: str = "",
+    query: Sequence[str] = (),
+    locations: Sequence[str] = (),
     public: bool = False,
 ) -> dict[str, Any]:
-    status, schema, description = ok
-    responses: dict[str, Any] = {
-        str(status): _json(schema, description) if schema else {"description": description}
+    responses = {str(a.status): _answer(a) for a in doc.answers}
+    errors = [
+        *doc.errors,
+        *(() if public else (401,)),
+        *((400,) if path.startswith(PREFIX) else ()),
+    ]
+    for status in errors:
+        responses.setdefault(str(status), _json(_ref(wire.ErrorBody), _ERRORS[status]))
+    op: dict[str, Any] = {
+        "operationId": doc.operation_id,
+        "summary": doc.summary,
+        "responses": responses,
     }
-    for code in (*errors, *(() if public else (401,))):
-        responses[str(code)] = _json("ErrorBody", _ERRORS[code])
-    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
+    params = _path_params(path) + [
+        _query_param(name, doc.query.get(name) or QUERY_DOCS[name], locations) for name in query
+    ]
     if params:
         op["parameters"] = params
-    if body:
+    if doc.body is not None:
         op["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": {"$ref": _REF.format(model=body)}}},
+            "content": {"application/json": {"schema": _ref(doc.body)}},
         }
     if public:
         op["security"] = []
     return op
 
 
-def _enum_or_string(names: Sequence[str]) -> dict[str, Any]:
-    if names:
-        return {"type": "string", "enum": list(names)}
-    return {"type": "string", "minLength": 1}
-
-
-_ID_PARAM = {
-    "name": "id",
-    "in": "path",
-    "required": True,
-    "description": "Endpoint id (UUID).",
-    "schema": {"type": "string"},
-}
-
-
-_NAME_PARAM = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "description": "Model name.",
-    "schema": {"type": "string"},
-}
-
-
-def _query_number(name: str, description: str, integer: bool = False) -> dict[str, Any]:
-    schema = {"type": "integer" if integer else "number", "exclusiveMinimum": 0, "maximum": 1e9}
-    return {"name": name, "in": "query", "required": False, "description": description,
-            "schema": schema}  # fmt: skip
-
-
-# With these, the answer is a WorkloadRecommendationInfo: per option the
-# batch, replicas and total cost for the load.
-_WORKLOAD_PARAMS = [
-    _query_number("requestsPerSecond", "Chat load; with promptTokens and outputTokens."),
-    _query_number("promptTokens", "Prompt tokens per request.", integer=True),
-    _query_number("outputTokens", "Output tokens per request.", integer=True),
-    _query_number("ttftP95Ms", "Time-to-first-token target at p95, ms."),
-    _query_number("tpotP95Ms", "Time-per-output-token target at p95, ms."),
-    _query_number("imagesPerMinute", "Image load."),
-    {
-        "name": "size",
-        "in": "query",
-        "required": False,
-        "description": "Image size WxH.",
-        "schema": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"},
-    },
-    _query_number("steps", "Denoising steps.", integer=True),
-    _query_number("secondsPerImageP95", "Seconds-per-image target at p95."),
-]
-
-
-def _setting_param(name: str) -> dict[str, Any]:
-    prop = EngineSettings.model_json_schema()["properties"][name]
-    schema = next(b for b in prop.get("anyOf", [prop]) if b.get("type") != "null")
-    return {"name": name, "in": "query", "required": False,
-            "description": f"{prop.get('description', name)} Sized as an endpoint with this "
-            "engine setting would run.", "schema": schema}  # fmt: skip
-
-
-# An endpoint's engine settings that change what a replica needs (memory, batch).
-_SIZING_PARAMS = [_setting_param(name) for name in SIZING_QUERY]
+def _models(docs: Iterable[Doc]) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
+    """Every wire model the operations read or answer, once each."""
+    seen: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {
+        (wire.ErrorBody, "serialization"): None
+    }
+    for doc in docs:
+        if doc.body is not None:
+            seen[(doc.body, "validation")] = None
+        for answer in doc.answers:
+            bodies = answer.body if isinstance(answer.body, tuple) else (answer.body,)
+            for body in bodies:
+                if body is not None:
+                    seen[(body, "serialization")] = None
+    return list(seen)
 
 
 def _constrain(prop: dict[str, Any], type_: str, key: str, value: Any) -> None:
@@ -167,17 +182,28 @@ def _constrain(prop: dict[str, Any], type_: str, key: str, value: Any) -> None:
             branch[key] = value
 
 
-# Links from a created endpoint to the operations on it (clients and
-# stateful fuzzers follow them).
-_CREATED_LINKS = {
-    name: {"operationId": op, "parameters": {"id": "$response.body#/id"}}
-    for name, op in (
-        ("GetEndpoint", "getEndpoint"),
-        ("UpdateEndpoint", "updateEndpoint"),
-        ("DeleteEndpoint", "deleteEndpoint"),
-        ("RequestAccessToken", "requestAccessToken"),
-    )
-}
+def _settings_bounds(
+    schemas: dict[str, Any],
+    max_replicas_cap: int,
+    gpu_types: Sequence[str],
+    gpu_counts: Sequence[int],
+    locations: Sequence[str],
+) -> None:
+    """Bounds that are this server's settings and catalog, written into the
+    request bodies, so that what the document says is exactly what the server
+    accepts field by field. modelName is not an enum: models registered while
+    the server runs are valid names too."""
+    create = schemas["CreateEndpointRequest"]["properties"]
+    update = schemas["UpdateEndpointRequest"]["properties"]
+    for props in (create, update):
+        for field in ("minReplicas", "maxReplicas"):
+            _constrain(props[field], "integer", "maximum", max_replicas_cap)
+        if gpu_types:
+            _constrain(props["gpuType"], "string", "enum", list(gpu_types))
+        if gpu_counts:
+            _constrain(props["gpuCount"], "integer", "enum", sorted(gpu_counts))
+    if locations:
+        _constrain(create["locationName"], "string", "enum", list(locations))
 
 
 def merge_part(doc: dict[str, Any], part: Mapping[str, Any]) -> None:
@@ -197,187 +223,32 @@ def merge_part(doc: dict[str, Any], part: Mapping[str, Any]) -> None:
 
 
 def build_openapi(
+    operations: Sequence[Operation],
     *,
     max_replicas_cap: int,
-    model_names: Sequence[str] = (),
     gpu_types: Sequence[str] = (),
     gpu_counts: Sequence[int] = (),
     locations: Sequence[str] = (),
     server_url: str | None = None,
     parts: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The document for this server: bounds that are settings (the replica
-    cap) and the catalog's names are written in, so what it says is exactly
-    what the server accepts field by field. `parts` are the documents of
-    the other routes the server mounts (see `merge_part`)."""
-    schemas = _component_schemas()
-    create = schemas["CreateEndpointRequest"]["properties"]
-    update = schemas["UpdateEndpointRequest"]["properties"]
-    for props in (create, update):
-        for field in ("minReplicas", "maxReplicas"):
-            _constrain(props[field], "integer", "maximum", max_replicas_cap)
-        if gpu_types:
-            _constrain(props["gpuType"], "string", "enum", list(gpu_types))
-        if gpu_counts:
-            _constrain(props["gpuCount"], "integer", "enum", sorted(gpu_counts))
-    # modelName is not an enum: models registered while the server runs
-    # are valid names too.
-    if locations:
-        _constrain(create["locationName"], "string", "enum", list(locations))
+    """The document of `operations` (below /inference) and the server's own
+    routes, with this server's bounds; `parts` are the documents of the other
+    routes the server mounts (see `merge_part`)."""
+    _, top = models_json_schema(
+        _models([HEALTH, *(op.doc for op in operations)]), ref_template=_REF
+    )
+    schemas: dict[str, Any] = dict(top.get("$defs", {}))
+    _settings_bounds(schemas, max_replicas_cap, gpu_types, gpu_counts, locations)
     paths: dict[str, Any] = {
-        "/healthz": {
-            "get": _op(
-                "health", "Liveness of the control plane", (200, "Health", "Up."), (), public=True
-            )
-        },
-        "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "summary": "This document",
-                "responses": {
-                    "200": {
-                        "description": "The OpenAPI 3.1 document of every public route.",
-                        "content": {"application/json": {"schema": {"type": "object"}}},
-                    }
-                },
-                "security": [],
-            }
-        },
-        "/inference/endpoints": {
-            "get": _op(
-                "listEndpoints",
-                "List the endpoints of the caller's projects",
-                (200, "EndpointList", "A page of endpoints, oldest first."),
-                (400,),
-                params=query_params(ENDPOINT_FILTERS + PAGE_PARAMS),
-            ),
-            "post": _op(
-                "createEndpoint",
-                "Create an endpoint",
-                (201, "CreatedEndpoint", "The new endpoint and its access token (shown once)."),
-                (400, 403, 404, 409, 413),
-                body="CreateEndpointRequest",
-            ),
-        },
-        "/inference/endpoints/{id}": {
-            "get": _op(
-                "getEndpoint",
-                "Get an endpoint",
-                (200, "EndpointRecord", "The endpoint record."),
-                (404,),
-                params=[_ID_PARAM],
-            ),
-            "patch": _op(
-                "updateEndpoint",
-                "Change scaling settings (or the GPU type and count)",
-                (200, "EndpointRecord", "The updated record."),
-                (400, 403, 404, 409, 413),
-                body="UpdateEndpointRequest",
-                params=[_ID_PARAM],
-            ),
-            "delete": _op(
-                "deleteEndpoint",
-                "Delete an endpoint (its replicas drain first)",
-                (204, None, "Deleted."),
-                (403, 404),
-                params=[_ID_PARAM],
-            ),
-        },
-        "/inference/endpoints/{id}/access-token": {
-            "post": _op(
-                "requestAccessToken",
-                "Request a new access token; the previous one stops working at once",
-                (200, "AccessToken", "The new token (shown once)."),
-                (403, 404, 409),
-                params=[_ID_PARAM],
-            ),
-        },
-        "/inference/models": {
-            "get": _op(
-                "listModels",
-                "Models: the catalog's and the registered ones",
-                (200, "ModelList", "A page of models, by name."),
-                (400,),
-                params=query_params(MODEL_FILTERS + PAGE_PARAMS),
-            ),
-            "post": _op(
-                "registerModel",
-                "Register a model from a Hugging Face repository or a server directory",
-                (201, "ModelInfo", "The model as read from its own files."),
-                (400, 403, 404, 409, 413),
-                body="RegisterModelRequest",
-            ),
-        },
-        "/inference/models/{name}": {
-            "get": _op(
-                "getModel",
-                "Get a model",
-                (200, "ModelInfo", "The model."),
-                (404,),
-                params=[_NAME_PARAM],
-            ),
-            "delete": _op(
-                "deleteModel",
-                "Delete a registered model (refused while an endpoint uses it)",
-                (204, None, "Deleted."),
-                (403, 404, 409),
-                params=[_NAME_PARAM],
-            ),
-        },
-        "/inference/models/{name}/profiles": {
-            "get": _op(
-                "listProfiles",
-                "Measured profiles of a model",
-                (200, "ProfileList", "Profiles."),
-                (404,),
-                params=[_NAME_PARAM],
-            ),
-            "post": _op(
-                "recordProfile",
-                "Record a measured profile (what `inferd bench` posts)",
-                (201, "ProfileInfo", "The profile as stored."),
-                (400, 403, 404, 413),
-                body="RecordProfileRequest",
-                params=[_NAME_PARAM],
-            ),
-        },
-        "/inference/gpu-types": {
-            "get": _op("listGpuTypes", "GPU types", (200, "GpuTypeList", "GPU types."), ())
-        },
-        "/inference/locations": {
-            "get": _op(
-                "listLocations",
-                "Locations with the GPU types offered and their hourly prices",
-                (200, "LocationList", "Locations."),
-                (),
-            )
-        },
-        "/inference/recommendations": {
-            "get": _op(
-                "recommend",
-                "GPU options for a model, ranked by cost per output token (or image)",
-                (200, "RecommendationInfo", "Ranked options and rejected ones with reasons."),
-                (400,),
-                params=[
-                    *_WORKLOAD_PARAMS,
-                    *_SIZING_PARAMS,
-                    {
-                        "name": "modelName",
-                        "in": "query",
-                        "required": True,
-                        "schema": {"type": "string", "minLength": 1},
-                    },
-                    {
-                        "name": "locationName",
-                        "in": "query",
-                        "required": False,
-                        "description": "Omitted: every location.",
-                        "schema": _enum_or_string(locations),
-                    },
-                ],
-            )
-        },
+        "/healthz": {"get": _operation(HEALTH, public=True)},
+        "/openapi.json": _OPENAPI_PATH,
     }
+    for op in operations:
+        path = PREFIX + op.path
+        paths.setdefault(path, {})[op.method.lower()] = _operation(
+            op.doc, path=path, query=op.query, locations=locations
+        )
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -403,22 +274,8 @@ def build_openapi(
         },
         "security": [{"adminKey": []}],
     }
-    doc["paths"]["/inference/endpoints"]["post"]["responses"]["201"]["links"] = _CREATED_LINKS
-    rec_ok = doc["paths"]["/inference/recommendations"]["get"]["responses"]["200"]
-    rec_ok["content"]["application/json"]["schema"] = {
-        "oneOf": [
-            {"$ref": _REF.format(model="RecommendationInfo")},
-            {"$ref": _REF.format(model="WorkloadRecommendationInfo")},
-        ]
-    }
     for part in parts:
         merge_part(doc, part)
-    # A management route refuses a query parameter it does not read: every
-    # one of them can answer 400.
-    for path, ops in doc["paths"].items():
-        if path.startswith("/inference/"):
-            for op in ops.values():
-                op["responses"].setdefault("400", _json("ErrorBody", _ERRORS[400]))
     if server_url:
         doc["servers"] = [{"url": server_url}]
     return doc

@@ -27,8 +27,10 @@ from typing import Any
 
 from starlette.requests import Request
 
+from inferd.catalog.models import KINDS as MODEL_KINDS
 from inferd.control.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from inferd.errors import BadRequest
+from inferd.server.docs import Param
 from inferd.vocab import EndpointStatus
 
 PAGE_PARAMS = ("limit", "continue")
@@ -36,43 +38,35 @@ PAGE_PARAMS = ("limit", "continue")
 ENDPOINT_FILTERS = ("projectId", "status", "modelName", "locationName", "namePrefix")
 MODEL_FILTERS = ("projectId", "kind", "namePrefix")
 
-# What each list query parameter means, for the API's description.
-QUERY_DOCS: dict[str, tuple[str, dict[str, Any]]] = {
-    "limit": (
+# What each list query parameter means, for the API's document (an
+# operation's `Doc.query` gives those of its own).
+QUERY_DOCS: dict[str, Param] = {
+    "limit": Param(
         f"Items per page, 1 to {MAX_PAGE_SIZE} (default {DEFAULT_PAGE_SIZE}). A page may hold "
         "fewer and still not be the last: follow `continue` until an answer has none.",
         {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE},
     ),
-    "continue": (
+    "continue": Param(
         "The `continue` value of the previous page, with the query otherwise unchanged.",
         {"type": "string", "minLength": 1},
     ),
-    "projectId": ("Only this project's items.", {"type": "string", "minLength": 1}),
-    "role": (
+    "projectId": Param("Only this project's items.", {"type": "string", "minLength": 1}),
+    "role": Param(
         "Only members with this role.",
         {"type": "string", "enum": ["admin", "developer", "viewer"]},
     ),
-    "status": (
+    "status": Param(
         "Only endpoints in this status.",
         {"type": "string", "enum": [s.value for s in EndpointStatus]},
     ),
-    "modelName": ("Only endpoints serving this model.", {"type": "string", "minLength": 1}),
-    "locationName": ("Only endpoints in this location.", {"type": "string", "minLength": 1}),
-    "kind": ("Only models of this kind.", {"type": "string", "enum": ["chat", "image"]}),
-    "namePrefix": (
+    "modelName": Param("Only endpoints serving this model.", {"type": "string", "minLength": 1}),
+    "locationName": Param("Only endpoints in this location.", {"type": "string", "minLength": 1}),
+    "kind": Param("Only models of this kind.", {"type": "string", "enum": list(MODEL_KINDS)}),
+    "namePrefix": Param(
         "Only items whose name starts with this (case-sensitive).",
         {"type": "string", "minLength": 1},
     ),
 }
-
-
-def query_params(names: tuple[str, ...]) -> list[dict[str, Any]]:
-    """OpenAPI parameter objects of list query parameters."""
-    return [
-        {"name": n, "in": "query", "required": False, "description": QUERY_DOCS[n][0],
-         "schema": QUERY_DOCS[n][1]}
-        for n in names
-    ]  # fmt: skip
 
 
 CURSOR_VERSION = 1

@@ -307,6 +307,9 @@ def test_model_pages_and_filters(world: World) -> None:
     assert world.ok("GET", "/models", viewer, params={"projectId": OTHER})["data"] == []
     images = world.ok("GET", "/models", viewer, params={"kind": "image"})["data"]
     assert images and all(m["kind"] == "image" for m in images)
+    embedders = world.ok("GET", "/models", viewer, params={"kind": "embedding"})["data"]
+    assert "tiny-embed" in {m["name"] for m in embedders}
+    assert all(m["kind"] == "embedding" for m in embedders)
     tiny = world.ok("GET", "/models", viewer, params={"namePrefix": "tiny-"})["data"]
     # The prefix selects exactly the whole list's names that start with it.
     assert [m["name"] for m in tiny] == [n for n in names if n.startswith("tiny-")]

@@ -148,3 +148,31 @@ def test_the_lists_status_filter_says_what_the_record_says() -> None:
         assert missed == b""
 
     asyncio.run(body())
+
+
+def test_a_create_places_the_endpoint_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recommender runs once per create: its placement is the one the
+    quota is checked on and the one written."""
+    from inferd.control.endpoints import placement
+
+    calls: list[str] = []
+    real = placement.recommend
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append("recommend")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(placement, "recommend", counted)
+
+    async def body() -> None:
+        svc = await service(MemoryStore())
+        record, _ = await svc.create(
+            OPERATOR, CreateEndpointRequest(name="once", modelName="tiny-chat"), None
+        )
+        assert calls == ["recommend"]
+        assert (record["gpuType"], record["projectId"]) == (
+            svc.row(record["id"]).gpu_type,
+            "default",
+        )
+
+    asyncio.run(body())
