@@ -87,9 +87,12 @@ class ModelService:
     async def load(self) -> None:
         """Make the catalog's registered models and the profiles what the
         store holds (at start, and when another instance changed them)."""
-        stored = {m.name: m for m in await self._store.list_models()}
-        profiles = {p.key: p for p in await self._store.list_profiles()}
+        # Read under the lock: a snapshot taken before a registration (or a
+        # delete) of this instance finished would undo it here until the
+        # next change arrived (a model just registered answered 404).
         async with self._lock:
+            stored = {m.name: m for m in await self._store.list_models()}
+            profiles = {p.key: p for p in await self._store.list_profiles()}
             for name in [n for n in self._registered if n not in stored]:
                 self.catalog.models.remove(name)
                 del self._registered[name]

@@ -79,3 +79,47 @@ def test_a_second_instance_follows_registrations(tmp_path: Path) -> None:
         await following
 
     asyncio.run(body())
+
+
+class SlowListing(MemoryStore):
+    """A store whose model listing is taken at once but answered only when
+    `release` is set: a reload's read in flight while a registration runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def list_models(self):  # type: ignore[no-untyped-def]
+        snapshot = await super().list_models()
+        await self.release.wait()
+        return snapshot
+
+
+def test_a_reload_in_flight_does_not_undo_a_registration(tmp_path: Path) -> None:
+    """The change feed's reload read the store before this instance's
+    registration committed and applied that older list after it: the model
+    just registered answered 404 until the next change."""
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+
+    async def body() -> None:
+        store = SlowListing()
+        models = service(store)
+        reload = asyncio.ensure_future(models.load())
+        await asyncio.sleep(0)
+        register = asyncio.ensure_future(
+            models.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
+        )
+        # Without the lock around the reload's read, the registration
+        # finishes meanwhile (its file reads run in a thread); with it, it
+        # waits for the reload. Either way, then the listing is answered.
+        for _ in range(200):
+            if register.done():
+                break
+            await asyncio.sleep(0.005)
+        store.release.set()
+        await asyncio.gather(reload, register)
+        assert models.describe("mine")["name"] == "mine"
+        await models.delete("mine")  # the answer that was a 404
+
+    asyncio.run(body())

@@ -104,12 +104,16 @@ class AdapterService:
     # --- the in-memory copy ------------------------------------------------------------
 
     async def load(self) -> None:
-        adapters = await self._store.list_adapters()
-        grouped: dict[str, dict[str, Adapter]] = {}
-        for adapter in adapters:
-            grouped.setdefault(adapter.endpoint_id, {})[adapter.name] = adapter
-        self._by_endpoint = {k: MappingProxyType(v) for k, v in grouped.items()}
-        self._sources = {k: _sources(v) for k, v in grouped.items()}
+        # Reads under the lock, here and in `_apply`: a read taken before
+        # this instance's own register or remove committed would otherwise
+        # undo it in memory until the next change arrived.
+        async with self._lock:
+            adapters = await self._store.list_adapters()
+            grouped: dict[str, dict[str, Adapter]] = {}
+            for adapter in adapters:
+                grouped.setdefault(adapter.endpoint_id, {})[adapter.name] = adapter
+            self._by_endpoint = {k: MappingProxyType(v) for k, v in grouped.items()}
+            self._sources = {k: _sources(v) for k, v in grouped.items()}
 
     async def follow(self, feed: AsyncIterator[Change]) -> None:
         """Apply other writers' changes from `feed` (subscribed before `load`)."""
@@ -119,7 +123,8 @@ class AdapterService:
         # An endpoint's deletion takes its adapters (by cascade) without an
         # adapter change of its own.
         if change.kind in (ChangeKind.ADAPTER, ChangeKind.ENDPOINT):
-            await self._reload(change.id)
+            async with self._lock:
+                await self._reload(change.id)
 
     async def _reload(self, endpoint_id: str) -> None:
         adapters = await self._store.list_adapters(endpoint_id)
