@@ -14,7 +14,7 @@ refused, one that names positions since deleted still pages correctly.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from urllib.parse import urlencode
 
@@ -22,6 +22,7 @@ from inferd.vocab import EndpointStatus
 
 STATUSES = tuple(s.value for s in EndpointStatus)
 MAX_TRAIL_CHARS = 8192  # about 800 pages deep
+MAX_NAME_CHARS = 256
 
 
 class BadBoardQuery(ValueError):
@@ -34,6 +35,8 @@ class BoardQuery:
     status: str = ""  # an endpoint status ('': any status)
     # Where each page after the first started; this page's start last.
     starts: tuple[int, ...] = ()
+    model: str = ""  # a model name, exactly ('': any model)
+    location: str = ""  # a location name, exactly ('': anywhere)
 
     @classmethod
     def read(cls, params: Mapping[str, str]) -> BoardQuery:
@@ -42,7 +45,13 @@ class BoardQuery:
         status = params.get("status", "").strip()
         if status and status not in STATUSES:
             raise BadBoardQuery(f"There is no endpoint status '{status}'.")
-        return cls(name, status, _trail(params.get("page", "")))
+        model = params.get("model", "").strip()
+        location = params.get("location", "").strip()
+        # Names only select (a model or location nobody sees selects
+        # nothing); the bound keeps a crafted address from being stored.
+        if len(model) > MAX_NAME_CHARS or len(location) > MAX_NAME_CHARS:
+            raise BadBoardQuery("That filter is longer than any model or location name.")
+        return cls(name, status, _trail(params.get("page", "")), model, location)
 
     @property
     def after(self) -> int | None:
@@ -55,17 +64,22 @@ class BoardQuery:
 
     @property
     def filtered(self) -> bool:
-        return bool(self.name or self.status)
+        return bool(self.name or self.status or self.model or self.location)
 
     def previous(self) -> BoardQuery | None:
-        return None if not self.starts else BoardQuery(self.name, self.status, self.starts[:-1])
+        return None if not self.starts else replace(self, starts=self.starts[:-1])
 
     def next(self, after: int) -> BoardQuery:
-        return BoardQuery(self.name, self.status, (*self.starts, after))
+        return replace(self, starts=(*self.starts, after))
 
     def params(self) -> dict[str, str]:
         """The address's query parameters (only those set)."""
-        params = {"name": self.name, "status": self.status}
+        params = {
+            "name": self.name,
+            "status": self.status,
+            "model": self.model,
+            "location": self.location,
+        }
         params["page"] = ".".join(map(str, self.starts))
         return {k: v for k, v in params.items() if v}
 

@@ -91,6 +91,13 @@ def test_pages_and_filters_with_htmx(
     expect(page.locator("#rows tr[data-testid^=row-]")).to_have_count(1)
     assert shown(page) == ["a-042"]
     expect(page).to_have_url(re.compile(r"/console/endpoints\?status=pending$"))
+    page.get_by_test_id("location-filter").select_option("us-east")
+    expect(page.get_by_test_id("empty-state")).to_contain_text(
+        "No endpoint matches status pending and location us-east"
+    )
+    expect(page).to_have_url(re.compile(r"/console/endpoints\?status=pending&location=us-east$"))
+    page.get_by_test_id("location-filter").select_option("local")
+    expect(page.locator("#rows tr[data-testid^=row-]")).to_have_count(1)
     assert page.evaluate("window.__notReloaded") is True
 
 
@@ -127,5 +134,12 @@ def test_pages_and_filters_without_scripts(
     assert shown(page) == beta[:PAGE_SIZE]
     page.get_by_test_id("search").fill("b-05")
     page.get_by_test_id("filter-submit").click()
-    expect(page).to_have_url(re.compile(r"/console/endpoints\?name=b-05&status=$"))
+    expect(page).to_have_url(
+        re.compile(r"/console/endpoints\?name=b-05&status=&model=&location=$")
+    )
     assert shown(page) == [f"b-05{i}" for i in range(10)]
+    page.get_by_test_id("model-filter").select_option("tiny-sdxl")
+    page.get_by_test_id("filter-submit").click()
+    expect(page.get_by_test_id("empty-state")).to_contain_text(
+        "No endpoint matches “b-05” and model tiny-sdxl"
+    )

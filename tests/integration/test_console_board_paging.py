@@ -200,3 +200,34 @@ def test_while_the_database_is_away_the_board_says_so(
     # A page that fits this instance's copy is still answered from it.
     small = client.get("/console/endpoints", params={"name": "a-00"})
     assert small.status_code == 200 and rows(small.text) == [f"a-00{i}" for i in range(10)]
+
+
+def test_the_board_filters_by_model_and_location(client: TestClient) -> None:
+    """The board's model and location filters select exactly, combine with
+    the others, and the options list only models the caller may know of."""
+    made = {}
+    for name, model, location in (
+        ("chat-here", "tiny-chat", "local"),
+        ("image-here", "tiny-sdxl", "local"),
+        ("chat-east", "tiny-chat", "us-east"),
+    ):
+        answer = client.post("/inference/endpoints", headers=AUTH, json={
+            "name": name, "modelName": model, "locationName": location,
+            "gpuType": "cpu" if location == "local" else "H100-80GB",
+            "minReplicas": 0, "maxReplicas": 1,
+        })  # fmt: skip
+        assert answer.status_code == 201, answer.text
+        made[name] = answer.json()["id"]
+    sign_in(client)
+    assert walk(client, "/console/endpoints?model=tiny-sdxl") == [["image-here"]]
+    assert walk(client, "/console/endpoints?location=us-east") == [["chat-east"]]
+    both = "/console/endpoints?model=tiny-chat&location=local"
+    assert walk(client, both) == [["chat-here"]]
+    assert walk(client, "/console/endpoints?model=tiny-chat&name=chat-e") == [["chat-east"]]
+    none = client.get("/console/endpoints", params={"model": "tiny-sdxl", "location": "us-east"})
+    assert "No endpoint matches model tiny-sdxl and location us-east" in none.text
+    page = client.get("/console/endpoints").text
+    assert 'data-testid="model-filter"' in page and '<option value="tiny-sdxl">' in page
+    assert '<option value="us-east">' in page
+    too_long = client.get("/console/endpoints", params={"model": "m" * 300})
+    assert too_long.status_code == 400

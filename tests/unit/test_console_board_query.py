@@ -16,6 +16,10 @@ from inferd.console.board_query import BadBoardQuery, BoardQuery
         ({"page": "120"}, BoardQuery(starts=(120,))),
         ({"page": "120.245", "name": "a"}, BoardQuery("a", "", (120, 245))),
         ({"name": "", "status": "", "page": ""}, BoardQuery()),
+        (
+            {"model": " tiny-chat ", "location": "us-east", "page": "50"},
+            BoardQuery(starts=(50,), model="tiny-chat", location="us-east"),
+        ),
     ],
 )
 def test_reads_what_it_writes(params: dict[str, str], expected: BoardQuery) -> None:
@@ -35,6 +39,8 @@ def test_reads_what_it_writes(params: dict[str, str], expected: BoardQuery) -> N
         {"page": "7.7"},
         {"page": "²"},
         {"page": "1." * 5000},
+        {"model": "m" * 300},
+        {"location": "l" * 300},
     ],
 )
 def test_refuses_what_it_never_writes(params: dict[str, str]) -> None:
@@ -53,3 +59,8 @@ def test_next_and_previous_walk_the_trail() -> None:
     assert first.query_string() == "name=ep&status=running"
     assert BoardQuery().query_string() == ""
     assert first.filtered and not BoardQuery().filtered
+    # The model and location filters ride along both ways.
+    placed = BoardQuery(model="tiny-chat", location="local").next(50)
+    assert placed.query_string() == "model=tiny-chat&location=local&page=50"
+    assert placed.previous() == BoardQuery(model="tiny-chat", location="local")
+    assert BoardQuery(location="local").filtered

@@ -118,7 +118,11 @@ class Board(Pages):
         try:
             page = await self.sources.endpoints.visible_page(
                 principal,
-                EndpointFilter(name_prefix=query.name or None),
+                EndpointFilter(
+                    model_name=query.model or None,
+                    location_name=query.location or None,
+                    name_prefix=query.name or None,
+                ),
                 query.after,
                 self.page_size,
                 keep if status else None,
@@ -164,6 +168,8 @@ class Board(Pages):
             template,
             query=query,
             statuses=STATUSES,
+            models=[m.name for m in self.sources.models_for(session.principal)],
+            locations=list(self.sources.catalog.gpus.locations),
             rows_html=[Markup(self.cache.html(v)) for v in views],
             version=self.live.version,
             signature=page.signature,
