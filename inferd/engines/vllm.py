@@ -228,8 +228,10 @@ def _cuda_available() -> bool:
         return False
 
 
-class VllmTextEngine:
-    kind = ModelKind.CHAT
+class AsyncLLMEngine:
+    """What every engine over vLLM's `AsyncLLM` in this process shares: the
+    engine's lifetime (a subclass starts it; health and shutdown here), the
+    scheduler's counts, and vLLM's own serving objects over it."""
 
     def __init__(self, name: str, model_path: Path, options: EngineOptions) -> None:
         self._name = name
@@ -237,12 +239,43 @@ class VllmTextEngine:
         self._options = options
         vllm_engine_args(options.extra)  # refuse unknown options now, not at start
         self._engine: Any = None
+        self._openai: VllmServing | None = None
+        self._tracker = _LoadTracker()
+
+    @property
+    def openai_serving(self) -> VllmServing | None:
+        """vLLM's own serving objects over this engine (completions,
+        embeddings, ...); None until the engine has loaded."""
+        return self._openai
+
+    def _scheduled(self) -> tuple[int, int]:
+        """(running, waiting). The frontend's own count covers requests not
+        yet seen by the scheduler; the stat logger gives the scheduler's split."""
+        unfinished = self._engine.get_num_unfinished_requests() if self._engine else 0
+        running = min(unfinished, self._tracker.running) if unfinished else 0
+        return running, max(0, unfinished - running)
+
+    async def check_health(self) -> None:
+        if self._engine is None:
+            raise RuntimeError("engine not started")
+        await self._engine.check_health()
+
+    async def shutdown(self) -> None:
+        self._openai = None
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.shutdown)
+
+
+class VllmTextEngine(AsyncLLMEngine):
+    kind = ModelKind.CHAT
+
+    def __init__(self, name: str, model_path: Path, options: EngineOptions) -> None:
+        super().__init__(name, model_path, options)
         self._renderer: ChatPromptRenderer | None = None
         self._info: TextModelInfo | None = None
-        self._tracker = _LoadTracker()
         self._active: set[str] = set()
         self._parser_cls: Any = None
-        self._openai: VllmServing | None = None
         # None: the engine runs without LoRA (engineSettings.maxLoras unset).
         self._adapters: VllmAdapters | None = None
 
@@ -251,12 +284,6 @@ class VllmTextEngine:
         if self._info is None:
             raise RuntimeError("engine not started")
         return self._info
-
-    @property
-    def openai_serving(self) -> VllmServing | None:
-        """vLLM's own serving objects over this engine (completions, ...);
-        None until the engine has loaded."""
-        return self._openai
 
     async def start(self) -> None:
         args = engine_args_for(self._model_path, self._name, self._options)
@@ -467,29 +494,15 @@ class VllmTextEngine:
             raise BadRequest(str(exc), param=getattr(exc, "parameter", None)) from None
 
     def load(self) -> EngineLoad:
-        # The frontend's own count covers requests not yet seen by the
-        # scheduler; the stat logger adds the scheduler's split and KV use.
-        unfinished = self._engine.get_num_unfinished_requests() if self._engine else 0
-        running = min(unfinished, self._tracker.running) if unfinished else 0
+        running, waiting = self._scheduled()
         return EngineLoad(
             running=running,
-            waiting=max(0, unfinished - running),
+            waiting=waiting,
             kv_cache_usage=self._tracker.kv_cache_usage,
             prefix_cache_queries=self._tracker.prefix_cache_queries,
             prefix_cache_hits=self._tracker.prefix_cache_hits,
             adapters=self._adapters.loaded if self._adapters is not None else (),
         )
-
-    async def check_health(self) -> None:
-        if self._engine is None:
-            raise RuntimeError("engine not started")
-        await self._engine.check_health()
-
-    async def shutdown(self) -> None:
-        self._openai = None
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            await asyncio.to_thread(engine.shutdown)
 
 
 def _finish_reason(reason: str | None) -> str:

@@ -10,44 +10,28 @@ load and health, and shuts down.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from inferd.engines.base import EngineLoad, EngineOptions, PoolingModelInfo
-from inferd.engines.vllm import (
-    _LoadTracker,
-    engine_args_for,
-    start_async_llm,
-    vllm_engine_args,
-)
+from inferd.engines.vllm import AsyncLLMEngine, engine_args_for, start_async_llm
 from inferd.engines.vllm_serving import VllmServing
 from inferd.vocab import ModelKind
 
 
-class VllmPoolingEngine:
+class VllmPoolingEngine(AsyncLLMEngine):
     def __init__(
         self, name: str, kind: ModelKind, model_path: Path, options: EngineOptions
     ) -> None:
+        super().__init__(name, model_path, options)
         self.kind = kind
-        self._name = name
-        self._model_path = model_path
-        self._options = options
-        vllm_engine_args(options.extra)  # refuse unknown options now, not at start
-        self._engine: Any = None
-        self._openai: VllmServing | None = None
         self._info: PoolingModelInfo | None = None
-        self._tracker = _LoadTracker()
 
     @property
     def info(self) -> PoolingModelInfo:
         if self._info is None:
             raise RuntimeError("engine not started")
         return self._info
-
-    @property
-    def openai_serving(self) -> VllmServing | None:
-        return self._openai
 
     async def start(self) -> None:
         args = pooling_engine_args(self._model_path, self._name, self._options)
@@ -69,20 +53,8 @@ class VllmPoolingEngine:
             await serving.embedding({"model": self._name, "input": "warm-up"}, None)
 
     def load(self) -> EngineLoad:
-        unfinished = self._engine.get_num_unfinished_requests() if self._engine else 0
-        running = min(unfinished, self._tracker.running) if unfinished else 0
-        return EngineLoad(running=running, waiting=max(0, unfinished - running))
-
-    async def check_health(self) -> None:
-        if self._engine is None:
-            raise RuntimeError("engine not started")
-        await self._engine.check_health()
-
-    async def shutdown(self) -> None:
-        self._openai = None
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            await asyncio.to_thread(engine.shutdown)
+        running, waiting = self._scheduled()
+        return EngineLoad(running=running, waiting=waiting)
 
 
 def pooling_engine_args(model_path: Path, name: str, options: EngineOptions) -> dict[str, Any]:
