@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from inferd.api.openai import (
     SSE_DONE,
@@ -30,7 +30,6 @@ from inferd.api.openai import (
     NamedToolChoice,
     chat_completion,
     choice,
-    sse_error,
 )
 from inferd.api.replica import ADAPTER_SOURCE_HEADER
 from inferd.engines.base import (
@@ -44,10 +43,11 @@ from inferd.engines.base import (
     ToolCall,
     ToolOptions,
 )
-from inferd.errors import BadRequest, InferdError, NotFound
+from inferd.errors import BadRequest, NotFound
 from inferd.http import read_model
+from inferd.replica.answering import Answering
 from inferd.replica.metrics import ReplicaMetrics
-from inferd.replica.state import InFlight, ReplicaState
+from inferd.replica.state import ReplicaState
 
 logger = logging.getLogger(__name__)
 
@@ -170,16 +170,13 @@ class ChatHandler:
         self.max_body_bytes = max_body_bytes
 
     async def handle(self, request: Request) -> Response:
-        started = time.perf_counter()
-        status = 500
-        in_flight = self.state.admit()
-        streaming = False
-        adapter: AdapterRef | None = None
-        try:
+        with Answering(self.state, self.metrics, ROUTE) as answer:
             body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
             adapter = requested_adapter(request, body.model)
             if adapter is None:
                 self.model.check(body.model)
+            else:
+                answer.adapter = adapter.name
             request_id = (
                 body.request_id
                 or request.headers.get("x-request-id")
@@ -193,106 +190,67 @@ class ChatHandler:
             except BaseException:
                 await _close_all(streams)
                 raise
-            self.metrics.ttft.observe(time.perf_counter() - started)
+            answer.first_output()
             model_name = body.model or self.model.name
             created = int(time.time())
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                sse = self._sse(
-                    request_id,
-                    created,
-                    model_name,
-                    streams,
-                    firsts,
-                    include_usage,
-                    in_flight,
-                    started,
-                    adapter.name if adapter is not None else None,
-                )
-                streaming = True
-                status = 200
-                return StreamingResponse(
-                    sse,
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+                encoder = ChunkEncoder(request_id, created, model_name)
+                completion = [0] * len(streams)
+
+                async def close() -> None:
+                    await _close_all(streams)
+                    answer.count(firsts[0].prompt_tokens, sum(completion))
+
+                return answer.stream(
+                    _sse(encoder, streams, firsts, completion, include_usage),
+                    close,
+                    headers={"X-Request-Id": request_id},
                 )
             result = await _unless_disconnected(
                 request, _collect(streams, firsts, bool(body.logprobs))
             )
             if result is None:
-                status = 499  # client closed the connection; nobody reads this
+                answer.status = 499  # client closed the connection; nobody reads this
                 return Response(status_code=499)
             choices, prompt_tokens, completion_tokens = result
-            self.metrics.count(
-                prompt_tokens, completion_tokens, adapter.name if adapter is not None else None
-            )
-            status = 200
+            answer.count(prompt_tokens, completion_tokens)
+            answer.status = 200
             return JSONResponse(
                 chat_completion(
                     request_id, created, model_name, choices, prompt_tokens, completion_tokens
                 ),
                 headers={"X-Request-Id": request_id},
             )
-        except InferdError as exc:
-            status = exc.status
-            raise
-        finally:
-            if not streaming:
-                in_flight.release()
-                self._observe(status, started, adapter.name if adapter is not None else None)
 
-    def _observe(self, status: int, started: float, adapter: str | None) -> None:
-        self.metrics.answered(ROUTE, status, time.perf_counter() - started, adapter)
 
-    async def _sse(
-        self,
-        request_id: str,
-        created: int,
-        model_name: str,
-        streams: list[AsyncIterator[TextDelta]],
-        firsts: list[TextDelta],
-        include_usage: bool,
-        in_flight: InFlight,
-        started: float,
-        adapter: str | None,
-    ) -> AsyncIterator[bytes]:
-        encoder = ChunkEncoder(request_id, created, model_name)
-        prompt_tokens = firsts[0].prompt_tokens
-        completion = [0] * len(streams)
-        status = 200
-        try:
-            for index in range(len(streams)):
-                yield encoder.delta(index, "", None, role=True)
-            async for index, delta in _merge(streams, firsts):
-                completion[index] = delta.completion_tokens
-                if delta.tool_calls or delta.reasoning or delta.logprobs:
-                    yield encoder.delta(
-                        index,
-                        delta.text or None,
-                        delta.finish_reason,
-                        reasoning=delta.reasoning or None,
-                        tool_calls=[call_delta(c) for c in delta.tool_calls] or None,
-                        logprobs=logprob_content(delta.logprobs) if delta.logprobs else None,
-                    )
-                elif delta.text or delta.finish_reason:
-                    yield encoder.delta(index, delta.text or None, delta.finish_reason)
-            if include_usage:
-                yield encoder.usage(prompt_tokens, sum(completion))
-            yield SSE_DONE
-        except InferdError as exc:
-            status = exc.status
-            yield sse_error(exc.message, exc.type, exc.code)
-        except Exception:
-            # Headers are gone: report in band, then end the stream cleanly
-            # rather than leaving the client waiting on a silent socket.
-            logger.exception("chat stream %s failed", request_id)
-            status = 500
-            yield sse_error("The engine failed while generating.", "server_error", "engine_error")
-        finally:
-            await _close_all(streams)
-            self.metrics.count(prompt_tokens, sum(completion), adapter)
-            in_flight.release()
-            self._observe(status, started, adapter)
+async def _sse(
+    encoder: ChunkEncoder,
+    streams: list[AsyncIterator[TextDelta]],
+    firsts: list[TextDelta],
+    completion: list[int],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The chunks of a streamed chat completion; `completion` keeps each
+    choice's token count as it grows (the tokens counted however it ends)."""
+    for index in range(len(streams)):
+        yield encoder.delta(index, "", None, role=True)
+    async for index, delta in _merge(streams, firsts):
+        completion[index] = delta.completion_tokens
+        if delta.tool_calls or delta.reasoning or delta.logprobs:
+            yield encoder.delta(
+                index,
+                delta.text or None,
+                delta.finish_reason,
+                reasoning=delta.reasoning or None,
+                tool_calls=[call_delta(c) for c in delta.tool_calls] or None,
+                logprobs=logprob_content(delta.logprobs) if delta.logprobs else None,
+            )
+        elif delta.text or delta.finish_reason:
+            yield encoder.delta(index, delta.text or None, delta.finish_reason)
+    if include_usage:
+        yield encoder.usage(firsts[0].prompt_tokens, sum(completion))
+    yield SSE_DONE
 
 
 async def _collect(

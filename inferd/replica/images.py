@@ -12,8 +12,8 @@ from starlette.responses import Response
 
 from inferd.api.openai import ImageGenerationRequest
 from inferd.engines.base import ImageEngine, ImageRequest
-from inferd.errors import InferdError
 from inferd.http import read_model
+from inferd.replica.answering import Answering
 from inferd.replica.chat import ServedModel, _unless_disconnected
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
@@ -68,25 +68,15 @@ class ImagesHandler:
         self.max_body_bytes = max_body_bytes
 
     async def handle(self, request: Request) -> Response:
-        started = time.perf_counter()
-        status = 500
-        in_flight = self.state.admit()
-        try:
+        with Answering(self.state, self.metrics, ROUTE) as answer:
             body = await read_model(request, ImageGenerationRequest, self.max_body_bytes)
             self.model.check(body.model)
             image_request = to_image_request(body, self.engine.info.default_size)
             pngs = await _unless_disconnected(request, self.engine.generate(image_request))
             if pngs is None:
-                status = 499
+                answer.status = 499
                 return Response(status_code=499)
             self.metrics.images.inc(len(pngs))
             data = [await _b64(png) for png in pngs]
-            status = 200
+            answer.status = 200
             return Response(images_body(int(time.time()), data), media_type="application/json")
-        except InferdError as exc:
-            status = exc.status
-            raise
-        finally:
-            in_flight.release()
-            self.metrics.requests.labels(ROUTE, str(status)).inc()
-            self.metrics.latency.labels(ROUTE).observe(time.perf_counter() - started)

@@ -10,24 +10,20 @@ transformers engine, the fakes) refuse these routes with a clear 400.
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from inferd.api.openai import sse_error
 from inferd.engines.base import AdapterRef, ServesAdapters
 from inferd.engines.vllm_serving import SseStream, VllmServing, Whole
-from inferd.errors import BadRequest, InferdError, ServiceUnavailable
+from inferd.errors import BadRequest, ServiceUnavailable
 from inferd.http import parse_json_object, read_body
+from inferd.replica.answering import Answering
 from inferd.replica.chat import ServedModel, _unless_disconnected, requested_adapter
 from inferd.replica.metrics import ReplicaMetrics
-from inferd.replica.state import InFlight, ReplicaState
-
-logger = logging.getLogger(__name__)
+from inferd.replica.state import ReplicaState
 
 Call = Callable[[VllmServing, dict[str, Any], Request], Awaitable[Whole | SseStream]]
 
@@ -82,16 +78,12 @@ class VllmRouteHandler:
         return serving
 
     async def handle(self, request: Request) -> Response:
-        started = time.perf_counter()
-        status = 500
-        in_flight = self.state.admit()
-        streaming = False
-        adapter: AdapterRef | None = None
-        try:
+        with Answering(self.state, self.metrics, self.route) as answer:
             body = parse_json_object(await read_body(request, self.max_body_bytes))
             requested = body.get("model")
             adapter = requested_adapter(request, requested if isinstance(requested, str) else None)
             if adapter is not None:
+                answer.adapter = adapter.name
                 await self._load_adapter(adapter)
             elif isinstance(requested, str):
                 self.model.check(requested)
@@ -100,29 +92,22 @@ class VllmRouteHandler:
                     body["model"] = self.model.name
             result = await _unless_disconnected(request, self.call(self._serving(), body, request))
             if result is None:
-                status = 499  # client closed the connection; nobody reads this
+                answer.status = 499  # client closed the connection; nobody reads this
                 return Response(status_code=499)
             if isinstance(result, SseStream):
-                streaming = True
-                status = 200
-                return StreamingResponse(
-                    self._relay(result, in_flight, started, adapter),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache"},
-                )
-            self._count(result.usage.prompt_tokens, result.usage.completion_tokens, adapter)
+                stream = result
+
+                async def close() -> None:
+                    await stream.aclose()
+                    answer.count(stream.usage.prompt_tokens, stream.usage.completion_tokens)
+
+                return answer.stream(aiter(stream), close)
+            answer.count(result.usage.prompt_tokens, result.usage.completion_tokens)
             response: Response = (
                 JSONResponse(result.body) if result.response is None else result.response
             )
-            status = response.status_code
+            answer.status = response.status_code
             return response
-        except InferdError as exc:
-            status = exc.status
-            raise
-        finally:
-            if not streaming:
-                in_flight.release()
-                self._observe(status, started, adapter)
 
     async def _load_adapter(self, adapter: AdapterRef) -> None:
         """vLLM's serving code resolves an adapter's name itself once it is
@@ -135,39 +120,3 @@ class VllmRouteHandler:
             )
         self._serving()  # 503 while the model loads
         await self.engine.load_adapter(adapter)
-
-    async def _relay(
-        self, stream: SseStream, in_flight: InFlight, started: float, adapter: AdapterRef | None
-    ) -> AsyncIterator[bytes]:
-        status = 200
-        first = True
-        try:
-            async for event in stream:
-                if first:
-                    self.metrics.ttft.observe(time.perf_counter() - started)
-                    first = False
-                yield event
-        except InferdError as exc:
-            status = exc.status
-            yield sse_error(exc.message, exc.type, exc.code)
-        except Exception:
-            # Headers are gone: report in band, then end the stream cleanly.
-            logger.exception("%s stream failed", self.route)
-            status = 500
-            yield sse_error("The engine failed while generating.", "server_error", "engine_error")
-        finally:
-            await stream.aclose()
-            self._count(stream.usage.prompt_tokens, stream.usage.completion_tokens, adapter)
-            in_flight.release()
-            self._observe(status, started, adapter)
-
-    def _count(
-        self, prompt_tokens: int, completion_tokens: int, adapter: AdapterRef | None
-    ) -> None:
-        self.metrics.count(
-            prompt_tokens, completion_tokens, adapter.name if adapter is not None else None
-        )
-
-    def _observe(self, status: int, started: float, adapter: AdapterRef | None) -> None:
-        name = adapter.name if adapter is not None else None
-        self.metrics.answered(self.route, status, time.perf_counter() - started, name)

@@ -1,0 +1,112 @@
+"""The replica's bookkeeping for one request, the same on every OpenAI route.
+
+A request is admitted first (a draining or loading replica refuses with 503,
+which the gateway retries elsewhere). It holds its in-flight slot until its
+answer is whole or, for a stream, until the stream has ended, and it is
+reported once, then: route, status, latency, time to first output, tokens and
+adapter. After a stream's first byte an error can only be told in band, as an
+SSE `error` event, and the stream then ends cleanly rather than leaving the
+client waiting on a silent socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+
+from starlette.responses import StreamingResponse
+
+from inferd.api.openai import sse_error
+from inferd.errors import InferdError
+from inferd.replica.metrics import ReplicaMetrics
+from inferd.replica.state import ReplicaState
+
+logger = logging.getLogger(__name__)
+
+
+class Answering:
+    """Use as `with Answering(state, metrics, route) as answer:` around the
+    whole handler; set `answer.status` before returning a whole answer, or
+    return `answer.stream(...)`, which keeps the request open until the
+    stream ends."""
+
+    def __init__(self, state: ReplicaState, metrics: ReplicaMetrics, route: str) -> None:
+        self._in_flight = state.admit()
+        self._metrics = metrics
+        self._route = route
+        self._started = time.perf_counter()
+        self._first_seen = False
+        self._streaming = False
+        self.status = 500
+        self.adapter: str | None = None
+
+    def __enter__(self) -> Answering:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, InferdError):
+            self.status = exc.status
+        if not self._streaming:
+            self._end()
+
+    def first_output(self) -> None:
+        """Time to first output, observed once per request."""
+        if not self._first_seen:
+            self._first_seen = True
+            self._metrics.ttft.observe(time.perf_counter() - self._started)
+
+    def count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self._metrics.count(prompt_tokens, completion_tokens, self.adapter)
+
+    def stream(
+        self,
+        events: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        headers: dict[str, str] | None = None,
+    ) -> StreamingResponse:
+        """The answer as server-sent `events`; `close` runs once they end,
+        however they end (to free the engine's streams and count tokens)."""
+        self._streaming = True
+        self.status = 200
+        return StreamingResponse(
+            self._relay(events, close),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", **(headers or {})},
+        )
+
+    async def _relay(
+        self, events: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                self.first_output()
+                yield event
+        except InferdError as exc:
+            self.status = exc.status
+            yield sse_error(exc.message, exc.type, exc.code)
+        except Exception:
+            logger.exception("%s stream failed", self._route)
+            self.status = 500
+            yield sse_error("The engine failed while generating.", "server_error", "engine_error")
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            try:
+                await close()
+            finally:
+                self._end()
+
+    def _end(self) -> None:
+        self._in_flight.release()
+        seconds = time.perf_counter() - self._started
+        self._metrics.answered(self._route, self.status, seconds, self.adapter)
