@@ -134,9 +134,7 @@ def test_pages_and_filters_without_scripts(
     assert shown(page) == beta[:PAGE_SIZE]
     page.get_by_test_id("search").fill("b-05")
     page.get_by_test_id("filter-submit").click()
-    expect(page).to_have_url(
-        re.compile(r"/console/endpoints\?name=b-05&status=&model=&location=$")
-    )
+    expect(page).to_have_url(re.compile(r"/console/endpoints\?name=b-05&status=&model=&location=$"))
     assert shown(page) == [f"b-05{i}" for i in range(10)]
     page.get_by_test_id("model-filter").select_option("tiny-sdxl")
     page.get_by_test_id("filter-submit").click()
