@@ -239,6 +239,10 @@ def routing_decision_cpu(iterations: int = 20_000) -> list[dict[str, Any]]:
 
     settings = GatewaySettings()
     replicas = [RoutableReplica(f"replica-{i}", f"http://127.0.0.1:{9000 + i}") for i in range(4)]
+
+    def serving() -> set[str]:
+        return {r.replica_id for r in replicas}
+
     in_flight = {"replica-0": 3, "replica-1": 2, "replica-2": 5}
     messages = conversation()
     bodies = []
@@ -261,7 +265,7 @@ def routing_decision_cpu(iterations: int = 20_000) -> list[dict[str, Any]]:
             policy=Policy.PREFIX, load_factor=settings.routing_load_factor,
         )  # fmt: skip
         assert choice.replica is not None
-        table.record(p.blocks, choice.replica.replica_id)
+        table.record(p.blocks, choice.replica.replica_id, serving)
 
     rows = []
     for name, decide in (("least_loaded (before)", least_loaded), ("prefix (after)", prefix)):

@@ -19,9 +19,10 @@ Two things come out of it:
   process (CRC-32 is not salted per process as `hash()` is), so rendezvous
   hashing on it (`routing.choose_replica`) makes instances agree without
   talking to each other.
-- the chain of block hashes, which `PrefixTable` maps to the replica last
-  sent each prefix: a turn that was spilled off its home replica (load bound)
-  keeps following the replica that holds its cache.
+- the chain of block hashes, which `PrefixTable` maps to the replica each
+  prefix was first sent to: a turn that was spilled off its home replica
+  (load bound) keeps following the replica that holds its own conversation,
+  while the shared part (a system prompt) stays where it first went.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 # Where the prompt starts in a request body; whatever comes before (model,
@@ -99,7 +100,7 @@ def request_prefix(
 
 
 class PrefixTable:
-    """Block hash -> the replica this gateway last sent that prefix to.
+    """Block hash -> the replica this gateway first sent that prefix to.
 
     Bounded: at most `max_entries` hashes, least recently used evicted first.
     An entry is an int key in an ordered dict pointing at a shared replica id
@@ -128,10 +129,29 @@ class PrefixTable:
                 return replica_id
         return None
 
-    def record(self, blocks: Sequence[int], replica_id: str) -> None:
+    def record(
+        self, blocks: Sequence[int], replica_id: str, serving: Callable[[], Container[str]]
+    ) -> None:
+        """Note that these blocks were sent to `replica_id`. A block already
+        placed on another replica that is still `serving()` (the ids of the
+        replicas taking requests, asked at most once, and only when a block
+        was placed elsewhere) stays there: a request spilled off a prefix's
+        replica by the load bound leaves a copy elsewhere, but the next
+        request of that prefix should still go where it first went, so that
+        each prefix lives on one replica and the fleet's caches add up
+        (rather than every replica holding the hot prefixes and evicting the
+        rest). Blocks of a replica that stopped serving move here."""
         where = self._where
+        serving_now: Container[str] | None = None
         for h in blocks:
-            where[h] = replica_id
+            placed = where.get(h)
+            if placed is not None and placed != replica_id:
+                if serving_now is None:
+                    serving_now = serving()
+                if placed not in serving_now:
+                    where[h] = replica_id
+            elif placed is None:
+                where[h] = replica_id
             where.move_to_end(h)
         while len(where) > self.max_entries:
             where.popitem(last=False)

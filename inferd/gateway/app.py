@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import quote
 
 import httpx
@@ -298,6 +299,9 @@ class Gateway:
             watch.done = True
             watcher.cancel()
 
+    def _serving(self, endpoint_id: str) -> set[str]:
+        return {r.replica_id for r in self.directory.ready_replicas(endpoint_id)}
+
     async def _dispatch(
         self,
         ep: EndpointTraffic,
@@ -322,7 +326,7 @@ class Gateway:
             if prefix is not None and prefix.blocks:
                 # Recorded before the answer: the next turn of a conversation
                 # may arrive while this one still streams.
-                self.prefixes.record(prefix.blocks, rid)
+                self.prefixes.record(prefix.blocks, rid, partial(self._serving, ep.endpoint_id))
             self._replica_urls[rid] = replica.url
             begun = self.clock()
             if begun - arrived > 0.001:

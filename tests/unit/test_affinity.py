@@ -112,25 +112,49 @@ def test_hashes_agree_across_processes() -> None:
     assert (home, tuple(blocks)) == (here.home, here.blocks)
 
 
+def everyone() -> set[str]:
+    return {"a", "b", "c", "d"}
+
+
 def test_table_finds_the_longest_known_prefix() -> None:
     table = PrefixTable(100)
-    table.record([1, 2], "a")
-    table.record([1, 2, 3, 4], "b")
+    table.record([1, 2], "a", everyone)
+    table.record([1, 2, 3, 4], "b", everyone)
     assert table.lookup([1, 2, 3, 4, 5]) == "b"
-    assert table.lookup([1, 2, 9]) == "b"  # block 2 was last sent to b
+    assert table.lookup([1, 2, 9]) == "a"  # blocks 1 and 2 went to a first
     assert table.lookup([7, 8]) is None
+
+
+def test_a_prefix_stays_where_it_first_went_while_that_replica_serves() -> None:
+    table = PrefixTable(100)
+    asked: list[str] = []
+
+    def serving() -> set[str]:
+        asked.append("asked")
+        return {"a", "b"}
+
+    table.record([1, 2], "a", serving)
+    table.record([1, 2], "a", serving)
+    assert asked == []  # nothing placed elsewhere: the directory is not asked
+    table.record([1, 2, 3], "b", serving)  # spilled to b by the load bound
+    assert asked == ["asked"]  # once per request, however many blocks
+    assert table.lookup([1, 2, 9]) == "a"  # a new conversation: still a
+    assert table.lookup([1, 2, 3]) == "b"  # the spilled one follows its own blocks
+    table.record([1, 2, 3, 4], "c", lambda: {"b", "c"})  # a stopped serving
+    assert table.lookup([1, 2, 9]) == "c"  # a's blocks moved
+    assert table.lookup([1, 2, 3]) == "b"  # b's stayed
 
 
 def test_table_is_bounded_and_evicts_least_recently_used() -> None:
     table = PrefixTable(4)
-    table.record([1, 2], "a")
-    table.record([3, 4], "b")
+    table.record([1, 2], "a", everyone)
+    table.record([3, 4], "b", everyone)
     assert table.lookup([1]) == "a"  # 1 is now the most recently used
-    table.record([5], "c")
+    table.record([5], "c", everyone)
     assert len(table) == 4
     assert table.lookup([2]) is None  # the oldest went
     assert table.lookup([1]) == "a"
-    table.record(range(100, 200), "d")
+    table.record(range(100, 200), "d", everyone)
     assert len(table) == 4
 
 
