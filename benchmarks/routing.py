@@ -18,8 +18,9 @@ Replica i of each kind is pinned to core i (VLLM_CPU_OMP_THREADS_BIND). The
 KV cache is sized (`--kv-tokens` per replica) so that the workload's
 working set of prefixes exceeds one replica's cache but fits the fleet's.
 
-Workload: G system prompts (`--prompt-words` each, about 4 tokens a word
-with the tiny tokenizer), C conversations per system prompt, T turns each;
+Workload: G system prompts (`--prompt-words` each, about 1.1 tokens a word
+with the bench model's tokenizer: the report states the count), C
+conversations per system prompt, T turns each;
 a conversation's next turn repeats the whole conversation so far. Turns go
 in waves with `--concurrency` requests at once. Streamed, so TTFT is
 measured; throughput is requests per second over the run. The cache hit
@@ -188,7 +189,9 @@ def start_inferd_replica(model: Path, core: int, kv_tokens: int) -> ReplicaHandl
     return ReplicaHandle(str(model), args, env=pinned(core))
 
 
-def serve_gateway(replica_urls: list[str], port: int, token: str, routing: str) -> None:
+def serve_gateway(
+    replica_urls: list[str], port: int, token: str, routing: str, load_factor: float | None
+) -> None:
     """The gateway process (`--serve-gateway`)."""
     import uvicorn
     from starlette.applications import Starlette
@@ -198,7 +201,7 @@ def serve_gateway(replica_urls: list[str], port: int, token: str, routing: str) 
 
     from inferd.gateway.app import Gateway, gateway_routes
     from inferd.gateway.directory import EndpointRoute, RoutableReplica
-    from inferd.gateway.routing import Policy
+    from inferd.gateway.routing import DEFAULT_LOAD_FACTOR, Policy
     from inferd.gateway.settings import GatewaySettings
     from inferd.gateway.static import StaticDirectory
     from inferd.http_errors import EXCEPTION_HANDLERS
@@ -207,25 +210,39 @@ def serve_gateway(replica_urls: list[str], port: int, token: str, routing: str) 
     directory = StaticDirectory()
     replicas = [RoutableReplica(f"replica-{i}", url) for i, url in enumerate(replica_urls)]
     directory.add_endpoint(EndpointRoute(ENDPOINT_ID, "chat", MODEL), replicas)
-    settings = GatewaySettings(routing_policy=Policy(routing))
+    settings = GatewaySettings(
+        routing_policy=Policy(routing),
+        routing_load_factor=load_factor if load_factor is not None else DEFAULT_LOAD_FACTOR,
+    )
     gateway = Gateway(directory, verifier_for({ENDPOINT_ID: token}), settings)
 
     async def health(request: Request) -> Response:
         return Response(b"ok")
 
+    async def metrics(request: Request) -> Response:
+        return Response(gateway.metrics.render(), media_type="text/plain")
+
     app = Starlette(
-        routes=[*gateway_routes(gateway), Route("/healthz", health)],
+        routes=[
+            *gateway_routes(gateway),
+            Route("/healthz", health),
+            Route("/gateway-metrics", metrics),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     uvicorn.run(app, host="127.0.0.1", port=port, access_log=False, log_level="warning")
 
 
-def start_gateway(replica_urls: list[str], token: str, routing: str) -> tuple[Any, str]:
+def start_gateway(
+    replica_urls: list[str], token: str, routing: str, load_factor: float | None = None
+) -> tuple[Any, str]:
     port = free_port()
     command = [
         sys.executable, __file__, "--serve-gateway", "--port", str(port), "--token", token,
         "--routing", routing, "--replica-urls", *replica_urls,
     ]  # fmt: skip
+    if load_factor is not None:
+        command += ["--load-factor", str(load_factor)]
     process = subprocess.Popen(command, start_new_session=True)
     wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout=60)
     return process, f"http://127.0.0.1:{port}/endpoints/{ENDPOINT_ID}/openai"
@@ -242,6 +259,7 @@ class Target:
     engines: list[str]  # metrics URLs of the engines behind it
     hits_metric: str
     queries_metric: str
+    gateways: list[str] = field(default_factory=list)  # inferd gateways' metrics URLs
 
 
 @dataclass
@@ -253,6 +271,19 @@ class Run:
     wall_s: float = 0.0
     ttft_s: list[float] = field(default_factory=list)
     hit_rate: float | None = None
+    # inferd only: requests by why the gateway chose the replica.
+    routed: dict[str, int] = field(default_factory=dict)
+
+
+def routed_by_reason(urls: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for url in urls:
+        text = httpx.get(url, timeout=30).text
+        for m in re.finditer(
+            r'^inferd_gateway_routed_requests_total\{[^}]*reason="(\w+)"[^}]*\} (\S+)$', text, re.M
+        ):
+            counts[m.group(1)] = counts.get(m.group(1), 0) + int(float(m.group(2)))
+    return counts
 
 
 def metric_total(url: str, name: str) -> float:
@@ -274,6 +305,16 @@ def conversations(seed: int, args: argparse.Namespace) -> list[list[dict[str, st
         convs += [[{"role": "system", "content": system}] for _ in range(args.conversations)]
     rng.shuffle(convs)
     return convs
+
+
+def system_prompt_tokens(model: Path, args: argparse.Namespace) -> int:
+    """Tokens of one system prompt as the engines count them (the words are
+    not one token each: size the KV cache against this)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    (first, *_) = conversations(0, args)
+    return len(tokenizer(first[0]["content"])["input_ids"])
 
 
 async def one_turn(
@@ -306,6 +347,7 @@ async def run_target(target: Target, seed: int, round_: int, args: argparse.Name
     rng = random.Random(seed + 1)
     hits0 = sum(metric_total(u, target.hits_metric) for u in target.engines)
     queries0 = sum(metric_total(u, target.queries_metric) for u in target.engines)
+    routed0 = routed_by_reason(target.gateways)
     sent = 0
     limits = httpx.Limits(max_connections=args.concurrency * 2)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
@@ -336,6 +378,8 @@ async def run_target(target: Target, seed: int, round_: int, args: argparse.Name
     hits = sum(metric_total(u, target.hits_metric) for u in target.engines) - hits0
     queries = sum(metric_total(u, target.queries_metric) for u in target.engines) - queries0
     run.hit_rate = hits / queries if queries else None
+    routed = routed_by_reason(target.gateways)
+    run.routed = {k: v - routed0.get(k, 0) for k, v in routed.items() if v - routed0.get(k, 0)}
     return run
 
 
@@ -353,6 +397,10 @@ def summarize(name: str, runs: list[Run]) -> dict[str, Any]:
         "ttft p90 ms": round(1000 * (percentile(ttfts, 90) or 0)),
         "cache hit rate": round(statistics.median(hits), 3) if hits else None,
         "hit rate per round": [round(h, 3) for h in hits],
+        "routed by reason": {
+            reason: sum(r.routed.get(reason, 0) for r in runs)
+            for reason in sorted({k for r in runs for k in r.routed})
+        },
     }
 
 
@@ -373,22 +421,32 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--kv-tokens", type=int, default=3072, help="KV cache per replica")
     parser.add_argument("--only", nargs="*", default=None, help="target names to run")
+    parser.add_argument(
+        "--prefix-load-factors",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also run inferd prefix with these routing load factors (one target each)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     # Internal: a gateway process.
     parser.add_argument("--serve-gateway", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--routing", help=argparse.SUPPRESS)
+    parser.add_argument("--load-factor", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--replica-urls", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
-        serve_gateway(args.replica_urls, args.port, args.token, args.routing)
+        serve_gateway(args.replica_urls, args.port, args.token, args.routing, args.load_factor)
         return 0
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
     from build_bench_llama import build
 
     model = build(Path(__file__).resolve().parent.parent / ".inferd" / "bench-models")
+    prompt_tokens = system_prompt_tokens(model, args)
+    print(f"a system prompt of {args.prompt_words} words is {prompt_tokens} tokens", flush=True)
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-routing-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     processes: list[Any] = []
@@ -422,20 +480,23 @@ def main() -> int:
                 "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
             )  # fmt: skip
         gateways = {}
-        for name, routing, count in (
-            ("inferd prefix", "prefix", 1),
-            ("inferd least_loaded", "least_loaded", 1),
-            ("inferd prefix x2", "prefix", 2),
+        for name, routing, count, factor in (
+            ("inferd prefix", "prefix", 1, None),
+            ("inferd least_loaded", "least_loaded", 1, None),
+            ("inferd prefix x2", "prefix", 2, None),
+            *((f"inferd prefix lf={f:g}", "prefix", 1, f) for f in args.prefix_load_factors),
         ):
-            urls = []
+            urls, gateway_metrics = [], []
             for _ in range(count):
-                process, url = start_gateway(inferd_urls, token, routing)
+                process, url = start_gateway(inferd_urls, token, routing, factor)
                 processes.append(process)
                 urls.append(url + "/v1/chat/completions")
+                gateway_metrics.append(url.split("/endpoints/")[0] + "/gateway-metrics")
             gateways[name] = urls
             targets[name] = Target(
                 name, urls, auth, inferd_metrics,
                 "inferd_prefix_cache_hit_tokens", "inferd_prefix_cache_queried_tokens",
+                gateway_metrics,
             )  # fmt: skip
         names = [n for n in targets if args.only is None or n in args.only]
         runs: dict[str, list[Run]] = {n: [] for n in names}
@@ -447,7 +508,7 @@ def main() -> int:
                 runs[name].append(run)
                 print(
                     f"round {round_} {name}: {run.requests} ok {run.errors} failed "
-                    f"{run.wall_s:.1f}s hit rate {run.hit_rate}",
+                    f"{run.wall_s:.1f}s hit rate {run.hit_rate} {run.routed or ''}",
                     flush=True,
                 )
     finally:
@@ -482,10 +543,14 @@ def main() -> int:
         rows,
         ["target", "requests", "errors", "req/s", "ttft p50 ms", "ttft p90 ms", "cache hit rate"],
     )
+    for row in rows:
+        if row["routed by reason"]:
+            print(f"{row['target']} routed by reason: {row['routed by reason']}")
     for goal, value in goals.items():
         print(f"{goal}: {value}")
     report = {
         "config": {k: str(v) for k, v in vars(args).items()},
+        "system prompt tokens": prompt_tokens,
         "results": rows,
         "goals": goals,
         "runs": [r.__dict__ for rs in runs.values() for r in rs],
