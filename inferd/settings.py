@@ -167,6 +167,11 @@ class Settings(BaseModel):
         ge=1,
         description="prefix routing's load bound, as a multiple of the mean replica load",
     )
+    gateway_routing_min_load_bound: int = Field(
+        _GATEWAY.routing_min_load_bound,
+        ge=1,
+        description="prefix routing's load bound is never below this many requests per replica",
+    )
     gateway_prefix_block_bytes: int = Field(
         _GATEWAY.prefix_block_bytes, ge=16, description="prompt bytes per hashed block"
     )
@@ -285,6 +290,7 @@ class Settings(BaseModel):
             max_hold_seconds=self.gateway_hold_timeout_seconds,
             routing_policy=Policy(self.gateway_routing_policy),
             routing_load_factor=self.gateway_routing_load_factor,
+            routing_min_load_bound=self.gateway_routing_min_load_bound,
             prefix_block_bytes=self.gateway_prefix_block_bytes,
             prefix_max_blocks=self.gateway_prefix_max_blocks,
             prefix_table_entries=self.gateway_prefix_table_entries,

@@ -137,6 +137,7 @@ def plan_release(
             affinity=affinities[index] if affinities is not None else NO_AFFINITY,
             policy=settings.routing_policy,
             load_factor=settings.routing_load_factor,
+            min_bound=settings.routing_min_load_bound,
         )
         if choice.replica is None:
             continue
@@ -332,6 +333,7 @@ class Dispatcher:
             affinity=affinity,
             policy=settings.routing_policy,
             load_factor=settings.routing_load_factor,
+            min_bound=settings.routing_min_load_bound,
         )
 
     async def acquire(

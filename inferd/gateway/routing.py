@@ -15,7 +15,8 @@ Two policies (`GatewaySettings.routing_policy`):
      (the same order in every gateway process, since it depends only on the
      key and the replica ids): the first one under the bound;
   3. else, or for a request with no prefix worth caching, least-loaded.
-  The bound is `ceil(load_factor * (total load + 1) / replicas)`: a hot
+  The bound is `ceil(load_factor * (total load + 1) / replicas)`, at least
+  `min_bound` (an engine batches a few requests at no cost): a hot
   prefix (one huge shared system prompt, or keys built to collide) fills its
   home replica to the bound and spills over, so it cannot pin all traffic
   on one replica. A replica that is not ready is not in `replicas`, so its
@@ -83,6 +84,11 @@ NO_REPLICA = Choice(Outcome.NO_REPLICA)
 BUSY = Choice(Outcome.BUSY)
 NO_AFFINITY = Affinity()
 DEFAULT_LOAD_FACTOR = 1.25
+# A replica with fewer requests than this (in flight and queued) is never over
+# the bound: an LLM engine batches them, so a few requests do not make it
+# busy, while a spill costs the whole prompt's prefill elsewhere and a copy
+# of it in a second cache. Measured in benchmarks/RESULTS.md (routing).
+DEFAULT_MIN_LOAD_BOUND = 4
 
 _MASK = (1 << 64) - 1
 
@@ -100,13 +106,14 @@ def rendezvous_score(home: int, replica_id: str) -> int:
     return _mix((zlib.crc32(replica_id.encode()) << 32) ^ home)
 
 
-def load_bound(total_load: int, replicas: int, load_factor: float) -> int:
+def load_bound(total_load: int, replicas: int, load_factor: float, min_bound: int = 1) -> int:
     """The most load a replica may carry and still take a request by
-    affinity: `load_factor` times the mean load including this request."""
+    affinity: `load_factor` times the mean load including this request, and
+    never less than `min_bound`."""
     if replicas <= 0:
         return 0
     mean = (total_load + 1) / replicas
-    return max(1, -int(-(load_factor * mean) // 1))
+    return max(1, min_bound, -int(-(load_factor * mean) // 1))
 
 
 def choose_replica(
@@ -119,6 +126,7 @@ def choose_replica(
     affinity: Affinity = NO_AFFINITY,
     policy: Policy = Policy.LEAST_LOADED,
     load_factor: float = DEFAULT_LOAD_FACTOR,
+    min_bound: int = 1,
 ) -> Choice:
     open_: list[tuple[RoutableReplica, int]] = []
     candidates = False
@@ -135,7 +143,7 @@ def choose_replica(
         open_.append((replica, load))
     if not open_:
         return BUSY if candidates else NO_REPLICA
-    bound = load_bound(total, len(open_), load_factor)
+    bound = load_bound(total, len(open_), load_factor, min_bound)
     adapter = affinity.adapter
     if adapter is not None:
         holders = [(r, load) for r, load in open_ if adapter in r.adapters]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferd.gateway.routing import DEFAULT_LOAD_FACTOR, Policy
+from inferd.gateway.routing import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_LOAD_BOUND, Policy
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 
 
@@ -44,6 +44,8 @@ class GatewaySettings:
     # prefixes.
     routing_policy: Policy = Policy.PREFIX
     routing_load_factor: float = DEFAULT_LOAD_FACTOR
+    # ... and never below this many requests per replica.
+    routing_min_load_bound: int = DEFAULT_MIN_LOAD_BOUND
     # Prompts are hashed in blocks of this many bytes (about a quarter as many
     # tokens), at most `prefix_max_blocks` of them (the rest of a longer
     # prompt does not change where it goes).
@@ -70,6 +72,8 @@ class GatewaySettings:
             raise ValueError("service_time_window must be at least 1")
         if self.routing_load_factor < 1:
             raise ValueError("routing_load_factor must be at least 1")
+        if self.routing_min_load_bound < 1:
+            raise ValueError("routing_min_load_bound must be at least 1")
         if self.prefix_block_bytes < 16 or self.prefix_max_blocks < 1:
             raise ValueError("prefix_block_bytes must be at least 16, prefix_max_blocks at least 1")
         if self.prefix_table_entries < 1:

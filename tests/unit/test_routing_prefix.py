@@ -12,6 +12,7 @@ import pytest
 from inferd.gateway.affinity import request_prefix
 from inferd.gateway.directory import RoutableReplica
 from inferd.gateway.routing import (
+    DEFAULT_MIN_LOAD_BOUND,
     Affinity,
     Outcome,
     Policy,
@@ -119,6 +120,35 @@ def test_load_bound(total: int, replicas: int, factor: float, bound: int) -> Non
     assert load_bound(total, replicas, factor) == bound
 
 
+@pytest.mark.parametrize(
+    ("total", "replicas", "min_bound", "bound"),
+    [(0, 4, 4, 4), (3, 4, 4, 4), (2, 4, 1, 1), (99, 4, 4, 32), (99, 4, 40, 40)],
+)
+def test_load_bound_has_a_floor(total: int, replicas: int, min_bound: int, bound: int) -> None:
+    assert load_bound(total, replicas, 1.25, min_bound) == bound
+
+
+def test_a_lightly_loaded_home_keeps_its_prefix() -> None:
+    # Loads 2,0,0: 1.25x the mean is 2, so without a floor a's prefix spills
+    # (a second copy of the prompt in b's cache); an engine batches 2 requests
+    # at no cost, so with a floor of 4 it stays home...
+    spilled = choose_replica(
+        ABC3, {"a": 2}, max_in_flight=8, affinity=Affinity(ABC), policy=Policy.PREFIX
+    )
+    assert spilled.replica is not None and spilled.replica.replica_id == "b"
+    kept = choose_replica(
+        ABC3, {"a": 2}, max_in_flight=8, affinity=Affinity(ABC), policy=Policy.PREFIX, min_bound=4
+    )
+    assert kept.replica is not None and kept.replica.replica_id == "a"
+    assert kept.reason is Reason.HOME
+    # ... until it carries the floor.
+    full = choose_replica(
+        ABC3, {"a": 4}, max_in_flight=8, affinity=Affinity(ABC), policy=Policy.PREFIX, min_bound=4
+    )
+    assert full.replica is not None and full.replica.replica_id == "b"
+    assert full.reason is Reason.SPILLED
+
+
 def test_rendezvous_scores_are_pinned() -> None:
     # Two gateway processes (maybe of two versions during an upgrade) agree
     # only if this function never changes: pinned values.
@@ -153,8 +183,9 @@ def _place(replicas: list[RoutableReplica], affinities: list[Affinity]) -> dict[
     load: dict[str, int] = {}
     for affinity in affinities:
         choice = choose_replica(
-            replicas, load, max_in_flight=10_000, affinity=affinity, policy=Policy.PREFIX
-        )
+            replicas, load, max_in_flight=10_000, affinity=affinity, policy=Policy.PREFIX,
+            min_bound=DEFAULT_MIN_LOAD_BOUND,
+        )  # fmt: skip
         assert choice.replica is not None
         rid = choice.replica.replica_id
         load[rid] = load.get(rid, 0) + 1
@@ -177,7 +208,7 @@ def test_one_huge_shared_prefix_cannot_pin_all_traffic() -> None:
     load = _place(replicas, [Affinity(p.home) for p in prefixes])
     assert sum(load.values()) == 400
     # The home replica fills to the bound (1.25x the mean), no further.
-    assert max(load.values()) <= load_bound(399, 4, 1.25)
+    assert max(load.values()) <= load_bound(399, 4, 1.25, DEFAULT_MIN_LOAD_BOUND)
     assert len(load) == 4
 
 
@@ -185,7 +216,7 @@ def test_colliding_prefixes_cannot_pin_all_traffic() -> None:
     # Keys built to collide: different prompts, all with the same home key.
     replicas = [r(f"r{i}") for i in range(3)]
     load = _place(replicas, [Affinity(ABC, cached_on="a") for _ in range(300)])
-    assert max(load.values()) <= load_bound(299, 3, 1.25)
+    assert max(load.values()) <= load_bound(299, 3, 1.25, DEFAULT_MIN_LOAD_BOUND)
     assert min(load.values()) > 0
 
 
