@@ -412,14 +412,16 @@ def main() -> int:
     parser.add_argument("--router", default="vllm-router", help="the vllm-router binary")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--groups", type=int, default=4, help="system prompts per run")
-    parser.add_argument("--conversations", type=int, default=2, help="per system prompt")
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--prompt-words", type=int, default=250)
-    parser.add_argument("--user-words", type=int, default=20)
+    # Defaults: RESULTS.md's run A, 8 prompts of ~1.1k tokens (70 KV blocks)
+    # against 40 blocks per replica and 80 for the fleet of 2.
+    parser.add_argument("--groups", type=int, default=8, help="system prompts per run")
+    parser.add_argument("--conversations", type=int, default=4, help="per system prompt")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--prompt-words", type=int, default=1000)
+    parser.add_argument("--user-words", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--kv-tokens", type=int, default=3072, help="KV cache per replica")
+    parser.add_argument("--kv-tokens", type=int, default=5120, help="KV cache per replica")
     parser.add_argument("--only", nargs="*", default=None, help="target names to run")
     parser.add_argument(
         "--prefix-load-factors",
