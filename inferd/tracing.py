@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import random
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -88,16 +89,22 @@ class Tracer:
         name: str,
         headers: Iterable[tuple[bytes, bytes]] | Mapping[str, str],
         attributes: Mapping[str, Any] | None = None,
+        *,
+        root: bool = True,
     ) -> Span | None:
         """A server span for one request, child of the `traceparent` in
-        `headers` if any; None when tracing is off."""
+        `headers` if any. None when tracing is off, when a new trace is not
+        sampled (decided here, before anything is made: an unsampled request
+        costs a random number), or when `root` is False and no parent came
+        (a replica traces only as a part of the gateway's trace)."""
         if self._tracer is None:
             return None
-        from opentelemetry.trace import SpanKind
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
         carrier = _carrier(headers)
-        context = TraceContextTextMapPropagator().extract(carrier) if carrier else None
+        if not carrier and (not root or random.random() >= self.settings.sample_ratio):
+            return None
+        from opentelemetry.trace import SpanKind
+
+        context = _PROPAGATOR.extract(carrier) if carrier else None
         span: Span = self._tracer.start_span(
             name, context=context, kind=SpanKind.SERVER, attributes=dict(attributes or {})
         )
@@ -110,13 +117,11 @@ class Tracer:
 
 def traceparent_of(span: Span) -> bytes | None:
     """The W3C `traceparent` header value naming `span` as the parent."""
-    from opentelemetry.trace import set_span_in_context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
-    value = carrier.get(TRACEPARENT)
-    return value.encode() if value else None
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    flags = int(context.trace_flags)
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}".encode()
 
 
 def end_span(span: Span, status: int, attributes: Mapping[str, Any] | None = None) -> None:
@@ -129,6 +134,25 @@ def end_span(span: Span, status: int, attributes: Mapping[str, Any] | None = Non
     if status >= 500:
         span.set_status(Status(StatusCode.ERROR))
     span.end()
+
+
+class _Propagator:
+    """OpenTelemetry's W3C propagator, made once (on first traced request)."""
+
+    def __init__(self) -> None:
+        self._propagator: Any = None
+
+    def extract(self, carrier: Mapping[str, str]) -> Any:
+        if self._propagator is None:
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+
+            self._propagator = TraceContextTextMapPropagator()
+        return self._propagator.extract(carrier)
+
+
+_PROPAGATOR = _Propagator()
 
 
 def _carrier(headers: Iterable[tuple[bytes, bytes]] | Mapping[str, str]) -> dict[str, str]:
@@ -145,7 +169,7 @@ def _build(settings: TracingSettings, service_name: str) -> tuple[Any, Any]:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
     exporter: Any
     if settings.protocol == "grpc":
@@ -159,9 +183,9 @@ def _build(settings: TracingSettings, service_name: str) -> tuple[Any, Any]:
 
         exporter = HttpExporter(endpoint=settings.traces_url())
     resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
-    provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio))
-    )
+    # New traces are sampled in `Tracer.start` (at the ratio); a parent's
+    # decision is followed.
+    provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
     # Short delay: a trace shows up within a second, and a process that
     # ends flushes what it holds (shutdown).
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))

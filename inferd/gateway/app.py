@@ -265,7 +265,8 @@ class Gateway:
             parent = traceparent_of(trace)
             if parent is not None:
                 headers.append((b"traceparent", parent))
-        token = _REQUEST.set(_RequestNotes(trace)) if trace is not None else None
+        # A span that records gets notes on its way (unsampled: none made).
+        token = _REQUEST.set(_RequestNotes(trace)) if trace and trace.is_recording() else None
         try:
             if not authorized(self.verifier, endpoint_id, authorization):
                 raise unauthorized()

@@ -59,7 +59,7 @@ class Answering:
         self.trace_headers: dict[str, str] | None = None
         if request is not None:
             self._span = tracer().start(
-                f"replica {route}", request.headers, {"inferd.route": route}
+                f"replica {route}", request.headers, {"inferd.route": route}, root=False
             )
         if self._span is not None and request is not None:
             parent = traceparent_of(self._span)

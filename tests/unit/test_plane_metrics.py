@@ -12,7 +12,7 @@ from inferd.control.endpoints.records import EndpointRuntime, ReplicaView
 from inferd.control.metrics.plane import EndpointTokens, PlaneCollector, StoreProbe
 from inferd.control.replicas.registry import Registry, Replica, secret_digest
 from inferd.testing import replica_report
-from inferd.tracing import Tracer, TracingSettings, request_id_from
+from inferd.tracing import Tracer, TracingSettings, request_id_from, traceparent_of
 from inferd.vocab import ReplicaStatus
 from tests.records import endpoint_row
 
@@ -142,3 +142,33 @@ def test_tracing_is_off_without_an_endpoint_and_names_the_http_path() -> None:
     assert TracingSettings("http://c:4318").traces_url() == "http://c:4318/v1/traces"
     assert TracingSettings("http://c:4318/v1/traces").traces_url() == "http://c:4318/v1/traces"
     assert TracingSettings("c:4317", "grpc").traces_url() == "c:4317"
+
+
+def test_sampling_is_decided_once_at_the_gateway_and_followed_after() -> None:
+    parent_id = "0af7651916cd43dd8448eb211c80319c"
+    sampled = [(b"traceparent", f"00-{parent_id}-b7ad6b7169203331-01".encode())]
+    unsampled = [(b"traceparent", f"00-{parent_id}-b7ad6b7169203331-00".encode())]
+    never = Tracer(TracingSettings("http://127.0.0.1:9", sample_ratio=0.0), "inferd-test")
+    always = Tracer(TracingSettings("http://127.0.0.1:9", sample_ratio=1.0), "inferd-test")
+    try:
+        # A new trace at ratio 0: nothing is made at all.
+        assert never.start("x", []) is None
+        # A client's sampled parent is followed whatever the ratio, and the
+        # context passed on names this span under the same trace.
+        span = never.start("x", sampled)
+        assert span is not None and span.is_recording()
+        header = traceparent_of(span)
+        assert header is not None and header.startswith(f"00-{parent_id}-".encode())
+        assert header.endswith(b"-01")
+        # A client's unsampled parent is followed too: passed on, not recorded.
+        quiet = always.start("x", unsampled)
+        assert quiet is not None and not quiet.is_recording()
+        passed_on = traceparent_of(quiet)
+        assert passed_on is not None and passed_on.startswith(f"00-{parent_id}-".encode())
+        assert passed_on.endswith(b"-00")
+        # A replica never starts a trace of its own.
+        assert always.start("replica chat", [], root=False) is None
+        assert always.start("x", []) is not None
+    finally:
+        never.shutdown()
+        always.shutdown()
