@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -475,15 +476,21 @@ def summarize(name: str, runs: list[Run]) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def _tokenizer(model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
 def static_reference(run: Run, model: Path, args: argparse.Namespace) -> float:
     """The hit rate of the best static partition of this run's prompts
     (benchmarks/static_partition.py), tokenized as the engines do."""
     from static_partition import best_static_hit_rate
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = _tokenizer(model)
     requests = [
-        (group, tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        (group, tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"])
         for group, messages in run.sent
     ]
     rate, _ = best_static_hit_rate(
@@ -687,13 +694,11 @@ def main() -> int:
             for n, name in enumerate(order):
                 seed = 1000 * (round_ + 1) + 17 * n + random.randrange(10**6)
                 run = asyncio.run(run_target(targets[name], seed, round_, args))
-                run.static_hit_rate = static_reference(run, model, args)
                 runs[name].append(run)
                 print(
                     f"round {round_} {name}: {run.requests} ok {run.errors} failed "
-                    f"{run.wall_s:.1f}s hit rate {run.hit_rate} (best static "
-                    f"{run.static_hit_rate:.3f}) {run.routed or ''} {run.per_engine} "
-                    f"load {os.getloadavg()[0]:.1f}",
+                    f"{run.wall_s:.1f}s hit rate {run.hit_rate} {run.routed or ''} "
+                    f"{run.per_engine} load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
     finally:
@@ -703,6 +708,10 @@ def main() -> int:
             replica.stop()
         if fleet is not None:
             fleet.stop()
+    # After the engines stopped: replaying every partition takes a while.
+    for run in (r for rs in runs.values() for r in rs):
+        run.static_hit_rate = static_reference(run, model, args)
+        print(f"{run.target} round {run.round}: best static {run.static_hit_rate:.3f}", flush=True)
     rows = [summarize(n, rs) for n, rs in runs.items() if rs]
     by = {r["target"]: r for r in rows}
     goals = goals_of(by)

@@ -18,11 +18,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from inferd import procfs
 from inferd.testing import ServeHandle, free_port
 from inferd.testing.postgres import PostgresServer, start_postgres
 
 ADMIN_KEY = "infd_admin_bench_routing_0123456789abcdef"
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class ServeFleet:
@@ -66,6 +75,11 @@ class ServeFleet:
                     "replica_report_fallback_urls": others,
                     "cpu_replica_slots": str(self.replicas),
                     "log_level": "warning",
+                    # Engines loading side by side on a shared machine starve
+                    # the replicas' reporting threads for tens of seconds:
+                    # late reports must not fail them here.
+                    "health_failure_periods": "30",
+                    "replica_start_timeout_seconds": "1200",
                     **extra,
                 },
             )
@@ -73,22 +87,31 @@ class ServeFleet:
         first.start()
         for instance in rest:
             instance.start()
-        with first.api() as api:
+        # Registering inspects the model: minutes on a loaded machine.
+        with httpx.Client(base_url=first.url, headers=self.admin(), timeout=900) as api:
             registered = api.post(
                 "/inference/models", json={"source": str(self.model), "name": self.model.name}
             )
             if registered.status_code != 201:
                 raise RuntimeError(f"registering {self.model}: {registered.text}")
-        self.endpoint = first.create_endpoint(
-            name="routing", modelName=self.model.name,
-            minReplicas=self.replicas, maxReplicas=self.replicas,
-        )  # fmt: skip
+            created = api.post(
+                "/inference/endpoints",
+                json={"name": "routing", "modelName": self.model.name,
+                      "minReplicas": self.replicas, "maxReplicas": self.replicas},
+            )  # fmt: skip
+            if created.status_code != 201:
+                raise RuntimeError(f"creating the endpoint: {created.text}")
+            self.endpoint = created.json()
         first.wait_record(
             self.endpoint["id"],
             lambda r: r["status"] == "running" and r["currentReplicas"] == self.replicas,
             timeout,
             1.0,
         )
+
+    @staticmethod
+    def admin() -> dict[str, str]:
+        return {"Authorization": f"Bearer {ADMIN_KEY}"}
 
     @property
     def model_name(self) -> str:
@@ -113,8 +136,8 @@ class ServeFleet:
             for log in sorted((instance.state_dir / "state" / "logs").glob("replica-*.log")):
                 text = log.read_text(errors="replace")
                 match = re.search(r"serving .*? on (http://\S+)", text)
-                if match:
-                    urls.append(match.group(1))
+                if match and _answers(match.group(1) + "/health"):
+                    urls.append(match.group(1))  # not one that failed and was replaced
         return urls
 
     def _replica_tasks(self) -> list[list[int]]:

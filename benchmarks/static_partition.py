@@ -35,18 +35,31 @@ def replay(
     requests: Requests, on: dict[int, int], capacity_blocks: int, block_size: int
 ) -> tuple[int, int]:
     """(tokens found, tokens looked up) with group g's requests on replica on[g]."""
+    return _replay(_hashed(requests, block_size), on, capacity_blocks, block_size)
+
+
+# (group, prompt tokens, its block hashes) per request.
+_Hashed = list[tuple[int, int, list[int]]]
+
+
+def _hashed(requests: Requests, block_size: int) -> _Hashed:
+    return [(group, len(tokens), block_hashes(tokens, block_size)) for group, tokens in requests]
+
+
+def _replay(
+    requests: _Hashed, on: dict[int, int], capacity_blocks: int, block_size: int
+) -> tuple[int, int]:
     caches: dict[int, OrderedDict[int, None]] = {}
     hits = queries = 0
-    for group, tokens in requests:
+    for group, length, hashes in requests:
         cache = caches.setdefault(on[group], OrderedDict())
-        hashes = block_hashes(tokens, block_size)
         found = 0
-        for h in hashes[: max(0, (len(tokens) - 1) // block_size)]:
+        for h in hashes[: max(0, (length - 1) // block_size)]:
             if h not in cache:
                 break
             found += 1
         hits += found * block_size
-        queries += len(tokens)
+        queries += length
         for h in hashes:
             cache[h] = None
             cache.move_to_end(h)
@@ -61,9 +74,10 @@ def best_static_hit_rate(
     groups = sorted({g for g, _ in requests})
     if not groups or replicas < 1:
         return 0.0, {}
+    hashed = _hashed(requests, block_size)
 
     def rate(on: dict[int, int]) -> float:
-        hits, queries = replay(requests, on, capacity_blocks, block_size)
+        hits, queries = _replay(hashed, on, capacity_blocks, block_size)
         return hits / queries if queries else 0.0
 
     if replicas == 1:
