@@ -155,4 +155,4 @@ class Prober:
         for task in self._running.values():
             task.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)
-        self._running.clear()
+        self._running.clear()  # the probe's client stays: a leader may lead again

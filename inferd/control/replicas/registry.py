@@ -665,7 +665,7 @@ class Registry:
         replica = self._replicas.get(replica_id)
         if replica is not None:
             self._answered_at[replica_id] = self._clock()
-            if replica.unresponsive_since is not None:
+            if replica.unresponsive_since is not None and replica.live:
                 self._hear(replica, "answers requests again")
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:
