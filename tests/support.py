@@ -61,6 +61,7 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "diffusers": (lambda: importable("diffusers"), "pip install -e '.[cpu,test]'"),
     "transformers": (lambda: importable("transformers"), "pip install -e '.[cpu,test]'"),
     "openai": (lambda: importable("openai"), "pip install -e '.[test]'"),
+    "anthropic": (lambda: importable("anthropic"), "pip install -e '.[test]'"),
     "peft": (lambda: importable("peft"), "pip install -e '.[test]'"),
     "ray": (lambda: importable("ray"), "pip install -e '.[ray]'"),
     "playwright": (lambda: importable("playwright"), "pip install -e '.[test]'"),

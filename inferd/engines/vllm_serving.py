@@ -117,6 +117,48 @@ class VllmServing:
         counted = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
         return Whole(counted, body=body)
 
+    async def responses(self, body: dict[str, Any], raw_request: Any) -> Whole | SseStream:
+        """OpenAI's Responses API, answered by vLLM's `OpenAIServingResponses`.
+        Nothing is stored: a response would live in one replica's memory, so
+        `GET /v1/responses/{id}` and `previous_response_id` would work only
+        when the next request happened to reach the same replica. Asking for
+        storage is a 400 that says so (omitting `store` works, unstored, as
+        on vLLM's own server)."""
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+        handler = getattr(self._state, "openai_serving_responses", None)
+        if handler is None:
+            raise BadRequest(
+                "This model does not generate text; /v1/responses is not available on it.",
+                code="unsupported_route",
+            )
+        for field, why in _UNSTORED:
+            if body.get(field):
+                raise BadRequest(why, param=field, code="unsupported_parameter")
+        request = _validate(ResponsesRequest, {**body, "store": False})
+        result = await _call(lambda: handler.create_responses(request, raw_request))
+        if isinstance(result, AsyncIterator):
+            return SseStream(_responses_events(result), forward_usage=True, usage=_responses_usage)
+        answer = result.model_dump(mode="json", by_alias=True)
+        return Whole(_responses_usage(answer) or Usage(), body=answer)
+
+    async def messages(self, body: dict[str, Any], raw_request: Any) -> Whole | SseStream:
+        """Anthropic's Messages API, answered by vLLM's `AnthropicServingMessages`."""
+        from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+        handler = getattr(self._state, "anthropic_serving_messages", None)
+        if handler is None:
+            raise BadRequest(
+                "This model does not generate text; /v1/messages is not available on it.",
+                code="unsupported_route",
+            )
+        request = _validate(AnthropicMessagesRequest, body)
+        result = await _call(lambda: handler.create_messages(request, raw_request))
+        if isinstance(result, AsyncIterator):
+            return SseStream(result, forward_usage=True, usage=_messages_usage)
+        answer = result.model_dump(exclude_none=True)
+        return Whole(_messages_usage(answer) or Usage(), body=answer)
+
     async def embedding(self, body: dict[str, Any], raw_request: Any) -> Whole:
         from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
@@ -157,17 +199,74 @@ class VllmServing:
         return handler
 
 
+# What a Responses request may not ask of a replica that stores nothing.
+_UNSTORED = (
+    (
+        "store",
+        "inferd endpoints do not store responses (a stored response would live on one "
+        "replica of the endpoint); send store: false or leave it out.",
+    ),
+    (
+        "previous_response_id",
+        "inferd endpoints do not store responses, so a conversation cannot continue from "
+        "one; send the earlier turns in `input` instead.",
+    ),
+    (
+        "background",
+        "inferd endpoints do not run responses in the background (they are not stored); "
+        "leave `background` out.",
+    ),
+)
+
+
+def _responses_usage(data: dict[str, Any]) -> Usage | None:
+    """The tokens of a Responses answer, or of its `response.completed` event."""
+    response = data.get("response", data)
+    counted = response.get("usage") if isinstance(response, dict) else None
+    if not counted:
+        return None
+    return Usage(counted.get("input_tokens") or 0, counted.get("output_tokens") or 0)
+
+
+def _messages_usage(data: dict[str, Any]) -> Usage | None:
+    """The tokens of a Messages answer; streamed, `message_start` carries the
+    input tokens and `message_delta` the output tokens so far."""
+    counted = data.get("usage") or (data.get("message") or {}).get("usage")
+    if not counted:
+        return None
+    return Usage(counted.get("input_tokens") or 0, counted.get("output_tokens") or 0)
+
+
+async def _responses_events(events: AsyncIterator[Any]) -> AsyncIterator[str]:
+    """vLLM's Responses stream objects as server-sent events, as vLLM's server writes them."""
+    async for event in events:
+        kind = getattr(event, "type", "unknown")
+        yield f"event: {kind}\ndata: {event.model_dump_json(indent=None, by_alias=True)}\n\n"
+
+
 class SseStream:
     """vLLM's server-sent events, relayed as they come, with the tokens used
     read from the usage chunk (which is not relayed unless the client asked
-    for it)."""
+    for it). `usage`: how another API's events carry the counts (Responses,
+    Messages); those streams are relayed whole."""
 
-    def __init__(self, events: AsyncIterator[str], forward_usage: bool) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator[str],
+        forward_usage: bool,
+        usage: Callable[[dict[str, Any]], Usage | None] | None = None,
+    ) -> None:
         self._events = events
         self._forward_usage = forward_usage
+        self._read_usage = usage
         self.usage = Usage()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._read_usage is not None:
+            async for event in self._events:
+                self._count(event)
+                yield event.encode()
+            return
         async for event in self._events:
             # Parse only a chunk that may carry counts (vLLM writes compact
             # JSON, `"usage":null` on the others).
@@ -181,6 +280,19 @@ class SseStream:
                 if not data.get("choices") and not self._forward_usage:
                     continue
             yield event.encode()
+
+    def _count(self, event: str) -> None:
+        if '"usage"' not in event or self._read_usage is None:
+            return
+        for line in event.splitlines():
+            if line.startswith("data: {"):
+                counted = self._read_usage(json.loads(line[len("data: ") :]))
+                if counted is not None:
+                    # Messages streams give input tokens first, output later.
+                    self.usage = Usage(
+                        counted.prompt_tokens or self.usage.prompt_tokens,
+                        counted.completion_tokens or self.usage.completion_tokens,
+                    )
 
     async def aclose(self) -> None:
         aclose = getattr(self._events, "aclose", None)

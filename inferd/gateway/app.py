@@ -79,9 +79,14 @@ class GatewayRoute:
 
 CHAT = f"/{COMPAT_FAMILY}/v1/chat/completions"
 COMPLETIONS = f"/{COMPAT_FAMILY}/v1/completions"
+RESPONSES = f"/{COMPAT_FAMILY}/v1/responses"
+# Anthropic's client posts to {base_url}/v1/messages: the endpoint URL is its base.
+MESSAGES = "/v1/messages"
 ROUTES = (
     GatewayRoute(CHAT, CHAT, "POST", "chat", "chat"),
     GatewayRoute(COMPLETIONS, COMPLETIONS, "POST", "completions", "chat"),
+    GatewayRoute(RESPONSES, RESPONSES, "POST", "responses", "chat"),
+    GatewayRoute(MESSAGES, MESSAGES, "POST", "messages", "chat"),
     GatewayRoute("/v1/images/generations", "/v1/images/generations", "POST", "images", "image"),
     GatewayRoute("/images/generations", "/v1/images/generations", "POST", "images", "image"),
     GatewayRoute(
@@ -255,6 +260,9 @@ class Gateway:
                 authorization = value
             elif name == b"content-length":
                 content_length = value
+            elif name == b"x-api-key" and authorization is None:
+                # Anthropic's client sends its key here; the same token.
+                authorization = b"Bearer " + value
             elif name == b"x-request-id":
                 client_request_id = value
             elif name in FORWARDED_REQUEST_HEADERS:

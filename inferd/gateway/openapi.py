@@ -190,6 +190,10 @@ _SUMMARIES = {
     "embeddings": "Embeddings (OpenAI-compatible, answered by vLLM's serving code)",
     "score": "Relevance scores of text pairs (vLLM's score API)",
     "rerank": "Documents ranked by relevance to a query (vLLM's rerank API, Jina/Cohere shape)",
+    "responses": "A response (OpenAI's Responses API, answered by vLLM's serving code; "
+    "not stored: `store`, `previous_response_id` and `background` are refused)",
+    "messages": "A message (Anthropic's Messages API, answered by vLLM's serving code; "
+    "the token as `x-api-key` or a bearer token)",
 }
 _OPERATION_IDS = {
     "/openai/v1/chat/completions": "createChatCompletion",
@@ -205,6 +209,8 @@ _OPERATION_IDS = {
     "/rerank": "rerank",
     "/v1/rerank": "rerankV1",
     "/v2/rerank": "rerankV2",
+    "/openai/v1/responses": "createResponse",
+    "/v1/messages": "createMessage",
 }
 
 # Routes answered by vLLM's own serving code: their request and answer are
@@ -214,6 +220,8 @@ _VLLM_SHAPES = {
     "embeddings": ("EmbeddingRequest", "EmbeddingResponse"),
     "score": ("ScoreRequest", "ScoreResponse"),
     "rerank": ("RerankRequest", "RerankResponse"),
+    "responses": ("ResponsesRequest", "ResponsesResponse"),
+    "messages": ("AnthropicMessagesRequest", "AnthropicMessagesResponse"),
 }
 
 
@@ -238,7 +246,7 @@ def _operation(route: GatewayRoute) -> dict[str, Any]:
         content: dict[str, Any] = {
             "application/json": {"schema": {"type": "object", "description": answer_name}}
         }
-        if route.label == "completions":
+        if route.label in ("completions", "responses", "messages"):
             content["text/event-stream"] = {"schema": {"type": "string"}}
         responses = {"200": {"description": f"vLLM's {answer_name}.", "content": content}}
         errors = (400, 401, 404, 413, 429, 500, 503)

@@ -42,6 +42,11 @@ INFERENCE_PATHS = (
     *RERANK_PATHS,
 )
 MODELS_PATH = f"/{COMPAT_FAMILY}/v1/models"
+# The agents' APIs, on chat models: OpenAI's Responses (the openai client
+# posts under its base URL, .../openai/v1) and Anthropic's Messages (the
+# anthropic client posts to {base_url}/v1/messages).
+RESPONSES_PATH = f"/{COMPAT_FAMILY}/v1/responses"
+MESSAGES_PATH = "/v1/messages"
 
 
 def build_app(
@@ -70,6 +75,8 @@ def build_app(
         routes = [
             Route(CHAT_PATH, chat.handle, methods=["POST"]),
             vllm_route("completions", COMPLETIONS_PATH),
+            vllm_route("responses", RESPONSES_PATH),
+            vllm_route("messages", MESSAGES_PATH),
         ]
     elif engine.kind is ModelKind.IMAGE:
         images = ImagesHandler(cast(ImageEngine, engine), state, metrics, model, max_body_bytes)
@@ -82,7 +89,8 @@ def build_app(
         if engine.kind is ModelKind.EMBEDDING:
             routes += [vllm_route("embeddings", path) for path in EMBEDDINGS_PATHS]
     served = {route.path for route in routes}
-    routes += [Route(p, wrong_kind, methods=["POST"]) for p in INFERENCE_PATHS if p not in served]
+    every = (*INFERENCE_PATHS, RESPONSES_PATH, MESSAGES_PATH)
+    routes += [Route(p, wrong_kind, methods=["POST"]) for p in every if p not in served]
 
     async def health(request: Request) -> Response:
         ready = state.status is ReplicaStatus.READY

@@ -33,6 +33,8 @@ CALLS: dict[str, Call] = {
     "embeddings": lambda serving, body, request: serving.embedding(body, request),
     "score": lambda serving, body, request: serving.score(body, request),
     "rerank": lambda serving, body, request: serving.rerank(body, request),
+    "responses": lambda serving, body, request: serving.responses(body, request),
+    "messages": lambda serving, body, request: serving.messages(body, request),
 }
 
 
