@@ -48,6 +48,12 @@ def _chromium() -> bool:
     return chromium_path() is not None
 
 
+def _helm() -> bool:
+    from tests.deploy.chart_support import helm_path
+
+    return helm_path() is not None and importable("kubernetes_validate")
+
+
 def _postgres() -> bool:
     from inferd.testing.postgres import find_postgres_bin
 
@@ -66,6 +72,7 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "playwright": (lambda: importable("playwright"), "pip install -e '.[test]'"),
     "chromium": (_chromium, "apt-get install chromium, or INFERD_CHROMIUM=PATH"),
     "postgresql": (_postgres, "apt-get install -y postgresql"),
+    "helm": (_helm, "scripts/install.sh (helm beside the venv's python; kubernetes-validate)"),
 }
 
 
