@@ -73,6 +73,10 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "chromium": (_chromium, "apt-get install chromium, or INFERD_CHROMIUM=PATH"),
     "postgresql": (_postgres, "apt-get install -y postgresql"),
     "helm": (_helm, "scripts/install.sh (helm beside the venv's python; kubernetes-validate)"),
+    "prometheus": (
+        lambda: shutil.which("prometheus") is not None and shutil.which("promtool") is not None,
+        "apt-get install -y prometheus (Prometheus and promtool)",
+    ),
 }
 
 
