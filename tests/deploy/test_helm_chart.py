@@ -303,7 +303,12 @@ def test_values_schema_lists_every_setting_the_chart_does_not_set_itself(
     _, chart_sets = _serve_settings(rendered["defaults"][KUBE_VERSIONS[-1]])
     chart_keys = {name.removeprefix("INFERD_").lower() for name in chart_sets if name.isupper()}
     chart_keys |= {name for name in chart_sets if not name.isupper()}
-    assert allowed == set(setting_keys()) - chart_keys
+    # A new setting of `inferd serve` goes into values.schema.json's list too.
+    wanted = set(setting_keys()) - chart_keys
+    assert allowed == wanted, (
+        f"missing from the schema: {sorted(wanted - allowed)}; "
+        f"not settings (or set by the chart): {sorted(allowed - wanted)}"
+    )
 
 
 def _dry_run(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
