@@ -31,7 +31,7 @@ from inferd.api.openai import (
     chat_completion,
     choice,
 )
-from inferd.api.replica import ADAPTER_SOURCE_HEADER
+from inferd.api.replica import ADAPTER_SOURCE_HEADER, RESUMED_HEADER
 from inferd.engines.base import (
     AdapterRef,
     ChatMessage,
@@ -110,7 +110,11 @@ def to_tool_options(body: ChatCompletionRequest) -> ToolOptions | None:
 
 
 def to_text_requests(
-    body: ChatCompletionRequest, request_id: str, adapter: AdapterRef | None = None
+    body: ChatCompletionRequest,
+    request_id: str,
+    adapter: AdapterRef | None = None,
+    *,
+    resumed: bool = False,
 ) -> list[TextRequest]:
     messages = tuple(to_message(m) for m in body.messages)
     tools = to_tool_options(body)
@@ -149,6 +153,9 @@ def to_text_requests(
                 logprobs=logprobs,
                 stream=body.stream,
                 adapter=adapter,
+                continue_final=body.continue_final_message,
+                generation_prompt=body.add_generation_prompt,
+                resumed=resumed,
             )
         )
     return requests
@@ -182,7 +189,14 @@ class ChatHandler:
                 or request.headers.get("x-request-id")
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
-            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id, adapter)]
+            # A resumed answer's stream goes on where the gateway's client
+            # already is: no second role chunk.
+            resuming = RESUMED_HEADER in request.headers
+            resumed = resuming and body.continue_final_message
+            streams = [
+                self.engine.generate(r)
+                for r in to_text_requests(body, request_id, adapter, resumed=resumed)
+            ]
             try:
                 # All choices enter the engine together (one batch), and any
                 # validation error surfaces here, before a status is sent.
@@ -203,7 +217,7 @@ class ChatHandler:
                     answer.count(firsts[0].prompt_tokens, sum(completion))
 
                 return answer.stream(
-                    _sse(encoder, streams, firsts, completion, include_usage),
+                    _sse(encoder, streams, firsts, completion, include_usage, role=not resuming),
                     close,
                     headers={"X-Request-Id": request_id},
                 )
@@ -230,10 +244,11 @@ async def _sse(
     firsts: list[TextDelta],
     completion: list[int],
     include_usage: bool,
+    role: bool = True,
 ) -> AsyncIterator[bytes]:
     """The chunks of a streamed chat completion; `completion` keeps each
     choice's token count as it grows (the tokens counted however it ends)."""
-    for index in range(len(streams)):
+    for index in range(len(streams) if role else 0):
         yield encoder.delta(index, "", None, role=True)
     async for index, delta in _merge(streams, firsts):
         completion[index] = delta.completion_tokens
