@@ -37,6 +37,7 @@ from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
+from inferd.gateway.placement import Placements
 from inferd.gateway.proxy import Broken, Leg, Relayed, forward, with_call_key
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
@@ -154,6 +155,8 @@ class Gateway:
         self._on_migration = on_migration or _ignore
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
+        # Which replica each live prefix belongs to, by what each cache holds.
+        self.placements = Placements()
 
     # -- lifecycle and what the control plane reads -----------------------
 
@@ -175,6 +178,7 @@ class Gateway:
         if self._dispatcher.idle(endpoint_id):
             self._dispatcher.forget(endpoint_id)
             self.state.forget_endpoint(endpoint_id)
+            self.placements.forget(endpoint_id)
 
     # -- the request path ---------------------------------------------------
 
@@ -308,6 +312,12 @@ class Gateway:
             watch.done = True
             watcher.cancel()
 
+    def _placed_on(self, endpoint_id: str, prefix: RequestPrefix, now: float) -> str | None:
+        if prefix.home is None:
+            return None
+        replicas = self.directory.ready_replicas(endpoint_id)
+        return self.placements.place(endpoint_id, prefix.home, len(prefix.blocks), replicas, now)
+
     def _serving(self, endpoint_id: str) -> set[str]:
         return {r.replica_id for r in self.directory.ready_replicas(endpoint_id)}
 
@@ -328,7 +338,12 @@ class Gateway:
         exclude: frozenset[str] = frozenset()
         affinity = NO_AFFINITY
         if prefix is not None:
-            affinity = Affinity(prefix.home, self.prefixes.lookup(prefix.blocks), prefix.adapter)
+            affinity = Affinity(
+                prefix.home,
+                self.prefixes.lookup(prefix.blocks),
+                prefix.adapter,
+                self._placed_on(ep.endpoint_id, prefix, arrived),
+            )
         leg = None
         if route.label in MIGRATABLE_ROUTES and settings.migrates(ep.endpoint_id):
             leg = Leg(Transcript(settings.migration_max_transcript_bytes))
