@@ -41,10 +41,11 @@ from common import print_table, write_report
 from results_format import goal, not_measured, table
 
 from inferd import procfs
+from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port, verifier_for
 
 ENDPOINT = "bench-migration"
-TOKEN = "infd_ep_bench_migration_token_0123456789abcdef"
+TOKEN = new_endpoint_token()
 CHAT = "/openai/v1/chat/completions"
 
 
@@ -194,10 +195,15 @@ async def run(
 
 
 def start_replica(model: str) -> ReplicaHandle:
-    return ReplicaHandle(
+    handle = ReplicaHandle(
         model,
         ["--engine", "vllm", "--device", "cpu", "--served-model-name", "tiny-chat", "--no-warmup"],
-    ).wait_ready(1800)
+    )
+    try:
+        return handle.wait_ready(1800)
+    except BaseException:
+        handle.stop()
+        raise
 
 
 def engine_core_pid(replica_pid: int) -> int:
@@ -284,9 +290,11 @@ def main() -> int:
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     model = str(ensure_tiny_model("tiny-chat"))
-    replicas = {"r1": start_replica(model), "r2": start_replica(model)}
+    replicas: dict[str, ReplicaHandle] = {}
     results = []
     try:
+        for rid in ("r1", "r2"):
+            replicas[rid] = start_replica(model)
         for fault in args.faults:
             gateway = Gateway({rid: r.url for rid, r in replicas.items()})
             try:
@@ -303,9 +311,10 @@ def main() -> int:
                 (victim,) = killed
             finally:
                 gateway.stop()
-            # A fresh replica in the killed one's place for the next fault.
             replicas[victim].stop()
-            replicas[victim] = start_replica(model)
+            if fault != args.faults[-1]:
+                # A fresh replica in the killed one's place for the next fault.
+                replicas[victim] = start_replica(model)
     finally:
         for replica in replicas.values():
             replica.stop()
