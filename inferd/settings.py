@@ -173,6 +173,11 @@ class Settings(BaseModel):
         ge=1,
         description="prefix routing's load bound is never below this many requests per replica",
     )
+    gateway_routing_place_prefixes: bool = Field(
+        _GATEWAY.routing_place_prefixes,
+        description="prefix routing places each live prompt prefix on a replica by what "
+        "each KV cache holds (false: by rendezvous hashing alone)",
+    )
     gateway_prefix_block_bytes: int = Field(
         _GATEWAY.prefix_block_bytes, ge=16, description="prompt bytes per hashed block"
     )
@@ -321,6 +326,7 @@ class Settings(BaseModel):
             routing_policy=Policy(self.gateway_routing_policy),
             routing_load_factor=self.gateway_routing_load_factor,
             routing_min_load_bound=self.gateway_routing_min_load_bound,
+            routing_place_prefixes=self.gateway_routing_place_prefixes,
             prefix_block_bytes=self.gateway_prefix_block_bytes,
             prefix_max_blocks=self.gateway_prefix_max_blocks,
             prefix_table_entries=self.gateway_prefix_table_entries,

@@ -313,7 +313,7 @@ class Gateway:
             watcher.cancel()
 
     def _placed_on(self, endpoint_id: str, prefix: RequestPrefix, now: float) -> str | None:
-        if prefix.home is None:
+        if prefix.home is None or not self.settings.routing_place_prefixes:
             return None
         replicas = self.directory.ready_replicas(endpoint_id)
         return self.placements.place(endpoint_id, prefix.home, len(prefix.blocks), replicas, now)
