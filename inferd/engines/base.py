@@ -247,6 +247,9 @@ class TextRequest:
     # gateway resumes an answer whose replica died): its tokens are counted
     # as completion tokens and against max_tokens/min_tokens.
     resumed: bool = False
+    # W3C trace context of the replica's span (`traceparent`), for engines
+    # that trace their own steps; () when the request is not traced.
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

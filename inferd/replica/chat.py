@@ -113,6 +113,7 @@ def to_text_requests(
     body: ChatCompletionRequest,
     request_id: str,
     adapter: AdapterRef | None = None,
+    trace_headers: tuple[tuple[str, str], ...] = (),
     *,
     resumed: bool = False,
 ) -> list[TextRequest]:
@@ -156,6 +157,7 @@ def to_text_requests(
                 continue_final=body.continue_final_message,
                 generation_prompt=body.add_generation_prompt,
                 resumed=resumed,
+                trace_headers=trace_headers,
             )
         )
     return requests
@@ -177,7 +179,7 @@ class ChatHandler:
         self.max_body_bytes = max_body_bytes
 
     async def handle(self, request: Request) -> Response:
-        with Answering(self.state, self.metrics, ROUTE) as answer:
+        with Answering(self.state, self.metrics, ROUTE, request) as answer:
             body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
             adapter = requested_adapter(request, body.model)
             if adapter is None:
@@ -189,13 +191,16 @@ class ChatHandler:
                 or request.headers.get("x-request-id")
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
+            traced = tuple((answer.trace_headers or {}).items())
             # A resumed answer's stream goes on where the gateway's client
             # already is: no second role chunk.
             resuming = RESUMED_HEADER in request.headers
             resumed = resuming and body.continue_final_message
             streams = [
                 self.engine.generate(r)
-                for r in to_text_requests(body, request_id, adapter, resumed=resumed)
+                for r in to_text_requests(
+                    body, request_id, adapter, trace_headers=traced, resumed=resumed
+                )
             ]
             try:
                 # All choices enter the engine together (one batch), and any
