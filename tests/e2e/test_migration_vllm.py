@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from inferd.gateway.directory import EndpointRoute
+from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.testing import ReplicaHandle
@@ -90,7 +91,7 @@ def test_a_greedy_stream_whose_replica_is_killed_reads_as_the_fault_free_one(
         EndpointRoute(CHAT_EP, "chat", "tiny-chat"),
         [replica_of(doomed, "r-doomed"), replica_of(vllm_replica, "r-shared", 50)],
     )
-    gateway = GatewayServer(directory, GatewaySettings())
+    gateway = GatewayServer(directory, GatewaySettings(routing_policy=Policy.LEAST_LOADED))
     try:
         url = gateway.url() + CHAT
         faultless = GatewayServer(StaticDirectory(), GatewaySettings())

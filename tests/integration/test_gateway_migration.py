@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.testing import ReplicaHandle
 from tests.integration.test_gateway import (
@@ -30,7 +31,9 @@ from tests.integration.test_gateway import (
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["replicas", "serve"]  # the fixtures, shared with test_gateway
 
-COMPLETIONS = "/openai/v1/completions"
+# The stream starts on the doomed replica: the other looks busy, and no
+# prompt prefix pulls it elsewhere.
+LEAST_LOADED = GatewaySettings(routing_policy=Policy.LEAST_LOADED)
 _CREATED = re.compile(rb'"created": ?\d+')
 
 
@@ -85,7 +88,10 @@ def test_a_stream_whose_replica_is_killed_reads_as_the_fault_free_stream(
     replicas: list[ReplicaHandle],
     doomed: ReplicaHandle,
 ) -> None:
-    gw = serve(chat_replicas=[replica_of(doomed, "r-doomed"), replica_of(replicas[0], "r-a", 50)])
+    gw = serve(
+        LEAST_LOADED,
+        chat_replicas=[replica_of(doomed, "r-doomed"), replica_of(replicas[0], "r-a", 50)],
+    )
     faultless = serve(chat_replicas=[replica_of(replicas[1], "r-b")])
     reference = read_stream(faultless, streamed_chat(30))
     counted_before = [
@@ -123,7 +129,10 @@ def test_a_request_that_cannot_be_continued_ends_with_an_error_naming_why(
     replicas: list[ReplicaHandle],
     doomed: ReplicaHandle,
 ) -> None:
-    gw = serve(chat_replicas=[replica_of(doomed, "r-doomed"), replica_of(replicas[0], "r-a", 50)])
+    gw = serve(
+        LEAST_LOADED,
+        chat_replicas=[replica_of(doomed, "r-doomed"), replica_of(replicas[0], "r-a", 50)],
+    )
     body = {**streamed_chat(30), "seed": 7, "temperature": 0.8}
     out = read_stream(gw, body, kill_after=4, doomed=doomed)
     last = json.loads(out.strip().split(b"\n\n")[-1][6:])
@@ -142,7 +151,7 @@ def test_the_migration_cap_ends_the_stream_when_reached(
     doomed: ReplicaHandle,
 ) -> None:
     gw = serve(
-        GatewaySettings(max_migrations=0),
+        GatewaySettings(max_migrations=0, routing_policy=Policy.LEAST_LOADED),
         chat_replicas=[replica_of(doomed, "r-doomed"), replica_of(replicas[0], "r-a", 50)],
     )
     out = read_stream(gw, streamed_chat(30), kill_after=4, doomed=doomed)
