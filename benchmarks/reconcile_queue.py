@@ -39,7 +39,7 @@ from inferd.control.fakes import FakeLauncher, FakeLoad
 from inferd.control.model import Endpoint
 from inferd.control.replicas.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.replicas.registry import Registry
-from inferd.control.stores.sqlite import SqliteStore
+from inferd.control.stores.sql.store import SqliteStore
 from inferd.replica.config import ModelSource
 from inferd.vocab import ModelKind
 
