@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SERVE_ARGS ?=
 
-.PHONY: serve test lint bench setup
+.PHONY: serve test lint bench setup results
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -25,3 +25,7 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models
 	$(PY) -m ruff format --check inferd tests benchmarks models
 	$(PY) -m mypy
+
+# benchmarks/RESULTS.md from the result files under benchmarks/results/
+results: $(VENV)/.installed
+	$(PY) benchmarks/report.py

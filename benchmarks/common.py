@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -26,11 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import results_format
 
 from inferd import procfs
 from inferd.testing import WEATHER_TOOL
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# The machine's load when the benchmark started; each result states it with
+# the load at its end, since on a shared machine every figure reads against it.
+LOAD_AT_START = tuple(round(x, 2) for x in os.getloadavg())
 
 
 @dataclass
@@ -385,18 +390,40 @@ def machine() -> dict[str, Any]:
 
 
 def write_report(name: str, report: dict[str, Any], out: Path | None = None) -> Path:
+    """Write one run's result to benchmarks/results/<name>.json in the shape
+    `results_format` describes; the provenance (command, commit, date,
+    machine, load at start and end) is filled in here."""
     path = out or RESULTS_DIR / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     report = {
+        "format": results_format.FORMAT,
         "benchmark": name,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        **git_commit(),
         "machine": machine(),
+        "load": {"start": list(LOAD_AT_START), "end": [round(x, 2) for x in os.getloadavg()]},
         **report,
     }
+    for problem in results_format.problems(report):
+        print(f"warning: {path.name}: {problem}", file=sys.stderr)
     path.write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     print(f"\nwrote {path}")
     return path
+
+
+def git_commit() -> dict[str, Any]:
+    """The commit the run measured, and whether the tree had changes to
+    tracked files outside benchmarks/results (a dirty run is still reported,
+    and says so)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "-uno", "--", ".", ":!benchmarks/results")
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(changed)}
 
 
 def _json_default(value: Any) -> Any:
