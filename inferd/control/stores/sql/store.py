@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from inferd.control.model import Change, StoreError
 from inferd.control.stores.sql.accounts import Accounts
 from inferd.control.stores.sql.adapters import Adapters
 from inferd.control.stores.sql.admin_keys import AdminKeys
-from inferd.control.stores.sql.database import Database
+from inferd.control.stores.sql.database import Database, Row
 from inferd.control.stores.sql.endpoints import Endpoints
 from inferd.control.stores.sql.migrations import migrate
 from inferd.control.stores.sql.models import Models
@@ -108,6 +110,13 @@ class SqliteStore(SqlStore):
 
     def integrity_check(self) -> str:
         return str(self.pragma("integrity_check"))
+
+    # For tests that look at the file itself (what is stored, the triggers).
+    def _query(self, text: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self._db.call(False, lambda tx: tx.all(text, params))
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._sqlite.connection(True)
 
     @property
     def _sqlite(self) -> SqliteDialect:
