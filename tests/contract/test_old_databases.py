@@ -25,6 +25,7 @@ from inferd.control.model import Adapter, AdapterUsage, Change, ChangeKind
 from inferd.control.stores import open_store
 from inferd.control.stores.sql.migrations import latest_version
 from inferd.testing.postgres import PostgresServer
+from tests.contract.old_databases.schema import postgres_schema, sqlite_schema
 
 DUMPS = Path(__file__).parent / "old_databases"
 T0 = datetime(2026, 11, 1, 12, 0, 0, 123000, tzinfo=UTC)
@@ -98,3 +99,18 @@ async def _until_endpoint(feed: AsyncIterator[Change]) -> str:
         if change.kind is ChangeKind.ENDPOINT:
             return str(change.id)
     raise AssertionError("the feed ended")
+
+
+def test_a_new_database_gets_the_schema_it_got_before(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The one migration list builds what each engine's own list built:
+    `old_databases/schema.*` were taken from databases the code before the
+    SQL core created."""
+    path = tmp_path / "new.db"
+    asyncio.run(open_store(f"sqlite:///{path}").close())
+    assert sqlite_schema(path) == (DUMPS / "schema-sqlite.txt").read_text()
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+    asyncio.run(open_store(url).close())
+    assert postgres_schema(server, url) == (DUMPS / "schema-postgres.sql").read_text()

@@ -1,10 +1,20 @@
-"""Writes a database with every kind of record through the store port of
-whatever `inferd` is on the path (run with the code of the commit before
-the SQL core), for tests/contract/test_old_databases.py."""
+"""Writes the files of tests/contract/test_old_databases.py with whatever
+`inferd` is on the path (run with the code before the SQL core, 2d2ceec):
+
+    git worktree add /tmp/before 2d2ceec
+    PYTHONPATH=/tmp/before python tests/contract/old_databases/make.py
+
+a database of every kind of record, written through the store port, dumped
+as SQL (`sqlite.sql`, `postgres.sql`), and the schema a new database gets
+(`schema-*`)."""
 
 import asyncio
+import sqlite3
+import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from inferd.api.engine_settings import EngineSettings
 from inferd.control.accounts.model import (
@@ -115,4 +125,32 @@ async def main(url):
     await s.close()
 
 
-asyncio.run(main(sys.argv[1]))
+HERE = Path(__file__).parent
+sys.path.append(str(HERE))
+from schema import postgres_schema, sqlite_schema  # noqa: E402
+
+from inferd.testing.postgres import start_postgres  # noqa: E402
+
+tmp = Path(tempfile.mkdtemp())
+asyncio.run(main(f"sqlite:///{tmp}/old.db"))
+conn = sqlite3.connect(tmp / "old.db")
+(HERE / "sqlite.sql").write_text("\n".join(conn.iterdump()) + "\n")
+asyncio.run(open_store(f"sqlite:///{tmp}/new.db").close())
+(HERE / "schema-sqlite.txt").write_text(sqlite_schema(tmp / "new.db"))
+server = start_postgres()
+try:
+    url = server.create_database()
+    asyncio.run(main(url))
+    dump = subprocess.run(
+        [str(server.bin_dir / "pg_dump"), "--no-owner", "--no-privileges", "--inserts", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kept = [line for line in dump.splitlines() if not line.startswith(("\\", "--"))]
+    (HERE / "postgres.sql").write_text("\n".join(kept) + "\n")
+    url = server.create_database()
+    asyncio.run(open_store(url).close())
+    (HERE / "schema-postgres.sql").write_text(postgres_schema(server, url))
+finally:
+    server.destroy()

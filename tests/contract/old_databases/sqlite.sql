@@ -115,7 +115,7 @@ CREATE TABLE projects (
         quota      TEXT NOT NULL DEFAULT '{}'
     , quota_limit TEXT NOT NULL DEFAULT '{}') STRICT
     ;
-INSERT INTO "projects" VALUES('default','2026-11-27T10:23:47.110Z','{}','{}');
+INSERT INTO "projects" VALUES('default','2026-11-27T10:39:29.514Z','{}','{}');
 INSERT INTO "projects" VALUES('team','2026-11-01T12:00:00.123Z','{"endpoints": 3, "gpus": {"A100": 8}, "replicas": null}','{"endpoints": null, "gpus": {}, "replicas": 9}');
 CREATE TABLE registered_models (
             name       TEXT PRIMARY KEY,
@@ -141,17 +141,17 @@ CREATE TABLE replicas (
         ;
 INSERT INTO "replicas" VALUES('r-1','00000000-0000-4000-8000-000000000001',1,'cpu',1,X'7373737373737373737373737373737373737373737373737373737373737373','ready',NULL,'http://127.0.0.1:9','2026-11-01T12:00:00.123Z','2026-11-01T12:00:00.123Z','local','{"pid": "42"}');
 CREATE TABLE schema_migrations ( version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT;
-INSERT INTO "schema_migrations" VALUES(1,'endpoints, endpoint tokens, admin keys, meta','2026-11-27T10:23:47.086Z');
-INSERT INTO "schema_migrations" VALUES(2,'replicas','2026-11-27T10:23:47.087Z');
-INSERT INTO "schema_migrations" VALUES(3,'projects, replica placement as data, change log','2026-11-27T10:23:47.092Z');
-INSERT INTO "schema_migrations" VALUES(4,'registered models, measured profiles','2026-11-27T10:23:47.107Z');
-INSERT INTO "schema_migrations" VALUES(5,'accounts: projects, users, members, keys, audit log, usage; names unique per project','2026-11-27T10:23:47.137Z');
-INSERT INTO "schema_migrations" VALUES(6,'a project''s quota limit, set by the operator; its own quota is set by its admins','2026-11-27T10:23:47.206Z');
-INSERT INTO "schema_migrations" VALUES(7,'a management key may be limited to one project (NULL: every project of its user)','2026-11-27T10:23:47.233Z');
-INSERT INTO "schema_migrations" VALUES(8,'endpoints of embedding and rerank models','2026-11-27T10:23:47.240Z');
-INSERT INTO "schema_migrations" VALUES(9,'an endpoint''s engine settings','2026-11-27T10:23:47.274Z');
-INSERT INTO "schema_migrations" VALUES(10,'LoRA adapters registered on endpoints','2026-11-27T10:23:47.286Z');
-INSERT INTO "schema_migrations" VALUES(11,'what each LoRA adapter served, per hour','2026-11-27T10:23:47.301Z');
+INSERT INTO "schema_migrations" VALUES(1,'endpoints, endpoint tokens, admin keys, meta','2026-11-27T10:39:29.430Z');
+INSERT INTO "schema_migrations" VALUES(2,'replicas','2026-11-27T10:39:29.438Z');
+INSERT INTO "schema_migrations" VALUES(3,'projects, replica placement as data, change log','2026-11-27T10:39:29.460Z');
+INSERT INTO "schema_migrations" VALUES(4,'registered models, measured profiles','2026-11-27T10:39:29.489Z');
+INSERT INTO "schema_migrations" VALUES(5,'accounts: projects, users, members, keys, audit log, usage; names unique per project','2026-11-27T10:39:29.516Z');
+INSERT INTO "schema_migrations" VALUES(6,'a project''s quota limit, set by the operator; its own quota is set by its admins','2026-11-27T10:39:29.546Z');
+INSERT INTO "schema_migrations" VALUES(7,'a management key may be limited to one project (NULL: every project of its user)','2026-11-27T10:39:29.562Z');
+INSERT INTO "schema_migrations" VALUES(8,'endpoints of embedding and rerank models','2026-11-27T10:39:29.575Z');
+INSERT INTO "schema_migrations" VALUES(9,'an endpoint''s engine settings','2026-11-27T10:39:29.598Z');
+INSERT INTO "schema_migrations" VALUES(10,'LoRA adapters registered on endpoints','2026-11-27T10:39:29.614Z');
+INSERT INTO "schema_migrations" VALUES(11,'what each LoRA adapter served, per hour','2026-11-27T10:39:29.626Z');
 CREATE TABLE usage_hourly (
         endpoint_id       TEXT NOT NULL,
         project_id        TEXT NOT NULL,

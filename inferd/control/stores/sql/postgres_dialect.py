@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from inferd.control.model import Deposed, StoreUnavailable, fence_allows
 from inferd.control.stores.sql.database import POLL_INTERVAL_S, Violation
+from inferd.control.stores.sql.migrations import migrate
 from inferd.redact import redact_url
 
 logger = logging.getLogger(__name__)
@@ -106,9 +107,21 @@ class PostgresDialect:
             ) from exc
         self.pool: ConnectionPool | None = None
 
-    def open_pool(self) -> None:
-        """After the migrations (on `first`, closed here)."""
-        self.first.close()
+    @classmethod
+    def open(cls, url: str) -> PostgresDialect:
+        """Connect, migrate (under the migration lock) and open the pool.
+        `StoreUnavailable` if the server cannot be reached."""
+        dialect = cls(url)
+        try:
+            migrate(dialect)
+            dialect._open_pool()
+        except BaseException:
+            dialect.close()
+            raise
+        return dialect
+
+    def _open_pool(self) -> None:
+        self.first.close()  # it migrated
         pool = ConnectionPool(
             self.url, min_size=1, max_size=POOL_SIZE, open=False,
             kwargs={"connect_timeout": CONNECT_TIMEOUT_S},

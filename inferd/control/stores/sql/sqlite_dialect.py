@@ -24,8 +24,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from inferd.control.model import StoreError, StoreUnavailable, parse_rfc3339, rfc3339
+from inferd.control.model import StoreError, StoreUnavailable, parse_rfc3339, rfc3339, utc_now_text
 from inferd.control.stores.sql.database import POLL_INTERVAL_S, Violation
+from inferd.control.stores.sql.migrations import migrate
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,34 @@ class SqliteDialect:
         self._quota_lock = asyncio.Lock()  # :memory: is one process's
         # Set by a test to act as a database that went away.
         self.unavailable = False
+
+    @classmethod
+    def open(cls, path: Path | str) -> SqliteDialect:
+        """Open (creating if needed) the database at `path` (or `:memory:`)
+        and migrate it."""
+        if str(path) != MEMORY:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dialect = cls(path)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the SQLite database {path}: {exc}") from exc
+        try:
+            # Foreign keys off while migrating: a migration that rebuilds a
+            # table must not cascade its DROP to the rows referring to it.
+            dialect.conn.execute("PRAGMA foreign_keys=OFF")
+            migrate(dialect)
+            dialect.conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            dialect.close()
+            raise StoreError(f"cannot migrate the SQLite database {path}: {exc}") from exc
+        except BaseException:
+            dialect.close()
+            raise
+        if not dialect.private:
+            with contextlib.suppress(OSError):
+                Path(path).chmod(0o600)  # holds token digests: nobody else's to read
+        return dialect
 
     def sql(self, text: str) -> str:
         return text
@@ -111,8 +140,6 @@ class SqliteDialect:
     )
 
     def applied_at(self) -> str | None:
-        from inferd.control.model import utc_now_text
-
         return utc_now_text()
 
     def encode(self, storage: str, value: Any) -> Any:

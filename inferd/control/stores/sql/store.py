@@ -7,20 +7,17 @@ engine: a SQLite file, SQLite `:memory:` (tests) or PostgreSQL.
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from inferd.control.model import Change, StoreError
+from inferd.control.model import Change
 from inferd.control.stores.sql.accounts import Accounts
 from inferd.control.stores.sql.adapters import Adapters
 from inferd.control.stores.sql.admin_keys import AdminKeys
 from inferd.control.stores.sql.database import Database, Row
 from inferd.control.stores.sql.endpoints import Endpoints
-from inferd.control.stores.sql.migrations import migrate
 from inferd.control.stores.sql.models import Models
 from inferd.control.stores.sql.replicas import Replicas
 from inferd.control.stores.sql.sqlite_dialect import MEMORY, SqliteDialect
@@ -51,47 +48,13 @@ class SqlStore(Endpoints, Replicas, Adapters, Models, Accounts, AdminKeys):
 
 
 def open_sqlite(path: Path | str) -> Database:
-    """Open (creating if needed) the SQLite database at `path` (or
-    `:memory:`) and migrate it."""
-    memory = str(path) == MEMORY
-    if not memory:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        dialect = SqliteDialect(path)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open the SQLite database {path}: {exc}") from exc
-    try:
-        # Foreign keys off while migrating: a migration that rebuilds a
-        # table must not cascade its DROP to the rows referring to it.
-        dialect.conn.execute("PRAGMA foreign_keys=OFF")
-        migrate(dialect)
-        dialect.conn.execute("PRAGMA foreign_keys=ON")
-    except sqlite3.Error as exc:
-        dialect.close()
-        raise StoreError(f"cannot migrate the SQLite database {path}: {exc}") from exc
-    except BaseException:
-        dialect.close()
-        raise
-    if not memory:
-        with contextlib.suppress(OSError):
-            Path(path).chmod(0o600)  # holds token digests; no reason for others to read it
-    return Database(dialect)
+    return Database(SqliteDialect.open(path))
 
 
 def open_postgres(url: str) -> Database:
-    """Connect, migrate (under the migration lock) and open the pool.
-    `StoreUnavailable` if the server cannot be reached."""
     from inferd.control.stores.sql.postgres_dialect import PostgresDialect
 
-    dialect = PostgresDialect(url)
-    try:
-        migrate(dialect)
-        dialect.open_pool()
-    except BaseException:
-        dialect.close()
-        raise
-    return Database(dialect)
+    return Database(PostgresDialect.open(url))
 
 
 class SqliteStore(SqlStore):
@@ -115,7 +78,7 @@ class SqliteStore(SqlStore):
     def _query(self, text: str, params: Sequence[Any] = ()) -> list[Row]:
         return self._db.call(False, lambda tx: tx.all(text, params))
 
-    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+    def _tx(self) -> AbstractContextManager[Any]:
         return self._sqlite.connection(True)
 
     @property
