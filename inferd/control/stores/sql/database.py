@@ -51,6 +51,20 @@ class Violation(StoreError):
         )
 
 
+class Codecs:
+    """How a dialect writes and reads each storage kind (absent: as is)."""
+
+    encoders: dict[str, Callable[[Any], Any]]
+    decoders: dict[str, Callable[[Any], Any]]
+
+    def encode(self, storage: str, value: Any) -> Any:
+        encode = self.encoders.get(storage)
+        return value if encode is None or value is None else encode(value)
+
+    def decoder(self, storage: str) -> Callable[[Any], Any] | None:
+        return self.decoders.get(storage)
+
+
 class Dialect(Protocol):
     """What differs between the engines (see `sqlite_dialect`, `postgres_dialect`)."""
 

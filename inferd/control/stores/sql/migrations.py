@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.control.model import SchemaTooNew
+from inferd.control.model import SchemaTooNew, utc_now
 
 __all__ = ["MIGRATIONS", "Migration", "SchemaTooNew", "Step", "latest_version", "migrate"]
 
@@ -673,6 +673,15 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
+# The bookkeeping table, as each engine's history created it.
+SCHEMA_MIGRATIONS = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+    " name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT",
+    "postgres": "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+    " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+}
+
+
 def latest_version() -> int:
     return MIGRATIONS[-1].version
 
@@ -689,7 +698,7 @@ def migrate(dialect: Any, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
             execute: Callable[..., Any] = lambda text, params=(): conn.execute(  # noqa: E731
                 dialect.sql(text), params
             )
-            execute(dialect.schema_migrations)
+            execute(SCHEMA_MIGRATIONS[dialect.name])
             newest = int(
                 execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
             )
@@ -706,9 +715,8 @@ def migrate(dialect: Any, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
             for statement in step.statements:
                 conn.execute(statement)  # constant DDL
             execute(
-                "INSERT INTO schema_migrations (version, name, applied_at)"
-                " VALUES (?, ?, COALESCE(?, CURRENT_TIMESTAMP))",
-                (migration.version, step.name, dialect.applied_at()),
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, step.name, dialect.encode("time", utc_now())),
             )
             applied.append(migration.version)
     return applied

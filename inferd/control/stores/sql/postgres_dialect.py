@@ -1,19 +1,15 @@
-"""PostgreSQL: several control planes, one database.
-
-psycopg 3 with a `psycopg_pool` pool of POOL_SIZE connections, each checked
-before it is lent (a connection the server dropped is replaced, not failed
-on); a call that cannot reach the server raises `StoreUnavailable` (an HTTP
-503 with Retry-After). Times are TIMESTAMPTZ, JSON is JSONB, and an
-identity column `seq` orders each table. Each write appends to the change
-log under one transaction-scoped advisory lock (so sequence order is commit
-order) and NOTIFYs CHANNEL; the watcher LISTENs, and reads the log on every
-notification and every POLL_INTERVAL_S (NOTIFY has no replay; the log has).
-"""
+"""PostgreSQL: several control planes, one database. A `psycopg_pool` pool
+whose connections are checked before they are lent; an unreachable server
+is `StoreUnavailable` (503). TIMESTAMPTZ, JSONB, an identity `seq` orders
+each table. The change log is appended under one advisory lock (sequence
+order is commit order) with a NOTIFY; the watcher LISTENs and reads the log
+at each notification and every POLL_INTERVAL_S (NOTIFY has no replay)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -28,7 +24,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from inferd.control.model import Deposed, StoreUnavailable, fence_allows
-from inferd.control.stores.sql.database import POLL_INTERVAL_S, Violation
+from inferd.control.stores.sql.database import POLL_INTERVAL_S, Codecs, Violation
 from inferd.control.stores.sql.migrations import migrate
 from inferd.redact import redact_url
 
@@ -64,8 +60,7 @@ _KEY_ORDER = {"model_profiles": "model_name, gpu_type, gpu_count"}
 
 
 def quota_lock_key(project_id: str) -> int:
-    """The advisory lock key of a project's quota checks (a signed 64-bit
-    digest, apart from the constant keys by its prefix)."""
+    """A project's quota lock key: a signed 64-bit digest, prefixed apart."""
     digest = hashlib.blake2b(f"inferd-quota:{project_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
@@ -80,22 +75,17 @@ def check_term_sync(conn: Any, term: int) -> None:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-class PostgresDialect:
+class PostgresDialect(Codecs):
+    encoders, decoders = _ENCODE, _DECODE
     name = "postgres"
     workers = POOL_SIZE
     private = False
     for_share = " FOR SHARE"
     for_update = " FOR UPDATE"
     ddl = DDL_TYPES
-    schema_migrations = (
-        "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-        " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-    )
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -160,16 +150,6 @@ class PostgresDialect:
         with self.first.transaction():
             self.first.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             yield self.first
-
-    def applied_at(self) -> None:
-        return None  # the column's default, the server's now()
-
-    def encode(self, storage: str, value: Any) -> Any:
-        encode = _ENCODE.get(storage)
-        return value if encode is None or value is None else encode(value)
-
-    def decoder(self, storage: str) -> Callable[[Any], Any] | None:
-        return _DECODE.get(storage)
 
     def position(self, table: str) -> str:
         return _KEY_ORDER.get(table, "seq")
@@ -264,15 +244,7 @@ class PostgresDialect:
         self.first.close()
 
 
-_CONVERTED: dict[str, LiteralString] = {}
-
-
+@functools.lru_cache(maxsize=4096)  # the statements are a fixed set
 def _converted(text: str) -> LiteralString:
-    """`?` placeholders as psycopg's `%s` (the store's SQL has no `?` or `%`
-    of its own), remembered: the statements are a fixed set."""
-    converted = _CONVERTED.get(text)
-    if converted is None:
-        converted = text.replace("%", "%%").replace("?", "%s")
-        if len(_CONVERTED) < 4096:
-            _CONVERTED[text] = converted
-    return converted
+    """`?` placeholders as psycopg's `%s` (the store's SQL has no `%` of its own)."""
+    return text.replace("%", "%%").replace("?", "%s")

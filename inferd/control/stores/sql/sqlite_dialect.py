@@ -24,8 +24,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from inferd.control.model import StoreError, StoreUnavailable, parse_rfc3339, rfc3339, utc_now_text
-from inferd.control.stores.sql.database import POLL_INTERVAL_S, Violation
+from inferd.control.model import StoreError, StoreUnavailable, parse_rfc3339, rfc3339
+from inferd.control.stores.sql.database import POLL_INTERVAL_S, Codecs, Violation
 from inferd.control.stores.sql.migrations import migrate
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
 }
 
 
-class SqliteDialect:
+class SqliteDialect(Codecs):
+    encoders, decoders = _ENCODE, _DECODE
     name = "sqlite"
     workers = 1  # one connection; writes are serialised anyway
     for_share = ""
@@ -133,21 +134,6 @@ class SqliteDialect:
                 self.conn.execute("ROLLBACK")
                 raise
             self.conn.execute("COMMIT")
-
-    schema_migrations = (
-        "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT"
-    )
-
-    def applied_at(self) -> str | None:
-        return utc_now_text()
-
-    def encode(self, storage: str, value: Any) -> Any:
-        encode = _ENCODE.get(storage)
-        return value if encode is None or value is None else encode(value)
-
-    def decoder(self, storage: str) -> Callable[[Any], Any] | None:
-        return _DECODE.get(storage)
 
     def position(self, table: str) -> str:
         return "rowid"
