@@ -155,8 +155,7 @@ class PostgresDialect(Codecs):
         return _KEY_ORDER.get(table, "seq")
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, list[Any]]:
-        # Not LIKE: % and _ in a prefix are plain characters.
-        return f"starts_with({column}, ?)", [prefix]
+        return f"starts_with({column}, ?)", [prefix]  # not LIKE: % and _ are plain
 
     def fence(self, conn: Any, term: int | None) -> None:
         if term is not None:
