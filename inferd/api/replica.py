@@ -42,6 +42,8 @@ class ReplicaLoadReport(BaseModel):
     running: int = Field(default=0, ge=0)
     waiting: int = Field(default=0, ge=0)
     kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
+    # Tokens the KV cache holds (the gateway places prompt prefixes by it).
+    kv_cache_tokens: int | None = Field(default=None, ge=1)
     # Prompt tokens looked up in the engine's prefix cache since the replica
     # started, and those found (cumulative: a lost report loses nothing).
     prefix_cache_queries: int = Field(default=0, ge=0)

@@ -137,6 +137,7 @@ class ReplicaProcess:
                 running=load.running if load else 0,
                 waiting=load.waiting if load else 0,
                 kv_cache_usage=load.kv_cache_usage if load else None,
+                kv_cache_tokens=load.kv_cache_tokens if load else None,
                 prefix_cache_queries=load.prefix_cache_queries if load else 0,
                 prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries)
                 if load

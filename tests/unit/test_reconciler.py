@@ -349,18 +349,30 @@ async def test_delete_while_the_loop_ticks_forgets_each_replica_once() -> None:
     assert w.registry.of_endpoint("e1") == [] and await w.stored() == {}
 
 
-async def test_a_replica_launched_after_its_endpoints_delete_is_stopped() -> None:
+async def test_a_copy_that_lags_behind_a_delete_launches_nothing() -> None:
     """The endpoint copy lags behind a delete: DELETE's drain found nothing to
-    stop, then a pass that still saw the row launched a replica. Once the row
-    is gone from the copy, that replica is drained and its row removed."""
+    stop, and the copy still shows the row live (wanting a replica). No pass
+    launches for it; once the copy has caught up, nothing is remembered."""
     w = await World(endpoint(min_replicas=0)).open()
     await w.tick()
     assert w.live() == []
     await w.reconciler.drain_endpoint("e1", timeout_s=5)  # nothing to stop yet
     w.rows[0] = dataclasses.replace(w.rows[0], min_replicas=1)  # the stale copy
     await w.tick()
-    (rid,) = w.live()
+    await w.tick(advance=5)
+    assert w.launcher.launched == [] and await w.stored() == {}
     w.rows.clear()  # the copy catches up: the endpoint is gone
+    await w.tick()
+    assert w.reconciler._deleted == set()
+
+
+async def test_a_replica_left_after_its_endpoints_delete_is_stopped() -> None:
+    """A replica whose endpoint is gone from the copy (launched by another
+    leader's last pass, say) is drained and its row removed."""
+    w = await World(endpoint(min_replicas=1)).open()
+    await w.tick()
+    (rid,) = w.live()
+    w.rows.clear()  # the endpoint is gone, its replica was not drained
     await w.tick()
     assert w.launcher.stopping == {rid}
     w.launcher.exit(rid, 1)  # not a clean exit: a failed row would stay

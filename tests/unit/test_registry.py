@@ -273,7 +273,7 @@ def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
     registry, _ = make(Clock())
     registry.add(replica("r1"))
     registry.add(replica("r2"))
-    load = {"waiting": 3, "kvCacheUsage": 0.5, "prefixCacheQueries": 1000,
+    load = {"waiting": 3, "kvCacheUsage": 0.5, "kvCacheTokens": 12288, "prefixCacheQueries": 1000,
             "prefixCacheHits": 750, "adapters": ["sql", "chat-fr"]}  # fmt: skip
     report(registry, "ready", "r1", load=load)
     report(registry, "ready", "r2", load={"prefixCacheQueries": 1000, "prefixCacheHits": 250})
@@ -282,6 +282,8 @@ def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
     by_id = {r.replica_id: r for r in registry.ready_replicas("e1")}
     assert by_id["r1"].adapters == {"sql", "chat-fr"} and by_id["r1"].reported_waiting == 3
     assert by_id["r2"].adapters == frozenset()
+    # The gateway places prompt prefixes by each replica's KV-cache size.
+    assert (by_id["r1"].kv_cache_tokens, by_id["r2"].kv_cache_tokens) == (12288, None)
     metrics = CollectorRegistry()
     metrics.register(ReplicaCollector(registry))
     text = generate_latest(metrics).decode()
@@ -299,6 +301,8 @@ def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
         {"adapters": "sql"},
         {"adapters": ["x" * 201]},
         {"adapters": [str(i) for i in range(257)]},
+        {"kvCacheTokens": 0},
+        {"kvCacheTokens": "lots"},
     ],
 )
 def test_bad_engine_figures_are_refused(load: dict[str, Any]) -> None:

@@ -195,6 +195,15 @@ class Reconciler:
         self._orphans: set[str] = set()
         # Set when a replica of the endpoint ends (deletion waits on it).
         self._ended: dict[str, asyncio.Event] = {}
+        # Endpoints whose deletion this reconciler was asked to carry out,
+        # and those whose drain is still under way. The copy of the
+        # endpoints follows the store's change feed, so for a moment after
+        # DELETE it still shows the row live while its replicas drain: a
+        # pass then would see a live endpoint short of replicas and launch
+        # one. Kept until the copy shows the row deleting, or (the drain
+        # done) not at all.
+        self._deleted: set[str] = set()
+        self._draining: set[str] = set()
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -334,19 +343,33 @@ class Reconciler:
                     only.add(replica.endpoint_id)
             rows = list(await self.endpoints())
             known = {row.id for row in rows}
+            self._catch_up_deletions(rows)
             for row in rows:
                 if only is not None and row.id not in only:
                     continue
-                if row.deleting_at is None:
-                    await self._reconcile(row, rows)
-                else:
+                if self._deleting(row):
                     await self._stop_all(row.id)
+                else:
+                    await self._reconcile(row, rows)
             await self._stop_orphans(known)
             looked_at = self._plans.keys() if only is None else self._plans.keys() & only
             for endpoint_id in list(looked_at):
                 if endpoint_id not in known:
                     self._forget(endpoint_id)
             await self._sync_records()
+
+    def _deleting(self, row: EndpointFacts) -> bool:
+        return row.deleting_at is not None or row.id in self._deleted
+
+    def _catch_up_deletions(self, rows: Sequence[EndpointFacts]) -> None:
+        """Forget the deletions the copy of the endpoints now shows."""
+        by_id = {row.id: row for row in rows}
+        for endpoint_id in list(self._deleted):
+            row = by_id.get(endpoint_id)
+            if row is None and endpoint_id in self._draining:
+                continue  # the copy may not have had the row yet
+            if row is None or row.deleting_at is not None:
+                self._deleted.discard(endpoint_id)
 
     async def _stop_orphans(self, known: set[str]) -> None:
         """Drain the replicas this instance runs whose endpoint is gone. The
@@ -585,6 +608,8 @@ class Reconciler:
             plan.unplaceable = await self._never_fits(row, reason)
             if reason is not None:
                 return
+            if self._deleting(row):  # DELETE came while this pass awaited
+                return
             replica_id = f"r-{uuid.uuid4().hex[:12]}"
             secret = secrets.token_urlsafe(32)
             try:
@@ -683,6 +708,15 @@ class Reconciler:
         """Stop every replica of a deleted endpoint and wait until their
         processes have ended (DELETE answers only then); past `timeout_s`,
         kill what is left. Woken by each replica end, never by polling."""
+        # Before anything awaits: a pass under way must not launch for it.
+        self._deleted.add(endpoint_id)
+        self._draining.add(endpoint_id)
+        try:
+            await self._drain_endpoint(endpoint_id, timeout_s)
+        finally:
+            self._draining.discard(endpoint_id)
+
+    async def _drain_endpoint(self, endpoint_id: str, timeout_s: float | None) -> None:
         timeout = timeout_s if timeout_s is not None else self.settings.drain_timeout_s + 10
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

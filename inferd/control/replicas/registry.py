@@ -76,6 +76,7 @@ class ReplicaLoad:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+    kv_cache_tokens: int | None = None
     # Prefix cache: prompt tokens looked up and found, since the replica started.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -375,6 +376,7 @@ class Registry:
                 running=load.running,
                 waiting=load.waiting,
                 kv_cache_usage=load.kv_cache_usage,
+                kv_cache_tokens=load.kv_cache_tokens,
                 prefix_cache_queries=load.prefix_cache_queries,
                 prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries),
                 adapters=frozenset(load.adapters),
@@ -515,6 +517,7 @@ class Registry:
                 r.url or "",
                 r.load.waiting,
                 r.load.adapters,
+                r.load.kv_cache_tokens,
                 call_key=r.secret_digest.hex(),
             )
             for r in self._replicas.values()
