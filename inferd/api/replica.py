@@ -100,6 +100,11 @@ class ReplicaReport(BaseModel):
     seq: int = Field(ge=0)
     load: ReplicaLoadReport = ReplicaLoadReport()
     usage: ReplicaUsageReport | None = None
+    # Reports are sent from a thread of their own: how long the replica's
+    # serving loop has left the reporter's last request for a snapshot
+    # unanswered (None: it answered). The process lives either way; a long
+    # stall is silence as far as serving goes.
+    loop_stalled_s: float | None = Field(default=None, ge=0)
 
     def to_wire(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
