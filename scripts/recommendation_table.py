@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.catalog import load_catalog
+from inferd.catalog.bands import COVERAGE, MIN_FIGURES
 from inferd.catalog.cli import format_workload
 from inferd.catalog.fit import (
     FITTED,
@@ -102,12 +103,22 @@ def render_doc(doc: dict[str, Any]) -> str:
         lines.append(f"| `{name}` | {value:.4g} | {PRIOR[name]:.4g} |")
     lines += [
         "",
+        "`imageEfficiency.<generation>` adjusts `imageComputeRatio` x that generation's",
+        "`computeEfficiency` (prior 1): a generation without image figures carries its",
+        "LLM compute efficiency over. `attentionEfficiency.<engine class>` is the KV-cache",
+        "read of an older engine's attention kernels against current vLLM's (the",
+        "reference, 1): vLLM before 0.8 (V0), TensorRT-LLM 0.x and 1.x. vLLM V0 runs",
+        "prompts as passes of their own (no chunked prefill), so prefill and decode add",
+        "up there, as they do wherever the engine settings turn chunked prefill off.",
+        "Time to first token is the wait for a slot, the step in progress and the",
+        "prompt's own prefill at the load given, never below the prompt's prefill time.",
+        "",
         "FP8 weights on Ada and Hopper compute at twice the 16-bit peak times",
         "`fp8ComputeFactor`; an FP8 KV cache (where the engine settings ask for one)",
         "stores one byte per element; AWQ/GPTQ weights are read at",
         "`weightOnlyBandwidthFactor` of the 16-bit bandwidth efficiency. The fit",
         "minimises the squared log error plus a log-normal pull (sigma 1) towards the",
-        "prior, so a parameter no measurement constrains (Ada image efficiency) keeps",
+        "prior, so a parameter no measurement constrains (Ada's image adjustment) keeps",
         "its prior.",
         "",
         "## Leave-one-source-out error",
@@ -126,7 +137,8 @@ def render_doc(doc: dict[str, Any]) -> str:
                      f"{'yes' if err <= SOURCE_ERROR_GOAL else '**no**'} |")  # fmt: skip
     lines += [
         "",
-        "By GPU generation and precision (what each recommendation's error band quotes):",
+        "By GPU generation and precision (median; the bands each option quotes are the",
+        "80% bands below):",
         "",
         "| group | measurements | sources | GPUs | held-out median abs error |",
         "| --- | --- | --- | --- | --- |",
@@ -147,6 +159,7 @@ def render_doc(doc: dict[str, Any]) -> str:
     for gpu, err in doc["gpuHeldOutMedianAbsError"].items():
         n = sum(1 for r in dataset.rows if r.gpu == gpu)
         lines.append(f"| {gpu} | {n} | {err:.1%} |")
+    lines += ["", *render_bands(doc)]
     l4 = [r for r in dataset.rows if r.gpu == "L4"]
     l4_sources = sorted({r.source for r in l4})
     lines += [
@@ -168,12 +181,10 @@ def render_doc(doc: dict[str, Any]) -> str:
         "Where the goal is not met, and why:",
         "",
         "- **inferd's own H100 SDXL figures** are the only Hopper image measurements.",
-        "  Without them, Hopper's image efficiency falls back to the prior (45% of",
-        f"  peak), but the H100 reaches {doc['parameters']['imageEfficiency.hopper']:.0%} of its "
-        "peak uncompiled: diffusers' SDXL",
-        "  UNet kernels do not scale with Hopper's tensor cores as they do on Ampere,",
-        "  so the held-out estimate is about twice too fast. Every estimate for an",
-        "  image generation without its own figures therefore quotes this error.",
+        "  Without them, Hopper's image efficiency is carried over from its LLM",
+        "  compute efficiency at Ampere's image-to-LLM ratio "
+        f"({doc['parameters']['imageComputeRatio']:.2f}); the H100's uncompiled",
+        "  SDXL falls further short of that than the A100's does.",
         "- TensorRT-LLM v0.6's LLaMA 70B at batch 480 (128 in / 2048 out) is the",
         "  largest single miss (the model is about twice too fast): no other figure",
         "  shows that engine's large-batch slowdown.",
@@ -222,6 +233,35 @@ def render_doc(doc: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def render_bands(doc: dict[str, Any]) -> list[str]:
+    """The band rule and how often it held, per regime."""
+    lines = [
+        "## Error bands",
+        "",
+        f"Every option quotes an {COVERAGE:.0%} band (`inferd.catalog.bands`, split-conformal):",
+        "the ceil((n + 1) x 0.8)-th smallest of the n held-out errors of the nearest group",
+        f"of at least {MIN_FIGURES} published figures like the estimate (same GPU generation,",
+        "precision and regime; else same generation and regime; else same regime; else",
+        "all). With few figures that is the largest or next to largest error seen. A GPU",
+        "type with figures of its own draws on the errors with each source held out; one",
+        'with none says "no figure for this GPU" and draws on the errors with each GPU',
+        "type held out. Chat options quote the throughput regime (what sizes the",
+        "replicas); TTFT and per-token latency have their own regimes.",
+        "",
+        "Coverage: for every figure, the band computed without its source (or its GPU",
+        "type), and whether its own held-out error falls inside (goal: at least 75% in",
+        "every regime).",
+        "",
+        "| regime | figures | coverage, source held out | coverage, GPU type held out |",
+        "| --- | --- | --- | --- |",
+    ]
+    by_source, by_gpu = doc["bandCoverage"]["sourceHeldOut"], doc["bandCoverage"]["gpuHeldOut"]
+    for regime, cov in by_source.items():
+        lines.append(f"| {regime} | {cov['figures']} | {cov['coverage']:.0%} | "
+                     f"{by_gpu[regime]['coverage']:.0%} |")  # fmt: skip
+    return lines
 
 
 def _speed(o: WorkloadOption) -> str:

@@ -44,3 +44,9 @@ def sized_for(model: ModelSpec, settings: EngineSettings | None) -> ModelSpec:
 def max_sequences(settings: EngineSettings | None) -> int | None:
     """The batch the settings allow at most (None: the engine's own limit)."""
     return None if settings is None else settings.maxNumSeqs
+
+
+def chunked_prefill(settings: EngineSettings | None) -> bool:
+    """Whether prompt chunks ride in decode steps: vLLM's default (V1 always
+    chunks) unless the settings turn it off."""
+    return settings is None or settings.enableChunkedPrefill is not False

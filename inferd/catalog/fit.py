@@ -29,6 +29,14 @@ from typing import Any, Protocol
 
 import yaml
 
+from inferd.catalog.bands import (
+    COVERAGE,
+    REGIMES,
+    Residual,
+    band_for,
+    coverage_by_regime,
+    precision_class,
+)
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import (
     CatalogError,
@@ -43,6 +51,7 @@ from inferd.catalog.perfmodel import (
     PRIOR,
     Parameters,
     Precision,
+    engine_traits,
     for_engine,
     image_seconds,
     kv_capacity_tokens,
@@ -72,7 +81,7 @@ MEDIAN_ERROR_GOAL = 0.15
 SOURCE_ERROR_GOAL = 0.25
 SCENARIOS = (
     "static-batch", "max-throughput", "single-stream", "first-token", "batch-latency",
-    "served", "served-tpot", "image",
+    "served", "served-tpot", "served-ttft", "image",
 )  # fmt: skip
 
 
@@ -105,6 +114,18 @@ class Row:
     max_batch: int = 256
     token_budget: int = 8192
     kv_fraction: float = 0.9
+    chunked_prefill: bool | None = None  # None: the engine's default
+
+    @property
+    def chunked(self) -> bool:
+        """Whether prompt chunks ride in decode steps (else prefill and decode add up)."""
+        if self.chunked_prefill is not None:
+            return self.chunked_prefill
+        return engine_traits(self.engine).chunked_prefill
+
+    @property
+    def regime(self) -> str:
+        return REGIMES[self.scenario]
 
     @property
     def precision_obj(self) -> Precision:
@@ -116,6 +137,7 @@ class Row:
             "first-token": "ms",
             "batch-latency": "ms",
             "served-tpot": "ms",
+            "served-ttft": "ms",
             "image": "s/image",
         }.get(self.scenario, "tokens/s")
 
@@ -162,6 +184,7 @@ def published(path: Path = PUBLISHED) -> Dataset:
             compiled=bool(r.get("compiled", False)), max_batch=int(r.get("maxBatch", 256)),
             token_budget=int(r.get("tokenBudget", 8192)),
             kv_fraction=float(r.get("kvFraction", 0.9)),
+            chunked_prefill=r.get("chunkedPrefill"),
         ))  # fmt: skip
     return Dataset(MappingProxyType(sources), tuple(rows), MappingProxyType(archs))
 
@@ -203,9 +226,11 @@ def predict(params: Parameters, row: Row, ctx: Context) -> float:
         step = step_seconds(params, arch, prec, gpu, n, 1, p + o / 2)
         return o / (ttft + o * step)
     batch = row.batch or 1
-    if row.scenario in ("served", "served-tpot"):  # an endpoint measured by `inferd bench`
-        served = loaded_step(params, arch, prec, gpu, n, batch, p, o, row.token_budget)
-        return served.output_tokens_per_s if row.scenario == "served" else 1000 * served.step_s
+    if row.scenario in ("served", "served-tpot", "served-ttft"):  # `batch` kept in flight
+        served = loaded_step(params, arch, prec, gpu, n, batch, p, o, row.token_budget, row.chunked)
+        if row.scenario == "served":
+            return served.output_tokens_per_s
+        return 1000 * (served.step_s if row.scenario == "served-tpot" else served.ttft_s)
     if row.scenario in ("static-batch", "batch-latency"):
         seconds = prefill_seconds(params, arch, prec, gpu, n, p, batch) + o * step_seconds(
             params, arch, prec, gpu, n, batch, p + o / 2
@@ -217,9 +242,10 @@ def predict(params: Parameters, row: Row, ctx: Context) -> float:
     # max-throughput: as many sequences as the KV cache holds, within the
     # engine's batch limit and per-step token budget.
     capacity = kv_capacity_tokens(arch, prec, gpu, n, row.kv_fraction) / (p + o)
-    decoding = min(float(row.max_batch), capacity, row.token_budget / (1 + p / o))
-    step = step_seconds(params, arch, prec, gpu, n, decoding, p + o / 2, decoding * p / o, p / 2)
-    return decoding / step
+    in_flight = min(float(row.max_batch), capacity)
+    return loaded_step(
+        params, arch, prec, gpu, n, in_flight, p, o, row.token_budget, row.chunked
+    ).output_tokens_per_s
 
 
 # --- the fit ---------------------------------------------------------------------------
@@ -381,29 +407,66 @@ def evidence_table(predictions: Sequence[Prediction], ctx: Context) -> dict[str,
     }
 
 
+def residuals_of(predictions: Sequence[Prediction], ctx: Context) -> list[Residual]:
+    return [
+        Residual(
+            p.row.source, p.row.gpu, ctx.gpu(p.row.gpu).generation,
+            precision_class(p.row.precision, p.row.scenario), p.row.regime, p.error,
+        )
+        for p in predictions
+    ]  # fmt: skip
+
+
+def leave_each_gpu_out(
+    dataset: Dataset, ctx: Context, full: Parameters | None = None
+) -> list[Prediction]:
+    """`leave_one_gpu_out` for every GPU type with figures, in dataset order."""
+    full = full or fit(dataset.rows, ctx)
+    out: list[Prediction] = []
+    for gpu in sorted({r.gpu for r in dataset.rows}):
+        out += leave_one_gpu_out(dataset, ctx, gpu, full)
+    return _in_dataset_order(dataset, out)
+
+
 def fitted_document(dataset: Dataset, ctx: Context) -> dict[str, Any]:
     """Everything `data/fitted.json` holds."""
     full = fit(dataset.rows, ctx)
-    predictions = leave_one_source_out(dataset, ctx, full)
+    predictions = _in_dataset_order(dataset, leave_one_source_out(dataset, ctx, full))
+    by_gpu_out = leave_each_gpu_out(dataset, ctx, full)
     by_source = {
         key: round(median_abs(p.error for p in predictions if p.row.source == key), 4)
         for key in dataset.sources
     }
     by_gpu = {
-        gpu: round(median_abs(p.error for p in leave_one_gpu_out(dataset, ctx, gpu, full)), 4)
+        gpu: round(median_abs(p.error for p in by_gpu_out if p.row.gpu == gpu), 4)
         for gpu in sorted({r.gpu for r in dataset.rows})
     }
+    loso, logo = residuals_of(predictions, ctx), residuals_of(by_gpu_out, ctx)
     return {
         "parameters": full.to_dict(),
         "overallMedianAbsError": round(median_abs(p.error for p in predictions), 4),
+        "gpuHeldOutOverallMedianAbsError": round(median_abs(p.error for p in by_gpu_out), 4),
         "sourceMedianAbsError": by_source,
         "gpuHeldOutMedianAbsError": by_gpu,
         "evidence": evidence_table(predictions, ctx),
+        "bandCoverage": {
+            "sourceHeldOut": coverage_by_regime(loso, lambda a, b: a.source == b.source),
+            "gpuHeldOut": coverage_by_regime(logo, lambda a, b: a.gpu == b.gpu),
+        },
         "rows": len(dataset.rows),
         "predictions": [
-            {"row": i, "inSample": round(p.in_sample, 4), "heldOut": round(p.held_out, 4)}
-            for i, p in enumerate(_in_dataset_order(dataset, predictions))
+            {
+                "row": i,
+                "inSample": round(p.in_sample, 4),
+                "heldOut": round(p.held_out, 4),
+                "gpuHeldOut": round(g.held_out, 4),
+            }
+            for i, (p, g) in enumerate(zip(predictions, by_gpu_out, strict=True))
         ],
+        "residuals": {
+            "sourceHeldOut": [r.to_dict() for r in loso],
+            "gpuHeldOut": [r.to_dict() for r in logo],
+        },
     }
 
 
@@ -424,50 +487,50 @@ class Fitted:
     parameters: Parameters
     evidence: Mapping[str, Mapping[str, Any]]
     overall_error: float
+    # Held-out errors of every figure: fitted without its source, and
+    # without its GPU type (`bands`).
+    source_residuals: tuple[Residual, ...] = ()
+    gpu_residuals: tuple[Residual, ...] = ()
 
-    def band(self, generation: str, precision: str) -> tuple[float, str]:
-        """The error band of an estimate, and what it rests on, in words.
+    def gpus_measured(self) -> frozenset[str]:
+        return frozenset(r.gpu for r in self.source_residuals)
 
-        Measured group: its median held-out error. Unmeasured: no smaller
-        than the overall error, and as large as the worst error seen where
-        the fit had to carry over - the same generation's other chat
-        precisions for chat, every image group for images (an image
-        efficiency does not carry over between generations)."""
-        key = evidence_key(generation, precision)
-        group = self.evidence.get(key)
-        if group and group["measurements"] >= 2:
-            err = float(group["medianAbsError"])
-            return err, (
-                f"±{err:.0%} (median held-out error of {group['measurements']} published "
-                f"measurements of {key}, {', '.join(group['gpus'])})"
-            )
-        if precision == "image":
-            near = {k: g for k, g in self.evidence.items() if k.endswith(" image")}
-            what = "the largest held-out error of any GPU generation's images"
-        else:
-            near = {
-                k: g for k, g in self.evidence.items()
-                if k.startswith(generation + " ") and not k.endswith(" image")
-            }  # fmt: skip
-            what = (
-                f"the held-out error of {generation}'s other precisions"
-                if near
-                else ("the overall held-out error")
-            )
-        err = max([self.overall_error, *(float(g["medianAbsError"]) for g in near.values())])
-        basis = ", ".join(f"{g['measurements']} of {k}" for k, g in near.items())
-        return err, (
-            f"±{err:.0%} (no published measurement of {key}; {what}"
-            + (f": {basis})" if basis else ")")
+    def band(
+        self, gpu: str, generation: str, precision: str, regime: str = "throughput"
+    ) -> tuple[float, str]:
+        """The 80% error band of an estimate for `gpu`, and what it rests on,
+        in words (`bands`): from the figures like it held out by source where
+        the GPU type has figures of its own, else from the figures of every
+        GPU type held out by GPU type."""
+        cls = precision_class(precision)
+        regime = "image" if cls == "image" else regime
+        measured = gpu in self.gpus_measured()
+        pool = self.source_residuals if measured else self.gpu_residuals
+        band = band_for(pool, generation, cls, regime)
+        if band is None:
+            return 1.0, f"±100% (no held-out figure like {generation} {cls} {regime})"
+        mine = sum(1 for r in self.source_residuals if r.gpu == gpu)
+        what = (
+            f"{COVERAGE:.0%} band from the held-out errors of {band.figures} published figures "
+            f"of {band.group}"
+        )
+        if measured:
+            return band.value, f"±{band.value:.0%} ({what}; {mine} figures of {gpu} itself)"
+        return band.value, (
+            f"±{band.value:.0%} (no figure for this GPU: {gpu} has no published figure; "
+            f"{what}, each predicted with its own GPU type held out)"
         )
 
 
 def load_fitted(path: Path = FITTED) -> Fitted:
     doc = json.loads(path.read_text())
+    residuals = doc.get("residuals", {})
     return Fitted(
         parameters=Parameters(MappingProxyType({**PRIOR, **doc["parameters"]})),
         evidence=MappingProxyType(doc["evidence"]),
         overall_error=float(doc["overallMedianAbsError"]),
+        source_residuals=tuple(Residual.from_dict(r) for r in residuals.get("sourceHeldOut", [])),
+        gpu_residuals=tuple(Residual.from_dict(r) for r in residuals.get("gpuHeldOut", [])),
     )
 
 

@@ -19,8 +19,26 @@ tensorrtLlmComputeFactor; the estimates are of vLLM) plus
 the scheduler's bookkeeping). Tensor
 parallelism over N GPUs multiplies both rates by N x tpScalingPerDoubling ^
 log2(N). An FP8 KV cache halves its bytes. An image step is the UNet's FLOPs
-at imageEfficiency[generation] (x compiledImageSpeedup where the pipeline is
-compiled), with `imageOverheadSeconds` per image.
+at imageComputeRatio x computeEfficiency[generation] x
+imageEfficiency[generation] (an adjustment, prior 1: diffusion kernels reach
+about the same share of what the LLM GEMMs reach on every generation, so a
+generation without image figures carries its LLM compute efficiency over;
+x compiledImageSpeedup where the pipeline is compiled), with
+`imageOverheadSeconds` per image.
+
+Decode reads each sequence's KV cache through the engine's attention kernels.
+Current vLLM (V1, 0.8 and later) is the reference: its KV read runs at the
+weights' bandwidth efficiency. An older engine reads it at
+attentionEfficiency[engine class] of that (`engine_traits`): paged-attention
+kernels of vLLM V0 and TensorRT-LLM's earlier releases handled grouped-query
+heads less well, so a long-context figure measured with them is fitted with
+its own factor instead of bending the model of current vLLM.
+
+Prefill and decode: with chunked prefill (vLLM V1 and the engine settings'
+default) a step carries the decodes and prompt chunks together, so a prompt's
+compute hides the decodes' weight read. Without it (`enableChunkedPrefill:
+false`, vLLM V0's default) a prompt runs as a pass of its own and the two add
+up (`loaded_step`).
 
 Generations: ampere (A100, A10G), ada (L40S, L4), hopper (H100, H200). Ada
 and Hopper have FP8 tensor cores at twice the 16-bit peak; on Ampere FP8
@@ -30,6 +48,7 @@ weights are read as 8 bits but computed in 16.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +59,9 @@ from inferd.catalog.models import ChatArchitecture, ImageArchitecture
 GENERATIONS = ("ampere", "ada", "hopper")
 FP8_GENERATIONS = frozenset({"ada", "hopper"})
 _PER_GENERATION = ("bandwidthEfficiency", "computeEfficiency", "imageEfficiency")
+# Engine classes whose attention kernels differ from current vLLM's (the
+# reference, factor 1): see `engine_traits`.
+ATTENTION_CLASSES = ("vllm-v0", "tensorrt-llm-0", "tensorrt-llm-1")
 _GLOBAL = (
     "fp8ComputeFactor",
     "weightOnlyBandwidthFactor",
@@ -49,14 +71,16 @@ _GLOBAL = (
     "tensorrtLlmComputeFactor",
     "compiledImageSpeedup",
     "imageOverheadSeconds",
+    "imageComputeRatio",
 )
 
 # Starting points and the prior the fit is pulled towards where data is
 # thin: the roofline's former constants (75% of bandwidth, 50% of compute,
-# 45% for images, 3 ms a step, 0.9 per TP doubling over NVLink).
+# images at 90% of that, 3 ms a step, 0.9 per TP doubling over NVLink).
 PRIOR: Mapping[str, float] = {
     **{f"{name}.{gen}": value for gen in GENERATIONS for name, value in (
-        ("bandwidthEfficiency", 0.75), ("computeEfficiency", 0.5), ("imageEfficiency", 0.45))},
+        ("bandwidthEfficiency", 0.75), ("computeEfficiency", 0.5), ("imageEfficiency", 1.0))},
+    **{f"attentionEfficiency.{cls}": 1.0 for cls in ATTENTION_CLASSES},
     "fp8ComputeFactor": 0.8,
     "weightOnlyBandwidthFactor": 0.8,
     "stepOverheadSeconds": 0.003,
@@ -65,6 +89,7 @@ PRIOR: Mapping[str, float] = {
     "tensorrtLlmComputeFactor": 1.0,
     "compiledImageSpeedup": 1.3,
     "imageOverheadSeconds": 0.1,
+    "imageComputeRatio": 0.9,
 }  # fmt: skip
 PARAMETER_NAMES: tuple[str, ...] = tuple(PRIOR)
 # A CPU "GPU" has no published figures: it keeps the prior, as Ampere would.
@@ -113,19 +138,61 @@ class Precision:
         return self.weights.upper()
 
 
+# The key `for_engine` sets: the attention efficiency of the engine a step
+# runs in (absent: current vLLM's, 1).
+ACTIVE_ATTENTION = "attentionEfficiency"
+# vLLM's V1 engine (default from 0.8): chunked prefill always, new kernels.
+_VLLM_V1 = (0, 8)
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """What the model tells apart about the engine a figure was measured with."""
+
+    family: str  # "vllm" | "tensorrt-llm" | "other"
+    attention_class: str | None  # None: current vLLM's kernels (the reference)
+    chunked_prefill: bool  # prompt chunks ride in decode steps
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    match = re.search(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def engine_traits(engine: str) -> EngineTraits:
+    """From a figure's engine as `published.yaml` names it ("vLLM 0.6.3",
+    "TensorRT-LLM 0.6.1", "NVIDIA NIM 1.8.0 (TensorRT-LLM)"). vLLM before
+    0.8 ran its V0 engine, chunked prefill off by default; a vLLM without a
+    version (a CI build) counts as current. TensorRT-LLM's in-flight batching
+    puts whole prompts into decode steps, which the step model treats as
+    chunked (the two share one weight read)."""
+    low = engine.lower()
+    if "tensorrt-llm" in low:
+        major = (_version(low.split("tensorrt-llm", 1)[1]) or (1, 0))[0]
+        return EngineTraits("tensorrt-llm", f"tensorrt-llm-{min(major, 1)}", True)
+    if low.startswith("vllm"):
+        version = _version(low)
+        if version is not None and version < _VLLM_V1:
+            return EngineTraits("vllm", "vllm-v0", False)
+        return EngineTraits("vllm", None, True)
+    return EngineTraits("other", None, True)
+
+
 def for_engine(params: Parameters, engine: str) -> Parameters:
     """The parameters as a measurement's engine sees them. The model is of
-    vLLM (what inferd serves with); TensorRT-LLM's fused GEMM and attention
-    kernels reach a different fraction of peak compute, one factor for every
-    generation (`tensorrtLlmComputeFactor`). Bandwidth-bound decode is the
-    same weight read in either engine."""
-    if not engine.lower().startswith("tensorrt-llm"):
-        return params
-    factor = params["tensorrtLlmComputeFactor"]
-    return Parameters({
-        k: v * factor if k.startswith("computeEfficiency.") else v
-        for k, v in params.values.items()
-    })  # fmt: skip
+    current vLLM (what inferd serves with); TensorRT-LLM's fused GEMM and
+    attention kernels reach a different fraction of peak compute, one factor
+    for every generation (`tensorrtLlmComputeFactor`), and an older engine's
+    attention kernels read the KV cache at its class's attention efficiency."""
+    traits = engine_traits(engine)
+    values = dict(params.values)
+    if traits.family == "tensorrt-llm":
+        factor = params["tensorrtLlmComputeFactor"]
+        values = {k: v * factor if k.startswith("computeEfficiency.") else v
+                  for k, v in values.items()}  # fmt: skip
+    if traits.attention_class is not None:
+        values[ACTIVE_ATTENTION] = params[f"attentionEfficiency.{traits.attention_class}"]
+    return Parameters(values)
 
 
 def precision_of(arch: ChatArchitecture, kv_cache: str | None = None) -> Precision:
@@ -180,6 +247,15 @@ def _compute_rate(params: Parameters, gpu: GpuType, precision: Precision) -> flo
     if precision.weights == "fp32":
         return peak * 0.5 * eff  # TF32
     return peak * eff
+
+
+def image_efficiency(params: Parameters, generation: str) -> float:
+    """The fraction of the 16-bit peak an uncompiled diffusion pipeline reaches."""
+    return (
+        params["imageComputeRatio"]
+        * params.per_generation("computeEfficiency", generation)
+        * params.per_generation("imageEfficiency", generation)
+    )
 
 
 def _bandwidth(params: Parameters, gpu: GpuType, precision: Precision) -> float:
@@ -237,7 +313,9 @@ def step_time(
     """`step_seconds`, with which roof bounds it."""
     scale = tp_scale(params, gpu, count)
     kv = kv_bytes_per_token(arch, precision, count)
-    bytes_read = weight_bytes(arch, precision) + decoding * context * kv + prefill_tokens * kv
+    # Decode attention reads the cache through the engine's kernels.
+    attention_read = decoding * context * kv / params.values.get(ACTIVE_ATTENTION, 1.0)
+    bytes_read = weight_bytes(arch, precision) + attention_read + prefill_tokens * kv
     attention = 4 * arch.layers * arch.attention_heads * arch.head_dim
     flops = (decoding + prefill_tokens) * 2 * arch.parameters + attention * (
         decoding * context + prefill_tokens * prefill_context
@@ -278,10 +356,42 @@ class LoadedStep:
     """vLLM's scheduler at `concurrency` requests in flight, in steady state."""
 
     decoding: float  # sequences decoding in each step
-    prefill_tokens: float  # prompt tokens chunked into each step
+    prefill_tokens: float  # prompt tokens chunked into each step (0: separate passes)
     step_s: float  # = mean time per output token
     ttft_s: float  # mean time to first token
     output_tokens_per_s: float
+    prefill_s: float = 0.0  # the prompt's own prefill at this load (<= ttft_s)
+
+
+def own_prefill_seconds(
+    params: Parameters,
+    arch: ChatArchitecture,
+    precision: Precision,
+    gpu: GpuType,
+    count: int,
+    prompt_tokens: int,
+    token_budget: int,
+    decoding: float = 0.0,
+    context: float = 0.0,
+    chunked_prefill: bool = True,
+) -> float:
+    """One prompt's prefill while `decoding` other sequences (attending to
+    `context` tokens) decode. Chunked: the prompt is cut into the budget the
+    decodes leave free, each chunk a step that also carries the decodes (and
+    attends to the chunks before it). Not chunked: one pass of its own. Never
+    below the prompt's prefill with nothing else running."""
+    alone = prefill_seconds(params, arch, precision, gpu, count, prompt_tokens)
+    if not chunked_prefill or prompt_tokens <= 0:
+        return alone
+    chunk = max(1.0, token_budget - decoding)
+    total, done = 0.0, 0.0
+    while done < prompt_tokens:
+        tokens = min(chunk, prompt_tokens - done)
+        total += step_seconds(
+            params, arch, precision, gpu, count, decoding, context, tokens, done + tokens / 2
+        )
+        done += tokens
+    return max(total, alone)
 
 
 def loaded_step(
@@ -290,32 +400,56 @@ def loaded_step(
     precision: Precision,
     gpu: GpuType,
     count: int,
-    concurrency: int,
+    concurrency: float,
     prompt_tokens: int,
     output_tokens: int,
     token_budget: int,
+    chunked_prefill: bool = True,
 ) -> LoadedStep:
-    """Continuous batching with chunked prefill: every step carries each
-    decoding sequence's next token and, up to `token_budget` tokens per step,
-    prompt chunks of requests waiting to start. In steady state a request's
-    prompt is spread over its `output_tokens` decode steps, so a step holds
-    decoding x prompt/output prefill tokens. When that exceeds the budget,
-    prefill is the bottleneck: fewer sequences decode and the rest wait."""
+    """Continuous batching at `concurrency` requests in flight.
+
+    Chunked prefill: every step carries each decoding sequence's next token
+    and, up to `token_budget` tokens per step, prompt chunks of requests
+    waiting to start. In steady state a request's prompt is spread over its
+    `output_tokens` decode steps, so a step holds decoding x prompt/output
+    prefill tokens. When that exceeds the budget, prefill is the bottleneck:
+    fewer sequences decode and the rest wait.
+
+    Without chunked prefill a prompt runs as a pass of its own between decode
+    steps, so while a batch decodes its `output_tokens` steps the batch's
+    prompts also run: the time per output token is the decode step plus
+    their prefill spread over the output, the two added up.
+
+    TTFT = the wait for a slot (Little's law on the requests not decoding) +
+    the step in progress when the request arrives (half of one, on average,
+    when other requests are in flight) + the prompt's own prefill at this
+    load; never below the prompt's prefill time."""
     ratio = prompt_tokens / max(1, output_tokens)
-    decoding = min(float(concurrency), token_budget / (1 + ratio))
-    prefill = decoding * ratio
     context = prompt_tokens + output_tokens / 2
-    step = step_seconds(
-        params, arch, precision, gpu, count, decoding, context, prefill, prompt_tokens / 2
-    )
-    # A new prompt is chunked into the budget the decodes leave free.
-    chunk = max(1.0, token_budget - decoding)
-    prefill_steps = math.ceil(prompt_tokens / chunk)
-    # Requests not decoding wait for a prefill slot: Little's law on the queue.
+    others = max(0.0, concurrency - 1) / max(1, concurrency)
+    if chunked_prefill:
+        decoding = min(float(concurrency), token_budget / (1 + ratio))
+        prefill = decoding * ratio
+        step = step_seconds(
+            params, arch, precision, gpu, count, decoding, context, prefill, prompt_tokens / 2
+        )
+    else:
+        decoding, prefill = float(concurrency), 0.0
+        decode = step_seconds(params, arch, precision, gpu, count, decoding, context)
+        # The batch's prompts, in passes of up to the budget (a whole prompt at least).
+        per_pass = min(max(1, token_budget // max(1, prompt_tokens)), math.ceil(concurrency))
+        passes = concurrency / per_pass
+        prompts = prefill_seconds(params, arch, precision, gpu, count, prompt_tokens, per_pass)
+        step = decode + passes * prompts / max(1, output_tokens)
+    own = own_prefill_seconds(
+        params, arch, precision, gpu, count, prompt_tokens, token_budget,
+        decoding * others, context, chunked_prefill,
+    )  # fmt: skip
+    # Requests not decoding wait for a slot: Little's law on the queue.
     waiting = concurrency - decoding
     rate = decoding / (output_tokens * step)  # requests finishing per second
-    ttft = prefill_steps * step + (waiting / rate if waiting > 0 else step / 2)
-    return LoadedStep(decoding, prefill, step, ttft, decoding / step)
+    queue = (waiting / rate if waiting > 0 else 0.0) + others * step / 2
+    return LoadedStep(decoding, prefill, step, queue + own, decoding / step, own)
 
 
 def image_seconds(
@@ -330,7 +464,7 @@ def image_seconds(
     """Seconds for one batch of `batch` images denoised together."""
     evaluations = steps * arch.guidance_evaluations
     tflops = (evaluations * arch.unet_tflops_per_step + arch.vae_decode_tflops) * pixel_scale
-    eff = params.per_generation("imageEfficiency", gpu.generation)
+    eff = image_efficiency(params, gpu.generation)
     if compiled:
         eff *= params["compiledImageSpeedup"]
     rate = gpu.bf16_tflops * eff * (0.5 if arch.dtype == "fp32" else 1.0)
@@ -354,4 +488,7 @@ def describe(params: Parameters) -> dict[str, Any]:
         for gen in GENERATIONS
     }
     out.update({name: round(params[name], 5) for name in _GLOBAL})
+    out["attentionEfficiency"] = {
+        cls: round(params[f"attentionEfficiency.{cls}"], 4) for cls in ATTENTION_CLASSES
+    }
     return out

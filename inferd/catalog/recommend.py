@@ -222,7 +222,7 @@ def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
     tflops = evaluations * arch.unet_tflops_per_step + arch.vae_decode_tflops
     params = fit.current().parameters
     seconds = perfmodel.image_seconds(params, arch, gpu, 1, spec.default_steps)
-    compute = tflops / (gpu.bf16_tflops * params.per_generation("imageEfficiency", gpu.generation))
+    compute = tflops / (gpu.bf16_tflops * perfmodel.image_efficiency(params, gpu.generation))
     bound = (
         "compute"
         if compute >= seconds - params["imageOverheadSeconds"] - 1e-12
@@ -233,7 +233,7 @@ def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
 
 def _evidence(model: ModelSpec, gpu: GpuType) -> tuple[float, str]:
     precision = "image" if model.kind == "image" else perfmodel.precision_of(model.chat).weights
-    return fit.current().band(gpu.generation, precision)
+    return fit.current().band(gpu.name, gpu.generation, precision)
 
 
 def _structural_problems(

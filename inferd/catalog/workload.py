@@ -51,7 +51,7 @@ from typing import Any, cast
 
 from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, perfmodel
-from inferd.catalog.engine_sizing import max_sequences, sized_for
+from inferd.catalog.engine_sizing import chunked_prefill, max_sequences, sized_for
 from inferd.catalog.fit import Context, Fitted, Row, current, refit_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import ModelSpec
@@ -260,13 +260,17 @@ def chat_performance(
     batch: int,
     work: ChatWorkload,
     params: Parameters | None = None,
+    chunked_prefill: bool = True,
 ) -> Performance:
-    """One replica at `batch` requests in flight, in vLLM's steady state."""
+    """One replica at `batch` requests in flight, in vLLM's steady state
+    (`chunked_prefill` False: the engine settings turned it off, so prompts
+    run as passes of their own)."""
     arch = model.chat
     params = params or fitted().parameters
     step = loaded_step(
         params, arch, precision_of(arch), gpu, count, batch,
         work.prompt_tokens, work.output_tokens, scheduler_limits(gpu).token_budget,
+        chunked_prefill,
     )  # fmt: skip
     seq = work.prompt_tokens + work.output_tokens
     return Performance(
@@ -369,6 +373,7 @@ def _evaluate(
     work: Workload,
     profile: MeasuredProfile | None,
     batch_cap: int | None = None,
+    chunked_prefill: bool = True,
 ) -> WorkloadOption:
     gpu = gpus.gpu_types[gpu_type]
     price = gpus.price_per_gpu(location, gpu_type) * count
@@ -396,7 +401,9 @@ def _evaluate(
         limit = min(most, measured_max or most)
         capped = batch_cap is not None and batch_cap < limit
         limit = min(limit, batch_cap or limit)
-        perf, reasons = _chat_option(model, gpu, count, work, available, params, limit, capped)
+        perf, reasons = _chat_option(
+            model, gpu, count, work, available, params, limit, capped, chunked_prefill
+        )
         load = work.requests_per_s
     else:
         limit = min(MAX_IMAGE_BATCH, measured_max or MAX_IMAGE_BATCH)
@@ -436,7 +443,7 @@ def _estimate_basis(
     option's own measured profile."""
     fit = fitted()
     precision = "image" if isinstance(work, ImageWorkload) else precision_of(model.chat).weights
-    band, evidence = fit.band(gpu.generation, precision)
+    band, evidence = fit.band(gpu.name, gpu.generation, precision)
     if profile is None:
         return fit.parameters, "estimated", band, evidence
     rows = profile_rows(profile, "bf16" if isinstance(work, ImageWorkload) else precision)
@@ -523,6 +530,7 @@ def _chat_option(
     params: Parameters,
     max_batch: int | None = None,
     settings_cap: bool = False,
+    chunked_prefill: bool = True,
 ) -> tuple[Performance | None, list[str]]:
     """`settings_cap`: `max_batch` is the endpoint's maxNumSeqs (else the
     largest measured concurrency, or the scheduler's limit)."""
@@ -539,7 +547,9 @@ def _chat_option(
         return _chat_misses(p, work, available)
 
     found, problems = _largest_batch(
-        lambda b: chat_performance(model, gpu, count, b, work, params), misses, max_batch
+        lambda b: chat_performance(model, gpu, count, b, work, params, chunked_prefill),
+        misses,
+        max_batch,
     )
     if found is None:
         return None, [f"even one sequence at a time: {'; '.join(problems)}"]
@@ -667,14 +677,18 @@ def recommend_for_workload(
     Raises ValueError for a workload that does not suit the model, KeyError
     for an unknown location or GPU type (as `recommend` does).
     `engine_settings`: an endpoint's (the model as its engine holds it; the
-    batch at most their maxNumSeqs).
+    batch at most their maxNumSeqs; prompts as passes of their own where
+    they turn chunked prefill off).
     """
     model = sized_for(model, engine_settings)
     validate(model, work)
     measured = {(p.gpu_type, p.gpu_count): p for p in profiles if p.model_name == model.name}
     batch_cap = max_sequences(engine_settings)
+    chunked = chunked_prefill(engine_settings)
     options = [
-        _evaluate(model, gpus, loc, name, count, work, measured.get((name, count)), batch_cap)
+        _evaluate(
+            model, gpus, loc, name, count, work, measured.get((name, count)), batch_cap, chunked
+        )
         for loc, name, count in _candidates(model, gpus, location, gpu_type, gpu_count)
     ]
     return WorkloadRecommendation(

@@ -269,6 +269,8 @@ class EngineLoad:
     waiting: int
     # Fraction of the KV cache in use (vLLM); None where not meaningful.
     kv_cache_usage: float | None = None
+    # Tokens the KV cache holds; None where not meaningful.
+    kv_cache_tokens: int | None = None
     # Prompt tokens looked up in the prefix cache since start, and how many
     # were found there (vLLM's automatic prefix caching); the hit rate over
     # any period is the ratio of their differences.

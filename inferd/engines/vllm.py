@@ -51,6 +51,8 @@ class _LoadTracker:
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
+        # Tokens the KV cache holds (blocks times block size), once known.
+        self.kv_cache_tokens: int | None = None
         # Running totals: vLLM hands each interval's prefix-cache counts.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -61,7 +63,8 @@ def _stat_logger_factory(tracker: _LoadTracker) -> Any:
 
     class TrackingStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
+            self._cache = getattr(vllm_config, "cache_config", None)
+            self.log_engine_initialized()
 
         def record(
             self,
@@ -80,7 +83,11 @@ def _stat_logger_factory(tracker: _LoadTracker) -> Any:
                     tracker.prefix_cache_hits += prefix.hits
 
         def log_engine_initialized(self) -> None:
-            pass
+            # The engine core sized its KV cache before the loggers start.
+            blocks = getattr(self._cache, "num_gpu_blocks", None)
+            block_size = getattr(self._cache, "block_size", None)
+            if blocks and block_size:
+                tracker.kv_cache_tokens = int(blocks) * int(block_size)
 
     return TrackingStatLogger
 
@@ -499,6 +506,7 @@ class VllmTextEngine(AsyncLLMEngine):
             running=running,
             waiting=waiting,
             kv_cache_usage=self._tracker.kv_cache_usage,
+            kv_cache_tokens=self._tracker.kv_cache_tokens,
             prefix_cache_queries=self._tracker.prefix_cache_queries,
             prefix_cache_hits=self._tracker.prefix_cache_hits,
             adapters=self._adapters.loaded if self._adapters is not None else (),

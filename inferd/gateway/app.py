@@ -35,6 +35,7 @@ from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauth
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
+from inferd.gateway.placement import Placements
 from inferd.gateway.proxy import Relayed, forward, with_call_key
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
@@ -145,6 +146,8 @@ class Gateway:
         self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
+        # Which replica each live prefix belongs to, by what each cache holds.
+        self.placements = Placements()
 
     # -- lifecycle and what the control plane reads -----------------------
 
@@ -166,6 +169,7 @@ class Gateway:
         if self._dispatcher.idle(endpoint_id):
             self._dispatcher.forget(endpoint_id)
             self.state.forget_endpoint(endpoint_id)
+            self.placements.forget(endpoint_id)
 
     # -- the request path ---------------------------------------------------
 
@@ -299,6 +303,12 @@ class Gateway:
             watch.done = True
             watcher.cancel()
 
+    def _placed_on(self, endpoint_id: str, prefix: RequestPrefix, now: float) -> str | None:
+        if prefix.home is None or not self.settings.routing_place_prefixes:
+            return None
+        replicas = self.directory.ready_replicas(endpoint_id)
+        return self.placements.place(endpoint_id, prefix.home, len(prefix.blocks), replicas, now)
+
     def _serving(self, endpoint_id: str) -> set[str]:
         return {r.replica_id for r in self.directory.ready_replicas(endpoint_id)}
 
@@ -319,7 +329,12 @@ class Gateway:
         exclude: frozenset[str] = frozenset()
         affinity = NO_AFFINITY
         if prefix is not None:
-            affinity = Affinity(prefix.home, self.prefixes.lookup(prefix.blocks), prefix.adapter)
+            affinity = Affinity(
+                prefix.home,
+                self.prefixes.lookup(prefix.blocks),
+                prefix.adapter,
+                self._placed_on(ep.endpoint_id, prefix, arrived),
+            )
         for _ in range(settings.max_attempts):
             replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
             rid = replica.replica_id

@@ -147,6 +147,9 @@ class ReplicaConfig:
     open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
     report_interval: float = 2.0
     orphan_timeout: float | None = None
+    # Faults injected into the heartbeats (tests of the registry's judgement only).
+    report_fault_delay_s: float = 0.0
+    report_fault_drop: float = 0.0
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
     # How often a ready replica asks its engine whether it still serves.
     health_interval: float = 1.0
@@ -269,6 +272,10 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     argv += ["--report-interval", str(config.report_interval)]
     if config.orphan_timeout is not None:
         argv += ["--orphan-timeout", str(config.orphan_timeout)]
+    if config.report_fault_delay_s:
+        argv += ["--report-fault-delay-s", str(config.report_fault_delay_s)]
+    if config.report_fault_drop:
+        argv += ["--report-fault-drop", str(config.report_fault_drop)]
     argv += ["--drain-timeout", str(config.drain_timeout)]
     argv += ["--health-interval", str(config.health_interval)]
     argv += ["--max-body-bytes", str(config.max_body_bytes)]
@@ -378,6 +385,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint-id", default=None, help=internal)
     parser.add_argument("--report-interval", type=float, default=2.0, help=internal)
     parser.add_argument("--orphan-timeout", type=float, default=None, help=internal)
+    parser.add_argument("--report-fault-delay-s", type=float, default=0.0, help=internal)
+    parser.add_argument("--report-fault-drop", type=float, default=0.0, help=internal)
     parser.add_argument(
         "--open-paths",
         default=",".join(DEFAULT_OPEN_PATHS),
@@ -491,6 +500,8 @@ def config_from_args(
         open_paths=tuple(p.strip() for p in args.open_paths.split(",") if p.strip()),
         report_interval=args.report_interval,
         orphan_timeout=args.orphan_timeout,
+        report_fault_delay_s=args.report_fault_delay_s,
+        report_fault_drop=args.report_fault_drop,
         drain_timeout=args.drain_timeout,
         health_interval=args.health_interval,
         max_body_bytes=args.max_body_bytes,

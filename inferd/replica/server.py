@@ -43,7 +43,7 @@ from inferd.replica.auth import RequireCallKey, call_key
 from inferd.replica.chat import ServedModel
 from inferd.replica.config import ReplicaConfig, serving_defaults
 from inferd.replica.metrics import ReplicaMetrics
-from inferd.replica.reporter import StatusReporter
+from inferd.replica.reporter import ReportFaults, StatusReporter
 from inferd.replica.state import ReplicaState
 from inferd.vocab import ModelKind, ReplicaStatus
 
@@ -137,6 +137,7 @@ class ReplicaProcess:
                 running=load.running if load else 0,
                 waiting=load.waiting if load else 0,
                 kv_cache_usage=load.kv_cache_usage if load else None,
+                kv_cache_tokens=load.kv_cache_tokens if load else None,
                 prefix_cache_queries=load.prefix_cache_queries if load else 0,
                 prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries)
                 if load
@@ -162,6 +163,7 @@ class ReplicaProcess:
                 interval=config.report_interval,
                 orphan_timeout=config.orphan_timeout,
                 fallback_urls=config.registry_fallback_urls,
+                faults=ReportFaults(config.report_fault_delay_s, config.report_fault_drop),
             )
             self.state.on_change(self._reporter.notify)
             self._reporter.start()

@@ -311,6 +311,7 @@ async def build(
             health_period_s=health.health_period_s,
             failure_periods=health.failure_periods,
             start_timeout_s=health.start_timeout_s,
+            dead_after_s=health.dead_after_s,
             on_change=wakeup.ring,
             # The one writer of replica rows.
             rows=store,

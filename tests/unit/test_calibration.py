@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferd.catalog import load_catalog
+from inferd.catalog.bands import MIN_FIGURES, conformal_band
 from inferd.catalog.fit import (
     FITTED,
     MEDIAN_ERROR_GOAL,
@@ -84,7 +85,7 @@ def test_the_recommenders_l4_estimates_meet_the_l4_figures(dataset: Dataset) -> 
     each within the per-source goal, and at the median within the band an L4
     recommendation quotes."""
     gpu = load_catalog().gpus.gpu_type("L4")
-    band, _ = current().band(gpu.generation, "bf16")
+    band, _ = current().band(gpu.name, gpu.generation, "bf16")
     errors = []
     for row in dataset.rows:
         if row.gpu != "L4" or row.scenario not in ("served", "served-tpot"):
@@ -108,21 +109,44 @@ def test_the_recommenders_l4_estimates_meet_the_l4_figures(dataset: Dataset) -> 
 
 
 def test_an_l4_recommendation_rests_on_the_l4_figures() -> None:
-    """An L4 option quotes the held-out error of the L4 figures, not a band
-    carried over from the L40S."""
+    """An L4 option quotes the 80% band of the Ada 16-bit throughput figures
+    held out by source (the L4's own), not a band carried over."""
     catalog = load_catalog()
-    group = current().evidence["ada 16-bit"]
-    assert "L4" in group["gpus"] and group["measurements"] >= 10
+    fitted = current()
+    like = [
+        r.error for r in fitted.source_residuals
+        if (r.generation, r.precision, r.regime) == ("ada", "16-bit", "throughput")
+    ]  # fmt: skip
+    assert len(like) >= MIN_FIGURES
     rec = recommend_for_workload(
         catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus,
         ChatWorkload(2, 500, 200, ttft_p95_s=2.0, tpot_p95_s=0.1), "us-east", gpu_type="L4",
     )  # fmt: skip
     assert rec.options
     for option in rec.options:
-        assert option.error_band == pytest.approx(group["medianAbsError"])
-        assert f"{group['measurements']} published measurements of ada 16-bit, L4" in (
-            option.evidence
-        )
+        assert option.error_band == pytest.approx(conformal_band(like))
+        assert f"{len(like)} published figures of ada 16-bit throughput" in option.evidence
+        assert "figures of L4 itself" in option.evidence
+
+
+def test_a_gpu_without_figures_says_so_and_quotes_the_gpu_held_out_band() -> None:
+    """The A10G has no published figure: its band comes from every GPU
+    type's figures predicted with that GPU type held out, and says so."""
+    catalog = load_catalog()
+    fitted = current()
+    assert "A10G" not in fitted.gpus_measured()
+    band, evidence = fitted.band("A10G", "ampere", "bf16")
+    like = [
+        r.error for r in fitted.gpu_residuals
+        if (r.generation, r.precision, r.regime) == ("ampere", "16-bit", "throughput")
+    ]  # fmt: skip
+    assert band == pytest.approx(conformal_band(like))
+    assert "no figure for this GPU" in evidence
+    rec = recommend_for_workload(
+        catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus,
+        ChatWorkload(1, 500, 200), "us-east", gpu_type="A10G",
+    )  # fmt: skip
+    assert rec.options and all("no figure for this GPU" in o.evidence for o in rec.options)
 
 
 def test_the_fit_improves_on_the_prior(dataset: Dataset) -> None:

@@ -29,6 +29,7 @@ from inferd.catalog import (
     recommend,
 )
 from inferd.catalog import fit as fit_module
+from inferd.catalog.bands import conformal_band
 from inferd.catalog.perfmodel import PRIOR, Parameters
 
 
@@ -362,11 +363,15 @@ def test_every_option_states_what_it_rests_on(
     monkeypatch.setattr(fit_module, "_CURRENT", None)  # the committed fit
     rec = recommend(catalog.models.get("llama-3.1-8b-instruct"), catalog.gpus, "us-east")
     h100 = _option(rec.options, "H100-80GB", 1)
-    assert h100.error_band is not None and 0 < h100.error_band < 0.3
-    assert "published measurements of hopper 16-bit" in h100.evidence
+    assert h100.error_band is not None and 0 < h100.error_band < 0.5
+    assert "published figures of hopper 16-bit throughput" in h100.evidence
     assert h100.reasons[-1] == f"rests on: {h100.evidence}"
-    # The L4's band is the held-out error of the published L4 figures.
+    # The L4's band is the 80% band of the Ada 16-bit throughput figures held
+    # out by source (the L4's own among them).
     l4 = _option(rec.options, "L4", 2)
-    group = fit_module.current().evidence["ada 16-bit"]
-    assert "published measurements of ada 16-bit, L4" in l4.evidence
-    assert l4.error_band == pytest.approx(group["medianAbsError"])
+    like = [
+        r.error for r in fit_module.current().source_residuals
+        if (r.generation, r.precision, r.regime) == ("ada", "16-bit", "throughput")
+    ]  # fmt: skip
+    assert "figures of L4 itself" in l4.evidence
+    assert l4.error_band == pytest.approx(conformal_band(like))
