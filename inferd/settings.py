@@ -36,6 +36,7 @@ from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ReplicaSettings
+from inferd.tracing import TracingSettings
 
 _GATEWAY = GatewaySettings()
 _REGISTRY = RegistrySettings()
@@ -295,6 +296,26 @@ class Settings(BaseModel):
         "where there is room; pack: Ray's default, filling one node before the next",
     )
 
+    # --- Traces (OpenTelemetry) -------------------------------------------------
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP collector for request traces (http://HOST:4318 for HTTP, "
+        "HOST:4317 for gRPC); unset: no tracing, at no cost",
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="how traces are sent to otlp_endpoint"
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="share of requests traced (a client's sampled traceparent is always followed)",
+    )
+
+    @property
+    def tracing(self) -> TracingSettings:
+        return TracingSettings(self.otlp_endpoint, self.otlp_protocol, self.trace_sample_ratio)
+
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
 
@@ -373,6 +394,7 @@ class Settings(BaseModel):
             drain_timeout_s=self.replica_drain_timeout_seconds,
             log_level=self.log_level,
             replica_args=self.replica_args,
+            tracing=self.tracing,
         )
 
 

@@ -239,6 +239,9 @@ class TextRequest:
     stream: bool = True
     # The LoRA adapter to generate with; None: the base model.
     adapter: AdapterRef | None = None
+    # W3C trace context of the replica's span (`traceparent`), for engines
+    # that trace their own steps; () when the request is not traced.
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from inferd.engines.vllm_lora import VllmAdapters
 from inferd.engines.vllm_serving import VllmServing
 from inferd.engines.vllm_settings import vllm_args
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
+from inferd.tracing import tracer
 from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
@@ -168,12 +169,24 @@ async def start_async_llm(
 
     engine = await asyncio.to_thread(
         AsyncLLM.from_engine_args,
-        AsyncEngineArgs(**engine_args),
+        AsyncEngineArgs(**engine_args, **vllm_tracing_args()),
         stat_loggers=[_stat_logger_factory(tracker)],
     )
     if on_cpu:
         keep_engine_core_with_its_workers(engine)
     return engine
+
+
+def vllm_tracing_args() -> dict[str, Any]:
+    """vLLM's own request spans go where the replica's go, as children of
+    the replica's span (the trace context it passes with each request)."""
+    settings = tracer().settings
+    url = settings.traces_url()
+    if url is None:
+        return {}
+    # vLLM picks its exporter from OpenTelemetry's variable (gRPC by default).
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = settings.protocol
+    return {"otlp_traces_endpoint": url}
 
 
 def keep_engine_core_with_its_workers(engine: Any) -> None:
@@ -356,6 +369,7 @@ class VllmTextEngine(AsyncLLMEngine):
             params,
             request.request_id,
             lora_request=lora,
+            trace_headers=dict(request.trace_headers) or None,
             **extra,
         )
         mapped = _map_vllm_errors(stream)

@@ -29,6 +29,7 @@ from inferd.engines.base import EngineOptions, ServingDefaults
 from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
+from inferd.tracing import NO_TRACING, TracingSettings
 from inferd.vocab import ModelKind
 
 # Paths a replica answers without the gateway's call key (see replica.auth).
@@ -116,6 +117,8 @@ class ReplicaSettings:
     # Extra `inferd replica` flags for every replica (operator's shell syntax),
     # e.g. "--engine fake" or "--cpu-kv-cache-gib 2".
     replica_args: str = ""
+    # Where the replicas send request traces (off: nowhere).
+    tracing: TracingSettings = NO_TRACING
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class ReplicaConfig:
     models_dir: Path | None = None
     cache_dir: Path | None = None
     log_level: str = "info"
+    tracing: TracingSettings = NO_TRACING
 
 
 def config_for(
@@ -197,6 +201,7 @@ def config_for(
         drain_timeout=settings.drain_timeout_s,
         cache_dir=settings.cache_dir,
         log_level=settings.log_level,
+        tracing=settings.tracing,
     )
     config = config_from_argv(to_argv(base) + shlex.split(settings.replica_args), env={})
     settings_in_force = config.engine.settings.overridden_by(spec.engine_settings)
@@ -288,6 +293,10 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     if config.cache_dir is not None:
         argv += ["--cache-dir", str(config.cache_dir)]
     argv += ["--log-level", config.log_level]
+    if config.tracing.enabled:
+        argv += ["--otlp-endpoint", str(config.tracing.otlp_endpoint)]
+        argv += ["--otlp-protocol", config.tracing.protocol]
+        argv += ["--trace-sample-ratio", str(config.tracing.sample_ratio)]
     return argv
 
 
@@ -431,6 +440,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where tiny models are built (default: ~/.cache/inferd)",
     )
     parser.add_argument("--log-level", default="info", help="critical|error|warning|info|debug")
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="OTLP collector for request traces (off when unset; inferd serve passes its own)",
+    )
+    parser.add_argument(
+        "--otlp-protocol",
+        default="http/protobuf",
+        choices=["http/protobuf", "grpc"],
+        help="how traces are sent to --otlp-endpoint",
+    )
+    parser.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=1.0,
+        help="share of requests traced (a caller's sampled traceparent is always followed)",
+    )
 
 
 def parse_engine_args(items: list[str]) -> dict[str, Any]:
@@ -511,6 +537,7 @@ def config_from_args(
         models_dir=args.models_dir,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
+        tracing=TracingSettings(args.otlp_endpoint, args.otlp_protocol, args.trace_sample_ratio),
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any, cast
 import uvicorn
 from starlette.types import ASGIApp
 
+from inferd import tracing
 from inferd.api.replica import ReplicaLoadReport, ReplicaReport, ReplicaUsageReport
 from inferd.engines.base import (
     ChatMessage,
@@ -45,6 +46,7 @@ from inferd.replica.config import ReplicaConfig, serving_defaults
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.reporter import ReportFaults, StatusReporter
 from inferd.replica.state import ReplicaState
+from inferd.tracing import RequestIdFormatter
 from inferd.vocab import ModelKind, ReplicaStatus
 
 logger = logging.getLogger("inferd.replica")
@@ -193,7 +195,12 @@ class ReplicaProcess:
         )
         try:
             self._engine_name = choose_engine(kind, options.engine)
-            self._engine = create_engine(self._model_name, kind, path, options)
+            # In a thread too: it imports the engine (vLLM: tens of seconds
+            # on a busy machine), which would stop the reports meanwhile and
+            # get this replica failed as silent while it starts.
+            self._engine = await asyncio.to_thread(
+                create_engine, self._model_name, kind, path, options
+            )
         except ValueError as exc:  # an unknown engine or engine option
             self.state.set(ReplicaStatus.FAILED, f"bad engine settings: {exc}")
             logger.error("bad engine settings: %s", exc)
@@ -377,6 +384,10 @@ def run_replica(config: ReplicaConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Lines logged while a request is answered name its request id.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(RequestIdFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    tracing.configure(config.tracing, "inferd-replica")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     # A replica is its own process group leader's child; make sure a SIGTERM
     # from the launcher reaches our handler, not a default inherited ignore.

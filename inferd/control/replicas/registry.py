@@ -218,6 +218,10 @@ class Registry:
         self._beat_at: dict[str, float] = {}
         self._write_lock = asyncio.Lock()
         self._behind = asyncio.Event()
+        # Replicas seen failed, and how many failed per endpoint since this
+        # instance started (`inferd_replica_failures` on /metrics).
+        self._seen_failed: set[str] = set()
+        self.failures: dict[str, int] = {}
 
     # -- replicas (fed by the reconciler) ---------------------------------------
 
@@ -263,6 +267,7 @@ class Registry:
     def forget(self, replica_id: str) -> Replica | None:
         """Forget a replica the store no longer holds (nothing to write)."""
         self._answered_at.pop(replica_id, None)
+        self._seen_failed.discard(replica_id)
         self._heard.discard(replica_id)
         self._beat_at.pop(replica_id, None)
         replica = self._replicas.pop(replica_id, None)
@@ -631,6 +636,9 @@ class Registry:
         return self._replicas[replica.replica_id]
 
     def _changed(self, replica: Replica) -> None:
+        if replica.status is ReplicaStatus.FAILED and replica.replica_id not in self._seen_failed:
+            self._seen_failed.add(replica.replica_id)
+            self.failures[replica.endpoint_id] = self.failures.get(replica.endpoint_id, 0) + 1
         if replica.routable:
             event = self._ready_events.pop(replica.endpoint_id, None)
             if event is not None:
