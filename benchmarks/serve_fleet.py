@@ -74,7 +74,8 @@ class ServeFleet:
                     "replica_args": self._replica_args,
                     "replica_report_fallback_urls": others,
                     "cpu_replica_slots": str(self.replicas),
-                    "log_level": "warning",
+                    # (the default level: replicas log the URL they bind, read
+                    # back by `replica_urls`)
                     # Engines loading side by side on a shared machine starve
                     # the replicas' reporting threads for tens of seconds:
                     # late reports must not fail them here.
@@ -84,9 +85,9 @@ class ServeFleet:
                 },
             )
         first, *rest = self.instances.values()
-        first.start()
+        first.start(timeout=600)  # a loaded machine: minutes, not seconds
         for instance in rest:
-            instance.start()
+            instance.start(timeout=600)
         # Registering inspects the model: minutes on a loaded machine.
         with httpx.Client(base_url=first.url, headers=self.admin(), timeout=900) as api:
             registered = api.post(
