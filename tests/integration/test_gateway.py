@@ -320,6 +320,32 @@ def test_every_answer_carries_a_request_id_that_the_logs_name(
     wait_until(lambda: f"request_id={request_id}" in replicas[0].log(), 10)
 
 
+def test_responses_and_messages_are_routed_with_either_way_of_giving_the_token(
+    serve: Callable[..., GatewayServer],
+) -> None:
+    gw = serve()
+    token = auth()["Authorization"].removeprefix("Bearer ")
+    body = {"model": "tiny-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.Client(timeout=30) as client:
+        # Anthropic's client sends the key as x-api-key; the fake engine has
+        # no vLLM serving code, so the replica's own 400 comes back.
+        for headers in ({"x-api-key": token}, auth()):
+            answer = client.post(gw.url() + "/v1/messages", json=body, headers=headers)
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["code"] == "unsupported_route"
+        responses = client.post(
+            gw.url() + "/openai/v1/responses", json={"input": "hi"}, headers=auth()
+        )
+        assert responses.status_code == 400
+        assert "/v1/responses" in responses.json()["error"]["message"]
+        for headers in ({"x-api-key": "infd_ep_wrong"}, {}):
+            refused = client.post(gw.url() + "/v1/messages", json=body, headers=headers)
+            assert refused.status_code == 401
+        # On an image endpoint the route says what the endpoint serves instead.
+        wrong = client.post(gw.url(IMAGE_EP) + "/v1/messages", json=body, headers=auth(IMAGE_EP))
+        assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "unsupported_route"
+
+
 def test_lone_surrogate_in_model_is_a_client_error(serve: Callable[..., GatewayServer]) -> None:
     gw = serve()
     body = b'{"model": "\\ud951", "messages": [{"role": "user", "content": "hi"}]}'
