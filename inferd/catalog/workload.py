@@ -182,6 +182,21 @@ class WorkloadOption:
     def label(self) -> str:
         return f"{self.location} {self.gpu_count} x {self.gpu_type}"
 
+    # The names the console's option tables read (as `recommend.GpuOption`'s).
+    @property
+    def memory_needed_gb(self) -> float | None:
+        return None if self.performance is None else self.performance.memory_gb
+
+    @property
+    def est_output_tokens_per_s(self) -> float | None:
+        p = self.performance
+        return None if p is None or p.tpot_p95_s is None else p.throughput
+
+    @property
+    def est_seconds_per_image(self) -> float | None:
+        p = self.performance
+        return None if p is None else p.seconds_per_image_p95
+
     def to_dict(self) -> dict[str, Any]:
         p = self.performance
         return {
