@@ -55,7 +55,8 @@ COORDINATION = "tests/contract/test_coordination.py"
 ABORTS = "disconnect aborts the request at the engine"
 
 # The reliability servers report every 0.5 s (health period) and reconcile
-# every 0.1 s; the SIGSTOP test runs a 1.0 s health period.
+# every 0.1 s; the SIGSTOP test runs a 1.0 s health period and takes a
+# replica silent for 4 s for dead.
 GOALS = [
     Goal(
         "sigkill: stream ended after the kill",
@@ -64,15 +65,21 @@ GOALS = [
         FAULT_REPLICAS,
     ),
     Goal(
-        "sigstop: ejected after the stop",
+        "sigstop: routed around after the stop",
         2 * 1.0 + 0.1 + 0.25,
         "two health periods + one reconcile tick + a report in transit",
         FAULT_REPLICAS,
     ),
     Goal(
+        "sigstop: ended after the stop",
+        4.0 + 0.1 + 0.25,
+        "the dead grace (counted from the last report, before the stop) + a tick + transit",
+        FAULT_REPLICAS,
+    ),
+    Goal(
         "sigstop: stream ended after the stop",
-        2 * 1.0 + 0.1 + 0.75,
-        "ejection, then the stream is aborted",
+        4.0 + 0.1 + 0.75,
+        "ended, then the stream is aborted",
         FAULT_REPLICAS,
     ),
     Goal(

@@ -58,7 +58,13 @@ MODEL = "tiny-chat"
 
 
 def serve_gateway(
-    replica_url: str, port: int, token: str, upstream: str, routing: str = "prefix"
+    replica_url: str,
+    port: int,
+    token: str,
+    upstream: str,
+    routing: str = "prefix",
+    otlp_endpoint: str | None = None,
+    trace_sample_ratio: float = 1.0,
 ) -> None:
     import contextlib
     from collections.abc import AsyncIterator
@@ -77,7 +83,10 @@ def serve_gateway(
     from inferd.gateway.upstream import HttpxUpstream
     from inferd.http_errors import EXCEPTION_HANDLERS
     from inferd.testing import verifier_for
+    from inferd.tracing import TracingSettings, configure
 
+    if otlp_endpoint:
+        configure(TracingSettings(otlp_endpoint, sample_ratio=trace_sample_ratio), "inferd-gateway")
     directory = StaticDirectory()
     directory.add_endpoint(
         EndpointRoute(ENDPOINT_ID, "chat", MODEL), [RoutableReplica("r-1", replica_url)]
@@ -112,13 +121,19 @@ def serve_gateway(
 
 
 def start_gateway(
-    replica_url: str, token: str, upstream: str, routing: str = "prefix"
+    replica_url: str,
+    token: str,
+    upstream: str,
+    routing: str = "prefix",
+    tracing: tuple[str, float] | None = None,
 ) -> tuple[Any, str]:
     port = free_port()
     command = [
         sys.executable, __file__, "--serve-gateway", "--replica-url", replica_url,
         "--port", str(port), "--token", token, "--upstream", upstream, "--routing", routing,
     ]  # fmt: skip
+    if tracing is not None:
+        command += ["--otlp-endpoint", tracing[0], "--trace-sample-ratio", str(tracing[1])]
     process = subprocess.Popen(command, start_new_session=True)
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout=60)
@@ -313,6 +328,73 @@ def run_routing_part(url: str, args: argparse.Namespace) -> tuple[list[dict[str,
     return compare("fake 4k-token chat c=8", runs, False)
 
 
+def run_tracing_part(url: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], Any]:
+    """The same load through three gateway processes, alternating: tracing
+    off, on with 1% of requests sampled, on with all of them (spans sent by
+    OTLP/HTTP to a receiver in this process that only counts them)."""
+    receiver = _SpanSink()
+    token = new_endpoint_token()
+    targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (url, {})}
+    pids: dict[str, int] = {}
+    gateways = []
+    try:
+        for name, tracing in (
+            ("tracing-off", None),
+            ("tracing-1%", (receiver.url, 0.01)),
+            ("tracing-100%", (receiver.url, 1.0)),
+        ):
+            process, gateway_url = start_gateway(url, token, "pool", tracing=tracing)
+            gateways.append(process)
+            targets[f"gateway-{name}"] = (gateway_url, {"Authorization": f"Bearer {token}"})
+            pids[f"gateway-{name}"] = process.pid
+        runs = warm_then_measure(targets, pids, args.rounds, args.requests, 8, 2, False)
+    finally:
+        for process in gateways:
+            process.terminate()
+            process.wait(30)
+        receiver.stop()
+    rows, summary = compare("fake latency c=8, tracing", runs, False)
+    summary["spans received"] = receiver.count
+    return rows, summary
+
+
+class _SpanSink:
+    """An OTLP/HTTP endpoint that accepts span batches and counts them."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        self.count = 0
+
+        async def traces(request: Request) -> Response:
+            self.count += 1
+            await request.body()
+            return Response(status_code=200)
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
 def run_serve_parts(args: argparse.Namespace, add: Any) -> None:
     """The parts measured through a real `inferd serve` endpoint URL."""
     import tempfile
@@ -384,10 +466,25 @@ def main() -> int:
     parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="pool", help=argparse.SUPPRESS)
     parser.add_argument("--routing", default="prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--otlp-endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--trace-sample-ratio", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only-tracing",
+        action="store_true",
+        help="only the tracing part: the gateway's CPU per request with tracing off, 1%%, 100%%",
+    )
     parser.add_argument("--skip-routing", action="store_true")
     args = parser.parse_args()
     if args.serve_gateway:
-        serve_gateway(args.replica_url, args.port, args.token, args.upstream, args.routing)
+        serve_gateway(
+            args.replica_url,
+            args.port,
+            args.token,
+            args.upstream,
+            args.routing,
+            args.otlp_endpoint,
+            args.trace_sample_ratio,
+        )
         return 0
 
     rows: list[dict[str, Any]] = []
@@ -396,6 +493,14 @@ def main() -> int:
     def add(part: str, result: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
         rows.extend(result[0])
         report["parts"][part] = result[1]
+
+    if args.only_tracing:
+        args.skip_routing = args.skip_fake = args.skip_serve = args.skip_vllm = True
+    fake = ReplicaHandle(MODEL, ["--engine", "fake", "--engine-arg", "token_delay_s=0"])
+    try:
+        add("fake latency c=8, tracing", run_tracing_part(fake.wait_ready(60).url, args))
+    finally:
+        fake.stop()
 
     if not args.skip_routing:
         rows.extend(routing_decision_cpu())

@@ -13,6 +13,24 @@ Targets (rounds alternate between them, fresh prompts for every run):
 - `inferd prefix x2`: two gateway processes (prefix policy, each with its
   own prefix table) sharing the load: requests alternate between them, as
   behind a load balancer.
+- `serve ...`: a real endpoint, as users run it: `inferd serve` instances on
+  one PostgreSQL (benchmarks/serve_fleet.py), one endpoint with N replicas
+  launched by the first instance (replicas not pinned: where inferd puts
+  them), the endpoint's URL and token. `serve prefix` sends every request
+  to one instance, `serve prefix x2` alternates over two; `serve prefix
+  pinned` is `serve prefix` with replica i moved onto core i for the run;
+  `serve prefix hash-only` is an instance with prefix placement off
+  (rendezvous hashing alone, the policy before placement);
+  `serve least_loaded` an instance with that policy. Only the engines the
+  chosen targets need are started (`--only`).
+
+For every run the benchmark also computes the hit rate of the best static
+partition of the run's prompts over the replicas: each system prompt (with
+its conversations) on one replica, every replica an LRU cache of
+`--kv-tokens` (vLLM's block hashing: full blocks of the prompt's tokens, the
+last token never from the cache), the run's requests replayed in the order
+they were sent; all partitions tried for 2 replicas (up to 16 prompts),
+the most even split of the working sets otherwise.
 
 Replica i of each kind is pinned to core i (VLLM_CPU_OMP_THREADS_BIND). The
 KV cache is sized (`--kv-tokens` per replica) so that the workload's
@@ -30,12 +48,21 @@ report the same figures as `inferd_prefix_cache_*`).
 
     flock /tmp/inferd-heavy.lock timeout 900 .venv/bin/python benchmarks/routing.py \\
         --router /path/to/venv/bin/vllm-router
+
+Through a real endpoint, the issue's workload (12 conversations, ~1.5k-token
+system prompts, 12,288 KV tokens per replica):
+
+    python benchmarks/routing.py --router <venv>/bin/vllm-router --groups 12 \\
+        --conversations 1 --turns 8 --prompt-words 1400 --kv-tokens 12288 --rounds 2 \\
+        --only "vllm-router cache_aware" "serve prefix" "serve prefix x2" \\
+        "serve prefix hash-only"
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -49,7 +76,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import results_format
 from common import percentile, print_table, stop_process_group, wait_http_ok, write_report
+from serve_fleet import ServeFleet
 
 from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port
@@ -260,6 +289,10 @@ class Target:
     hits_metric: str
     queries_metric: str
     gateways: list[str] = field(default_factory=list)  # inferd gateways' metrics URLs
+    model: str = MODEL  # the `model` requests name
+    # Called before and after each of its runs (pinning replicas).
+    before: Any = None
+    after: Any = None
 
 
 @dataclass
@@ -273,6 +306,13 @@ class Run:
     hit_rate: float | None = None
     # inferd only: requests by why the gateway chose the replica.
     routed: dict[str, int] = field(default_factory=dict)
+    # Per engine: requests (prompt-cache lookups), prompt tokens looked up,
+    # and found: the split of load and of cache over the replicas.
+    per_engine: list[dict[str, float]] = field(default_factory=list)
+    # The hit rate of the best static partition of this run's prompts.
+    static_hit_rate: float | None = None
+    # Each request's (system prompt index, messages) in the order sent.
+    sent: list[tuple[int, list[dict[str, str]]]] = field(default_factory=list, repr=False)
 
 
 def routed_by_reason(urls: list[str]) -> dict[str, int]:
@@ -292,6 +332,17 @@ def metric_total(url: str, name: str) -> float:
         float(m.group(1))
         for m in re.finditer(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M)
     )
+
+
+def engine_figures(url: str, target: Target) -> dict[str, float]:
+    requests = (
+        "vllm:request_success" if target.hits_metric.startswith("vllm") else "inferd_requests"
+    )
+    return {
+        "requests": metric_total(url, requests),
+        "queried": metric_total(url, target.queries_metric),
+        "hits": metric_total(url, target.hits_metric),
+    }
 
 
 def conversations(seed: int, args: argparse.Namespace) -> list[list[dict[str, str]]]:
@@ -319,10 +370,10 @@ def system_prompt_tokens(model: Path, args: argparse.Namespace) -> int:
 
 async def one_turn(
     client: httpx.AsyncClient, url: str, headers: dict[str, str], messages: list[dict[str, str]],
-    args: argparse.Namespace,
+    args: argparse.Namespace, model: str = MODEL,
 ) -> tuple[float | None, str]:  # fmt: skip
     body = {
-        "model": MODEL, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0,
+        "model": model, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0,
         "ignore_eos": True, "stream": True,
     }  # fmt: skip
     start = time.perf_counter()
@@ -344,9 +395,11 @@ async def one_turn(
 async def run_target(target: Target, seed: int, round_: int, args: argparse.Namespace) -> Run:
     run = Run(target.name, round_)
     convs = conversations(seed, args)
+    group_of = {id(c): int(c[0]["content"].split("-", 1)[1].split("]", 1)[0]) for c in convs}
     rng = random.Random(seed + 1)
-    hits0 = sum(metric_total(u, target.hits_metric) for u in target.engines)
-    queries0 = sum(metric_total(u, target.queries_metric) for u in target.engines)
+    if target.before is not None:
+        target.before()
+    engines0 = [engine_figures(u, target) for u in target.engines]
     routed0 = routed_by_reason(target.gateways)
     sent = 0
     limits = httpx.Limits(max_connections=args.concurrency * 2)
@@ -360,8 +413,11 @@ async def run_target(target: Target, seed: int, round_: int, args: argparse.Name
                 sent += 1
                 user = " ".join(rng.choice(WORDS) for _ in range(args.user_words))
                 messages.append({"role": "user", "content": user})
+                run.sent.append((group_of[id(messages)], list(messages)))
                 try:
-                    ttft, answer = await one_turn(client, url, target.headers, messages, args)
+                    ttft, answer = await one_turn(
+                        client, url, target.headers, messages, args, target.model
+                    )
                 except (httpx.HTTPError, ValueError, KeyError):
                     run.errors += 1
                     messages.append({"role": "assistant", "content": "(failed)"})
@@ -375,8 +431,14 @@ async def run_target(target: Target, seed: int, round_: int, args: argparse.Name
         for _ in range(args.turns):  # a conversation's next turn after its previous one
             await asyncio.gather(*(turn(m) for m in convs))
         run.wall_s = time.perf_counter() - started
-    hits = sum(metric_total(u, target.hits_metric) for u in target.engines) - hits0
-    queries = sum(metric_total(u, target.queries_metric) for u in target.engines) - queries0
+    if target.after is not None:
+        target.after()
+    engines = [engine_figures(u, target) for u in target.engines]
+    run.per_engine = [
+        {k: round(now[k] - was[k]) for k in now} for now, was in zip(engines, engines0, strict=True)
+    ]
+    hits = sum(e["hits"] for e in run.per_engine)
+    queries = sum(e["queried"] for e in run.per_engine)
     run.hit_rate = hits / queries if queries else None
     routed = routed_by_reason(target.gateways)
     run.routed = {k: v - routed0.get(k, 0) for k, v in routed.items() if v - routed0.get(k, 0)}
@@ -387,6 +449,12 @@ def summarize(name: str, runs: list[Run]) -> dict[str, Any]:
     ttfts = [t for r in runs for t in r.ttft_s]
     rates = [r.requests / r.wall_s for r in runs if r.wall_s]
     hits = [r.hit_rate for r in runs if r.hit_rate is not None]
+    static = [r.static_hit_rate for r in runs if r.static_hit_rate is not None]
+    gaps = [
+        r.static_hit_rate - r.hit_rate
+        for r in runs
+        if r.static_hit_rate is not None and r.hit_rate is not None
+    ]
     return {
         "target": name,
         "requests": sum(r.requests for r in runs),
@@ -397,11 +465,97 @@ def summarize(name: str, runs: list[Run]) -> dict[str, Any]:
         "ttft p90 ms": round(1000 * (percentile(ttfts, 90) or 0)),
         "cache hit rate": round(statistics.median(hits), 3) if hits else None,
         "hit rate per round": [round(h, 3) for h in hits],
+        "best static hit rate": round(statistics.median(static), 3) if static else None,
+        "gap to best static": round(statistics.median(gaps), 3) if gaps else None,
         "routed by reason": {
             reason: sum(r.routed.get(reason, 0) for r in runs)
             for reason in sorted({k for r in runs for k in r.routed})
         },
+        # Per round, per engine: requests, prompt tokens looked up, found.
+        "per engine per round": [r.per_engine for r in runs],
     }
+
+
+@functools.cache
+def _tokenizer(model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def static_reference(run: Run, model: Path, args: argparse.Namespace) -> float:
+    """The hit rate of the best static partition of this run's prompts
+    (benchmarks/static_partition.py), tokenized as the engines do."""
+    from static_partition import best_static_hit_rate
+
+    tokenizer = _tokenizer(model)
+    requests = [
+        (group, tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"])
+        for group, messages in run.sent
+    ]
+    rate, _ = best_static_hit_rate(
+        requests, args.replicas, args.kv_tokens // BLOCK_SIZE, BLOCK_SIZE
+    )
+    return rate
+
+
+# --- targets ------------------------------------------------------------------------------
+
+VLLM_TARGETS = ("vllm-router cache_aware", "vllm-router round_robin")
+BARE_TARGETS = ("inferd prefix", "inferd least_loaded", "inferd prefix x2")
+# name -> (instances it sends to, pinned)
+SERVE_TARGETS = {
+    "serve prefix": (["placed"], False),
+    "serve prefix x2": (["placed", "placed-2"], False),
+    "serve prefix pinned": (["placed"], True),
+    "serve prefix hash-only": (["hash-only"], False),
+    "serve least_loaded": (["least-loaded"], False),
+}
+SERVE_INSTANCES = {
+    "placed": {},
+    "placed-2": {},
+    "hash-only": {"gateway_routing_place_prefixes": "false"},
+    "least-loaded": {"gateway_routing_policy": "least_loaded"},
+}
+DEFAULT_TARGETS = (*VLLM_TARGETS, *BARE_TARGETS, *SERVE_TARGETS)
+
+
+def goals_of(by: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    goal, not_measured = results_format.goal, results_format.not_measured
+    out = []
+    ref = by.get("vllm-router cache_aware")
+    for ours in ("serve prefix", "inferd prefix"):
+        row = by.get(ours)
+        name = f"{ours}: req/s vs vllm-router cache_aware"
+        if row and ref and ref["req/s"] and row["req/s"]:
+            ratio = round(row["req/s"] / ref["req/s"], 3)
+            why = "" if ratio >= 1.1 else "below 1.1x in this run"
+            out.append(goal(name, ">= 1.1x", ratio, ratio >= 1.1, why))
+            p90 = f"{row['ttft p90 ms']} vs {ref['ttft p90 ms']} ms"
+            ok = row["ttft p90 ms"] <= ref["ttft p90 ms"]
+            why = "" if ok else "above the reference's p90 in this run"
+            out.append(goal(f"{ours}: TTFT p90 vs vllm-router cache_aware", "<=", p90, ok, why))
+        else:
+            out.append(not_measured(name, ">= 1.1x", "target or reference not run"))
+    for ours in ("serve prefix", "serve prefix x2", "inferd prefix"):
+        row = by.get(ours)
+        name = f"{ours}: hit rate within 0.05 of the best static partition"
+        if row and row["gap to best static"] is not None:
+            gap = row["gap to best static"]
+            why = "" if gap <= 0.05 else "the engines found less than the reference"
+            out.append(goal(name, "gap <= 0.05", gap, gap <= 0.05, why))
+        else:
+            out.append(not_measured(name, "gap <= 0.05", "target not run"))
+    one, two = by.get("serve prefix"), by.get("serve prefix x2")
+    for what in ("req/s", "cache hit rate"):
+        name = f"serve prefix x2 / serve prefix, {what}"
+        if one and two and one[what] and two[what]:
+            ratio = round(two[what] / one[what], 3)
+            why = "" if ratio >= 0.95 else "two instances below one in this run"
+            out.append(goal(name, ">= 0.95", ratio, ratio >= 0.95, why))
+        else:
+            out.append(not_measured(name, ">= 0.95", "a target not run"))
+    return out
 
 
 # --- main -------------------------------------------------------------------------------
@@ -422,7 +576,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--kv-tokens", type=int, default=5120, help="KV cache per replica")
-    parser.add_argument("--only", nargs="*", default=None, help="target names to run")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help=f"target names to run: {list(DEFAULT_TARGETS)}"
+    )
     parser.add_argument(
         "--prefix-load-factors",
         type=float,
@@ -446,6 +602,11 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
     from build_bench_llama import build
 
+    factors = [f"inferd prefix lf={f:g}" for f in args.prefix_load_factors]
+    wanted = list(args.only) if args.only is not None else [*DEFAULT_TARGETS, *factors]
+    unknown = [n for n in wanted if n not in (*DEFAULT_TARGETS, *factors)]
+    if unknown:
+        parser.error(f"unknown targets {unknown}; known: {list(DEFAULT_TARGETS)}")
     model = build(Path(__file__).resolve().parent.parent / ".inferd" / "bench-models")
     prompt_tokens = system_prompt_tokens(model, args)
     print(f"a system prompt of {args.prompt_words} words is {prompt_tokens} tokens", flush=True)
@@ -453,55 +614,81 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     processes: list[Any] = []
     replicas: list[ReplicaHandle] = []
+    fleet: ServeFleet | None = None
     token = new_endpoint_token()
     auth = {"Authorization": f"Bearer {token}"}
     cores = os.cpu_count() or 1
+    started_at = time.monotonic()
+    runs: dict[str, list[Run]] = {n: [] for n in wanted}
     try:
         # All engines start at once (each waits for its core anyway).
-        vllm_urls = []
-        for i in range(args.replicas):
-            process, url = start_vllm(model, i % cores, args.kv_tokens, logs / f"vllm-{i}.log")
-            processes.append(process)
-            vllm_urls.append(url)
-        for i in range(args.replicas):
-            replicas.append(start_inferd_replica(model, i % cores, args.kv_tokens))
+        vllm_urls: list[str] = []
+        if any(n in VLLM_TARGETS for n in wanted):
+            for i in range(args.replicas):
+                process, url = start_vllm(model, i % cores, args.kv_tokens, logs / f"vllm-{i}.log")
+                processes.append(process)
+                vllm_urls.append(url)
+        if any(n in BARE_TARGETS or n in factors for n in wanted):
+            for i in range(args.replicas):
+                replicas.append(start_inferd_replica(model, i % cores, args.kv_tokens))
+        serve_names = [n for n in wanted if n in SERVE_TARGETS]
+        if serve_names:
+            used = {i for n in serve_names for i in SERVE_TARGETS[n][0]}
+            fleet = ServeFleet(
+                logs / "serve", model, engine_args(model, args.kv_tokens), args.replicas,
+                {name: extra for name, extra in SERVE_INSTANCES.items() if name in used},
+            )  # fmt: skip
+            fleet.start()
         for process, url in zip(processes, vllm_urls, strict=True):
             wait_http_ok(url + "/health", process, timeout=900)
         for replica in replicas:
             replica.wait_ready(900)
-        inferd_urls = [r.url for r in replicas]
+        print(f"engines up after {time.monotonic() - started_at:.0f} s", flush=True)
         targets: dict[str, Target] = {}
         vllm_metrics = [u + "/metrics" for u in vllm_urls]
-        inferd_metrics = [u + "/metrics" for u in inferd_urls]
         for policy in ("cache_aware", "round_robin"):
+            name = f"vllm-router {policy}"
+            if name not in wanted:
+                continue
             process, url = start_router(args.router, vllm_urls, policy, logs / f"r-{policy}.log")
             processes.append(process)
             wait_http_ok(url + "/health", process, timeout=60)
-            targets[f"vllm-router {policy}"] = Target(
-                f"vllm-router {policy}", [url + "/v1/chat/completions"], {}, vllm_metrics,
+            targets[name] = Target(
+                name, [url + "/v1/chat/completions"], {}, vllm_metrics,
                 "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
             )  # fmt: skip
-        gateways = {}
+        inferd_urls = [r.url for r in replicas]
+        inferd_metrics = [u + "/metrics" for u in inferd_urls]
         for name, routing, count, factor in (
             ("inferd prefix", "prefix", 1, None),
             ("inferd least_loaded", "least_loaded", 1, None),
             ("inferd prefix x2", "prefix", 2, None),
             *((f"inferd prefix lf={f:g}", "prefix", 1, f) for f in args.prefix_load_factors),
         ):
+            if name not in wanted:
+                continue
             urls, gateway_metrics = [], []
             for _ in range(count):
                 process, url = start_gateway(inferd_urls, token, routing, factor)
                 processes.append(process)
                 urls.append(url + "/v1/chat/completions")
                 gateway_metrics.append(url.split("/endpoints/")[0] + "/gateway-metrics")
-            gateways[name] = urls
             targets[name] = Target(
                 name, urls, auth, inferd_metrics,
                 "inferd_prefix_cache_hit_tokens", "inferd_prefix_cache_queried_tokens",
                 gateway_metrics,
             )  # fmt: skip
-        names = [n for n in targets if args.only is None or n in args.only]
-        runs: dict[str, list[Run]] = {n: [] for n in names}
+        if fleet is not None:
+            serve_metrics = [u + "/metrics" for u in fleet.replica_urls()]
+            for name in serve_names:
+                instances, pinned = SERVE_TARGETS[name]
+                targets[name] = Target(
+                    name, [fleet.chat_url(i) for i in instances], fleet.headers(), serve_metrics,
+                    "inferd_prefix_cache_hit_tokens", "inferd_prefix_cache_queried_tokens",
+                    [fleet.metrics_url(i) for i in instances], model=fleet.model_name,
+                    before=fleet.pin if pinned else None, after=fleet.unpin if pinned else None,
+                )  # fmt: skip
+        names = [n for n in wanted if n in targets]
         for round_ in range(args.rounds):
             order = names if round_ % 2 == 0 else list(reversed(names))
             for n, name in enumerate(order):
@@ -510,7 +697,8 @@ def main() -> int:
                 runs[name].append(run)
                 print(
                     f"round {round_} {name}: {run.requests} ok {run.errors} failed "
-                    f"{run.wall_s:.1f}s hit rate {run.hit_rate} {run.routed or ''}",
+                    f"{run.wall_s:.1f}s hit rate {run.hit_rate} {run.routed or ''} "
+                    f"{run.per_engine} load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
     finally:
@@ -518,44 +706,53 @@ def main() -> int:
             stop_process_group(process)
         for replica in replicas:
             replica.stop()
-    rows = [summarize(n, rs) for n, rs in runs.items()]
+        if fleet is not None:
+            fleet.stop()
+    # After the engines stopped: replaying every partition takes a while.
+    for run in (r for rs in runs.values() for r in rs):
+        run.static_hit_rate = static_reference(run, model, args)
+        print(f"{run.target} round {run.round}: best static {run.static_hit_rate:.3f}", flush=True)
+    rows = [summarize(n, rs) for n, rs in runs.items() if rs]
     by = {r["target"]: r for r in rows}
-    goals: dict[str, Any] = {}
-    ours, ref = by.get("inferd prefix"), by.get("vllm-router cache_aware")
-    if ours and ref and ref["req/s"]:
-        goals["throughput vs vllm-router cache_aware (>= 1.0)"] = round(
-            ours["req/s"] / ref["req/s"], 3
-        )
-        goals["ttft p90 ms: inferd prefix vs vllm-router cache_aware (<=)"] = [
-            ours["ttft p90 ms"], ref["ttft p90 ms"],
-        ]  # fmt: skip
-    least = by.get("inferd least_loaded")
-    if ours and least and least["req/s"]:
-        goals["throughput vs inferd least_loaded (>= 2.0)"] = round(
-            ours["req/s"] / least["req/s"], 3
-        )
-    two = by.get("inferd prefix x2")
-    if ours and two and ours["cache hit rate"]:
-        goals["hit rate 2 instances / 1 (>= 0.95)"] = round(
-            (two["cache hit rate"] or 0) / ours["cache hit rate"], 3
-        )
-    print_table(
+    goals = goals_of(by)
+    columns = [
+        "target", "requests", "errors", "req/s", "ttft p50 ms", "ttft p90 ms",
+        "cache hit rate", "best static hit rate", "gap to best static", "routed by reason",
+    ]  # fmt: skip
+    title = (
         f"routing: {args.replicas} replicas, {args.rounds} alternating rounds, "
-        f"{args.groups}x{args.conversations} conversations x {args.turns} turns",
-        rows,
-        ["target", "requests", "errors", "req/s", "ttft p50 ms", "ttft p90 ms", "cache hit rate"],
+        f"{args.groups}x{args.conversations} conversations x {args.turns} turns"
     )
+    print_table(title, rows, columns[:-1])
     for row in rows:
         if row["routed by reason"]:
             print(f"{row['target']} routed by reason: {row['routed by reason']}")
-    for goal, value in goals.items():
-        print(f"{goal}: {value}")
+    for g in goals:
+        print(f"{g['goal']}: {g['figure']} ({g['status']})")
     report = {
+        "title": "Prefix routing (issue 37): through `inferd serve` and bare gateways, "
+        "against vllm-router",
+        "workload": (
+            f"{args.groups} system prompts of {prompt_tokens} tokens x {args.conversations} "
+            f"conversations x {args.turns} turns, {args.concurrency} at once, "
+            f"{args.max_tokens} output tokens, KV cache {args.kv_tokens} tokens per replica, "
+            f"{args.replicas} replicas; bench-llama-25m on vLLM CPU"
+        ),
         "config": {k: str(v) for k, v in vars(args).items()},
         "system prompt tokens": prompt_tokens,
-        "results": rows,
+        "wall s": round(time.monotonic() - started_at),
+        "tables": [
+            results_format.table(
+                title,
+                columns,
+                [{**r, "routed by reason": str(r["routed by reason"])} for r in rows],
+            )
+        ],
         "goals": goals,
-        "runs": [r.__dict__ for rs in runs.values() for r in rs],
+        "results": rows,
+        "runs": [
+            {k: v for k, v in r.__dict__.items() if k != "sent"} for rs in runs.values() for r in rs
+        ],
     }
     write_report("routing", report, args.out)
     return 0

@@ -36,9 +36,11 @@ from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.paths import default_configs_dir, default_models_dir
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ReplicaSettings
+from inferd.tracing import TracingSettings
 
 _GATEWAY = GatewaySettings()
 _REGISTRY = RegistrySettings()
+_AUTOSCALE = ReconcilerSettings()
 
 ENV_PREFIX = "INFERD_"
 CONFIG_ENV = "INFERD_CONFIG"
@@ -172,6 +174,11 @@ class Settings(BaseModel):
         ge=1,
         description="prefix routing's load bound is never below this many requests per replica",
     )
+    gateway_routing_place_prefixes: bool = Field(
+        _GATEWAY.routing_place_prefixes,
+        description="prefix routing places each live prompt prefix on a replica by what "
+        "each KV cache holds (false: by rendezvous hashing alone)",
+    )
     gateway_prefix_block_bytes: int = Field(
         _GATEWAY.prefix_block_bytes, ge=16, description="prompt bytes per hashed block"
     )
@@ -191,7 +198,25 @@ class Settings(BaseModel):
     health_failure_periods: int = Field(
         _REGISTRY.failure_periods,
         ge=1,
-        description="missed reports before a replica is failed",
+        description="missed reports before a replica is unresponsive (routed around, probed)",
+    )
+    replica_dead_after_seconds: float = Field(
+        _REGISTRY.dead_after_s,
+        gt=0,
+        description="silence (no report, answer or probe answer) before a replica whose "
+        "process lives is taken for dead and replaced; 3x as long while it loads",
+    )
+    replica_silent_end_max_share: float = Field(
+        _AUTOSCALE.silent_end_max_share,
+        gt=0,
+        le=1,
+        description="most of an endpoint's replicas ended for silence per window (at least one, "
+        "never the last ready one)",
+    )
+    replica_silent_end_window_seconds: float = Field(
+        _AUTOSCALE.silent_end_window_s,
+        gt=0,
+        description="the window of replica_silent_end_max_share",
     )
     replica_start_timeout_seconds: float = Field(
         _REGISTRY.start_timeout_s,
@@ -271,6 +296,26 @@ class Settings(BaseModel):
         "where there is room; pack: Ray's default, filling one node before the next",
     )
 
+    # --- Traces (OpenTelemetry) -------------------------------------------------
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP collector for request traces (http://HOST:4318 for HTTP, "
+        "HOST:4317 for gRPC); unset: no tracing, at no cost",
+    )
+    otlp_protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="how traces are sent to otlp_endpoint"
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="share of requests traced (a client's sampled traceparent is always followed)",
+    )
+
+    @property
+    def tracing(self) -> TracingSettings:
+        return TracingSettings(self.otlp_endpoint, self.otlp_protocol, self.trace_sample_ratio)
+
     def admin_key_value(self) -> str | None:
         return None if self.admin_key is None else self.admin_key.get_secret_value()
 
@@ -291,6 +336,7 @@ class Settings(BaseModel):
             routing_policy=Policy(self.gateway_routing_policy),
             routing_load_factor=self.gateway_routing_load_factor,
             routing_min_load_bound=self.gateway_routing_min_load_bound,
+            routing_place_prefixes=self.gateway_routing_place_prefixes,
             prefix_block_bytes=self.gateway_prefix_block_bytes,
             prefix_max_blocks=self.gateway_prefix_max_blocks,
             prefix_table_entries=self.gateway_prefix_table_entries,
@@ -306,6 +352,8 @@ class Settings(BaseModel):
             downscale_delay_s=self.autoscale_downscale_delay_seconds,
             target_kv_cache_usage=self.autoscale_target_kv_cache_usage or None,
             target_engine_waiting=self.autoscale_target_engine_waiting or None,
+            silent_end_max_share=self.replica_silent_end_max_share,
+            silent_end_window_s=self.replica_silent_end_window_seconds,
         )
 
     @property
@@ -314,6 +362,7 @@ class Settings(BaseModel):
             health_period_s=self.health_period_seconds,
             failure_periods=self.health_failure_periods,
             start_timeout_s=self.replica_start_timeout_seconds,
+            dead_after_s=self.replica_dead_after_seconds,
         )
 
     @property
@@ -345,6 +394,7 @@ class Settings(BaseModel):
             drain_timeout_s=self.replica_drain_timeout_seconds,
             log_level=self.log_level,
             replica_args=self.replica_args,
+            tracing=self.tracing,
         )
 
 

@@ -24,6 +24,16 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
   fi
 fi
 
+# The shipped alerts and dashboard are checked against a real Prometheus
+# (promtool, and a server scraping `inferd serve`): Debian's package.
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "note: Prometheus is not installed; its tests will skip (apt-get install prometheus)" >&2
+  fi
+fi
+
 pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
 

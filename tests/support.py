@@ -66,6 +66,10 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "playwright": (lambda: importable("playwright"), "pip install -e '.[test]'"),
     "chromium": (_chromium, "apt-get install chromium, or INFERD_CHROMIUM=PATH"),
     "postgresql": (_postgres, "apt-get install -y postgresql"),
+    "prometheus": (
+        lambda: shutil.which("prometheus") is not None and shutil.which("promtool") is not None,
+        "apt-get install -y prometheus (Prometheus and promtool)",
+    ),
 }
 
 

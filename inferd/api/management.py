@@ -252,6 +252,14 @@ class Replica(_Response):
         description="The LoRA adapters its engine holds now (the gateway prefers a replica "
         "that holds the adapter a request names), as it last reported.",
     )
+    unresponsiveSince: str | None = Field(
+        None,
+        description="RFC 3339 UTC time since which the replica has not been heard to serve "
+        "(no status report, answer or health-probe answer): new requests go to the "
+        "endpoint's other ready replicas while there are any, and it is probed. Null while "
+        "it is heard. Only silence far longer than this (`replica_dead_after_seconds`) "
+        "ends a replica whose process lives.",
+    )
 
 
 class ReplicaFailureInfo(_Response):

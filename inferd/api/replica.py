@@ -42,6 +42,8 @@ class ReplicaLoadReport(BaseModel):
     running: int = Field(default=0, ge=0)
     waiting: int = Field(default=0, ge=0)
     kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
+    # Tokens the KV cache holds (the gateway places prompt prefixes by it).
+    kv_cache_tokens: int | None = Field(default=None, ge=1)
     # Prompt tokens looked up in the engine's prefix cache since the replica
     # started, and those found (cumulative: a lost report loses nothing).
     prefix_cache_queries: int = Field(default=0, ge=0)
@@ -98,6 +100,11 @@ class ReplicaReport(BaseModel):
     seq: int = Field(ge=0)
     load: ReplicaLoadReport = ReplicaLoadReport()
     usage: ReplicaUsageReport | None = None
+    # Reports are sent from a thread of their own: how long the replica's
+    # serving loop has left the reporter's last request for a snapshot
+    # unanswered (None: it answered). The process lives either way; a long
+    # stall is silence as far as serving goes.
+    loop_stalled_s: float | None = Field(default=None, ge=0)
 
     def to_wire(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -75,7 +76,44 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--project", help="project (default: your only project; the operator's: default)"
     )
     _scaling_args(create)
+    create.add_argument(
+        "--wait",
+        action="store_true",
+        help="then follow the endpoint until a replica serves (progress on stderr)",
+    )
+    _wait_args(create)
+    _env_args(create)
+    create.add_argument(
+        "--env",
+        action="store_true",
+        help='print only the export line, for eval "$(inferd endpoints create ... --env)"',
+    )
     create.set_defaults(func=command(_create))
+
+    wait = sub.add_parser(
+        "wait",
+        parents=[common],
+        help="follow an endpoint until a replica serves: its stage and the time so far",
+    )
+    wait.add_argument("endpoint", metavar="ID_OR_NAME")
+    wait.add_argument("--project", help="the project of a name in several of yours")
+    _wait_args(wait)
+    wait.set_defaults(func=command(_wait))
+
+    env = sub.add_parser(
+        "env",
+        parents=[common],
+        help="print `export URL=...` for an endpoint (with --new-token, TOKEN too)",
+    )
+    env.add_argument("endpoint", metavar="ID_OR_NAME")
+    env.add_argument("--project", help="the project of a name in several of yours")
+    _env_args(env)
+    env.add_argument(
+        "--new-token",
+        action="store_true",
+        help="issue a new access token and export it (the previous one stops working)",
+    )
+    env.set_defaults(func=command(_env))
 
     listing = sub.add_parser("list", parents=[common], help="list endpoints")
     listing.add_argument("--project", help="only this project's endpoints")
@@ -162,6 +200,32 @@ def _scaling_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _wait_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="give up (exit status 1) after this long (default 900)",
+    )
+
+
+def _env_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env-prefix",
+        default="",
+        type=_env_prefix,
+        metavar="PREFIX",
+        help="name the exported variables PREFIX+URL and PREFIX+TOKEN (e.g. IMAGE_)",
+    )
+
+
+def _env_prefix(text: str) -> str:
+    if not (text + "URL").isidentifier() or not text.isascii():
+        raise argparse.ArgumentTypeError("letters, digits and _ only, not first a digit")
+    return text
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -221,29 +285,86 @@ def _create(client: ManagementClient, args: argparse.Namespace) -> int:
     if args.project:
         body["projectId"] = args.project
     record = client.create_endpoint(body)
-    if args.json:
-        _print_json(record)
-        return 0
-    _print_detail(record)
     token = record["accessToken"]
-    print()
-    print("Access token (shown only this once; keep it secret):")
-    print(f"  {token}")
-    print()
-    print("Use it from this shell (the README's $URL and $TOKEN):")
-    print(f"  export URL={record['url']}")
-    print(f"  export TOKEN={token}")
-    print()
-    print("Try it:")
-    print(f"  {try_it_command(record)}")
+    if args.env:
+        # stdout is for `eval`; the rest goes to the terminal.
+        print(export_line(record["url"], token, args.env_prefix))
+        print(f"Created endpoint {record['name']} ({record['id']}); its access token is in "
+              f"${args.env_prefix}TOKEN, shown nowhere else.", file=sys.stderr)  # fmt: skip
+    elif args.json:
+        _print_json(record)
+    else:
+        _print_detail(record)
+        print()
+        print("Access token (shown only this once; keep it secret):")
+        print(f"  {token}")
+        print()
+        print("Use it from this shell:")
+        print(f"  {export_line(record['url'], token, args.env_prefix)}")
+        print()
+        print("Try it:")
+        print(f"  {try_it_command(record, args.env_prefix)}")
+    if not args.wait:
+        return 0
+    if record["minReplicas"] == 0:
+        print(f"--wait: {record['name']} is scaled to zero; its first request starts a replica "
+              f"(follow it with `inferd endpoints wait {record['name']}`).",
+              file=sys.stderr)  # fmt: skip
+        return 0
+    sys.stdout.flush()
+    return _follow(client, record["id"], record["name"], args.max_wait)
+
+
+def _wait(client: ManagementClient, args: argparse.Namespace) -> int:
+    endpoint_id = client.resolve(args.endpoint, args.project)
+    return _follow(client, endpoint_id, args.endpoint, args.max_wait)
+
+
+def _follow(client: ManagementClient, endpoint_id: str, name: str, max_wait_s: float) -> int:
+    from inferd.client.wait import Progress, wait_until_ready
+
+    progress = Progress(sys.stderr, name)
+    stage, elapsed = wait_until_ready(
+        lambda: client.get_endpoint(endpoint_id), progress, max_wait_s=max_wait_s
+    )
+    if stage.done:
+        print(f"{name} is ready ({elapsed:.0f} s).", file=sys.stderr)
+        return 0
+    if stage.final:
+        print(f"error: {name} is {stage.name}: {stage.detail}", file=sys.stderr)
+    else:
+        print(f"error: {name} is not ready after {elapsed:.0f} s ({stage.name}); "
+              f"`inferd endpoints get {name}` shows why", file=sys.stderr)  # fmt: skip
+    return 1
+
+
+def _env(client: ManagementClient, args: argparse.Namespace) -> int:
+    endpoint_id = client.resolve(args.endpoint, args.project)
+    record = client.get_endpoint(endpoint_id)
+    token = client.new_access_token(endpoint_id) if args.new_token else None
+    print(export_line(record["url"], token, args.env_prefix))
     return 0
 
 
-def try_it_command(record: Mapping[str, Any]) -> str:
+def _env_names(prefix: str) -> tuple[str, str]:
+    return f"{prefix}URL", f"{prefix}TOKEN"
+
+
+def export_line(url: str, token: str | None, prefix: str = "") -> str:
+    """`export URL=... TOKEN=...` under `prefix`, for a shell to paste or eval."""
+    url_name, token_name = _env_names(prefix)
+    line = f"export {url_name}={shlex.quote(url)}"
+    return line if token is None else f"{line} {token_name}={shlex.quote(token)}"
+
+
+def try_it_command(record: Mapping[str, Any], prefix: str = "") -> str:
     """The record's example with the variables exported just above (the
     token itself stays out of the shell's history)."""
     example: str = record["exampleCommand"]
-    return example.replace(record["url"], "$URL").replace("<ACCESS_TOKEN>", "$TOKEN")
+    url_name, token_name = _env_names(prefix)
+    return example.replace(record["url"], f"${url_name}").replace(
+        "<ACCESS_TOKEN>", f"${token_name}"
+    )
 
 
 def _list(client: ManagementClient, args: argparse.Namespace) -> int:

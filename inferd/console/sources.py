@@ -49,6 +49,9 @@ class ReplicaLine:
     kv_cache_usage: float | None = None
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Since when it has not been heard to serve (routed around while
+    # another replica is ready); None while it is.
+    unresponsive_since: str | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:

@@ -239,6 +239,9 @@ class TextRequest:
     stream: bool = True
     # The LoRA adapter to generate with; None: the base model.
     adapter: AdapterRef | None = None
+    # W3C trace context of the replica's span (`traceparent`), for engines
+    # that trace their own steps; () when the request is not traced.
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,8 @@ class EngineLoad:
     waiting: int
     # Fraction of the KV cache in use (vLLM); None where not meaningful.
     kv_cache_usage: float | None = None
+    # Tokens the KV cache holds; None where not meaningful.
+    kv_cache_tokens: int | None = None
     # Prompt tokens looked up in the prefix cache since start, and how many
     # were found there (vLLM's automatic prefix caching); the hit rate over
     # any period is the ratio of their differences.

@@ -39,6 +39,7 @@ from inferd.engines.vllm_lora import VllmAdapters
 from inferd.engines.vllm_serving import VllmServing
 from inferd.engines.vllm_settings import vllm_args
 from inferd.errors import BadRequest, Conflict, InferdError, ServiceUnavailable
+from inferd.tracing import tracer
 from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class _LoadTracker:
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
+        # Tokens the KV cache holds (blocks times block size), once known.
+        self.kv_cache_tokens: int | None = None
         # Running totals: vLLM hands each interval's prefix-cache counts.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -61,7 +64,8 @@ def _stat_logger_factory(tracker: _LoadTracker) -> Any:
 
     class TrackingStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
+            self._cache = getattr(vllm_config, "cache_config", None)
+            self.log_engine_initialized()
 
         def record(
             self,
@@ -80,7 +84,11 @@ def _stat_logger_factory(tracker: _LoadTracker) -> Any:
                     tracker.prefix_cache_hits += prefix.hits
 
         def log_engine_initialized(self) -> None:
-            pass
+            # The engine core sized its KV cache before the loggers start.
+            blocks = getattr(self._cache, "num_gpu_blocks", None)
+            block_size = getattr(self._cache, "block_size", None)
+            if blocks and block_size:
+                tracker.kv_cache_tokens = int(blocks) * int(block_size)
 
     return TrackingStatLogger
 
@@ -161,12 +169,24 @@ async def start_async_llm(
 
     engine = await asyncio.to_thread(
         AsyncLLM.from_engine_args,
-        AsyncEngineArgs(**engine_args),
+        AsyncEngineArgs(**engine_args, **vllm_tracing_args()),
         stat_loggers=[_stat_logger_factory(tracker)],
     )
     if on_cpu:
         keep_engine_core_with_its_workers(engine)
     return engine
+
+
+def vllm_tracing_args() -> dict[str, Any]:
+    """vLLM's own request spans go where the replica's go, as children of
+    the replica's span (the trace context it passes with each request)."""
+    settings = tracer().settings
+    url = settings.traces_url()
+    if url is None:
+        return {}
+    # vLLM picks its exporter from OpenTelemetry's variable (gRPC by default).
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = settings.protocol
+    return {"otlp_traces_endpoint": url}
 
 
 def keep_engine_core_with_its_workers(engine: Any) -> None:
@@ -349,6 +369,7 @@ class VllmTextEngine(AsyncLLMEngine):
             params,
             request.request_id,
             lora_request=lora,
+            trace_headers=dict(request.trace_headers) or None,
             **extra,
         )
         mapped = _map_vllm_errors(stream)
@@ -499,6 +520,7 @@ class VllmTextEngine(AsyncLLMEngine):
             running=running,
             waiting=waiting,
             kv_cache_usage=self._tracker.kv_cache_usage,
+            kv_cache_tokens=self._tracker.kv_cache_tokens,
             prefix_cache_queries=self._tracker.prefix_cache_queries,
             prefix_cache_hits=self._tracker.prefix_cache_hits,
             adapters=self._adapters.loaded if self._adapters is not None else (),

@@ -10,11 +10,13 @@ checked, and passed through unparsed; the replica validates it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -35,6 +37,7 @@ from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauth
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
+from inferd.gateway.placement import Placements
 from inferd.gateway.proxy import Relayed, forward, with_call_key
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
@@ -42,13 +45,20 @@ from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.gateway.upstream import HttpxUpstream, Upstream
 from inferd.http_errors import error_response
+from inferd.tracing import end_span, request_id_from, traceparent_of
+from inferd.tracing import tracer as process_tracer
 from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
+# One line per gateway request, with its request id (uvicorn's own access
+# lines for these paths are left out: `inferd.server.access_log`).
+access_log = logging.getLogger("inferd.gateway.access")
 
 # Request headers passed to the replica. Not the client's Authorization:
 # the endpoint token stops at the gateway.
-FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept", b"x-request-id"})
+# The request id and the trace context are set by the gateway itself
+# (`handle`): the client's own `x-request-id` is kept when it is sane.
+FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept"})
 # Where the replica loads the LoRA adapter a request names; only the
 # gateway sets it: a client's own is not forwarded (above).
 ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
@@ -108,6 +118,65 @@ class _ClientGone(Exception):
     pass
 
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+
+class _RequestNotes:
+    """What a traced request's span is told on its way: each attempt (the
+    replica, why it was chosen, how long the request was held) and each
+    retry. Only made when the request is traced."""
+
+    __slots__ = ("attempts", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.attempts = 0
+
+    def attempt(self, replica_id: str, held_s: float, policy: str, affinity: Affinity) -> None:
+        self.attempts += 1
+        self.span.set_attributes(
+            {
+                "inferd.replica": replica_id,
+                "inferd.hold_seconds": round(held_s, 6),
+                "inferd.routing.policy": policy,
+                # The replica holds the prompt's prefix as far as this gateway knows.
+                "inferd.routing.prefix_hit_expected": affinity.cached_on == replica_id,
+                "inferd.routing.has_prefix": affinity.home is not None,
+                "inferd.attempts": self.attempts,
+            }
+        )
+        if affinity.adapter is not None:
+            self.span.set_attribute("inferd.adapter", affinity.adapter)
+        self.span.add_event("forwarded", {"replica": replica_id, "held_seconds": held_s})
+
+    def retry(self, replica_id: str, reason: str, detail: str) -> None:
+        self.span.add_event("retry", {"replica": replica_id, "reason": reason, "detail": detail})
+
+
+_REQUEST: contextvars.ContextVar[_RequestNotes | None] = contextvars.ContextVar(
+    "inferd_gateway_request", default=None
+)
+
+
+def _span_start(endpoint_id: str, route: GatewayRoute) -> dict[str, Any]:
+    return {"inferd.endpoint": endpoint_id, "inferd.route": route.label}
+
+
+def _answer_with_request_id(send: Send, request_id: bytes) -> Send:
+    """`send` that puts `x-request-id` on the answer unless the replica did."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                headers.append((b"x-request-id", request_id))
+                message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
+
+
 class Gateway:
     def __init__(
         self,
@@ -145,6 +214,10 @@ class Gateway:
         self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
+        # Which replica each live prefix belongs to, by what each cache holds.
+        self.placements = Placements()
+        # Off unless `inferd serve` was given an OTLP endpoint.
+        self.tracer = process_tracer()
 
     # -- lifecycle and what the control plane reads -----------------------
 
@@ -166,6 +239,7 @@ class Gateway:
         if self._dispatcher.idle(endpoint_id):
             self._dispatcher.forget(endpoint_id)
             self.state.forget_endpoint(endpoint_id)
+            self.placements.forget(endpoint_id)
 
     # -- the request path ---------------------------------------------------
 
@@ -174,22 +248,38 @@ class Gateway:
         endpoint_id: str = scope["path_params"]["endpoint_id"]
         label = UNAUTHENTICATED
         status = 500
+        authorization = content_length = client_request_id = None
+        headers = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                content_length = value
+            elif name == b"x-request-id":
+                client_request_id = value
+            elif name in FORWARDED_REQUEST_HEADERS:
+                headers.append((name, value))
+        request_id = request_id_from(client_request_id)
+        headers.append((b"x-request-id", request_id))
+        send = _answer_with_request_id(send, request_id)
+        trace = self.tracer.start(
+            f"{route.method} {route.label}", scope["headers"], _span_start(endpoint_id, route)
+        )
+        if trace is not None:
+            parent = traceparent_of(trace)
+            if parent is not None:
+                headers.append((b"traceparent", parent))
+        # A span that records gets notes on its way (unsampled: none made).
+        token = _REQUEST.set(_RequestNotes(trace)) if trace and trace.is_recording() else None
         try:
-            authorization = content_length = None
-            headers = []
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value
-                elif name == b"content-length":
-                    content_length = value
-                elif name in FORWARDED_REQUEST_HEADERS:
-                    headers.append((name, value))
             if not authorized(self.verifier, endpoint_id, authorization):
                 raise unauthorized()
             label = endpoint_id
             endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
             assert endpoint is not None
+            if trace is not None:
+                trace.set_attribute("inferd.model", endpoint.model_name)
             if route.label == "models":
                 status = 200
                 await models_response(endpoint)(scope, receive, send)
@@ -210,7 +300,22 @@ class Gateway:
         except _ClientGone:
             status = CLIENT_GONE
         finally:
-            self.metrics.answered(label, route.label, status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.answered(label, route.label, status, seconds)
+            client = scope.get("client")
+            access_log.info(
+                '%s - "%s %s" %d %.3fs request_id=%s',
+                f"{client[0]}:{client[1]}" if client else "-",
+                route.method,
+                scope["path"],
+                status,
+                seconds,
+                request_id.decode(),
+            )
+            if trace is not None:
+                end_span(trace, status, {"inferd.request_id": request_id.decode()})
+            if token is not None:
+                _REQUEST.reset(token)
 
     def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute) -> None:
         gone = endpoint_gone(endpoint is not None, endpoint is not None and endpoint.deleting)
@@ -299,6 +404,12 @@ class Gateway:
             watch.done = True
             watcher.cancel()
 
+    def _placed_on(self, endpoint_id: str, prefix: RequestPrefix, now: float) -> str | None:
+        if prefix.home is None or not self.settings.routing_place_prefixes:
+            return None
+        replicas = self.directory.ready_replicas(endpoint_id)
+        return self.placements.place(endpoint_id, prefix.home, len(prefix.blocks), replicas, now)
+
     def _serving(self, endpoint_id: str) -> set[str]:
         return {r.replica_id for r in self.directory.ready_replicas(endpoint_id)}
 
@@ -319,7 +430,12 @@ class Gateway:
         exclude: frozenset[str] = frozenset()
         affinity = NO_AFFINITY
         if prefix is not None:
-            affinity = Affinity(prefix.home, self.prefixes.lookup(prefix.blocks), prefix.adapter)
+            affinity = Affinity(
+                prefix.home,
+                self.prefixes.lookup(prefix.blocks),
+                prefix.adapter,
+                self._placed_on(ep.endpoint_id, prefix, arrived),
+            )
         for _ in range(settings.max_attempts):
             replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
             rid = replica.replica_id
@@ -331,6 +447,9 @@ class Gateway:
             begun = self.clock()
             if begun - arrived > 0.001:
                 metrics.hold.labels(ep.endpoint_id).observe(begun - arrived)
+            notes = _REQUEST.get()
+            if notes is not None:
+                notes.attempt(rid, begun - arrived, self.settings.routing_policy.value, affinity)
             try:
                 result = await forward(
                     self.upstream,
@@ -362,6 +481,8 @@ class Gateway:
             if result.unreachable:
                 self.directory.report_unreachable(rid, result.detail)
             metrics.retries.labels(ep.endpoint_id, result.reason).inc()
+            if notes is not None:
+                notes.retry(rid, result.reason, result.detail)
             exclude = exclude | {rid}
         raise dispatcher.no_replica_could_take_it(ep, settings.max_attempts)
 

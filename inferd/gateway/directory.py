@@ -47,6 +47,10 @@ class RoutableReplica:
     # LoRA adapters the replica reported loaded: a request naming one of them
     # prefers this replica.
     adapters: frozenset[str] = frozenset()
+    # Tokens its KV cache holds (vLLM's blocks times their size), as the
+    # replica reported it; None where unknown. Prefixes are placed by it
+    # (`inferd.gateway.placement`).
+    kv_cache_tokens: int | None = None
     # Sent with every call: the replica answers nobody else (replica.auth).
     call_key: str = field(default="", repr=False, compare=False)
 

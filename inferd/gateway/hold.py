@@ -541,6 +541,13 @@ class Dispatcher:
             ),
             scaling_for_s=0.0 if started is None else now - started,
         )
+        error = self._refusal_error(scaling, seconds, timed_out=timed_out)
+        code = error.code or "refused"
+        ep.refused[code] = ep.refused.get(code, 0) + 1
+        return error
+
+    @staticmethod
+    def _refusal_error(scaling: bool, seconds: float, *, timed_out: bool) -> InferdError:
         if timed_out:
             return ServiceUnavailable(
                 "No replica of this endpoint became available in time; retry later.",

@@ -19,6 +19,8 @@ from prometheus_client.registry import Collector
 from inferd.gateway.traffic import EndpointTraffic
 
 UNAUTHENTICATED = "unauthenticated"
+# The hold queue's refusals, by the error code the client gets.
+REFUSAL_REASONS = ("overloaded", "scaling_up", "hold_timeout")
 
 # Called with (endpoint, status, seconds) for every answered request of an
 # authenticated endpoint.
@@ -57,8 +59,19 @@ class _TrafficCollector(Collector):
             "order), spilled (home was over the load bound), least_loaded.",
             labels=["endpoint", "reason"],
         )
+        refused = CounterMetricFamily(
+            "inferd_gateway_refused_requests",
+            "Requests the hold queue refused, by the error code the client got: "
+            "overloaded (429: at capacity, queue full), scaling_up (503: starting a "
+            "replica, queue full), hold_timeout (503: no replica in time).",
+            labels=["endpoint", "reason"],
+        )
         for ep in list(self._endpoints()):
             in_flight.add_metric([ep.endpoint_id], ep.in_flight_total)
+            # Every reason from zero, so that rate() and alerts see the
+            # series before the first refusal.
+            for reason in {**dict.fromkeys(REFUSAL_REASONS, 0), **ep.refused}:
+                refused.add_metric([ep.endpoint_id, reason], ep.refused.get(reason, 0))
             held.add_metric([ep.endpoint_id], ep.held)
             held_bytes.add_metric([ep.endpoint_id], ep.held_bytes)
             for reason, count in list(ep.routed.items()):
@@ -67,6 +80,7 @@ class _TrafficCollector(Collector):
         yield held
         yield held_bytes
         yield routed
+        yield refused
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

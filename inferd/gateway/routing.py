@@ -9,12 +9,15 @@ Two policies (`GatewaySettings.routing_policy`):
 - `prefix`: a request that carries a prefix (`Affinity`) goes where its KV
   cache most likely is, within a load bound — consistent hashing with
   bounded loads (Mirrokni et al., 2018), on rendezvous hashing:
-  1. the replica this gateway last sent its longest known prefix to
+  1. the replica its prefix is placed on (`placed_on`: the partition of
+     the live prefixes over the replicas by what each cache holds, see
+     `inferd.gateway.placement`), if it is ready and under the bound;
+  2. else the replica this gateway last sent its longest known prefix to
      (`cached_on`), if it is ready and under the bound;
-  2. else the replicas in rendezvous order of the request's `home` key
+  3. else the replicas in rendezvous order of the request's `home` key
      (the same order in every gateway process, since it depends only on the
      key and the replica ids): the first one under the bound;
-  3. else, or for a request with no prefix worth caching, least-loaded.
+  4. else, or for a request with no prefix worth caching, least-loaded.
   The bound is `ceil(load_factor * (total load + 1) / replicas)`, at least
   `min_bound` (an engine batches a few requests at no cost): a hot
   prefix (one huge shared system prompt, or keys built to collide) fills its
@@ -55,8 +58,10 @@ class Reason(enum.Enum):
     """Why a replica was chosen (counted in /metrics)."""
 
     CACHED = "cached"  # where this gateway sent the prefix before
-    HOME = "home"  # first under the bound in rendezvous order
-    SPILLED = "spilled"  # later in rendezvous order: the first was over the bound
+    # Where the prefix is placed; without a placement, the first in
+    # rendezvous order.
+    HOME = "home"
+    SPILLED = "spilled"  # elsewhere: its home was over the bound
     LEAST_LOADED = "least_loaded"
 
 
@@ -71,6 +76,8 @@ class Affinity:
     cached_on: str | None = None
     # The LoRA adapter the request names, if any.
     adapter: str | None = None
+    # The replica the prefix is placed on (`inferd.gateway.placement`).
+    placed_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,16 +157,22 @@ def choose_replica(
         if any(load < bound for _, load in holders):
             open_ = holders
     if policy is Policy.PREFIX and affinity.home is not None:
-        cached_on = affinity.cached_on
-        if cached_on is not None:
-            for replica, load in open_:
-                if replica.replica_id == cached_on and load < bound:
-                    return Choice(Outcome.CHOSEN, replica, Reason.CACHED)
+        first = Reason.HOME
+        wanted = ((affinity.placed_on, Reason.HOME), (affinity.cached_on, Reason.CACHED))
+        for rid, reason in wanted:
+            if rid is not None:
+                for replica, load in open_:
+                    if replica.replica_id == rid:
+                        if load < bound:
+                            return Choice(Outcome.CHOSEN, replica, reason)
+                        if reason is Reason.HOME:
+                            # Its home is over the bound: anywhere else is a spill.
+                            first = Reason.SPILLED
         home = affinity.home
         ranked = sorted(open_, key=lambda rl: rendezvous_score(home, rl[0].replica_id))
         for rank, (replica, load) in enumerate(reversed(ranked)):
             if load < bound:
-                return Choice(Outcome.CHOSEN, replica, Reason.SPILLED if rank else Reason.HOME)
+                return Choice(Outcome.CHOSEN, replica, Reason.SPILLED if rank else first)
     return _least_loaded(open_, turn)
 
 

@@ -46,6 +46,9 @@ class GatewaySettings:
     routing_load_factor: float = DEFAULT_LOAD_FACTOR
     # ... and never below this many requests per replica.
     routing_min_load_bound: int = DEFAULT_MIN_LOAD_BOUND
+    # Place each live prompt prefix by what each replica's KV cache holds
+    # (`inferd.gateway.placement`); off: by rendezvous hashing alone.
+    routing_place_prefixes: bool = True
     # Prompts are hashed in blocks of this many bytes (about a quarter as many
     # tokens), at most `prefix_max_blocks` of them (the rest of a longer
     # prompt does not change where it goes).

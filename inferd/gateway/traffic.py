@@ -47,6 +47,7 @@ class EndpointTraffic:
         "in_flight",
         "in_flight_total",
         "last_request_at",
+        "refused",
         "requests_total",
         "routed",
         "service_times",
@@ -67,6 +68,9 @@ class EndpointTraffic:
         # Requests forwarded, by why the routing choice went where it did
         # (`routing.Reason` values).
         self.routed: dict[str, int] = {}
+        # Requests the hold queue refused (429/503), by the error code the
+        # client got (overloaded, scaling_up, hold_timeout).
+        self.refused: dict[str, int] = {}
 
     def arrived(self, now: float) -> None:
         self.last_request_at = now

@@ -17,12 +17,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from inferd.api.openai import sse_error
 from inferd.errors import InferdError
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
+from inferd.tracing import CURRENT_REQUEST_ID, end_span, traceparent_of, tracer
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,13 @@ class Answering:
     return `answer.stream(...)`, which keeps the request open until the
     stream ends."""
 
-    def __init__(self, state: ReplicaState, metrics: ReplicaMetrics, route: str) -> None:
+    def __init__(
+        self,
+        state: ReplicaState,
+        metrics: ReplicaMetrics,
+        route: str,
+        request: Request | None = None,
+    ) -> None:
         self._in_flight = state.admit()
         self._metrics = metrics
         self._route = route
@@ -42,6 +50,22 @@ class Answering:
         self._streaming = False
         self.status = 500
         self.adapter: str | None = None
+        self._tokens: tuple[int, int] | None = None
+        # The request id (set by the gateway) names this request's log
+        # lines; its span (when traced) is the parent of the engine's.
+        self.request_id = None if request is None else request.headers.get("x-request-id")
+        self._log_token = CURRENT_REQUEST_ID.set(self.request_id)
+        self._span = None
+        self.trace_headers: dict[str, str] | None = None
+        if request is not None:
+            self._span = tracer().start(
+                f"replica {route}", request.headers, {"inferd.route": route}, root=False
+            )
+        if self._span is not None and request is not None:
+            parent = traceparent_of(self._span)
+            if parent is not None:
+                self.trace_headers = {"traceparent": parent.decode()}
+                _replace_header(request, b"traceparent", parent)
 
     def __enter__(self) -> Answering:
         return self
@@ -64,6 +88,7 @@ class Answering:
             self._metrics.ttft.observe(time.perf_counter() - self._started)
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self._tokens = (prompt_tokens, completion_tokens)
         self._metrics.count(prompt_tokens, completion_tokens, self.adapter)
 
     def stream(
@@ -110,3 +135,27 @@ class Answering:
         self._in_flight.release()
         seconds = time.perf_counter() - self._started
         self._metrics.answered(self._route, self.status, seconds, self.adapter)
+        logger.info("%s %d %.3fs", self._route, self.status, seconds)
+        if self._span is not None:
+            prompt, completion = self._tokens or (None, None)
+            end_span(
+                self._span,
+                self.status,
+                {
+                    "inferd.request_id": self.request_id,
+                    "inferd.adapter": self.adapter,
+                    "gen_ai.usage.input_tokens": prompt,
+                    "gen_ai.usage.output_tokens": completion,
+                },
+            )
+        with contextlib.suppress(ValueError):  # ended in another context than it began
+            CURRENT_REQUEST_ID.reset(self._log_token)
+
+
+def _replace_header(request: Request, name: bytes, value: bytes) -> None:
+    """Set a request header in place (vLLM's serving code reads the trace
+    context from the request it is given)."""
+    headers = [(k, v) for k, v in request.scope["headers"] if k != name]
+    headers.append((name, value))
+    request.scope["headers"] = headers
+    request.__dict__.pop("_headers", None)  # Starlette caches the parsed headers

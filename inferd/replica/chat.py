@@ -110,7 +110,10 @@ def to_tool_options(body: ChatCompletionRequest) -> ToolOptions | None:
 
 
 def to_text_requests(
-    body: ChatCompletionRequest, request_id: str, adapter: AdapterRef | None = None
+    body: ChatCompletionRequest,
+    request_id: str,
+    adapter: AdapterRef | None = None,
+    trace_headers: tuple[tuple[str, str], ...] = (),
 ) -> list[TextRequest]:
     messages = tuple(to_message(m) for m in body.messages)
     tools = to_tool_options(body)
@@ -149,6 +152,7 @@ def to_text_requests(
                 logprobs=logprobs,
                 stream=body.stream,
                 adapter=adapter,
+                trace_headers=trace_headers,
             )
         )
     return requests
@@ -170,7 +174,7 @@ class ChatHandler:
         self.max_body_bytes = max_body_bytes
 
     async def handle(self, request: Request) -> Response:
-        with Answering(self.state, self.metrics, ROUTE) as answer:
+        with Answering(self.state, self.metrics, ROUTE, request) as answer:
             body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
             adapter = requested_adapter(request, body.model)
             if adapter is None:
@@ -182,7 +186,11 @@ class ChatHandler:
                 or request.headers.get("x-request-id")
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
-            streams = [self.engine.generate(r) for r in to_text_requests(body, request_id, adapter)]
+            traced = tuple((answer.trace_headers or {}).items())
+            streams = [
+                self.engine.generate(r)
+                for r in to_text_requests(body, request_id, adapter, trace_headers=traced)
+            ]
             try:
                 # All choices enter the engine together (one batch), and any
                 # validation error surfaces here, before a status is sent.

@@ -29,6 +29,7 @@ from inferd.engines.base import EngineOptions, ServingDefaults
 from inferd.engines.factory import ENGINE_NAMES
 from inferd.http import DEFAULT_MAX_BODY_BYTES
 from inferd.http_limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_S
+from inferd.tracing import NO_TRACING, TracingSettings
 from inferd.vocab import ModelKind
 
 # Paths a replica answers without the gateway's call key (see replica.auth).
@@ -116,6 +117,8 @@ class ReplicaSettings:
     # Extra `inferd replica` flags for every replica (operator's shell syntax),
     # e.g. "--engine fake" or "--cpu-kv-cache-gib 2".
     replica_args: str = ""
+    # Where the replicas send request traces (off: nowhere).
+    tracing: TracingSettings = NO_TRACING
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,9 @@ class ReplicaConfig:
     open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
     report_interval: float = 2.0
     orphan_timeout: float | None = None
+    # Faults injected into the heartbeats (tests of the registry's judgement only).
+    report_fault_delay_s: float = 0.0
+    report_fault_drop: float = 0.0
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
     # How often a ready replica asks its engine whether it still serves.
     health_interval: float = 1.0
@@ -157,6 +163,7 @@ class ReplicaConfig:
     models_dir: Path | None = None
     cache_dir: Path | None = None
     log_level: str = "info"
+    tracing: TracingSettings = NO_TRACING
 
 
 def config_for(
@@ -194,6 +201,7 @@ def config_for(
         drain_timeout=settings.drain_timeout_s,
         cache_dir=settings.cache_dir,
         log_level=settings.log_level,
+        tracing=settings.tracing,
     )
     config = config_from_argv(to_argv(base) + shlex.split(settings.replica_args), env={})
     settings_in_force = config.engine.settings.overridden_by(spec.engine_settings)
@@ -269,6 +277,10 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     argv += ["--report-interval", str(config.report_interval)]
     if config.orphan_timeout is not None:
         argv += ["--orphan-timeout", str(config.orphan_timeout)]
+    if config.report_fault_delay_s:
+        argv += ["--report-fault-delay-s", str(config.report_fault_delay_s)]
+    if config.report_fault_drop:
+        argv += ["--report-fault-drop", str(config.report_fault_drop)]
     argv += ["--drain-timeout", str(config.drain_timeout)]
     argv += ["--health-interval", str(config.health_interval)]
     argv += ["--max-body-bytes", str(config.max_body_bytes)]
@@ -281,6 +293,10 @@ def to_argv(config: ReplicaConfig) -> list[str]:
     if config.cache_dir is not None:
         argv += ["--cache-dir", str(config.cache_dir)]
     argv += ["--log-level", config.log_level]
+    if config.tracing.enabled:
+        argv += ["--otlp-endpoint", str(config.tracing.otlp_endpoint)]
+        argv += ["--otlp-protocol", config.tracing.protocol]
+        argv += ["--trace-sample-ratio", str(config.tracing.sample_ratio)]
     return argv
 
 
@@ -378,6 +394,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint-id", default=None, help=internal)
     parser.add_argument("--report-interval", type=float, default=2.0, help=internal)
     parser.add_argument("--orphan-timeout", type=float, default=None, help=internal)
+    parser.add_argument("--report-fault-delay-s", type=float, default=0.0, help=internal)
+    parser.add_argument("--report-fault-drop", type=float, default=0.0, help=internal)
     parser.add_argument(
         "--open-paths",
         default=",".join(DEFAULT_OPEN_PATHS),
@@ -422,6 +440,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where tiny models are built (default: ~/.cache/inferd)",
     )
     parser.add_argument("--log-level", default="info", help="critical|error|warning|info|debug")
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="OTLP collector for request traces (off when unset; inferd serve passes its own)",
+    )
+    parser.add_argument(
+        "--otlp-protocol",
+        default="http/protobuf",
+        choices=["http/protobuf", "grpc"],
+        help="how traces are sent to --otlp-endpoint",
+    )
+    parser.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=1.0,
+        help="share of requests traced (a caller's sampled traceparent is always followed)",
+    )
 
 
 def parse_engine_args(items: list[str]) -> dict[str, Any]:
@@ -491,6 +526,8 @@ def config_from_args(
         open_paths=tuple(p.strip() for p in args.open_paths.split(",") if p.strip()),
         report_interval=args.report_interval,
         orphan_timeout=args.orphan_timeout,
+        report_fault_delay_s=args.report_fault_delay_s,
+        report_fault_drop=args.report_fault_drop,
         drain_timeout=args.drain_timeout,
         health_interval=args.health_interval,
         max_body_bytes=args.max_body_bytes,
@@ -500,6 +537,7 @@ def config_from_args(
         models_dir=args.models_dir,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
+        tracing=TracingSettings(args.otlp_endpoint, args.otlp_protocol, args.trace_sample_ratio),
     )
 
 

@@ -68,7 +68,7 @@ class ImagesHandler:
         self.max_body_bytes = max_body_bytes
 
     async def handle(self, request: Request) -> Response:
-        with Answering(self.state, self.metrics, ROUTE) as answer:
+        with Answering(self.state, self.metrics, ROUTE, request) as answer:
             body = await read_model(request, ImageGenerationRequest, self.max_body_bytes)
             self.model.check(body.model)
             image_request = to_image_request(body, self.engine.info.default_size)

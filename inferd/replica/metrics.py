@@ -71,6 +71,8 @@ class ReplicaMetrics:
         waiting.set_function(lambda: engine.load().waiting)
         kv = Gauge("inferd_kv_cache_usage", "Fraction of the KV cache in use.", registry=r)
         kv.set_function(lambda: engine.load().kv_cache_usage or 0.0)
+        kv_tokens = Gauge("inferd_kv_cache_tokens", "Tokens the KV cache holds.", registry=r)
+        kv_tokens.set_function(lambda: engine.load().kv_cache_tokens or 0)
         queried = Gauge(
             "inferd_prefix_cache_queried_tokens",
             "Prompt tokens looked up in the prefix cache since start.",

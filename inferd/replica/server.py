@@ -23,6 +23,7 @@ from typing import Any, cast
 import uvicorn
 from starlette.types import ASGIApp
 
+from inferd import tracing
 from inferd.api.replica import ReplicaLoadReport, ReplicaReport, ReplicaUsageReport
 from inferd.engines.base import (
     ChatMessage,
@@ -43,8 +44,9 @@ from inferd.replica.auth import RequireCallKey, call_key
 from inferd.replica.chat import ServedModel
 from inferd.replica.config import ReplicaConfig, serving_defaults
 from inferd.replica.metrics import ReplicaMetrics
-from inferd.replica.reporter import StatusReporter
+from inferd.replica.reporter import ReportFaults, StatusReporter
 from inferd.replica.state import ReplicaState
+from inferd.tracing import RequestIdFormatter
 from inferd.vocab import ModelKind, ReplicaStatus
 
 logger = logging.getLogger("inferd.replica")
@@ -137,6 +139,7 @@ class ReplicaProcess:
                 running=load.running if load else 0,
                 waiting=load.waiting if load else 0,
                 kv_cache_usage=load.kv_cache_usage if load else None,
+                kv_cache_tokens=load.kv_cache_tokens if load else None,
                 prefix_cache_queries=load.prefix_cache_queries if load else 0,
                 prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries)
                 if load
@@ -162,6 +165,7 @@ class ReplicaProcess:
                 interval=config.report_interval,
                 orphan_timeout=config.orphan_timeout,
                 fallback_urls=config.registry_fallback_urls,
+                faults=ReportFaults(config.report_fault_delay_s, config.report_fault_drop),
             )
             self.state.on_change(self._reporter.notify)
             self._reporter.start()
@@ -375,6 +379,10 @@ def run_replica(config: ReplicaConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Lines logged while a request is answered name its request id.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(RequestIdFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    tracing.configure(config.tracing, "inferd-replica")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     # A replica is its own process group leader's child; make sure a SIGTERM
     # from the launcher reaches our handler, not a default inherited ignore.

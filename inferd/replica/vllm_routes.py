@@ -78,7 +78,7 @@ class VllmRouteHandler:
         return serving
 
     async def handle(self, request: Request) -> Response:
-        with Answering(self.state, self.metrics, self.route) as answer:
+        with Answering(self.state, self.metrics, self.route, request) as answer:
             body = parse_json_object(await read_body(request, self.max_body_bytes))
             requested = body.get("model")
             adapter = requested_adapter(request, requested if isinstance(requested, str) else None)

@@ -1,4 +1,6 @@
-"""What the server's access log leaves out: the replicas' own status reports.
+"""What the server's access log leaves out: the replicas' own status reports,
+and the gateway's requests (the gateway logs each itself, with its request
+id: `inferd.gateway.access`).
 
 Every replica reports every couple of seconds (`POST
 /internal/registry/replicas/{id}`); one
@@ -14,6 +16,7 @@ import logging
 from inferd.control.replicas.registry_api import REGISTRY_PATH
 
 REPORT_PATH_PREFIX = REGISTRY_PATH + "/replicas/"
+GATEWAY_PATH_PREFIX = "/endpoints/"
 
 
 class QuietReplicaReports(logging.Filter):
@@ -23,5 +26,7 @@ class QuietReplicaReports(logging.Filter):
         if not isinstance(args, tuple) or len(args) != 5:
             return True
         _, method, path, _, status = args
+        if str(path).startswith(GATEWAY_PATH_PREFIX):
+            return False
         is_report = method == "POST" and str(path).startswith(REPORT_PATH_PREFIX)
         return not (is_report and isinstance(status, int) and status < 400)

@@ -23,6 +23,8 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from inferd.catalog import Catalog
 from inferd.control.accounts.adapter_metering import AdapterCollector
+from inferd.control.endpoints.views import ReplicaViews
+from inferd.control.metrics.plane import PlaneCollector
 from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
@@ -84,6 +86,20 @@ def serving_routes(server: Server) -> list[BaseRoute]:
     metrics_registry = CollectorRegistry(auto_describe=True)
     metrics_registry.register(ReplicaCollector(server.registry))
     metrics_registry.register(AdapterCollector(server.accounts.adapters))
+    observers = [server.meter_feed.reported]
+    if server.tokens is not None and server.store_probe is not None:
+        service = server.service
+        metrics_registry.register(
+            PlaneCollector(
+                lambda: [e for i in service.endpoint_ids() if (e := service.find(i)) is not None],
+                ReplicaViews(server.registry, server.reconciler),
+                server.registry,
+                server.tokens,
+                server.store_probe,
+                lambda: server.coordination.term is not None,
+            )
+        )
+        observers.append(server.tokens.reported)
     gateway_metrics = server.gateway.metrics
 
     async def metrics(request: Request) -> Response:
@@ -92,7 +108,7 @@ def serving_routes(server: Server) -> list[BaseRoute]:
 
     return [
         *gateway_routes(server.gateway),
-        report_route(server.registry, [server.meter_feed.reported]),
+        report_route(server.registry, observers),
         Route("/metrics", metrics, methods=["GET"]),
     ]
 

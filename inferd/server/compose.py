@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd import tracing
 from inferd.catalog import Catalog, load_catalog
 from inferd.catalog.roots import ModelRoots
 from inferd.control.accounts.meter_feed import MeterFeed
@@ -71,6 +72,7 @@ from inferd.control.launchers.inventory import (
     parse_declared_gpu_types,
 )
 from inferd.control.launchers.local import LocalLauncher
+from inferd.control.metrics.plane import EndpointTokens, StoreProbe
 from inferd.control.metrics.series_feed import AnsweredRequests, SeriesSampler
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model_service import ModelService
@@ -192,6 +194,9 @@ class Server:
     coordination: Coordination
     # Follows the replicas other instances record (None: nobody else does).
     mirror: ReplicaMirror | None = None
+    # The control plane's own figures on /metrics (tokens per endpoint, the store's answer).
+    tokens: EndpointTokens | None = None
+    store_probe: StoreProbe | None = None
     # Plaintext of an admin key generated at the first start: print once.
     generated_admin_key: str | None = None
     # False: the management API alone (tests, benchmarks): no replica is
@@ -212,6 +217,8 @@ class Server:
         await self.accounts.start()
         await self.gateway.startup()
         self.sampler.start()
+        if self.store_probe is not None:
+            self.store_probe.start()
         if self.mirror is not None:
             self._followers.append(asyncio.ensure_future(self.mirror.follow()))
         self._followers.append(asyncio.ensure_future(self.registry.write_rows()))
@@ -225,6 +232,8 @@ class Server:
         running. A cluster of one ends with its instance: a clean stop
         leaves no replica running."""
         await self.sampler.stop()
+        if self.store_probe is not None:
+            await self.store_probe.stop()
         await self.coordination.stop()
         await self.gateway.shutdown()
         if self.coordination.ends_with_instance:
@@ -292,6 +301,9 @@ async def build(
     `AdminKeyError`, `CatalogError`, `LauncherUnavailable`."""
     if catalog is None:
         catalog = load_catalog(settings.models_dir, settings.configs_dir)
+    if settings.tracing.enabled or tracing.tracer().enabled:
+        # Before the gateway is built: it takes the process's tracer.
+        tracing.configure(settings.tracing, "inferd-gateway")
     if store is None:
         store = await asyncio.to_thread(open_store, settings.database_url)
     try:
@@ -311,6 +323,7 @@ async def build(
             health_period_s=health.health_period_s,
             failure_periods=health.failure_periods,
             start_timeout_s=health.start_timeout_s,
+            dead_after_s=health.dead_after_s,
             on_change=wakeup.ring,
             # The one writer of replica rows.
             rows=store,
@@ -435,6 +448,8 @@ async def build(
         leader_duties=LeaderDutySet([flag, replica_duty]),
         coordination=coordination,
         mirror=mirror,
+        tokens=EndpointTokens(registry),
+        store_probe=StoreProbe(store.schema_version),
     )
 
 

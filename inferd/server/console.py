@@ -32,6 +32,7 @@ class ReplicaLines:
                 kv_cache_usage=r.load.kv_cache_usage,
                 prefix_cache_queries=r.load.prefix_cache_queries,
                 prefix_cache_hits=r.load.prefix_cache_hits,
+                unresponsive_since=r.unresponsive_since_wall,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         ]

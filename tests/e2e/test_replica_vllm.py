@@ -204,6 +204,8 @@ def test_health_and_metrics(vllm_replica: ReplicaHandle) -> None:
         "inferd_kv_cache_usage",
     ):
         assert name in text
+    # The KV cache's size, reported so that gateways place prefixes by it.
+    assert metric(vllm_replica, "inferd_kv_cache_tokens") >= 1024
 
 
 def test_prefix_cache_hits_are_counted_and_reported(vllm_replica: ReplicaHandle) -> None:

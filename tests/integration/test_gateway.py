@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import signal
 import socket
@@ -289,6 +290,34 @@ def test_routes_pass_through(serve: Callable[..., GatewayServer]) -> None:
         )
         assert request_id.headers["x-request-id"] == "req-123"
         assert request_id.json()["id"] == "req-123"
+
+
+def test_every_answer_carries_a_request_id_that_the_logs_name(
+    serve: Callable[..., GatewayServer],
+    replicas: list[ReplicaHandle],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = serve(chat_replicas=[replica_of(replicas[0], "r-a")])
+    caplog.set_level(logging.INFO, logger="inferd.gateway.access")
+    with httpx.Client(timeout=30) as client:
+        made = client.post(gw.url() + CHAT, json=chat(), headers=auth())
+        # None sent: one is made, returned, and used by the replica.
+        request_id = made.headers["x-request-id"]
+        assert re.fullmatch(r"[0-9a-f]{32}", request_id), request_id
+        assert made.json()["id"] == request_id
+        # One that is not a plain token is replaced, not echoed.
+        odd = client.post(
+            gw.url() + CHAT, json=chat(), headers={**auth(), "x-request-id": "a b\tc"}
+        )
+        assert re.fullmatch(r"[0-9a-f]{32}", odd.headers["x-request-id"])
+        # Refused before any replica: still named.
+        refused = client.post(gw.url() + CHAT, json=chat(), headers={"x-request-id": "mine-1"})
+        assert refused.status_code == 401 and refused.headers["x-request-id"] == "mine-1"
+    lines = [r.getMessage() for r in caplog.records if r.name == "inferd.gateway.access"]
+    assert any(f"request_id={request_id}" in line and " 200 " in line for line in lines), lines
+    assert any("request_id=mine-1" in line and " 401 " in line for line in lines), lines
+    # The replica's log line for that request names it too.
+    wait_until(lambda: f"request_id={request_id}" in replicas[0].log(), 10)
 
 
 def test_lone_surrogate_in_model_is_a_client_error(serve: Callable[..., GatewayServer]) -> None:

@@ -165,3 +165,37 @@ def test_least_loaded_stays_available(policy: Policy) -> None:
     used = asyncio.run(scenario())
     # Least-loaded goes round-robin among idle replicas; prefix stays put.
     assert len(used) == (len(REPLICAS) if policy is Policy.LEAST_LOADED else 1)
+
+
+@pytest.mark.parametrize("place", [True, False])
+def test_prompts_are_split_by_what_each_cache_holds(place: bool) -> None:
+    """12 new conversations over 2 replicas, their turns alternating between
+    two gateways: with placement, 6 on each replica (hashing alone splits
+    these 12 prompts 7/5). While the 12 prompts arrive, placing a new one
+    may move one placed before (here 2 of 12 move once: a prefill each);
+    once all are known nothing moves, and the two gateways agree."""
+
+    async def scenario() -> list[dict[int, str]]:
+        upstream = RecordingUpstream()
+        shared = StaticDirectory()
+        shared.add_endpoint(EndpointRoute(EP, "chat", "m"), REPLICAS[:2])
+        settings = GatewaySettings(routing_place_prefixes=place)
+        clients = []
+        for _ in range(2):
+            gw = Gateway(shared, verifier_for({EP: TOKEN}), settings, upstream=upstream)  # type: ignore[arg-type]
+            app = Starlette(routes=gateway_routes(gw), exception_handlers=EXCEPTION_HANDLERS)
+            transport = httpx.ASGITransport(app)
+            clients.append(httpx.AsyncClient(transport=transport, base_url="http://gateway"))
+        turns: list[dict[int, str]] = []
+        for turn in range(4):
+            turns.append({})
+            for n in range(12):
+                await send(clients[(n + turn) % 2], conversation(n, 4)[turn])
+                turns[-1][n] = upstream.sent[-1]
+        return turns
+
+    first, *later = asyncio.run(scenario())
+    assert all(turn == later[0] for turn in later)
+    assert sum(first[n] != later[0][n] for n in first) <= (2 if place else 0)
+    split = sorted(list(later[0].values()).count(r.url) for r in REPLICAS[:2])
+    assert split == ([6, 6] if place else [5, 7])

@@ -54,8 +54,10 @@ def test_create_list_get_update_token_delete(
     assert "Access token (shown only this once" in out
     # The token just shown, as the README's $TOKEN, and the curl line using it.
     token = re.search(r"^  (infd_ep_\S+)$", out, re.M)
-    assert token is not None and f"  export TOKEN={token.group(1)}\n" in out
-    assert re.search(r"^  export URL=http://\S+/endpoints/[0-9a-f-]{36}$", out, re.M)
+    assert token is not None
+    assert re.search(
+        rf"^  export URL=http://\S+/endpoints/[0-9a-f-]{{36}} TOKEN={token.group(1)}$", out, re.M
+    )
     assert "curl $URL/openai/v1/chat/completions" in out and 'Bearer $TOKEN"' in out
     assert "<ACCESS_TOKEN>" not in out
 
@@ -220,3 +222,48 @@ def test_engine_settings_on_create_and_update(
         run(capsys, "update", "long", "--engine-settings", "maxModelLen=1024")
     code, out, _ = run(capsys, "create", "plain", "--model", "tiny-chat", "--min-replicas", "0")
     assert re.search(r"^engineSettings +server defaults$", out, re.M)
+
+
+def test_exports_under_a_prefix_paste_and_eval(
+    api: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second endpoint's exports need not be renamed by hand."""
+    code, out, _ = run(capsys, "create", "pics", "--model", "tiny-sdxl", "--env-prefix", "IMAGE_")
+    assert code == 0
+    line = re.search(r"^  (export IMAGE_URL=\S+ IMAGE_TOKEN=(infd_ep_\S+))$", out, re.M)
+    assert line is not None and "\n  " + line.group(2) + "\n" in out  # the token shown above
+    assert "curl $IMAGE_URL/v1/images/generations" in out and 'Bearer $IMAGE_TOKEN"' in out
+
+    # --env: stdout is the export line alone, for eval "$(...)".
+    code, out, err = run(capsys, "create", "search", "--model", "tiny-chat", "--env",
+                         "--env-prefix", "SEARCH_")  # fmt: skip
+    assert code == 0
+    (exported,) = out.splitlines()
+    assert re.fullmatch(r"export SEARCH_URL=http://\S+ SEARCH_TOKEN=infd_ep_\S+", exported)
+    assert "$SEARCH_TOKEN" in err
+    token = exported.split("SEARCH_TOKEN=")[1]
+    url = exported.split()[1].split("=", 1)[1]
+    assert api.get(f"{url}/openai/v1/models", headers={"Authorization": f"Bearer {token}"})
+
+    # `env`: the URL again; a token only as a new one (the old stops working).
+    code, out, _ = run(capsys, "env", "search", "--env-prefix", "SEARCH_")
+    assert (code, out) == (0, f"export SEARCH_URL={url}\n")
+    code, out, _ = run(capsys, "env", "search", "--new-token")
+    new = re.fullmatch(rf"export URL={re.escape(url)} TOKEN=(infd_ep_\S+)\n", out)
+    assert new is not None and new.group(1) != token
+
+    with pytest.raises(SystemExit):
+        main(["endpoints", "env", "search", "--env-prefix", "1-BAD"])
+    assert "letters, digits and _ only" in capsys.readouterr().err
+
+
+def test_wait_on_an_endpoint_at_zero_says_what_would_start_it(
+    api: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "create", "demo", "--model", "tiny-chat", "--min-replicas", "0",
+                       "--wait")  # fmt: skip
+    assert code == 0 and "scaled to zero; its first request starts a replica" in err
+    code, _, err = run(capsys, "wait", "demo", "--max-wait", "0")
+    assert code == 1
+    assert "demo             0 s  scaled to zero: a replica starts with the next request" in err
+    assert "not ready after 0 s (scaled to zero)" in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from inferd.testing import ServeHandle
+from tests.reliability.conftest import FAST_SERVE
 from tests.reliability.fault_support import (
     CHAT,
     Endpoint,
@@ -38,6 +40,8 @@ pytestmark = pytest.mark.timeout(120)
 
 HEALTH_PERIOD_S = 0.5
 HANG_HEALTH_PERIOD_S = 1.0
+HANG_DEAD_AFTER_S = 4.0
+LOST_REPORTS_DEAD_AFTER_S = 2.0
 STREAM_TOKENS = 1000  # 20 s at 20 ms a token: still running when the fault hits
 SLOW_TOKENS = 100  # 2 s
 
@@ -131,35 +135,71 @@ def test_replica_sigkilled_mid_request(serve_factory: Callable[..., ServeHandle]
     assert len(serve.replica_pids()) == 2
 
 
+def unresponsive(serve: ServeHandle, endpoint_id: str, replica_id: str) -> bool:
+    replicas = {r["id"]: r for r in serve.record(endpoint_id)["replicas"]}
+    return replica_id in replicas and replicas[replica_id]["unresponsiveSince"] is not None
+
+
 @pytest.mark.reliability(item=2)
-def test_replica_sigstopped_is_ejected_and_killed(
+def test_replica_sigstopped_is_routed_around_then_replaced(
     serve_factory: Callable[..., ServeHandle],
 ) -> None:
-    """SIGSTOP: the hung replica is ejected by the health check, its in-flight
-    requests end (a stream with an error event), its process is killed. How
-    soon (goal: two health periods) is measured by benchmarks/fault_timings.py."""
-    # A longer period than elsewhere, so that the measured ejection (a goal of
-    # benchmarks/fault_timings.py: two periods) stands clear of the fixed
-    # costs of the measurement (a report in transit, one reconcile tick).
-    serve = serve_factory(health_period_seconds=str(HANG_HEALTH_PERIOD_S))
+    """SIGSTOP: the hung replica is marked unresponsive and routed around
+    (new requests go to the survivor only), and only past the dead grace is
+    it ended: its in-flight requests end (a stream with an error event), its
+    process is killed, a replacement comes. How soon (goals: two health
+    periods, the grace) is measured by benchmarks/fault_timings.py."""
+    # A longer period than elsewhere, so that the measured routing-around (a
+    # goal of benchmarks/fault_timings.py: two periods) stands clear of the
+    # fixed costs of the measurement (a report in transit, one reconcile
+    # tick); a short grace, so that the test need not wait a minute.
+    serve = serve_factory(
+        health_period_seconds=str(HANG_HEALTH_PERIOD_S),
+        replica_dead_after_seconds=str(HANG_DEAD_AFTER_S),
+    )
     ep, urls = two_replicas(serve, "hang")
     with ThreadPoolExecutor(8) as pool:
-        victim, stream, plain, on_victim = load_the_victim(ep, urls, pool)
+        retries_before = gateway_counter(serve, "inferd_gateway_retries_total", ep.id)
+        victim, stream, plain, _ = load_the_victim(ep, urls, pool)
         survivor = next(rid for rid in urls if rid != victim)
         victim_pid = replica_pid(serve, victim)
         assert victim_pid is not None
+
+        # Every request admitted (the stream and the 4 others; finished ones
+        # counted first, so none twice), then what the victim holds: no
+        # request reaches it between this count and the stop.
+        def admitted() -> int:
+            done = sum(future.done() for future in plain)
+            return done + int(sum(metric(url, "inferd_engine_running") for url in urls.values()))
+
+        wait_until(lambda: admitted() == 1 + len(plain), HANG_S, what="every request admitted")
+        on_victim = int(metric(urls[victim], "inferd_engine_running")) - 1
         os.kill(victim_pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
-            # Ejected: out of the record's live replicas (the registry failed
-            # it), so out of routing.
-            ejected = wait_until(
+            routed_around = wait_until(
+                lambda: unresponsive(serve, ep.id, victim),
+                timeout=HANG_S,
+                interval=0.02,
+                what="the hung replica marked unresponsive",
+            )
+            record_timing("sigstop: routed around after the stop", routed_around)
+            # New requests go to the survivor only: one sent to the hung
+            # replica would be retried when it is ended (counted below).
+            assert asyncio.run(burst(ep, 20, 5)) == [200] * 20
+
+            # Ended only past the grace: out of the record, so out of routing.
+            wait_until(
                 lambda: victim not in {r["id"] for r in serve.record(ep.id)["replicas"]},
                 timeout=HANG_S,
                 interval=0.02,
-                what="the hung replica ejected",
+                what="the hung replica ended",
             )
-            record_timing("sigstop: ejected after the stop", ejected)
+            ended_after = time.monotonic() - stopped_at
+            record_timing("sigstop: ended after the stop", ended_after)
+            # Not at the mark (two periods): silence is counted from when it
+            # was last heard, up to about a period before the stop.
+            assert ended_after >= HANG_DEAD_AFTER_S / 2
 
             # Its stream ends with an error event; the non-streamed requests it
             # held had no byte yet: answered by the survivor. Nothing hangs.
@@ -173,6 +213,10 @@ def test_replica_sigstopped_is_ejected_and_killed(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim_pid, signal.SIGCONT)  # in case it was not killed
 
+    # Retried: what the victim held when it stopped (less any that ended just
+    # before the stop), none of the burst.
+    retried = gateway_counter(serve, "inferd_gateway_retries_total", ep.id) - retries_before
+    assert 1 <= retried <= on_victim
     # The hung process itself was killed (and reaped): no orphan.
     wait_until(lambda: not pid_alive(victim_pid), 5, what="the hung replica killed")
     record = serve.wait_record(ep.id, lambda r: len(ready_ids(r)) == 2, timeout=30)
@@ -181,6 +225,31 @@ def test_replica_sigstopped_is_ejected_and_killed(
         pid for rid in ready_ids(record) if (pid := replica_pid(serve, rid)) is not None
     )
     assert on_victim >= 1
+
+
+@pytest.mark.reliability(item=2)
+@pytest.mark.parametrize("fault", ["--report-fault-drop 1", "--report-fault-delay-s 3"])
+def test_a_replica_whose_reports_are_lost_but_serves_is_never_replaced(
+    serve_factory: Callable[..., ServeHandle], fault: str
+) -> None:
+    """Every heartbeat dropped, or each held past the failure periods, by
+    the reporter itself while the replicas serve: the registry probes them,
+    hears their answers, and ends none, for several times the grace."""
+    serve = serve_factory(
+        replica_args=f"{FAST_SERVE['replica_args']} {fault}",
+        replica_dead_after_seconds=str(LOST_REPORTS_DEAD_AFTER_S),
+    )
+    ep, urls = two_replicas(serve, "lost-reports")
+    pids = {rid: replica_pid(serve, rid) for rid in urls}
+    deadline = time.monotonic() + 4 * LOST_REPORTS_DEAD_AFTER_S
+    while time.monotonic() < deadline:  # traffic, and quiet spells between
+        assert asyncio.run(burst(ep, 10, 5)) == [200] * 10
+        time.sleep(LOST_REPORTS_DEAD_AFTER_S / 2)
+    record = serve.record(ep.id)
+    assert ready_ids(record) == set(urls), record
+    assert record["lastReplicaFailure"] is None, record
+    assert {rid: replica_pid(serve, rid) for rid in urls} == pids
+    assert not re.search(r"replica r-\w+ (of endpoint \S+ )?failed", serve.out_path.read_text())
 
 
 @pytest.mark.reliability(item=2)

@@ -17,7 +17,7 @@ from inferd.control.fakes import FakeLauncher, FakeLoad
 from inferd.control.model import Endpoint, ReplicaRecord
 from inferd.control.ports import ExitReason, ReplicaExit
 from inferd.control.replicas.reconciler import Reconciler, ReconcilerSettings
-from inferd.control.replicas.registry import Registry
+from inferd.control.replicas.registry import Registry, Replica
 from inferd.control.stores.memory import MemoryStore
 from inferd.replica.config import ModelSource
 from inferd.testing import replica_report
@@ -27,6 +27,22 @@ from inferd.vocab import ReplicaStatus as S
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 pytestmark = pytest.mark.anyio
+
+
+DEAD_AFTER_S = 10.0
+
+
+class FakeProbe:
+    """A health probe whose answers the test sets: the replicas in
+    `answering` answer, the others do not; every probe is counted."""
+
+    def __init__(self) -> None:
+        self.answering: set[str] = set()
+        self.probed: list[str] = []
+
+    async def __call__(self, replica: Replica) -> bool:
+        self.probed.append(replica.replica_id)
+        return replica.replica_id in self.answering
 
 
 class Clock:
@@ -58,12 +74,20 @@ class World:
         self.launcher = FakeLauncher(slots)
         self.traffic = FakeLoad()
         self.records = MemoryStore()
+        self.probe = FakeProbe()
         self.registry = self.new_registry()
         self.reconciler = self.new_reconciler()
 
     def new_registry(self) -> Registry:
-        """Writes the replica rows to `records`."""
-        return Registry(clock=self.clock, health_period_s=1, failure_periods=3, rows=self.records)
+        """Writes the replica rows to `records`. Unresponsive after 3 s of
+        silence, taken for dead after DEAD_AFTER_S."""
+        return Registry(
+            clock=self.clock,
+            health_period_s=1,
+            failure_periods=3,
+            dead_after_s=DEAD_AFTER_S,
+            rows=self.records,
+        )
 
     def new_reconciler(self) -> Reconciler:
         return Reconciler(
@@ -77,6 +101,7 @@ class World:
                 target_concurrency=4, upscale_delay_s=2, downscale_delay_s=10
             ),
             clock=self.clock,
+            probe=self.probe,
         )
 
     async def endpoints(self) -> list[Endpoint]:
@@ -98,14 +123,19 @@ class World:
             assert exited is not None
             await self.reconciler.replica_exited(exited)
 
-    async def tick(self, advance: float = 0.0, heartbeat: bool = True) -> None:
+    async def tick(
+        self, advance: float = 0.0, heartbeat: bool = True, silent: frozenset[str] = frozenset()
+    ) -> None:
         """Advance the clock; replicas that reported before report again
-        (their heartbeat), unless `heartbeat` is False."""
+        (their heartbeat), unless `heartbeat` is False or they are `silent`;
+        the health probes the pass starts are answered before it returns."""
         self.clock.now += advance
         await self.settle()
         if heartbeat:
             for replica in self.registry.all():
                 alive = replica.replica_id in self.launcher.alive
+                if replica.replica_id in silent:
+                    continue
                 if alive and replica.last_report_at is not None:
                     self.registry.report(
                         replica.replica_id,
@@ -115,6 +145,7 @@ class World:
                         ),
                     )
         await self.reconciler.tick()
+        await self.reconciler.prober.settle()
 
     def live(self) -> list[str]:
         return [r.replica_id for r in self.registry.of_endpoint("e1") if r.live]
@@ -250,16 +281,70 @@ async def test_replicas_lost_while_serving_are_replaced_at_once_and_not_failed()
     assert len(w.launcher.launched) == 5
 
 
-async def test_a_silent_replica_is_failed_killed_and_its_requests_aborted() -> None:
+async def test_a_silent_replica_is_routed_around_then_replaced_then_ended() -> None:
+    """Silent but its process alive: unresponsive (not killed) after the
+    failure periods; past the grace, the endpoint's last ready replica is
+    kept and a replacement launched beside it; once that is ready, the
+    silent one is ended (killed, its requests aborted)."""
     w = await World(endpoint(min_replicas=1)).open()
     await w.tick()
     w.report_all()
     (rid,) = w.live()
     await w.tick(3.5, heartbeat=False)
+    replica = w.registry.get(rid)
+    assert replica is not None and replica.unresponsive and replica.status is S.READY
+    assert rid in w.probe.probed  # asked directly
+    assert w.launcher.killed == [] and len(w.launcher.launched) == 1
+    await w.tick(DEAD_AFTER_S - 3, heartbeat=False)  # past the grace
+    assert w.launcher.killed == []  # the last ready one: kept
+    assert len(w.launcher.launched) == 2  # ... and replaced beside it
+    new = next(r for r in w.live() if r != rid)
+    w.registry.report(
+        new,
+        w.launcher.alive[new].secret,
+        replica_report(new, {"status": "ready", "url": "http://127.0.0.1/new"}),
+    )
+    await w.tick(1, silent=frozenset({rid}))
     assert w.launcher.killed == [rid]
     assert rid in w.traffic.aborted
-    await w.tick(1.1)
+    assert w.live() == [new]
     assert len(w.launcher.launched) == 2
+
+
+async def test_a_silent_replica_that_answers_its_probe_is_never_ended() -> None:
+    w = await World(endpoint(min_replicas=2)).open()
+    await w.tick()
+    w.report_all()
+    first, _ = w.live()
+    w.probe.answering.add(first)
+    for _ in range(4 * int(DEAD_AFTER_S)):
+        await w.tick(1, silent=frozenset({first}))
+        replica = w.registry.get(first)
+        assert replica is not None and not replica.unresponsive
+    assert w.launcher.killed == [] and len(w.launcher.launched) == 2
+    assert w.statuses() == ["ready", "ready"]
+
+
+async def test_replicas_all_silent_are_ended_a_bounded_share_at_a_time() -> None:
+    """Three replicas go silent at once (their node is overloaded, say):
+    at most a third of them is ended per window, never the last ready one."""
+    w = await World(endpoint(min_replicas=3), slots=3).open()
+    await w.tick()
+    w.report_all()
+    silent = frozenset(w.live())
+    assert len(silent) == 3
+    await w.tick(DEAD_AFTER_S + 1, silent=silent)
+    assert len(w.launcher.killed) == 1
+    for _ in range(30):  # the rest of the window: nothing more is ended
+        await w.tick(5, silent=silent)
+        assert len(w.launcher.killed) == 1
+    # Past the window, one more; the last ready one never.
+    await w.tick(ReconcilerSettings().silent_end_window_s, silent=silent)
+    assert len(w.launcher.killed) == 2
+    await w.tick(ReconcilerSettings().silent_end_window_s, silent=silent)
+    assert len(w.launcher.killed) == 2
+    (last,) = (rid for rid in silent if rid not in w.launcher.killed)
+    assert w.registry.get(last).status is S.READY  # type: ignore[union-attr]
 
 
 async def test_no_capacity_is_reported_not_retried_blindly() -> None:
@@ -562,3 +647,29 @@ async def test_endpoints_that_move_with_the_clock_are_swept_and_all_are_resynced
     w.reconciler.start()
     await until(lambda: looks.seen.count("idle0") >= 2, turns=100_000)
     await w.reconciler.stop()
+
+
+async def test_adopted_replicas_are_judged_only_after_a_grace_of_their_own() -> None:
+    """A new leader adopts first and judges later: an adopted replica that
+    has not reported to it yet is silent since its adoption, not since its
+    last report to the old leader; a probe answer keeps it; silence past
+    the grace of its own ends it (one of two: the share allows one)."""
+    w = await World(endpoint(min_replicas=2)).open()
+    await w.tick()
+    w.report_all()
+    await w.tick()
+    adopted = frozenset(w.live())
+    records = list((await w.stored()).values())
+    w.clock.now += 1000  # the old leader's last word is long past
+    w.registry = w.new_registry()
+    w.reconciler = w.new_reconciler()
+    assert set(await w.reconciler.adopt(records, w.rows)) == adopted
+    await w.tick(DEAD_AFTER_S - 1, silent=adopted)
+    assert w.launcher.killed == []
+    first, second = sorted(adopted)
+    w.probe.answering.add(first)
+    await w.tick(0.5, silent=adopted)  # probed: the first answers
+    assert w.launcher.killed == []
+    await w.tick(1.5, silent=adopted)
+    assert w.launcher.killed == [second]
+    assert first in w.live()

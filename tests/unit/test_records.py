@@ -110,6 +110,7 @@ def test_record_has_every_spec_field_typed() -> None:
             "engine": None,
             "node": None,
             "adapters": [],
+            "unresponsiveSince": None,
         }
     ]
     assert record["status"] == "running"

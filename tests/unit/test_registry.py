@@ -10,7 +10,6 @@ import pytest
 
 from inferd.control.replicas.registry import (
     LOADING_SILENCE_FACTOR,
-    LOADING_SILENCE_FLOOR_S,
     Registry,
     Replica,
     ReportRejected,
@@ -30,13 +29,9 @@ class Clock:
 
 def make(clock: Clock, **kwargs: Any) -> tuple[Registry, list[str]]:
     changes: list[str] = []
+    kwargs = {"start_timeout_s": 60.0, **kwargs}
     registry = Registry(
-        clock=clock,
-        health_period_s=1.0,
-        failure_periods=3,
-        start_timeout_s=60.0,
-        on_change=changes.append,
-        **kwargs,
+        clock=clock, health_period_s=1.0, failure_periods=3, on_change=changes.append, **kwargs
     )
     return registry, changes
 
@@ -101,22 +96,99 @@ def test_a_failed_replica_is_told_it_is_gone() -> None:
     assert info.value.status == 410
 
 
-def test_silence_fails_a_ready_replica_after_the_failure_periods() -> None:
+def test_silence_makes_a_ready_replica_unresponsive_not_failed() -> None:
+    """Silence past the failure periods: `unresponsive` (shown, counted),
+    never failed by the registry; past the dead grace: overdue, still not
+    failed here (the reconciler decides)."""
     clock = Clock()
-    registry, _ = make(clock)
+    registry, changes = make(clock, dead_after_s=20.0)
     registry.add(replica())
     report(registry, "ready")
     clock.now += 2.9
-    assert registry.check_liveness() == []
+    assert registry.check_liveness().overdue == []
+    assert not registry.get("r1").unresponsive  # type: ignore[union-attr]
     clock.now += 0.2
-    (failed,) = registry.check_liveness()
-    assert failed.status is S.FAILED and "stopped reporting" in (failed.reason or "")
-    assert registry.ready_replicas("e1") == []
+    changes.clear()
+    findings = registry.check_liveness()
+    assert findings.failed == [] and findings.overdue == []
+    silent = registry.get("r1")
+    assert silent is not None and silent.unresponsive and silent.status is S.READY
+    assert silent.unresponsive_since_wall
+    assert changes == ["e1"]  # the record and the reconciler hear of it
+    # The only replica of its endpoint: still routed to.
+    assert [r.replica_id for r in registry.ready_replicas("e1")] == ["r1"]
+    clock.now += 17.0  # 20.1 s silent
+    (overdue,) = registry.check_liveness().overdue
+    assert overdue.replica_id == "r1" and overdue.status is S.READY
+    ended = registry.end_silent("r1")
+    assert ended is not None and ended.status is S.FAILED
+    assert "20s" in (ended.reason or "") and "health-probe" in (ended.reason or "")
+
+
+def test_an_unresponsive_replica_is_routed_around_while_another_is_ready() -> None:
+    clock = Clock()
+    registry, _ = make(clock)
+    registry.add(replica("r1"))
+    registry.add(replica("r2"))
+    report(registry, "ready", "r1")
+    report(registry, "ready", "r2")
+    clock.now += 3.5
+    report(registry, "ready", "r2")
+    registry.check_liveness()
+    assert [r.replica_id for r in registry.ready_replicas("e1")] == ["r2"]
+    # Both unresponsive: both routed to again (slow answers beat none).
+    clock.now += 3.5
+    registry.check_liveness()
+    assert {r.replica_id for r in registry.ready_replicas("e1")} == {"r1", "r2"}
+
+
+@pytest.mark.parametrize("how", ["report", "answer", "probe"])
+def test_an_unresponsive_replica_comes_back_as_soon_as_it_is_heard(how: str) -> None:
+    clock = Clock()
+    registry, changes = make(clock)
+    registry.add(replica("r1"))
+    registry.add(replica("r2"))
+    report(registry, "ready", "r1")
+    report(registry, "ready", "r2")
+    clock.now += 3.5
+    report(registry, "ready", "r2")
+    registry.check_liveness()
+    assert registry.get("r1").unresponsive  # type: ignore[union-attr]
+    changes.clear()
+    if how == "report":
+        report(registry, "ready", "r1")
+    elif how == "answer":
+        registry.report_answered("r1")
+    else:
+        registry.probe_answered("r1")
+    assert not registry.get("r1").unresponsive  # type: ignore[union-attr]
+    assert changes == ["e1"]
+    assert {r.replica_id for r in registry.ready_replicas("e1")} == {"r1", "r2"}
+
+
+def test_a_report_from_a_stalled_serving_loop_says_alive_not_serving() -> None:
+    """Reports come from their own thread: one that says the serving loop
+    has not answered for longer than the failure periods keeps the process
+    known to live but does not count as serving."""
+    clock = Clock()
+    registry, _ = make(clock, dead_after_s=20.0)
+    registry.add(replica())
+    report(registry, "ready")
+    for beat in range(1, 11):
+        clock.now += 2.0
+        report(registry, "ready", loopStalledS=2.0 * beat)
+        registry.check_liveness()
+    assert registry.get("r1").unresponsive  # type: ignore[union-attr]
+    clock.now += 2.5  # 20.5 s since the last beat whose loop answered in time
+    assert [r.replica_id for r in registry.check_liveness().overdue] == ["r1"]
+    # A short stall (under the failure periods) is a late loop, not a hung one.
+    report(registry, "ready", loopStalledS=0.5)
+    assert not registry.get("r1").unresponsive  # type: ignore[union-attr]
+    assert registry.check_liveness().overdue == []
 
 
 def test_a_replica_that_answers_is_alive_though_its_reports_are_late() -> None:
-    """Its engine can starve its report loop of CPU: answers the gateway
-    relayed count as signs of life; silence in both fails it as before."""
+    """Answers the gateway relayed count as signs of life."""
     clock = Clock()
     registry, _ = make(clock)
     registry.add(replica())
@@ -124,12 +196,23 @@ def test_a_replica_that_answers_is_alive_though_its_reports_are_late() -> None:
     for _ in range(5):  # no report for 10 s, but an answer every 2 s
         clock.now += 2.0
         registry.report_answered("r1")
-        assert registry.check_liveness() == []
-    clock.now += 3.1
-    (failed,) = registry.check_liveness()
-    assert "stopped reporting" in (failed.reason or "")
+        registry.check_liveness()
+        assert not registry.get("r1").unresponsive  # type: ignore[union-attr]
     registry.report_answered("gone-replica")  # an unknown id is not remembered
     assert "gone-replica" not in registry._answered_at
+
+
+def test_quiet_replicas_are_the_ones_to_probe() -> None:
+    clock = Clock()
+    registry, _ = make(clock)
+    registry.add(replica("r1"))
+    registry.add(replica("r2"))
+    registry.add(replica("r3"))  # no URL yet: nothing to probe
+    report(registry, "ready", "r1")
+    report(registry, "loading", "r2")
+    clock.now += 1.5
+    report(registry, "ready", "r1")
+    assert [r.replica_id for r in registry.quiet()] == ["r2"]
 
 
 def test_a_loading_replica_gets_the_start_timeout_only_while_it_reports() -> None:
@@ -137,30 +220,32 @@ def test_a_loading_replica_gets_the_start_timeout_only_while_it_reports() -> Non
     registry, _ = make(clock)
     registry.add(replica())
     clock.now += 30  # no report yet: within the start timeout
-    assert registry.check_liveness() == []
+    assert registry.check_liveness().failed == []
     report(registry, "loading")
     for _ in range(20):  # reporting while loading: fine until the start timeout
         clock.now += 1
         report(registry, "loading")
-        assert registry.check_liveness() == []
+        findings = registry.check_liveness()
+        assert findings.failed == [] and findings.overdue == []
     clock.now += 11
-    (failed,) = registry.check_liveness()
-    assert "while loading" in (failed.reason or "") or "not ready" in (failed.reason or "")
+    (failed,) = registry.check_liveness().failed
+    assert "not ready after 60s" in (failed.reason or "")
 
 
-def test_a_loading_replica_is_failed_for_silence_only_later_than_a_ready_one() -> None:
+def test_a_loading_replica_is_overdue_only_later_than_a_ready_one() -> None:
     clock = Clock()
-    registry, _ = make(clock)
+    registry, _ = make(clock, start_timeout_s=900.0, dead_after_s=20.0)
     registry.add(replica())
     report(registry, "loading")
-    clock.now += 3.1  # would fail a ready replica (3 periods of 1 s)
-    assert registry.check_liveness() == []
-    limit = max(3 * LOADING_SILENCE_FACTOR, LOADING_SILENCE_FLOOR_S)
-    clock.now += limit - 3.1 - 0.2  # just short of the loading limit
-    assert registry.check_liveness() == []
+    clock.now += 20.5  # would make a ready replica overdue
+    assert registry.check_liveness().overdue == []
+    assert not registry.get("r1").unresponsive  # type: ignore[union-attr]
+    clock.now += 20 * LOADING_SILENCE_FACTOR - 20.5 - 0.2  # just short of the loading grace
+    assert registry.check_liveness().overdue == []
     clock.now += 0.3
-    (failed,) = registry.check_liveness()
-    assert "no report for" in (failed.reason or "") and "while loading" in (failed.reason or "")
+    (overdue,) = registry.check_liveness().overdue
+    assert overdue.status is S.LOADING
+    assert "while loading" in (registry.end_silent("r1").reason or "")  # type: ignore[union-attr]
 
 
 def test_unreachable_leaves_routing_until_the_next_report() -> None:
@@ -273,7 +358,7 @@ def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
     registry, _ = make(Clock())
     registry.add(replica("r1"))
     registry.add(replica("r2"))
-    load = {"waiting": 3, "kvCacheUsage": 0.5, "prefixCacheQueries": 1000,
+    load = {"waiting": 3, "kvCacheUsage": 0.5, "kvCacheTokens": 12288, "prefixCacheQueries": 1000,
             "prefixCacheHits": 750, "adapters": ["sql", "chat-fr"]}  # fmt: skip
     report(registry, "ready", "r1", load=load)
     report(registry, "ready", "r2", load={"prefixCacheQueries": 1000, "prefixCacheHits": 250})
@@ -282,6 +367,8 @@ def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
     by_id = {r.replica_id: r for r in registry.ready_replicas("e1")}
     assert by_id["r1"].adapters == {"sql", "chat-fr"} and by_id["r1"].reported_waiting == 3
     assert by_id["r2"].adapters == frozenset()
+    # The gateway places prompt prefixes by each replica's KV-cache size.
+    assert (by_id["r1"].kv_cache_tokens, by_id["r2"].kv_cache_tokens) == (12288, None)
     metrics = CollectorRegistry()
     metrics.register(ReplicaCollector(registry))
     text = generate_latest(metrics).decode()
@@ -299,6 +386,8 @@ def test_engine_figures_reach_the_registry_routing_and_metrics() -> None:
         {"adapters": "sql"},
         {"adapters": ["x" * 201]},
         {"adapters": [str(i) for i in range(257)]},
+        {"kvCacheTokens": 0},
+        {"kvCacheTokens": "lots"},
     ],
 )
 def test_bad_engine_figures_are_refused(load: dict[str, Any]) -> None:

@@ -72,6 +72,22 @@ CASES = [
      {"c": 3}, (), Affinity(ABC, adapter="sql"), "a", Reason.HOME),
     ("adapter nobody holds: anyone", ABC3, {}, (), Affinity(ABC, adapter="sql"), "a",
      Reason.HOME),
+    # A placement (by what each cache holds) comes before everything else.
+    ("placed replica first", ABC3, {}, (), Affinity(ABC, placed_on="c"), "c", Reason.HOME),
+    ("placed before cached", ABC3, {}, (), Affinity(ABC, cached_on="b", placed_on="c"), "c",
+     Reason.HOME),
+    ("placed over the bound: cached", ABC3, {"c": 2}, (),
+     Affinity(ABC, cached_on="b", placed_on="c"), "b", Reason.CACHED),
+    ("placed over the bound: spilled in order", ABC3, {"c": 2}, (),
+     Affinity(ABC, placed_on="c"), "a", Reason.SPILLED),
+    ("placed replica gone: rendezvous home", ABC3, {}, (), Affinity(ABC, placed_on="dead"),
+     "a", Reason.HOME),
+    ("placed replica tried: rendezvous home", ABC3, {}, ("c",), Affinity(ABC, placed_on="c"),
+     "a", Reason.HOME),
+    ("placement ignored without a prefix", ABC3, {"a": 1, "c": 1}, (),
+     Affinity(None, placed_on="c"), "b", Reason.LEAST_LOADED),
+    ("adapter holder beats the placement", [r("a"), r("b"), r("c", adapters=("sql",))], {}, (),
+     Affinity(ABC, adapter="sql", placed_on="a"), "c", Reason.HOME),
     ("adapter without prefix: least-loaded holder",
      [r("a"), r("b", adapters=("sql",)), r("c", adapters=("sql",))], {"b": 1}, (),
      Affinity(None, adapter="sql"), "c", Reason.LEAST_LOADED),
@@ -218,6 +234,22 @@ def test_colliding_prefixes_cannot_pin_all_traffic() -> None:
     load = _place(replicas, [Affinity(ABC, cached_on="a") for _ in range(300)])
     assert max(load.values()) <= load_bound(299, 3, 1.25, DEFAULT_MIN_LOAD_BOUND)
     assert min(load.values()) > 0
+
+
+def test_a_placed_hot_prefix_cannot_pin_all_traffic() -> None:
+    """The placement gives one hot prefix (or colliding keys: one key) one
+    replica; the load bound still spills it over the others."""
+    from inferd.gateway.placement import PlacementSettings, PrefixPlacement
+
+    replicas = [r(f"r{i}") for i in range(4)]
+    placement = PrefixPlacement(PlacementSettings())
+    placed = {placement.place(ABC, 24, replicas, now=float(i)) for i in range(400)}
+    assert len(placed) == 1 and len(placement) == 1
+    (home,) = placed
+    load = _place(replicas, [Affinity(ABC, cached_on="r0", placed_on=home) for _ in range(400)])
+    assert sum(load.values()) == 400
+    assert max(load.values()) <= load_bound(399, 4, 1.25, DEFAULT_MIN_LOAD_BOUND)
+    assert len(load) == 4
 
 
 def test_distinct_conversations_spread_evenly() -> None:

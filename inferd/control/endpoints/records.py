@@ -34,6 +34,8 @@ class ReplicaView:
     node: str | None = None  # where it runs, as its launcher names it
     # LoRA adapters its engine holds now (sorted), as it last reported.
     adapters: tuple[str, ...] = ()
+    # RFC 3339 time since which it has not been heard to serve (None: it is).
+    unresponsive_since: str | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,7 @@ def build_record(
                 "engine": r.engine,
                 "node": r.node,
                 "adapters": list(r.adapters),
+                "unresponsiveSince": r.unresponsive_since,
             }
             for r in current
         ],

@@ -42,6 +42,7 @@ class ReplicaViews:
                 engine=r.engine,
                 node=r.handle.node if r.handle is not None else None,
                 adapters=tuple(sorted(r.load.adapters)),
+                unresponsive_since=r.unresponsive_since_wall,
             )
             for r in self._registry.of_endpoint(endpoint_id)
         )

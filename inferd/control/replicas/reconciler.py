@@ -5,7 +5,8 @@ it looks at the endpoints that changed, and only those: a per-endpoint work
 queue, as Kubernetes controllers keep. Every `period_s` it also looks at the
 endpoints whose decisions move with the clock (those with replicas, load,
 a scaling decision or a failure pending), and every `resync_s` at all of
-them. Each look fails replicas that went quiet, asks the autoscaler how many
+them. Each look judges the replicas that went quiet (`liveness`: probed,
+and ended only past a long grace, within bounds), asks the autoscaler how many
 replicas the endpoint wants, and applies the difference through the
 launcher: launch, or drain-then-stop. Replica ends arrive from
 the launcher's `exits()` as they happen. The launcher, registry, load source
@@ -61,6 +62,14 @@ from inferd.control.replicas.autoscaler import (
     ScalerState,
     ScalingSettings,
     decide,
+)
+from inferd.control.replicas.liveness import (
+    EndingBounds,
+    EndingBudget,
+    HealthProbe,
+    HttpHealthProbe,
+    Prober,
+    choose_endings,
 )
 from inferd.control.replicas.registry import Registry, Replica, secret_digest
 from inferd.control.replicas.scale_events import ScaleCause, ScaleJournal
@@ -123,6 +132,10 @@ class ReconcilerSettings:
     downscale_delay_s: float = DOWNSCALE_DELAY_S
     target_kv_cache_usage: float | None = TARGET_KV_CACHE_USAGE
     target_engine_waiting: float | None = TARGET_ENGINE_WAITING
+    # Replicas silent past the registry's grace are ended at most this share
+    # of an endpoint's (at least one) per window, never the last ready one.
+    silent_end_max_share: float = EndingBounds.max_share
+    silent_end_window_s: float = EndingBounds.window_s
 
 
 def _mean_kv_cache_usage(ready: Sequence[Replica]) -> float | None:
@@ -168,11 +181,13 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         journal: ScaleJournal | None = None,
         replica_cap: ReplicaCap | None = None,
+        probe: HealthProbe | None = None,
     ) -> None:
         """`endpoints`: every endpoint as stored now (read each tick, so any
         control plane's writes count); `models`: a catalog model name
         resolved for a replica; `wakeup`: rung by whatever should make the
-        reconciler act at once (the registry shares it)."""
+        reconciler act at once (the registry shares it); `probe`: how a quiet
+        replica is asked whether it is alive (its `/health` by default)."""
         self.registry = registry
         self.launcher = launcher
         self.load = load
@@ -184,6 +199,14 @@ class Reconciler:
         # Every change of desired replicas, with its cause (the console's timeline).
         self.journal = journal or ScaleJournal()
         self.replica_cap = replica_cap
+        self.prober = Prober(registry, probe or HttpHealthProbe())
+        self._budget = EndingBudget(
+            EndingBounds(settings.silent_end_max_share, settings.silent_end_window_s), clock
+        )
+        # Replicas silent past the grace: replaced (not counted as the
+        # endpoint's), and ended as the bounds allow; with why each was kept.
+        self._overdue: set[str] = set()
+        self._kept: dict[str, str] = {}
         self._plans: dict[str, _Plan] = {}
         self._wake = wakeup or Wakeup()
         self._task: asyncio.Task[None] | None = None
@@ -238,6 +261,7 @@ class Reconciler:
             self._exit_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._exit_task
+        await self.prober.close()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -336,7 +360,26 @@ class Reconciler:
     async def tick(self, only: set[str] | None = None) -> None:
         """One pass over the endpoints `only` (None: every endpoint)."""
         async with self._tick_lock:
-            for replica in self.registry.check_liveness():
+            findings = self.registry.check_liveness()
+            self.prober.probe_quiet()
+            end, kept = choose_endings(findings.overdue, self.registry, self._budget)
+            self._overdue = {r.replica_id for r in findings.overdue}
+            for replica, why in kept:
+                if self._kept.get(replica.replica_id) != why:
+                    logger.warning(
+                        "replica %s of endpoint %s has been silent %.0fs; kept (%s) and "
+                        "replaced beside it",
+                        replica.replica_id,
+                        replica.endpoint_id,
+                        self.registry.silence(replica),
+                        why,
+                    )
+                self._kept[replica.replica_id] = why
+            for replica_id in list(self._kept):
+                if replica_id not in self._overdue:
+                    del self._kept[replica_id]
+            ended = [self.registry.end_silent(r.replica_id) for r in end]
+            for replica in [*findings.failed, *(r for r in ended if r is not None)]:
                 logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
                 await self._kill(replica.replica_id)
                 self.aborter.abort_replica(replica.replica_id, replica.reason or "replica failed")
@@ -533,7 +576,15 @@ class Reconciler:
                 await self.launcher.cannot_place(row.location_name, row.gpu_type, row.gpu_count),
             )
         replicas = self.registry.of_endpoint(row.id)
-        active = [r for r in replicas if r.live and r.status is not ReplicaStatus.DRAINING]
+        # One silent past the grace but kept is not counted: its replacement
+        # comes beside it.
+        active = [
+            r
+            for r in replicas
+            if r.live
+            and r.status is not ReplicaStatus.DRAINING
+            and r.replica_id not in self._overdue
+        ]
         ready = [r for r in active if r.status is ReplicaStatus.READY]
         plan.served.intersection_update(r.replica_id for r in replicas)
         plan.served.update(r.replica_id for r in ready)
@@ -698,6 +749,7 @@ class Reconciler:
 
     def _forget(self, endpoint_id: str) -> None:
         self._plans.pop(endpoint_id, None)
+        self._budget.forget(endpoint_id)
         self.journal.forget(endpoint_id)
         self._ended.pop(endpoint_id, None)
         self.load.forget(endpoint_id)

@@ -3,10 +3,17 @@
 Replicas push status and load (`report`); the reconciler adds replicas it
 launched, marks the ones it stops, and removes the ones whose process ended.
 The gateway reads it through `ReplicaDirectory` (with the endpoints, see
-`inferd.control.endpoints.views.EndpointDirectory`). A replica that stops
-reporting is failed after `failure_periods` health periods (or, while it
-loads, after `start_timeout_s`), which is how a hung (SIGSTOPped) replica is
-ejected without any probe from our side.
+`inferd.control.endpoints.views.EndpointDirectory`).
+
+Slow is not dead. A replica heard from neither by report, nor by an answer
+the gateway relayed, nor by a health probe for `failure_periods` health
+periods is marked `unresponsive`: out of routing while another replica of
+its endpoint is ready (still routed to when it is the only one), and back
+the moment it is heard again. Only silence past `dead_after_s` (longer
+while it loads) makes it `overdue`: a candidate for the reconciler to end,
+within the bounds of `inferd.control.replicas.liveness`. A replica whose
+process ended, or whose engine says it is dead, is failed at once by other
+paths (the launcher's exits, the replica's own report).
 
 Statuses set by the control plane are sticky: once a replica is `draining`
 or `failed` here, a late report that says `ready` does not bring it back
@@ -51,14 +58,12 @@ _FORWARD = {
     ReplicaStatus.STOPPED: 4,
     ReplicaStatus.FAILED: 4,
 }
-# A replica still coming up is failed for silence only after this many
-# times the silence that fails a ready one, and never before the floor:
-# loading an engine on a busy CPU can hold a replica's event loop for
-# seconds whatever the health period (5 s at a 0.5 s period was seen to fail
-# replicas that were loading normally), and a loading replica takes no
-# traffic, so waiting longer costs nothing but the time to notice a hang.
-LOADING_SILENCE_FACTOR = 5
-LOADING_SILENCE_FLOOR_S = 30.0
+# A replica still coming up is taken for dead only after this many times
+# the silence that would end a ready one: loading an engine on a busy CPU
+# can hold a replica's event loop for seconds whatever the health period,
+# and a loading replica takes no traffic, so waiting longer costs nothing
+# but the time to notice a hang.
+LOADING_SILENCE_FACTOR = 3
 # Statuses the control plane sets that a replica's own report cannot undo.
 _STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
 
@@ -77,6 +82,7 @@ class ReplicaLoad:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+    kv_cache_tokens: int | None = None
     # Prefix cache: prompt tokens looked up and found, since the replica started.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -109,6 +115,13 @@ class Replica:
     last_seq: int = -1  # of the last report applied
     # The gateway could not connect: out of routing until the next report.
     unreachable: bool = False
+    # When it was last heard to serve (a report from a loop that is not
+    # stalled, or a probe answer; answers the gateway relays are kept apart,
+    # on the request path), and since when it has not been (clock; None
+    # while it is heard).
+    heard_at: float | None = None
+    unresponsive_since: float | None = None
+    unresponsive_since_wall: str | None = None
     # Wall-clock times for the API (RFC 3339 text).
     created_wall: str = ""
     status_since_wall: str = ""
@@ -119,18 +132,41 @@ class Replica:
 
     @property
     def routable(self) -> bool:
+        """Ready and reachable. An unresponsive one still is: it is routed
+        to when no other routable replica of its endpoint is responsive."""
         return self.status is ReplicaStatus.READY and not self.unreachable and bool(self.url)
+
+    @property
+    def unresponsive(self) -> bool:
+        return self.unresponsive_since is not None
 
 
 @dataclass(frozen=True)
 class RegistrySettings:
-    # Replicas report this often; silence for `failure_periods` of them (or,
-    # while loading, `start_timeout_s` in all) fails a replica.
+    # Replicas report this often; silence for `failure_periods` of them
+    # makes a replica `unresponsive` (out of routing while another is ready).
     health_period_s: float = 2.0
     # 2: a hung replica is out of routing within two periods of its last
     # report, and one late report is still tolerated.
     failure_periods: int = 2
+    # Not ready this long after its launch: failed, however it reports.
     start_timeout_s: float = 900.0
+    # Silence (no report, answer or probe answer) this long, or
+    # LOADING_SILENCE_FACTOR times as long while loading, and a replica is
+    # taken for dead. Long: an overloaded replica answers late, not never,
+    # and ending it would turn a peak into an outage.
+    dead_after_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LivenessFindings:
+    """What one liveness sweep found."""
+
+    # Failed here now (not ready within the start timeout).
+    failed: list[Replica]
+    # Silent past the grace: dead unless the reconciler keeps them (the last
+    # ready one, or past the share it may end at a time).
+    overdue: list[Replica]
 
 
 class ReportRejected(Exception):
@@ -148,6 +184,7 @@ class Registry:
         health_period_s: float = RegistrySettings.health_period_s,
         failure_periods: int = RegistrySettings.failure_periods,
         start_timeout_s: float = RegistrySettings.start_timeout_s,
+        dead_after_s: float = RegistrySettings.dead_after_s,
         on_change: Callable[[str], None] | None = None,
         rows: ReplicaStore | None = None,
     ) -> None:
@@ -158,10 +195,11 @@ class Registry:
         self._health_period = health_period_s
         self._failure_periods = failure_periods
         self._start_timeout = start_timeout_s
+        self._dead_after = dead_after_s
         self._replicas: dict[str, Replica] = {}
         # When the gateway last relayed a 2xx from each replica: liveness
         # counts it like a report (a replica whose engine starves its report
-        # loop of CPU still serves, and failing it would cost a restart).
+        # loop of CPU still serves, and ending it would cost a restart).
         self._answered_at: dict[str, float] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
         # Called with an endpoint id when one of its replicas changed (the
@@ -180,6 +218,10 @@ class Registry:
         self._beat_at: dict[str, float] = {}
         self._write_lock = asyncio.Lock()
         self._behind = asyncio.Event()
+        # Replicas seen failed, and how many failed per endpoint since this
+        # instance started (`inferd_replica_failures` on /metrics).
+        self._seen_failed: set[str] = set()
+        self.failures: dict[str, int] = {}
 
     # -- replicas (fed by the reconciler) ---------------------------------------
 
@@ -225,6 +267,7 @@ class Registry:
     def forget(self, replica_id: str) -> Replica | None:
         """Forget a replica the store no longer holds (nothing to write)."""
         self._answered_at.pop(replica_id, None)
+        self._seen_failed.discard(replica_id)
         self._heard.discard(replica_id)
         self._beat_at.pop(replica_id, None)
         replica = self._replicas.pop(replica_id, None)
@@ -357,6 +400,8 @@ class Registry:
             return False  # crossed on the wire with a newer one
         reported = report.status
         now = self._clock()
+        stalled = report.loop_stalled_s
+        serving = stalled is None or stalled < self.silent_limit
         status: ReplicaStatus = replica.status
         reason = replica.reason
         # Forward only, and the control plane's own verdicts stand.
@@ -376,6 +421,7 @@ class Registry:
                 running=load.running,
                 waiting=load.waiting,
                 kv_cache_usage=load.kv_cache_usage,
+                kv_cache_tokens=load.kv_cache_tokens,
                 prefix_cache_queries=load.prefix_cache_queries,
                 prefix_cache_hits=min(load.prefix_cache_hits, load.prefix_cache_queries),
                 adapters=frozenset(load.adapters),
@@ -388,6 +434,11 @@ class Registry:
             last_seq=report.seq,
             last_report_at=now,
             unreachable=False,
+            # Sent from a thread of its own, a report says the process lives;
+            # it says the replica serves only if its serving loop answered.
+            heard_at=now if serving else replica.heard_at,
+            unresponsive_since=None if serving else replica.unresponsive_since,
+            unresponsive_since_wall=None if serving else replica.unresponsive_since_wall,
             status_since=replica.status_since if status == replica.status else now,
             status_since_wall=(
                 replica.status_since_wall if status == replica.status else self._wall()
@@ -409,7 +460,10 @@ class Registry:
                 f"ready at {updated.url}" if status is ReplicaStatus.READY else status.value,
                 f" ({reason})" if reason else "",
             )
-        if status != replica.status or replica.unreachable:
+        if replica.unresponsive and not updated.unresponsive:
+            logger.info("replica %s of endpoint %s reports again", replica_id, replica.endpoint_id)
+        back = replica.unresponsive != updated.unresponsive
+        if status != replica.status or replica.unreachable or back:
             self._changed(updated)
         return True
 
@@ -446,12 +500,16 @@ class Registry:
         elif status in ReplicaStatus.gone() and replica.status not in ReplicaStatus.gone():
             new_status, new_reason = status, reason or replica.reason
         changed = new_status != replica.status or (url is not None and url != replica.url)
+        changed = changed or (heard and replica.unresponsive)
         updated = replace(
             replica,
             status=new_status,
             reason=new_reason,
             url=url or replica.url,
             last_report_at=now if heard else replica.last_report_at,
+            heard_at=now if heard else replica.heard_at,
+            unresponsive_since=None if heard else replica.unresponsive_since,
+            unresponsive_since_wall=None if heard else replica.unresponsive_since_wall,
             status_since=replica.status_since if new_status == replica.status else now,
             status_since_wall=(
                 replica.status_since_wall if new_status == replica.status else self._wall()
@@ -461,46 +519,126 @@ class Registry:
         if changed:
             self._changed(updated)
 
-    def check_liveness(self) -> list[Replica]:
-        """Fail replicas that went quiet; returns the ones failed now."""
+    @property
+    def silent_limit(self) -> float:
+        """Silence after which a ready replica is `unresponsive`."""
+        return self._health_period * self._failure_periods
+
+    def last_heard(self, replica: Replica) -> float | None:
+        """When it was last heard to serve; None: a replica coming up that
+        was never heard (only the start timeout applies to it)."""
+        answered = self._answered_at.get(replica.replica_id, 0.0)
+        if replica.heard_at is None and replica.status in ReplicaStatus.coming_up():
+            return answered or None
+        return max(replica.heard_at or replica.status_since, answered)
+
+    def check_liveness(self) -> LivenessFindings:
+        """Mark the replicas that went quiet `unresponsive`, fail the ones
+        not ready within the start timeout, and return those silent past
+        the grace (`overdue`: the reconciler decides which to end)."""
         now = self._clock()
-        silent_limit = self._health_period * self._failure_periods
-        failed = []
+        failed: list[Replica] = []
+        overdue: list[Replica] = []
         for replica in list(self._replicas.values()):
-            if replica.status in ReplicaStatus.gone():
+            # A draining one is ended by its launcher past its drain grace.
+            if replica.status in ReplicaStatus.gone() or replica.status is ReplicaStatus.DRAINING:
                 continue
-            if replica.status in ReplicaStatus.coming_up():
-                # Loading can take minutes, but a replica that loads still
-                # reports; silence is failure here too, only later: loading
-                # an engine starves the replica's process of CPU (reports a
-                # period late are common), and it takes no traffic yet.
-                last = replica.last_report_at or replica.created_at
-                limit = (
-                    max(silent_limit * LOADING_SILENCE_FACTOR, LOADING_SILENCE_FLOOR_S)
-                    if replica.last_report_at
-                    else self._start_timeout
-                )
-                if now - last > limit or now - replica.created_at > self._start_timeout:
-                    why = (
-                        f"no report for {now - last:.1f}s while {replica.status.value}"
-                        if now - last > limit
-                        else f"not ready after {self._start_timeout:.0f}s"
-                    )
-                    failed.append(self._fail(replica, why))
+            coming_up = replica.status in ReplicaStatus.coming_up()
+            if coming_up and now - replica.created_at > self._start_timeout:
+                failed.append(self._fail(replica, f"not ready after {self._start_timeout:.0f}s"))
                 continue
-            last = max(
-                replica.last_report_at or replica.status_since,
-                self._answered_at.get(replica.replica_id, 0.0),
+            last = self.last_heard(replica)
+            if last is None:
+                continue
+            silent = now - last
+            if not coming_up and silent > self.silent_limit and not replica.unresponsive:
+                replica = self._mark_unresponsive(replica, now, silent)
+            limit = self._dead_after * (LOADING_SILENCE_FACTOR if coming_up else 1)
+            if silent > limit:
+                overdue.append(replica)
+        return LivenessFindings(failed, overdue)
+
+    def silence(self, replica: Replica) -> float:
+        """Seconds since it was last heard to serve (0 if never heard)."""
+        last = self.last_heard(replica)
+        return 0.0 if last is None else self._clock() - last
+
+    def end_silent(self, replica_id: str) -> Replica | None:
+        """Fail an overdue replica (the reconciler ends its process)."""
+        replica = self._replicas.get(replica_id)
+        if replica is None or not replica.live:
+            return replica
+        what = replica.status.value
+        return self._fail(
+            replica,
+            f"no report, answer or health-probe answer for {self.silence(replica):.0f}s "
+            f"while {what}",
+        )
+
+    def quiet(self, endpoint_id: str | None = None) -> list[Replica]:
+        """Live replicas with a URL not heard from for over a health period:
+        worth a direct health probe (a late report may only be late)."""
+        now = self._clock()
+        found = []
+        for replica in self._replicas.values():
+            if endpoint_id is not None and replica.endpoint_id != endpoint_id:
+                continue
+            if not replica.live or replica.status is ReplicaStatus.DRAINING or not replica.url:
+                continue
+            last = self.last_heard(replica)
+            if last is None or now - last > self._health_period:
+                found.append(replica)
+        return found
+
+    def probe_answered(self, replica_id: str) -> None:
+        """The replica answered a direct health probe: it serves."""
+        replica = self._replicas.get(replica_id)
+        if replica is not None and replica.live:
+            self._hear(replica, "answers its health probe again")
+
+    def _hear(self, replica: Replica, how: str) -> None:
+        updated = replace(
+            replica,
+            heard_at=self._clock(),
+            unresponsive_since=None,
+            unresponsive_since_wall=None,
+        )
+        self._replicas[replica.replica_id] = updated
+        if replica.unresponsive:
+            logger.info(
+                "replica %s of endpoint %s %s", replica.replica_id, replica.endpoint_id, how
             )
-            if now - last > silent_limit:
-                failed.append(self._fail(replica, f"stopped reporting ({now - last:.1f}s silent)"))
-        return failed
+            self._changed(updated)
+
+    def _mark_unresponsive(self, replica: Replica, now: float, silent: float) -> Replica:
+        updated = replace(replica, unresponsive_since=now, unresponsive_since_wall=self._wall())
+        self._replicas[replica.replica_id] = updated
+        others = [
+            r
+            for r in self._replicas.values()
+            if r.endpoint_id == replica.endpoint_id
+            and r.replica_id != replica.replica_id
+            and r.routable
+            and not r.unresponsive
+        ]
+        logger.warning(
+            "replica %s of endpoint %s unresponsive: nothing heard for %.1fs; %s, probing it",
+            replica.replica_id,
+            replica.endpoint_id,
+            silent,
+            "routing around it" if others else "still routed to (no other replica is ready)",
+        )
+        self._changed(updated)
+        return updated
 
     def _fail(self, replica: Replica, reason: str) -> Replica:
         self.set_status(replica.replica_id, ReplicaStatus.FAILED, reason)
         return self._replicas[replica.replica_id]
 
     def _changed(self, replica: Replica) -> None:
+        if replica.status is ReplicaStatus.FAILED and replica.replica_id not in self._seen_failed:
+            self._seen_failed.add(replica.replica_id)
+            self.failures[replica.endpoint_id] = self.failures.get(replica.endpoint_id, 0) + 1
         if replica.routable:
             event = self._ready_events.pop(replica.endpoint_id, None)
             if event is not None:
@@ -510,23 +648,33 @@ class Registry:
     # -- ReplicaDirectory (the gateway's view) ---------------------------------------
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
+        """The routable replicas, less the unresponsive ones while any other
+        is responsive (an endpoint whose replicas are all unresponsive is
+        still served: slow answers beat none)."""
+        routable = [
+            r for r in self._replicas.values() if r.endpoint_id == endpoint_id and r.routable
+        ]
+        responsive = [r for r in routable if not r.unresponsive]
         return [
             RoutableReplica(
                 r.replica_id,
                 r.url or "",
                 r.load.waiting,
                 r.load.adapters,
+                r.load.kv_cache_tokens,
                 call_key=r.secret_digest.hex(),
             )
-            for r in self._replicas.values()
-            if r.endpoint_id == endpoint_id and r.routable
+            for r in (responsive or routable)
         ]
 
     def report_answered(self, replica_id: str) -> None:
-        # Two dict operations: this is on every request's path. A replica
-        # removed while its last answer was relayed is not remembered.
-        if replica_id in self._replicas:
+        # A dict lookup and a write: this is on every request's path. A
+        # replica removed while its last answer was relayed is not remembered.
+        replica = self._replicas.get(replica_id)
+        if replica is not None:
             self._answered_at[replica_id] = self._clock()
+            if replica.unresponsive_since is not None and replica.live:
+                self._hear(replica, "answers requests again")
 
     def report_unreachable(self, replica_id: str, reason: str) -> None:
         replica = self._replicas.get(replica_id)

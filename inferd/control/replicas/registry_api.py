@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -42,7 +42,12 @@ def report_route(
         replica_id = request.path_params["replica_id"]
         try:
             registry.authenticate(replica_id, secret)
-            raw = await read_body(request, MAX_REPORT_BYTES)
+            try:
+                raw = await read_body(request, MAX_REPORT_BYTES)
+            except ClientDisconnect:
+                # The replica gave up on this report (its timeout); its next
+                # one carries the same news. Not an error of ours.
+                return Response(status_code=499)
             try:
                 parsed = ReplicaReport.model_validate_json(raw)
             except ValidationError as exc:
@@ -76,16 +81,28 @@ class ReplicaCollector(Collector):
         family = GaugeMetricFamily(
             "inferd_replicas", "Replicas by endpoint and status.", labels=["endpoint", "status"]
         )
+        unresponsive = GaugeMetricFamily(
+            "inferd_replicas_unresponsive",
+            "Ready replicas not heard to serve lately (routed around while another is ready).",
+            labels=["endpoint"],
+        )
         counts: dict[tuple[str, str], int] = {}
+        silent: dict[str, int] = {}
         engines: dict[str, EndpointEngines] = {}
         for replica in self._registry.all():
             key = (replica.endpoint_id, replica.status.value)
             counts[key] = counts.get(key, 0) + 1
+            if replica.live:
+                silent[replica.endpoint_id] = silent.get(replica.endpoint_id, 0) + (
+                    1 if replica.unresponsive else 0
+                )
             if replica.routable:
                 engines.setdefault(replica.endpoint_id, EndpointEngines()).add(replica.load)
         for (endpoint, status), count in sorted(counts.items()):
             family.add_metric([endpoint, status], count)
-        return [family, *engine_families(engines)]
+        for endpoint, count in sorted(silent.items()):
+            unresponsive.add_metric([endpoint], count)
+        return [family, unresponsive, *engine_families(engines)]
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []
