@@ -26,6 +26,10 @@ Parts:
   --skip-serve). "gateway cpu us/req" is then the whole server's CPU.
 - vllm: the same two on a real vLLM tiny-chat replica on the CPU (skipped
   where vLLM is missing, or with --skip-vllm).
+- `--migration-compare`: the fake and vLLM parts also run a pool gateway
+  with stream migration off, so that what migration costs with no fault
+  (keeping each stream's events, whole-event relaying) is side by side
+  with the default (on); goal: at most +20 us of gateway CPU per request.
 
 "gateway cpu us/req" is the gateway process's CPU time (user + system, from
 /proc) per request: unlike latency it barely moves with the load other
@@ -65,6 +69,7 @@ def serve_gateway(
     routing: str = "prefix",
     otlp_endpoint: str | None = None,
     trace_sample_ratio: float = 1.0,
+    migration: bool = True,
 ) -> None:
     import contextlib
     from collections.abc import AsyncIterator
@@ -91,7 +96,9 @@ def serve_gateway(
     directory.add_endpoint(
         EndpointRoute(ENDPOINT_ID, "chat", MODEL), [RoutableReplica("r-1", replica_url)]
     )
-    settings = GatewaySettings(max_in_flight_per_replica=256, routing_policy=Policy(routing))
+    settings = GatewaySettings(
+        max_in_flight_per_replica=256, routing_policy=Policy(routing), migration=migration
+    )
     client = HttpxUpstream() if upstream == "httpx" else None
     gateway = Gateway(directory, verifier_for({ENDPOINT_ID: token}), settings, upstream=client)
 
@@ -126,11 +133,13 @@ def start_gateway(
     upstream: str,
     routing: str = "prefix",
     tracing: tuple[str, float] | None = None,
+    migration: bool = True,
 ) -> tuple[Any, str]:
     port = free_port()
     command = [
         sys.executable, __file__, "--serve-gateway", "--replica-url", replica_url,
         "--port", str(port), "--token", token, "--upstream", upstream, "--routing", routing,
+        *(() if migration else ("--no-migration",)),
     ]  # fmt: skip
     if tracing is not None:
         command += ["--otlp-endpoint", tracing[0], "--trace-sample-ratio", str(tracing[1])]
@@ -218,6 +227,13 @@ def run_part(
             gateways[upstream] = process
             targets[f"gateway-{upstream}"] = (url, {"Authorization": f"Bearer {token}"})
             pids[f"gateway-{upstream}"] = process.pid
+        if args.migration_compare:
+            # The same gateway with stream migration off: what keeping a
+            # stream's events (to continue it elsewhere) costs with no fault.
+            process, url = start_gateway(replica_url, token, "pool", migration=False)
+            gateways["pool-no-migration"] = process
+            targets["gateway-pool-no-migration"] = (url, {"Authorization": f"Bearer {token}"})
+            pids["gateway-pool-no-migration"] = process.pid
         runs = warm_then_measure(
             targets, pids, args.rounds, requests, concurrency, max_tokens, stream
         )
@@ -466,6 +482,7 @@ def main() -> int:
     parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="pool", help=argparse.SUPPRESS)
     parser.add_argument("--routing", default="prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--no-migration", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--otlp-endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--trace-sample-ratio", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -474,6 +491,11 @@ def main() -> int:
         help="only the tracing part: the gateway's CPU per request with tracing off, 1%%, 100%%",
     )
     parser.add_argument("--skip-routing", action="store_true")
+    parser.add_argument(
+        "--migration-compare",
+        action="store_true",
+        help="add a pool gateway with stream migration off to the fake and vLLM parts",
+    )
     args = parser.parse_args()
     if args.serve_gateway:
         serve_gateway(
@@ -484,6 +506,7 @@ def main() -> int:
             args.routing,
             args.otlp_endpoint,
             args.trace_sample_ratio,
+            migration=not args.no_migration,
         )
         return 0
 

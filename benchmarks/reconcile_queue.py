@@ -39,7 +39,7 @@ from inferd.control.fakes import FakeLauncher, FakeLoad
 from inferd.control.model import Endpoint
 from inferd.control.replicas.reconciler import Reconciler, ReconcilerSettings
 from inferd.control.replicas.registry import Registry
-from inferd.control.stores.sqlite import SqliteStore
+from inferd.control.stores import open_store
 from inferd.replica.config import ModelSource
 from inferd.vocab import ModelKind
 
@@ -83,7 +83,8 @@ async def timed(plane: Reconciler, looks: Looks, only: set[str] | None) -> dict[
 
 
 async def run(n: int, rounds: int, state_dir: Path) -> dict[str, Any]:
-    store = SqliteStore.open(state_dir / "state.db")
+    # Through `open_store`: the same code runs against an older checkout (benchmarks/store.py).
+    store = open_store(f"sqlite:///{state_dir / 'state.db'}")
     ids = []
     for i in range(n):
         row = replace(T0, id=str(uuid.uuid4()), name=f"e{i}", min_replicas=1 if i % 10 == 0 else 0)

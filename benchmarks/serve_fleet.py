@@ -84,9 +84,9 @@ class ServeFleet:
                 },
             )
         first, *rest = self.instances.values()
-        first.start()
+        first.start(timeout=600)  # a loaded machine: minutes, not seconds
         for instance in rest:
-            instance.start()
+            instance.start(timeout=600)
         # Registering inspects the model: minutes on a loaded machine.
         with httpx.Client(base_url=first.url, headers=self.admin(), timeout=900) as api:
             registered = api.post(

@@ -190,6 +190,17 @@ class Settings(BaseModel):
         ge=1,
         description="prompt block hashes remembered per server (LRU, ~100 bytes each)",
     )
+    # --- Gateway: stream migration -------------------------------------------
+    gateway_migration: bool = Field(
+        _GATEWAY.migration,
+        description="continue a stream on another replica when its replica is lost mid-answer",
+    )
+    gateway_max_migrations: int = Field(
+        _GATEWAY.max_migrations, ge=0, description="migrations of one request, at most"
+    )
+    gateway_migration_off_endpoints: str = Field(
+        "", description="comma-separated endpoint ids whose streams are never migrated"
+    )
 
     # --- Registry and health ------------------------------------------------
     health_period_seconds: float = Field(
@@ -340,6 +351,11 @@ class Settings(BaseModel):
             prefix_block_bytes=self.gateway_prefix_block_bytes,
             prefix_max_blocks=self.gateway_prefix_max_blocks,
             prefix_table_entries=self.gateway_prefix_table_entries,
+            migration=self.gateway_migration,
+            max_migrations=self.gateway_max_migrations,
+            migration_off_endpoints=frozenset(
+                e.strip() for e in self.gateway_migration_off_endpoints.split(",") if e.strip()
+            ),
         )
 
     @property

@@ -10,6 +10,8 @@ worked examples (between the `recommendation-examples` markers).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -17,7 +19,6 @@ from typing import Any
 
 from inferd.catalog import load_catalog
 from inferd.catalog.bands import COVERAGE, MIN_FIGURES
-from inferd.catalog.cli import format_workload
 from inferd.catalog.fit import (
     FITTED,
     MEDIAN_ERROR_GOAL,
@@ -35,10 +36,12 @@ from inferd.catalog.workload import (
     WorkloadRecommendation,
     recommend_for_workload,
 )
+from inferd.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "recommendation.md"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 BEGIN, END = "<!-- recommendation-examples:begin -->", "<!-- recommendation-examples:end -->"
 
 # The three workloads the recommendation is judged by.
@@ -64,15 +67,22 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
 
-def render_examples(limit: int = 6) -> str:
-    catalog = load_catalog()
+def cli_output(argv: list[str]) -> str:
+    """What `inferd ARGV` prints, run in this process: the examples are the
+    command's own output, whole, never a second rendering of it."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli_main(argv)
+    if status != 0:
+        raise RuntimeError(f"inferd {' '.join(argv)} exited with {status}")
+    return out.getvalue().rstrip("\n")
+
+
+def render_examples() -> str:
     out = []
-    for model, flags, work, _ in WORKLOADS:
-        rec = recommend_for_workload(catalog.models.get(model), catalog.gpus, work, "us-east")
-        answer = rec.to_dict()
-        shown = {**answer, "options": answer["options"][:limit], "rejected": answer["rejected"][:2]}
-        table = format_workload(shown)
-        out.append(f"$ inferd recommend {model} --location us-east {flags}\n{table}")
+    for model, flags, _, _ in WORKLOADS:
+        argv = ["recommend", model, "--location", "us-east", *flags.split()]
+        out.append(f"$ inferd {' '.join(argv)}\n{cli_output(argv)}")
     return "```\n" + "\n\n".join(out) + "\n```"
 
 
@@ -347,9 +357,17 @@ def explain(rec: WorkloadRecommendation) -> list[str]:
     return out
 
 
-def replace_examples(readme: str, examples: str) -> str:
-    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-    return readme[:start] + "\n" + examples + "\n" + readme[end:]
+def replace_examples(page: str, examples: str) -> str:
+    start, end = page.index(BEGIN) + len(BEGIN), page.index(END)
+    return page[:start] + "\n" + examples + "\n" + page[end:]
+
+
+def example_pages() -> list[Path]:
+    """The pages that show the worked examples (between the markers)."""
+    pages = [p for p in (README, *sorted(DOCS.glob("*.md"))) if BEGIN in p.read_text()]
+    if not pages:
+        raise SystemExit(f"no page has the {BEGIN} marker")
+    return pages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,16 +383,21 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(FITTED)
         if not DOC.is_file() or DOC.read_text() != render_doc(doc):
             stale.append(DOC)
-        if replace_examples(README.read_text(), render_examples()) != README.read_text():
-            stale.append(README)
+        examples = render_examples()
+        for page in example_pages():
+            if replace_examples(page.read_text(), examples) != page.read_text():
+                stale.append(page)
         for path in stale:
             print(f"{path} is stale: run python scripts/recommendation_table.py", file=sys.stderr)
         return 1 if stale else 0
     FITTED.write_text(fitted_text)
     reload()
     DOC.write_text(render_doc(doc))
-    README.write_text(replace_examples(README.read_text(), render_examples()))
-    print(f"wrote {FITTED}, {DOC}, {README}")
+    examples = render_examples()
+    pages = example_pages()
+    for page in pages:
+        page.write_text(replace_examples(page.read_text(), examples))
+    print(f"wrote {FITTED}, {DOC}, {', '.join(map(str, pages))}")
     return 0
 
 

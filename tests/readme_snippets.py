@@ -1,10 +1,12 @@
 """The README's commands and snippets, as `tests/e2e/test_readme.py` runs them.
 
 What is run: every fenced block tagged `bash` or `python`, in the order of the
-page. Untagged fences are output shown to the reader (tables, diagrams), not
-commands. A block preceded by a line `<!-- readme-test: needs NEED -->` is not
-run here, for the reason `NEEDS` gives; those are few, and each names what
-this test cannot have (a GPU, the Hugging Face Hub, more machines).
+page, then those of each `docs/` page the README links, in the order of their
+first link (`linked_pages`), in the same session. Untagged fences are output
+shown to the reader (tables, diagrams), not commands. A block preceded by a
+line `<!-- readme-test: needs NEED -->` is not run here, for the reason
+`NEEDS` gives; those are few, and each names what this test cannot have (a
+GPU, the Hugging Face Hub, more machines).
 
 How a bash block becomes commands: continuation lines (`\\` at the end) are
 joined, comments are dropped, and `;` between commands splits them (a later
@@ -47,17 +49,26 @@ class Snippet:
     text: str
     line: int  # of the opening fence, 1-based
     need: str | None  # None: run it
+    page: str = "README.md"
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page}:{self.line}"
 
 
 class ReadmeError(ValueError):
     """The README cannot be run as written (an unknown need, an open fence)."""
 
 
-def snippets(readme: str) -> list[Snippet]:
+_DOC_LINK = re.compile(r"\]\((docs/[A-Za-z0-9_./-]+\.md)(?:#[^)]*)?\)")
+
+
+def linked_pages(readme: str) -> list[str]:
+    """The `docs/` pages the README links, in the order of their first link."""
+    return list(dict.fromkeys(_DOC_LINK.findall(readme)))
+
+
+def snippets(readme: str, page: str = "README.md") -> list[Snippet]:
     found: list[Snippet] = []
     lines = readme.splitlines()
     index = 0
@@ -69,7 +80,7 @@ def snippets(readme: str) -> list[Snippet]:
             need = marker.group(1)
             if need not in NEEDS:
                 raise ReadmeError(
-                    f"README.md:{index + 1}: unknown need {need!r}; known: {', '.join(NEEDS)}"
+                    f"{page}:{index + 1}: unknown need {need!r}; known: {', '.join(NEEDS)}"
                 )
             index += 1
             continue
@@ -86,11 +97,11 @@ def snippets(readme: str) -> list[Snippet]:
             body.append(lines[index])
             index += 1
         if index == len(lines):
-            raise ReadmeError(f"README.md:{start + 1}: a code fence that never closes")
+            raise ReadmeError(f"{page}:{start + 1}: a code fence that never closes")
         index += 1
         language = fence.group(1)
         if language in RUN_LANGUAGES:
-            found.append(Snippet(language, "\n".join(body) + "\n", start + 1, need))
+            found.append(Snippet(language, "\n".join(body) + "\n", start + 1, need, page))
         need = None
     return found
 

@@ -144,6 +144,10 @@ class ChatCompletionRequest(_Strict):
     min_tokens: Annotated[int, Field(ge=0)] = 0
     stop_token_ids: list[int] | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's chat-template switches: continue the final (assistant) message
+    # instead of starting a new turn after it.
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
     # Echoed in the X-Request-Id response header, so it must be a valid one:
     # visible ASCII only (a CJK or emoji id was a 500, a newline a dropped
     # connection, when the header was encoded).
@@ -185,6 +189,15 @@ class ChatCompletionRequest(_Strict):
         if max_tokens is not None and self.min_tokens > max_tokens:
             raise ValueError("min_tokens must not exceed max_tokens")
         self.structured()  # raises on a contradictory combination
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+            if self.messages[-1].role != "assistant":
+                raise ValueError(
+                    "`continue_final_message` needs the final message to be the assistant's."
+                )
         return self
 
     @property

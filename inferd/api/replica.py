@@ -21,6 +21,11 @@ from inferd.vocab import ReplicaStatus
 # The gateway -> replica side: where the LoRA adapter a request names is
 # (percent-encoded); set by the gateway only, never forwarded from a client.
 ADAPTER_SOURCE_HEADER = "x-inferd-adapter-source"
+# Set by the gateway only, on a request that continues an answer another
+# replica began (its replica died): the final assistant message is this
+# request's own earlier output, so its tokens count as completion tokens
+# (in usage and against max_tokens/min_tokens), not as prompt tokens.
+RESUMED_HEADER = "x-inferd-resumed"
 
 MAX_REASON_CHARS = 2000
 MAX_URL_CHARS = 2048

@@ -483,7 +483,9 @@ def local_source(source: str) -> str:
     the absolute path the server needs; anything else (an `org/name`
     repository id) as given."""
     path = Path(source).expanduser()
-    if path.is_dir() and not path.is_absolute():
+    # `./x` is a path even where nothing is there yet: sent as given, the
+    # server blamed it for being relative instead of saying it is missing.
+    if not path.is_absolute() and (path.is_dir() or source.startswith(".")):
         return str(path.resolve())
     return source
 

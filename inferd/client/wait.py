@@ -110,8 +110,13 @@ class Progress:
             bar = " " * (len(STAGES) + 2)
         else:
             bar = "[" + "#" * step + "." * (len(STAGES) - step) + "]"
-        detail = f": {stage.detail}" if stage.detail and not stage.done else ""
-        return f"{self.name} {bar} {elapsed_s:5.0f} s  {stage.name}{detail}"
+        if stage.done or not stage.detail:
+            what = stage.name
+        elif stage.detail.startswith(stage.name):  # "loading x with ...": said once
+            what = stage.detail
+        else:
+            what = f"{stage.name}: {stage.detail}"
+        return f"{self.name} {bar} {elapsed_s:5.0f} s  {what}"
 
 
 def wait_until_ready(

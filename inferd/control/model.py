@@ -221,6 +221,24 @@ class EndpointGone(Exception):
     """The endpoint does not exist (any more), or is being deleted."""
 
 
+class Deposed(Exception):
+    """A leader write under a term that is no longer current."""
+
+    def __init__(self, writer_term: int, current_term: int) -> None:
+        super().__init__(
+            f"leader term {writer_term} is over (current term {current_term}): write refused"
+        )
+        self.writer_term = writer_term
+        self.current_term = current_term
+
+
+def fence_allows(writer_term: int, current_term: int) -> bool:
+    """A leader write goes through only under the term it was elected with.
+    An older term is a deposed leader; a newer one cannot be issued to a
+    writer and means the caller is confused: refused as well."""
+    return writer_term == current_term
+
+
 class StoreUnavailable(ServiceUnavailable):
     """The database cannot be reached now; the write did not happen.
 

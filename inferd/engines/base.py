@@ -239,6 +239,14 @@ class TextRequest:
     stream: bool = True
     # The LoRA adapter to generate with; None: the base model.
     adapter: AdapterRef | None = None
+    # The chat template's switches (vLLM's names): continue the final
+    # assistant message rather than open a new turn.
+    continue_final: bool = False
+    generation_prompt: bool = True
+    # The final assistant message is this request's own earlier output (the
+    # gateway resumes an answer whose replica died): its tokens are counted
+    # as completion tokens and against max_tokens/min_tokens.
+    resumed: bool = False
     # W3C trace context of the replica's span (`traceparent`), for engines
     # that trace their own steps; () when the request is not traced.
     trace_headers: tuple[tuple[str, str], ...] = ()

@@ -25,10 +25,17 @@ class ChatPromptRenderer:
         return cls(AutoTokenizer.from_pretrained(str(model_path)))
 
     def render(
-        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        continue_final: bool = False,
+        generation_prompt: bool = True,
     ) -> list[int]:
         """Prompt token ids; `tools` (OpenAI's shape) are written by the
-        template where it supports them."""
+        template where it supports them. `continue_final`: the prompt ends
+        inside the final (assistant) message, so the model goes on writing
+        it (vLLM's `continue_final_message`)."""
         if tools is None and not any(m.tool_calls or m.tool_call_id for m in messages):
             conversation = [{"role": m.role, "content": m.content} for m in messages]
         else:
@@ -37,7 +44,8 @@ class ChatPromptRenderer:
             ids = self.tokenizer.apply_chat_template(
                 conversation,
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=generation_prompt and not continue_final,
+                continue_final_message=continue_final,
                 tokenize=True,
                 return_dict=False,
             )

@@ -50,7 +50,7 @@ from inferd.errors import BadRequest, Conflict
 from inferd.vocab import ModelKind
 
 FAKE_VOCAB = 1000
-_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 
 
 @dataclass(frozen=True)
@@ -153,26 +153,34 @@ class FakeTextEngine:
         if request.adapter is not None:
             await self.load_adapter(request.adapter)
             first_word += zlib.crc32(request.adapter.name.encode())
+        # Continuing the final assistant message: its words are this
+        # answer's first tokens, so the text goes on from the next word (a
+        # resumed request counts them as its own completion tokens).
+        written = len(request.messages[-1].content.split()) if request.continue_final else 0
+        counted = written if request.resumed else 0
+        if counted:
+            prompt_tokens -= written + 4
+            max_tokens = max(1, max_tokens - counted)
         self._running.add(request.request_id)
         try:
             text = ""
-            for i in range(max_tokens):
+            for i in range(written, written + max_tokens):
                 await asyncio.sleep(self._token_delay)
-                word = _WORDS[(i + first_word) % len(_WORDS)] + " "
+                word = WORDS[(i + first_word) % len(WORDS)] + " "
                 text += word
                 for stop in s.stop:
                     if stop in text:
                         yield TextDelta(
                             text=word[: max(0, len(word) - (len(text) - text.index(stop)))],
-                            completion_tokens=i + 1,
+                            completion_tokens=i + 1 - written + counted,
                             prompt_tokens=prompt_tokens,
                             finish_reason="stop",
                         )
                         return
-                last = i == max_tokens - 1
+                last = i == written + max_tokens - 1
                 yield TextDelta(
                     text=word,
-                    completion_tokens=i + 1,
+                    completion_tokens=i + 1 - written + counted,
                     prompt_tokens=prompt_tokens,
                     finish_reason="length" if last else None,
                 )

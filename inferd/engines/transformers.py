@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferd.engines import resume
 from inferd.engines.base import (
     PORTABLE_SETTINGS,
     EngineLoad,
@@ -308,7 +309,8 @@ class TransformersTextEngine:
             raise ServiceUnavailable("The model is not loaded.", code="model_loading")
         refuse_tools_and_logprobs(request, "transformers")
         tools = json.loads(request.tools.tools_json) if request.tools is not None else None
-        prompt_ids = self._renderer.render(request.messages, tools)
+        prompt_ids, produced = resume.prompt_ids(self._renderer.render, request, tools)
+        request = resume.rebased(request, produced)
         max_tokens = self._validate(request.sampling, len(prompt_ids))
         if request.request_id in self._active_ids:
             raise Conflict(
@@ -334,7 +336,7 @@ class TransformersTextEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finish_reason is not None
-                yield item
+                yield resume.count(item, produced)
                 if finished:
                     return
         finally:

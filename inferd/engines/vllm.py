@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd import procfs
-from inferd.engines import vllm_parsing
+from inferd.engines import resume, vllm_parsing
 from inferd.engines.base import (
     AdapterRef,
     EngineLoad,
@@ -340,6 +340,13 @@ class VllmTextEngine(AsyncLLMEngine):
             )
         return await self._adapters.request_for(adapter)
 
+    def count_tokens(self, text: str) -> int:
+        """The prompt tokens `text` makes on /v1/completions (special tokens
+        added, as vLLM's server adds them)."""
+        if self._renderer is None:
+            raise ServiceUnavailable("The model is still loading.", code="model_loading")
+        return len(self._renderer.tokenizer(text).input_ids)
+
     async def generate(self, request: TextRequest) -> AsyncIterator[TextDelta]:
         if self._engine is None or self._renderer is None:
             raise ServiceUnavailable("The model is still loading.", code="model_loading")
@@ -353,7 +360,8 @@ class VllmTextEngine(AsyncLLMEngine):
         # Offered tools are in the prompt even with tool_choice "none", as in
         # vLLM's server: the model knows them, it is only not asked to call.
         tools = json.loads(request.tools.tools_json) if request.tools is not None else None
-        prompt_ids = self._renderer.render(request.messages, tools)
+        prompt_ids, produced = resume.prompt_ids(self._renderer.render, request, tools)
+        request = resume.rebased(request, produced)
         params = self._sampling_params(request, len(prompt_ids), parsing)
         lora = await self._lora_request(request.adapter)
         if request.request_id in self._active:
@@ -379,6 +387,8 @@ class VllmTextEngine(AsyncLLMEngine):
                 deltas = self._plain(mapped, len(prompt_ids))
             else:
                 deltas = self._parsed(mapped, prompt_ids, request, parsing)
+            if produced:
+                deltas = resume.counted(deltas, produced)
             async for delta in deltas:
                 finished = delta.finish_reason is not None
                 yield delta

@@ -166,6 +166,9 @@ class SseStream:
         self._events = events
         self._forward_usage = forward_usage
         self.usage = Usage()
+        # Tokens of the prompt that are the answer's own (a resumed answer,
+        # see `inferd.engines.resume`): counted as completion tokens.
+        self.produced = 0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for event in self._events:
@@ -175,9 +178,14 @@ class SseStream:
                 data = json.loads(event[len("data: ") :])
                 counted = data.get("usage")
                 if counted:
-                    self.usage = Usage(
-                        counted.get("prompt_tokens") or 0, counted.get("completion_tokens") or 0
-                    )
+                    produced = self.produced
+                    prompt = max(0, (counted.get("prompt_tokens") or 0) - produced)
+                    completion = (counted.get("completion_tokens") or 0) + produced
+                    self.usage = Usage(prompt, completion)
+                    if produced:
+                        counted["prompt_tokens"] = prompt
+                        counted["completion_tokens"] = completion
+                        event = "data: " + json.dumps(data, separators=(",", ":")) + "\n\n"
                 if not data.get("choices") and not self._forward_usage:
                     continue
             yield event.encode()

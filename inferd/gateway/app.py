@@ -25,7 +25,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from inferd import COMPAT_FAMILY
-from inferd.api.replica import ADAPTER_SOURCE_HEADER
+from inferd.api.openai import sse_error
+from inferd.api.replica import ADAPTER_SOURCE_HEADER, RESUMED_HEADER
 from inferd.errors import (
     BadRequest,
     InferdError,
@@ -37,8 +38,9 @@ from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauth
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.metrics import UNAUTHENTICATED
+from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
-from inferd.gateway.proxy import Relayed, forward, with_call_key
+from inferd.gateway.proxy import Broken, Leg, Relayed, forward, with_call_key
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.state import GatewayState
@@ -62,6 +64,7 @@ FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept"})
 # Where the replica loads the LoRA adapter a request names; only the
 # gateway sets it: a client's own is not forwarded (above).
 ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
+RESUMED = RESUMED_HEADER.encode()
 CLIENT_GONE = 499
 
 
@@ -112,6 +115,8 @@ ROUTES = (
     ),
 )
 PREFIX = "/endpoints/{endpoint_id}"
+# Routes whose streams are continued on another replica when theirs is lost.
+MIGRATABLE_ROUTES = frozenset({"chat", "completions"})
 
 
 class _ClientGone(Exception):
@@ -188,6 +193,7 @@ class Gateway:
         upstream: Upstream | httpx.AsyncClient | None = None,
         signals: CapacitySignal = NO_SCALING,
         state: GatewayState | None = None,
+        on_migration: Callable[[str, str], None] | None = None,
     ) -> None:
         """`clock`: monotonic seconds; `TrafficSnapshot` times are its values.
         `upstream`: the HTTP client to replicas; by default the lean pool
@@ -197,6 +203,8 @@ class Gateway:
         gateway in front of fixed replicas has nothing to scale. `state`:
         what the control plane reads of this gateway (built first; see
         `inferd.gateway.state`); `upstream` is ignored when it is given.
+        `on_migration(endpoint_id, text)`: told of each stream continued on
+        another replica (the console's timeline).
 
         Everything here runs on the server's event loop: call `traffic()`,
         `abort_replica()` and `forget_endpoint()` from it too."""
@@ -212,6 +220,7 @@ class Gateway:
         self._book = self.state.book
         self._replica_urls = self.state.replica_urls
         self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
+        self._on_migration = on_migration or _ignore
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
         # Which replica each live prefix belongs to, by what each cache holds.
@@ -436,6 +445,9 @@ class Gateway:
                 prefix.adapter,
                 self._placed_on(ep.endpoint_id, prefix, arrived),
             )
+        leg = None
+        if route.label in MIGRATABLE_ROUTES and settings.migrates(ep.endpoint_id):
+            leg = Leg(Transcript(settings.migration_max_transcript_bytes))
         for _ in range(settings.max_attempts):
             replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
             rid = replica.replica_id
@@ -459,11 +471,18 @@ class Gateway:
                     with_call_key(headers, replica.call_key),
                     body,
                     send,
+                    leg,
                 )
             finally:
                 dispatcher.release(ep, rid)
                 if rid not in ep.in_flight:
                     self._replica_urls.pop(rid, None)
+            if isinstance(result, Broken):
+                assert leg is not None
+                ep.finished(self.clock() - begun)
+                return await self._migrate(
+                    ep, route, headers, body, affinity, send, leg, result, rid
+                )
             if isinstance(result, Relayed):
                 ep.finished(self.clock() - begun)
                 if 200 <= result.status < 300:
@@ -485,6 +504,144 @@ class Gateway:
                 notes.retry(rid, result.reason, result.detail)
             exclude = exclude | {rid}
         raise dispatcher.no_replica_could_take_it(ep, settings.max_attempts)
+
+    async def _migrate(
+        self,
+        ep: EndpointTraffic,
+        route: GatewayRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        affinity: Affinity,
+        send: Send,
+        leg: Leg,
+        broken: Broken,
+        lost: str,
+    ) -> int:
+        """Continue a stream whose replica was lost after the client had
+        bytes of it, on other replicas (held, as a cold request is, while
+        none is ready), up to `max_migrations` times; or end it with an
+        error event saying why it could not be."""
+        settings = self.settings
+        metrics = self.metrics
+        endpoint_id = ep.endpoint_id
+        exclude = frozenset({lost})
+        migrations = 0
+        while True:
+            metrics.upstream_errors.labels(endpoint_id, "broken_stream").inc()
+            logger.warning(
+                "endpoint %s: replica %s lost mid-stream (%s: %s)",
+                endpoint_id,
+                lost,
+                broken.reason,
+                broken.detail,
+            )
+            if broken.reason == "continuation_refused":
+                # The replica refused the continuation itself (a 4xx): another
+                # would too.
+                step: Continuation | Refusal | Finished = Refusal(
+                    "continuation_refused", f"a replica refused to continue it: {broken.detail}"
+                )
+            elif leg.transcript.overflow:
+                step = Refusal("too_long", "more of it was streamed than the gateway keeps")
+            elif migrations >= settings.max_migrations:
+                step = Refusal("cap", f"it was already continued {migrations} times")
+            else:
+                step = plan(route.label, body, leg.transcript.data())
+            if isinstance(step, Finished):
+                await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
+                return broken.status
+            if isinstance(step, Refusal):
+                await self._end_stream(endpoint_id, send, step)
+                return broken.status
+            migrations += 1
+            metrics.migrations.labels(endpoint_id, broken.reason).inc()
+            logger.warning(
+                "endpoint %s: continuing the stream on another replica (migration %d, %d "
+                "characters already streamed)",
+                endpoint_id,
+                migrations,
+                step.produced_chars,
+            )
+            self._on_migration(
+                endpoint_id,
+                f"a stream's replica {lost} was lost ({broken.reason}); continued on another",
+            )
+            resumed = [*headers, (RESUMED, str(step.produced_chars).encode())]
+            leg.head = step.head
+            result = await self._continue(
+                ep, route, resumed, step.body, affinity, send, leg, exclude
+            )
+            if isinstance(result, Refusal):
+                await self._end_stream(endpoint_id, send, result)
+                return broken.status
+            if isinstance(result, Relayed):
+                return result.status
+            broken, lost = result
+            exclude = exclude | {lost}
+
+    async def _continue(
+        self,
+        ep: EndpointTraffic,
+        route: GatewayRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        affinity: Affinity,
+        send: Send,
+        leg: Leg,
+        exclude: frozenset[str],
+    ) -> Relayed | Refusal | tuple[Broken, str]:
+        """One continuation, retried before its first byte as any request."""
+        dispatcher = self._dispatcher
+        deadline = self.clock() + self.settings.max_hold_seconds
+        for _ in range(self.settings.max_attempts):
+            try:
+                replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
+            except InferdError as exc:
+                return Refusal("no_replica", f"no other replica could take it: {exc.message}")
+            rid = replica.replica_id
+            self._replica_urls[rid] = replica.url
+            begun = self.clock()
+            try:
+                result = await forward(
+                    self.upstream,
+                    replica.url,
+                    route.method,
+                    route.upstream_path,
+                    with_call_key(headers, replica.call_key),
+                    body,
+                    send,
+                    leg,
+                )
+            finally:
+                dispatcher.release(ep, rid)
+                if rid not in ep.in_flight:
+                    self._replica_urls.pop(rid, None)
+            if isinstance(result, Relayed):
+                ep.finished(self.clock() - begun)
+                self.directory.report_answered(rid)
+                return result
+            if isinstance(result, Broken):
+                return result, rid
+            self.metrics.retries.labels(ep.endpoint_id, result.reason).inc()
+            if result.unreachable:
+                self.directory.report_unreachable(rid, result.detail)
+            exclude = exclude | {rid}
+        return Refusal("no_replica", "no other replica could take it")
+
+    async def _end_stream(self, endpoint_id: str, send: Send, refusal: Refusal) -> None:
+        self.metrics.migrations_refused.labels(endpoint_id, refusal.reason).inc()
+        logger.warning(
+            "endpoint %s: a stream whose replica was lost is not continued (%s)",
+            endpoint_id,
+            refusal.reason,
+        )
+        error = sse_error(
+            "The replica serving this stream failed and the response is incomplete; it was "
+            f"not continued on another replica because {refusal.why} ({refusal.reason}).",
+            "server_error",
+            "upstream_failed",
+        )
+        await send({"type": "http.response.body", "body": error, "more_body": False})
 
     async def _send_error(
         self, exc: InferdError, scope: Scope, receive: Receive, send: Send
@@ -535,6 +692,10 @@ def models_response(endpoint: EndpointRoute) -> JSONResponse:
         for name, source in endpoint.adapters.items()
     ]
     return JSONResponse({"object": "list", "data": cards})
+
+
+def _ignore(endpoint_id: str, text: str) -> None:
+    pass
 
 
 class _DisconnectWatch:

@@ -129,6 +129,22 @@ class GatewayMetrics:
             ["endpoint", "kind"],
             registry=r,
         )
+        self.migrations = Counter(
+            "inferd_gateway_migrations",
+            "Streams continued on another replica after theirs was lost mid-answer, by "
+            "what was lost (connection_lost: the replica or its node; engine_failed: its "
+            "engine).",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        self.migrations_refused = Counter(
+            "inferd_gateway_migrations_refused",
+            "Streams whose replica was lost mid-answer and that could not be continued "
+            "faithfully elsewhere, by why (n, structured_output, logprobs, seed, ..., off, "
+            "cap, no_replica).",
+            ["endpoint", "reason"],
+            registry=r,
+        )
         r.register(_TrafficCollector(endpoints))
         # Labelled children by (endpoint, route, status): `labels()` takes a
         # lock and builds a key on every call; this is one dict lookup.
@@ -155,7 +171,15 @@ class GatewayMetrics:
         """Drop the series of a deleted endpoint."""
         for key in [k for k in self._answered if k[0] == endpoint]:
             del self._answered[key]
-        for metric in (self.requests, self.latency, self.hold, self.retries, self.upstream_errors):
+        for metric in (
+            self.requests,
+            self.latency,
+            self.hold,
+            self.retries,
+            self.upstream_errors,
+            self.migrations,
+            self.migrations_refused,
+        ):
             for labels in list(metric._metrics):  # no public way to list a metric's children
                 if labels[0] == endpoint:
                     metric.remove(*labels)

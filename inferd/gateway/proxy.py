@@ -15,7 +15,20 @@ from dataclasses import dataclass
 from starlette.types import Send
 
 from inferd.api.openai import sse_error
-from inferd.gateway.upstream import Headers, Upstream, UpstreamConnectError, UpstreamError
+from inferd.gateway.migration import (
+    DONE_EVENT,
+    ERROR_EVENT,
+    Transcript,
+    rewrite_heads,
+    split_events,
+)
+from inferd.gateway.upstream import (
+    Headers,
+    Upstream,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResponse,
+)
 
 # Response headers passed back to the client; the rest (server, date,
 # connection, transfer-encoding) belong to the hop.
@@ -72,6 +85,29 @@ def _relayed_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[byt
     return out, sse
 
 
+@dataclass(frozen=True)
+class Broken:
+    """The replica was lost after the client had bytes of an event stream;
+    nothing was sent to end the client's response: the caller continues it
+    on another replica or ends it with an error event."""
+
+    reason: str  # "connection_lost" | "engine_failed"
+    detail: str
+    status: int
+
+
+@dataclass
+class Leg:
+    """One replica's part of a client's event stream that may be migrated.
+    `transcript` keeps what the client has read; `head` (a continuation's
+    leg) is the original answer's chunk head, written over this replica's;
+    `started`: the client's response has begun (status and headers sent)."""
+
+    transcript: Transcript
+    head: bytes | None = None
+    started: bool = False
+
+
 async def forward(
     upstream: Upstream,
     base_url: str,
@@ -80,7 +116,11 @@ async def forward(
     headers: Headers,
     body: bytes,
     send: Send,
-) -> Retry | Relayed:
+    leg: Leg | None = None,
+) -> Retry | Relayed | Broken:
+    """`leg`: the answer may be migrated: an event stream is relayed whole
+    events at a time and kept, and its loss returns `Broken` instead of
+    ending the client's response."""
     try:
         response = await upstream.send(base_url, method, path, headers, body)
     except UpstreamConnectError as exc:
@@ -103,7 +143,14 @@ async def forward(
         except UpstreamError as exc:
             return Retry("connection", str(exc))
         relayed, sse = _relayed_headers(response.headers)
+        if leg is not None and leg.started:
+            if status != 200 or not sse:
+                return Broken("continuation_refused", _error_text(first), status)
+            return await _relay_events(response, first, send, leg, status)
         await send({"type": "http.response.start", "status": status, "headers": relayed})
+        if leg is not None and sse and status == 200:
+            leg.started = True
+            return await _relay_events(response, first, send, leg, status)
         done = response.complete  # `first` held everything that had arrived
         await send({"type": "http.response.body", "body": first, "more_body": not done})
         if done:
@@ -119,14 +166,57 @@ async def forward(
                 # Returning without ending the body makes the server close the
                 # client's connection: a cut body must not pass for an answer.
                 return Relayed(status, broken=True)
-            error = sse_error(
-                "The replica serving this stream failed; the response is incomplete.",
-                "server_error",
-                "upstream_failed",
-            )
-            await send({"type": "http.response.body", "body": error, "more_body": False})
+            await send({"type": "http.response.body", "body": STREAM_FAILED, "more_body": False})
             return Relayed(status, broken=True)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return Relayed(status)
     finally:
         response.close()
+
+
+STREAM_FAILED = sse_error(
+    "The replica serving this stream failed; the response is incomplete.",
+    "server_error",
+    "upstream_failed",
+)
+
+
+async def _relay_events(
+    response: UpstreamResponse, data: bytes, send: Send, leg: Leg, status: int
+) -> Relayed | Broken:
+    """Relay whole events only (a replica lost mid-event leaves no half event
+    at the client), keep them in the transcript, and stop at an error event
+    (the replica's engine failed) without relaying it."""
+    pending = b""
+    last = b""
+    head = leg.head
+    transcript = leg.transcript
+    while True:
+        events, pending = split_events(data, pending)
+        if events:
+            failed = events.find(ERROR_EVENT)
+            if failed >= 0:
+                events, error = events[:failed], events[failed:]
+            if head is not None:
+                events = rewrite_heads(events, head)
+            if events:
+                transcript.add(events)
+                await send({"type": "http.response.body", "body": events, "more_body": True})
+                last = events
+            if failed >= 0:
+                return Broken("engine_failed", _error_text(error), status)
+        try:
+            data = await response.next_chunk()
+        except UpstreamError as exc:
+            return Broken("connection_lost", str(exc), status)
+        if not data:
+            break
+    if pending or not last.endswith(DONE_EVENT):
+        return Broken("connection_lost", "the stream ended before [DONE]", status)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return Relayed(status)
+
+
+def _error_text(body: bytes) -> str:
+    text = body[:300].decode("utf-8", "replace").strip()
+    return text.removeprefix("data: ")

@@ -57,6 +57,19 @@ class GatewaySettings:
     # Block hashes remembered with the replica they were sent to (LRU; about
     # 100 bytes each).
     prefix_table_entries: int = 65_536
+    # Stream migration (see `inferd.gateway.migration`): a stream whose
+    # replica is lost after its first byte is continued on another replica,
+    # at most `max_migrations` times per request; endpoints (by id)
+    # in `migration_off_endpoints` end such a stream with an error instead.
+    migration: bool = True
+    max_migrations: int = 3
+    migration_off_endpoints: frozenset[str] = frozenset()
+    # What the client read of a stream is kept to continue it, up to this
+    # many bytes of events per request (past it the stream is not migrated).
+    migration_max_transcript_bytes: int = 4 * 1024 * 1024
+
+    def migrates(self, endpoint_id: str) -> bool:
+        return self.migration and endpoint_id not in self.migration_off_endpoints
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -79,5 +92,7 @@ class GatewaySettings:
             raise ValueError("routing_min_load_bound must be at least 1")
         if self.prefix_block_bytes < 16 or self.prefix_max_blocks < 1:
             raise ValueError("prefix_block_bytes must be at least 16, prefix_max_blocks at least 1")
+        if self.max_migrations < 0 or self.migration_max_transcript_bytes < 0:
+            raise ValueError("max_migrations and migration_max_transcript_bytes must be >= 0")
         if self.prefix_table_entries < 1:
             raise ValueError("prefix_table_entries must be at least 1")

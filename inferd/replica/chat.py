@@ -31,7 +31,7 @@ from inferd.api.openai import (
     chat_completion,
     choice,
 )
-from inferd.api.replica import ADAPTER_SOURCE_HEADER
+from inferd.api.replica import ADAPTER_SOURCE_HEADER, RESUMED_HEADER
 from inferd.engines.base import (
     AdapterRef,
     ChatMessage,
@@ -114,6 +114,8 @@ def to_text_requests(
     request_id: str,
     adapter: AdapterRef | None = None,
     trace_headers: tuple[tuple[str, str], ...] = (),
+    *,
+    resumed: bool = False,
 ) -> list[TextRequest]:
     messages = tuple(to_message(m) for m in body.messages)
     tools = to_tool_options(body)
@@ -152,6 +154,9 @@ def to_text_requests(
                 logprobs=logprobs,
                 stream=body.stream,
                 adapter=adapter,
+                continue_final=body.continue_final_message,
+                generation_prompt=body.add_generation_prompt,
+                resumed=resumed,
                 trace_headers=trace_headers,
             )
         )
@@ -187,9 +192,15 @@ class ChatHandler:
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
             traced = tuple((answer.trace_headers or {}).items())
+            # A resumed answer's stream goes on where the gateway's client
+            # already is: no second role chunk.
+            resuming = RESUMED_HEADER in request.headers
+            resumed = resuming and body.continue_final_message
             streams = [
                 self.engine.generate(r)
-                for r in to_text_requests(body, request_id, adapter, trace_headers=traced)
+                for r in to_text_requests(
+                    body, request_id, adapter, trace_headers=traced, resumed=resumed
+                )
             ]
             try:
                 # All choices enter the engine together (one batch), and any
@@ -211,7 +222,7 @@ class ChatHandler:
                     answer.count(firsts[0].prompt_tokens, sum(completion))
 
                 return answer.stream(
-                    _sse(encoder, streams, firsts, completion, include_usage),
+                    _sse(encoder, streams, firsts, completion, include_usage, role=not resuming),
                     close,
                     headers={"X-Request-Id": request_id},
                 )
@@ -238,10 +249,11 @@ async def _sse(
     firsts: list[TextDelta],
     completion: list[int],
     include_usage: bool,
+    role: bool = True,
 ) -> AsyncIterator[bytes]:
     """The chunks of a streamed chat completion; `completion` keeps each
     choice's token count as it grows (the tokens counted however it ends)."""
-    for index in range(len(streams)):
+    for index in range(len(streams) if role else 0):
         yield encoder.delta(index, "", None, role=True)
     async for index, delta in _merge(streams, firsts):
         completion[index] = delta.completion_tokens

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -519,7 +520,9 @@ def config_from_args(
         port_file=args.port_file,
         registry_url=args.registry_url,
         registry_fallback_urls=tuple(args.registry_fallback_url),
-        replica_id=args.replica_id,
+        # A standalone replica (no control plane named it) still has an id
+        # of its own: its log lines and metrics say which replica speaks.
+        replica_id=args.replica_id or f"r-standalone-{secrets.token_hex(3)}",
         endpoint_id=args.endpoint_id,
         # Secrets travel by environment, never on a command line that `ps` shows.
         secret=env.get(SECRET_ENV),

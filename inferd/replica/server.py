@@ -195,7 +195,12 @@ class ReplicaProcess:
         )
         try:
             self._engine_name = choose_engine(kind, options.engine)
-            self._engine = create_engine(self._model_name, kind, path, options)
+            # In a thread too: it imports the engine (vLLM: tens of seconds
+            # on a busy machine), which would stop the reports meanwhile and
+            # get this replica failed as silent while it starts.
+            self._engine = await asyncio.to_thread(
+                create_engine, self._model_name, kind, path, options
+            )
         except ValueError as exc:  # an unknown engine or engine option
             self.state.set(ReplicaStatus.FAILED, f"bad engine settings: {exc}")
             logger.error("bad engine settings: %s", exc)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.api.replica import RESUMED_HEADER
 from inferd.engines.base import AdapterRef, ServesAdapters
 from inferd.engines.vllm_serving import SseStream, VllmServing, Whole
 from inferd.errors import BadRequest, ServiceUnavailable
@@ -90,12 +91,17 @@ class VllmRouteHandler:
                 if requested in self.model.aliases and requested != self.model.name:
                     # vLLM knows the model by its served name only.
                     body["model"] = self.model.name
+            produced = 0
+            resumed = request.headers.get(RESUMED_HEADER)
+            if resumed is not None and self.route == "completions":
+                produced = self._resume(body, resumed)
             result = await _unless_disconnected(request, self.call(self._serving(), body, request))
             if result is None:
                 answer.status = 499  # client closed the connection; nobody reads this
                 return Response(status_code=499)
             if isinstance(result, SseStream):
                 stream = result
+                stream.produced = produced
 
                 async def close() -> None:
                     await stream.aclose()
@@ -108,6 +114,25 @@ class VllmRouteHandler:
             )
             answer.status = response.status_code
             return response
+
+    def _resume(self, body: dict[str, Any], resumed: str) -> int:
+        """A completion the gateway resumes (its replica was lost): the last
+        `resumed` characters of the prompt are the answer so far. Their
+        tokens come off `max_tokens`/`min_tokens` and count as completion
+        tokens; returns how many there are."""
+        prompt = body.get("prompt")
+        count = getattr(self.engine, "count_tokens", None)
+        if not resumed.isdigit() or not isinstance(prompt, str) or count is None:
+            return 0
+        chars = int(resumed)
+        if not 0 < chars <= len(prompt):
+            return 0
+        produced = max(0, count(prompt) - count(prompt[:-chars]))
+        for name, least in (("max_tokens", 1), ("min_tokens", 0)):
+            value = body.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                body[name] = max(least, value - produced)
+        return produced
 
     async def _load_adapter(self, adapter: AdapterRef) -> None:
         """vLLM's serving code resolves an adapter's name itself once it is

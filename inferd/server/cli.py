@@ -99,6 +99,12 @@ def _banner(
             f"  admin key       the one in {admin_key_source}; the stored keys do not "
             "open the API while it is set"
         )
+    elif generated_key is None:
+        # A restart: the key printed at first start still opens the API.
+        lines.append(
+            "  admin key       the one printed at first start (only its hash is kept); "
+            "lost it? `inferd serve --rotate-admin-key` prints a new one and revokes it"
+        )
     if generated_key is not None:
         lines += [
             "",

@@ -412,6 +412,7 @@ async def build(
             clock=clock,
             signals=signals,
             state=gateway_state,
+            on_migration=journal.record_migration,
         )
         replica_duty = ReplicaDuty(
             store, registry, launcher, reconciler, service, meter_feed, run_replicas

@@ -121,7 +121,7 @@ class PostgresServer:
     def create_migrated_database(self) -> str:
         """A new database with the store's schema (the coordination's tables
         included), as an `inferd serve` leaves it; its URL."""
-        from inferd.control.stores.postgres import PostgresStore
+        from inferd.control.stores.sql.store import PostgresStore
 
         url = self.create_database()
         PostgresStore.open(url).close_sync()

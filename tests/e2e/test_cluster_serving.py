@@ -173,7 +173,7 @@ def test_what_one_instance_writes_holds_on_the_others_at_once(cluster: Cluster) 
 
 
 def test_a_revoked_admin_key_stops_working_everywhere(cluster: Cluster) -> None:
-    from inferd.control.stores.postgres import PostgresStore
+    from inferd.control.stores.sql.store import PostgresStore
 
     old, new = cluster.admin_key, new_admin_key()
 

@@ -32,6 +32,7 @@ from tests.readme_snippets import (
     Snippet,
     commands,
     fill_placeholders,
+    linked_pages,
     on_port,
     snippets,
 )
@@ -159,10 +160,15 @@ def session(tmp_path: Path) -> Iterator[Session]:
         server.cleanup()
 
 
-def test_every_readme_command_runs_as_written(session: Session) -> None:
-    readme = snippets((REPO / "README.md").read_text())
+def test_every_readme_and_docs_command_runs_as_written(session: Session) -> None:
+    text = (REPO / "README.md").read_text()
+    # The README's blocks, then those of the docs/ pages it links, in one
+    # session (a page may use the endpoints and exports the README made).
+    every = snippets(text)
+    for page in linked_pages(text):
+        every += snippets((REPO / page).read_text(), page)
     not_run: list[str] = []
-    for snippet in readme:
+    for snippet in every:
         if snippet.need is not None:
             not_run.append(f"{snippet.where} ({snippet.language}): {NEEDS[snippet.need]}")
             continue

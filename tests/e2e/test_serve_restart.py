@@ -25,7 +25,7 @@ import httpx
 from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.launchers.local import launched_processes
 from inferd.control.replicas.registry_api import REGISTRY_PATH
-from inferd.control.stores.sqlite import SqliteStore
+from inferd.control.stores.sql.store import SqliteStore
 from inferd.testing import replica_processes
 
 ADMIN_KEY_RE = re.compile(r"infd_admin_[0-9A-Za-z]{38}")

@@ -6,6 +6,7 @@ real-browser flows are in tests/browser."""
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -503,3 +504,19 @@ def test_the_console_lists_an_endpoints_adapters_and_the_playground_tries_them(
     assert re.findall(r'<option value="([^"]*)"', playground.split('data-testid="pg-model"')[1])[
         :2
     ] == ["tiny-chat", "sql"]
+
+
+def test_the_timeline_shows_the_gateways_stream_migrations(
+    client: TestClient, plane: Server
+) -> None:
+    endpoint_id = create(client, sign_in(client))
+    lost = "a stream's replica r-x was lost (connection_lost); continued on another"
+    for _ in range(3):
+        # What the server's gateway is built to call for each continued stream.
+        plane.gateway._on_migration(endpoint_id, lost)
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    (event,) = re.findall(
+        r'<li data-testid="scale-event" data-cause="migration">(.*?)</li>', page, re.S
+    )
+    text = html.unescape(event)
+    assert "stream migrated" in text and lost in text and "(3 streams)" in text

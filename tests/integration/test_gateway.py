@@ -571,14 +571,17 @@ def test_replica_killed_before_answering_is_retried_on_another(
         doomed.stop()
 
 
-def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(
+def test_replica_killed_mid_stream_without_migration_ends_the_stream_with_an_error_event(
     serve: Callable[..., GatewayServer],
 ) -> None:
     doomed = ReplicaHandle(
         "tiny-chat", ["--engine", "fake", "--engine-arg", "token_delay_s=0.02"]
     ).wait_ready(60)
     try:
-        gw = serve(chat_replicas=[replica_of(doomed, "r-doomed")])
+        gw = serve(
+            GatewaySettings(migration_off_endpoints=frozenset({CHAT_EP})),
+            chat_replicas=[replica_of(doomed, "r-doomed")],
+        )
         events: list[str] = []
         with httpx.stream(
             "POST", gw.url() + CHAT, json=chat(500, stream=True), headers=auth(), timeout=10
@@ -600,7 +603,7 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(
 def test_abort_replica_fails_its_streams_at_once(
     serve: Callable[..., GatewayServer], replicas: list[ReplicaHandle]
 ) -> None:
-    gw = serve(chat_replicas=[replica_of(replicas[1], "r-b")])
+    gw = serve(GatewaySettings(migration=False), chat_replicas=[replica_of(replicas[1], "r-b")])
     events: list[str] = []
     with httpx.stream(
         "POST", gw.url() + CHAT, json=chat(500, stream=True), headers=auth(), timeout=10

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from inferd.control.endpoints.tokens import ADMIN_KEY_PREFIX, hash_token, is_well_formed
 from inferd.control.fakes import FakeLauncher
 from inferd.control.model import parse_rfc3339
-from inferd.control.stores.sqlite import SqliteStore
+from inferd.control.stores.sql.store import SqliteStore
 from inferd.server.app import create_app
 from inferd.server.auth import AdminKeyError, provision_admin_key
 from inferd.server.compose import Server, build

@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 
 from inferd import procfs
 from inferd.control.endpoints.tokens import new_endpoint_token
+from inferd.engines.fake import WORDS as FAKE_WORDS
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings
@@ -61,6 +62,11 @@ def metric(url: str, name: str, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(match.group(2))
     return total
+
+
+def fake_words(count: int) -> str:
+    """The text the fake engine writes for `count` tokens (no seed, no adapter)."""
+    return "".join(FAKE_WORDS[i % len(FAKE_WORDS)] + " " for i in range(count))
 
 
 def chat_body(max_tokens: int = 4, *, stream: bool = False) -> dict[str, Any]:
@@ -183,6 +189,7 @@ class StreamReader(threading.Thread):
         self.url, self.body, self.headers = url, body, headers
         self.status: int | None = None
         self.events: list[dict[str, Any] | str] = []
+        self.times: list[float] = []  # when each event arrived (monotonic)
         self.started = threading.Event()  # the first event arrived (or it ended)
         self.ended_at: float | None = None
         self.error: BaseException | None = None
@@ -195,6 +202,7 @@ class StreamReader(threading.Thread):
                 self.status = response.status_code
                 for event in sse_data(response.iter_lines()):
                     self.events.append(event)
+                    self.times.append(time.monotonic())
                     self.started.set()
         except httpx.HTTPError as exc:
             self.error = exc

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from inferd.control.endpoints.tokens import TokenVerifier, new_admin_key, new_endpoint_token
-from inferd.control.stores.sqlite import SqliteStore
+from inferd.control.stores.sql.store import SqliteStore
 from inferd.testing import ServeHandle
 from tests.reliability.fault_support import CHAT, IMAGES, Endpoint, wait_until
 from tests.reliability.limits_support import assert_error, files_containing, list_endpoints

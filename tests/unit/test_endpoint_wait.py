@@ -67,7 +67,7 @@ def test_plain_lines_per_change_off_a_terminal_until_ready() -> None:
     assert stage.done and waited == 10
     assert out.getvalue().splitlines() == [
         "demo [#....]     0 s  starting",
-        "demo [###..]     4 s  loading: loading x with the vllm engine",
+        "demo [###..]     4 s  loading x with the vllm engine",
         "demo [#####]    10 s  ready",
     ]
 

@@ -85,6 +85,11 @@ def test_the_banner_says_where_everything_is(tmp_path: Path) -> None:
     assert "export INFERD_ADMIN_KEY=infd_admin_x" in text and "--rotate-admin-key" in text
     adopted = _banner(settings, "sqlite", None, admin_key_source="the environment")
     assert "admin key       the one in the environment" in adopted
+    assert "printed at first start" not in adopted and "printed at first start" not in text
+    # A restart prints no key: it says one exists, and how to replace a lost one.
+    restarted = _banner(settings, "sqlite", None)
+    assert "  admin key       the one printed at first start (only its hash is kept)" in restarted
+    assert "`inferd serve --rotate-admin-key` prints a new one" in restarted
 
 
 def test_where_an_operator_key_comes_from() -> None:
@@ -167,11 +172,15 @@ def test_relative_model_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # Here, the CLI: a directory that exists is sent as its absolute path ...
     assert local_source("models/x") == str(tmp_path / "models" / "x")
     assert local_source("./models/x") == str(tmp_path / "models" / "x")
+    # Missing: still sent as an absolute path, so the server says it does not exist.
+    assert local_source("./missing") == str(tmp_path / "missing")
     # ... anything else as given (a repository id).
     assert local_source("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     # There, the server: a relative path means nothing it could know.
     with pytest.raises(InspectError, match="relative path: give the directory's absolute path"):
         parse_source("./models/x")
+    with pytest.raises(InspectError, match=f"directory {tmp_path / 'missing'} does not exist"):
+        parse_source(local_source("./missing"))
 
 
 def test_registering_a_hub_model_without_a_network_fails_at_once(

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from inferd.control.accounts.memory import MemoryAccountStore
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.plane import ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.records import ReplicaView, derive_status
+from inferd.control.stores.memory import MemoryStore
 from tests.unit.test_reconciler import World, endpoint
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.anyio
 
 async def capped_world(quota: Quota, **row: Any) -> tuple[World, AccountService]:
     w = await World(endpoint(**row)).open()
-    store = MemoryAccountStore()
+    store = MemoryStore()
     accounts = AccountService(store, PrincipalResolver(store, lambda key: False), utc_now)
     accounts.quotas["default"] = quota
     w.reconciler.replica_cap = ProjectQuotaCap(accounts, w.registry)

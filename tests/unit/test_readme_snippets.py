@@ -13,6 +13,7 @@ from tests.readme_snippets import (
     ReadmeError,
     commands,
     fill_placeholders,
+    linked_pages,
     on_port,
     snippets,
 )
@@ -97,3 +98,35 @@ def test_the_readme_parses_and_most_of_it_runs() -> None:
     first_day = [s for s in found if s.line < gpu_section]
     assert len(first_day) >= 8 and all(s.need is None for s in first_day)
     assert len(not_run) < len(found) - len(not_run)
+
+
+def test_the_quick_start_on_the_first_screen_reaches_a_chat() -> None:
+    """The first blocks start the server, create an endpoint that waits for
+    its replica, and chat with it: no placeholder but the banner's key."""
+    text = README.read_text()
+    first_screen = "\n".join(text.splitlines()[:60])
+    quick = [c for s in snippets(first_screen) for c in commands(s.text)]
+    assert quick[0] == "make serve"
+    assert any("endpoints create demo" in c and "--wait" in c and "--env" in c for c in quick)
+    assert any(c.startswith("curl $URL/openai/v1/chat/completions") for c in quick)
+    assert [c for c in quick if "..." in c] == ["export INFERD_ADMIN_KEY=infd_admin_..."]
+
+
+def test_the_endpoints_exports_paste_without_edits() -> None:
+    """Every endpoint's URL and token come from `create --env`, never typed."""
+    pages = [README.read_text()] + [
+        (README.parent / page).read_text() for page in linked_pages(README.read_text())
+    ]
+    for text in pages:
+        for snippet in snippets(text):
+            for command in commands(snippet.text):
+                assert "infd_ep_..." not in command and "/endpoints/..." not in command
+
+
+def test_docs_pages_are_found_in_link_order_and_named_where_they_fail() -> None:
+    readme = "see [limits](docs/limits.md), [api](docs/api.md#x) and [limits](docs/limits.md)"
+    assert linked_pages(readme) == ["docs/limits.md", "docs/api.md"]
+    (snippet,) = snippets("text\n```bash\necho hi\n```\n", "docs/api.md")
+    assert snippet.where == "docs/api.md:2"
+    for page in linked_pages(README.read_text()):
+        assert (README.parent / page).is_file(), f"README links {page}, which does not exist"

@@ -47,3 +47,22 @@ async def test_load_idle_manual_and_failure_each_leave_an_event() -> None:
     w.rows = []  # deleted: its story goes with it
     await w.tick()
     assert causes(w) == []
+
+
+def test_migrations_of_one_lost_replica_are_one_line_with_a_count() -> None:
+    from inferd.control.replicas.scale_events import ScaleJournal
+
+    journal = ScaleJournal(wall=lambda: "2026-01-01T00:00:00.000Z")
+    lost_a = "a stream's replica r1 was lost (connection_lost); continued on another"
+    lost_b = "a stream's replica r2 was lost (engine_failed); continued on another"
+    for text in (lost_a, lost_a, lost_a, lost_b):
+        journal.record_migration("e1", text)
+    journal.record("e1", 1, 2, "2 requests held")
+    journal.record_migration("e1", lost_b)
+    events = journal.of_endpoint("e1")
+    assert [(e.cause, e.to_replicas, e.reason) for e in events] == [
+        (ScaleCause.MIGRATION, 3, lost_a),
+        (ScaleCause.MIGRATION, 1, lost_b),
+        (ScaleCause.LOAD, 2, "2 requests held"),
+        (ScaleCause.MIGRATION, 1, lost_b),
+    ]

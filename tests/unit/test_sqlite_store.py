@@ -14,8 +14,10 @@ import pytest
 from inferd.control.endpoints.tokens import hash_token, new_endpoint_token
 from inferd.control.model import Endpoint, EndpointChanges, SchemaTooNew, parse_rfc3339
 from inferd.control.stores import open_store, sqlite_path
-from inferd.control.stores.sqlite import SqliteStore, migrations
-from inferd.control.stores.sqlite.migrations import Migration, latest_version, migrate
+from inferd.control.stores.sql import migrations
+from inferd.control.stores.sql.migrations import Migration, latest_version, migrate
+from inferd.control.stores.sql.sqlite_dialect import SqliteDialect
+from inferd.control.stores.sql.store import SqliteStore
 from tests.records import endpoint_row
 
 NOW = "2025-01-01T00:00:00.000Z"
@@ -54,11 +56,11 @@ def test_pragmas(store: SqliteStore) -> None:
 def test_migrations_recorded_and_idempotent(tmp_path: Path) -> None:
     path = tmp_path / "inferd.db"
     asyncio.run(SqliteStore.open(path).close())
-    conn = sqlite3.connect(path, isolation_level=None)
-    versions = conn.execute("SELECT version, name FROM schema_migrations").fetchall()
+    dialect = SqliteDialect(path)
+    versions = dialect.conn.execute("SELECT version, name FROM schema_migrations").fetchall()
     assert [v for v, _ in versions] == list(range(1, latest_version() + 1))
-    assert migrate(conn, lambda: NOW) == []  # nothing left to apply
-    conn.close()
+    assert migrate(dialect) == []  # nothing left to apply
+    dialect.close()
     reopened = SqliteStore.open(path)
     assert asyncio.run(reopened.schema_version()) == latest_version()
     asyncio.run(reopened.close())
@@ -71,7 +73,8 @@ def test_migrations_are_numbered_in_order() -> None:
 
 
 def test_failed_migration_rolls_back(tmp_path: Path) -> None:
-    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    dialect = SqliteDialect(tmp_path / "x.db")
+    conn = dialect.conn
     broken = (
         *migrations.MIGRATIONS,
         Migration(
@@ -81,7 +84,7 @@ def test_failed_migration_rolls_back(tmp_path: Path) -> None:
         ),
     )
     with pytest.raises(sqlite3.OperationalError):
-        migrate(conn, lambda: NOW, broken)
+        migrate(dialect, broken)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "half_done" not in tables
     assert "endpoints" in tables  # earlier migrations stay applied
@@ -105,8 +108,9 @@ def test_a_version_2_database_migrates_forward(tmp_path: Path) -> None:
     """A database written before placement and projects existed keeps its
     endpoints, tokens and replicas; pid and GPUs move into the placement."""
     path = tmp_path / "inferd.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    migrate(conn, lambda: NOW, migrations.MIGRATIONS[:2])
+    dialect = SqliteDialect(path)
+    conn = dialect.conn
+    migrate(dialect, migrations.MIGRATIONS[:2])
     values = (row().id, "old", "tiny-chat", "chat", "cpu", 1, "local", 0, 1, 60, 0.0, "USD")
     conn.execute(
         "INSERT INTO endpoints (id, name, model_name, model_kind, gpu_type, gpu_count,"
@@ -147,8 +151,9 @@ def test_a_version_3_or_4_database_migrates_to_accounts(tmp_path: Path, version:
     keeps its endpoints, gains the accounts' tables, and endpoint names
     become unique per project."""
     path = tmp_path / "inferd.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    migrate(conn, lambda: NOW, migrations.MIGRATIONS[:version])
+    dialect = SqliteDialect(path)
+    conn = dialect.conn
+    migrate(dialect, migrations.MIGRATIONS[:version])
     values = (row().id, "old", "tiny-chat", "chat", "cpu", 1, "local", 0, 1, 60, 0.0, "USD")
     conn.execute(
         "INSERT INTO endpoints (id, name, model_name, model_kind, gpu_type, gpu_count,"

@@ -83,3 +83,51 @@ def test_stream_usage_is_counted_and_relayed_only_when_asked(forward_usage: bool
     assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (3, 5)
     assert relayed[0] == events[0].encode() and relayed[-1] == b"data: [DONE]\n\n"
     assert (events[1].encode() in relayed) is forward_usage
+
+
+def test_a_resumed_stream_counts_the_answer_so_far_as_completion_tokens() -> None:
+    from inferd.engines.vllm_serving import SseStream
+
+    usage = {"id": "c", "choices": [], "usage": {"prompt_tokens": 13, "completion_tokens": 5}}
+
+    async def source() -> AsyncIterator[str]:
+        yield f"data: {json.dumps(usage)}\n\n"
+
+    async def relay() -> tuple[list[bytes], SseStream]:
+        stream = SseStream(source(), forward_usage=True)
+        stream.produced = 10
+        return [event async for event in stream], stream
+
+    relayed, stream = run(relay())
+    assert (stream.usage.prompt_tokens, stream.usage.completion_tokens) == (3, 15)
+    assert json.loads(relayed[0][6:])["usage"] == {"prompt_tokens": 3, "completion_tokens": 15}
+
+
+@pytest.mark.parametrize(
+    ("body", "resumed", "produced", "after"),
+    [
+        # One token a word here: "the sky is" + " blue and" -> 2 tokens produced.
+        (
+            {"prompt": "the sky is blue and", "max_tokens": 10, "min_tokens": 4},
+            "9",
+            2,
+            {"max_tokens": 8, "min_tokens": 2},
+        ),
+        ({"prompt": "a b", "max_tokens": 1}, "2", 1, {"max_tokens": 1}),
+        ({"prompt": "a b"}, "2", 1, {}),
+        ({"prompt": "a b", "max_tokens": 5}, "99", 0, {"max_tokens": 5}),
+        ({"prompt": "a b", "max_tokens": 5}, "x", 0, {"max_tokens": 5}),
+        ({"prompt": [1, 2], "max_tokens": 5}, "1", 0, {"max_tokens": 5}),
+    ],
+)
+def test_a_resumed_completion_takes_the_answer_so_far_off_its_bounds(
+    body: dict[str, Any], resumed: str, produced: int, after: dict[str, Any]
+) -> None:
+    from types import SimpleNamespace
+
+    from inferd.replica.vllm_routes import VllmRouteHandler
+
+    engine = SimpleNamespace(count_tokens=lambda text: len(text.split()))
+    handler = SimpleNamespace(engine=engine)
+    assert VllmRouteHandler._resume(handler, body, resumed) == produced  # type: ignore[arg-type]
+    assert {k: v for k, v in body.items() if k != "prompt"} == after

@@ -13,14 +13,26 @@ loses nothing: the next one carries the total).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from inferd.control.accounts.memory import add_to
 from inferd.control.accounts.model import UsageDelta, UsageRow, hour_of
 
 HOUR = timedelta(hours=1)
+
+
+def add_to(row: UsageRow, delta: UsageDelta) -> UsageRow:
+    return dataclasses.replace(
+        row,
+        replica_seconds=row.replica_seconds + delta.replica_seconds,
+        requests=row.requests + delta.requests,
+        prompt_tokens=row.prompt_tokens + delta.prompt_tokens,
+        completion_tokens=row.completion_tokens + delta.completion_tokens,
+        images=row.images + delta.images,
+        cost=row.cost + delta.cost,
+    )
 
 
 def split_hours(end: datetime, seconds: float) -> list[tuple[datetime, float]]:

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+# The fence's rule sits beside `Deposed`, below the stores that apply it too.
+from inferd.control.model import fence_allows as fence_allows
+
 # -- the policy (pure) ---------------------------------------------------------
 
 
@@ -81,13 +84,6 @@ def lease_holds(state: Leadership, now: float, settings: LeaseSettings) -> bool:
     if state.term is None or state.confirmed_at is None:
         return False
     return now - state.confirmed_at <= settings.lease_s
-
-
-def fence_allows(writer_term: int, current_term: int) -> bool:
-    """A leader write goes through only under the term it was elected with.
-    An older term is a deposed leader; a newer one cannot be issued to a
-    writer and means the caller is confused: refused as well."""
-    return writer_term == current_term
 
 
 def heartbeat_stale(

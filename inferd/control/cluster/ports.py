@@ -17,18 +17,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from inferd.control.cluster.loadshare import LocalLoad
+from inferd.control.model import Deposed as Deposed  # raised by the stores too: defined below them
 from inferd.control.ports import LoadSample
-
-
-class Deposed(Exception):
-    """A leader write under a term that is no longer current."""
-
-    def __init__(self, writer_term: int, current_term: int) -> None:
-        super().__init__(
-            f"leader term {writer_term} is over (current term {current_term}): write refused"
-        )
-        self.writer_term = writer_term
-        self.current_term = current_term
 
 
 class LeaderDuties(Protocol):

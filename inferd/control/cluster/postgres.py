@@ -17,7 +17,7 @@
   (NOTIFY is not a queue).
 
 Both tables are created by the store's migrations
-(`inferd.control.stores.postgres.migrations`). All connections come from
+(`inferd.control.stores.sql.migrations`). All connections come from
 one `Connections` manager: the lock session (dedicated: a pooled one would
 hand the lock to whoever borrows it next), one shared connection for load
 rows, and the listener's.
@@ -48,8 +48,11 @@ from inferd.control.cluster.loadshare import (
     remote_samples,
     rows_to_publish,
 )
-from inferd.control.cluster.ports import Deposed, LeaderDuties, LeaderInfo
+from inferd.control.cluster.ports import LeaderDuties, LeaderInfo
+from inferd.control.model import Deposed
 from inferd.control.ports import LoadSample
+from inferd.control.stores.sql.postgres_dialect import TERM_FOR_SHARE
+from inferd.control.stores.sql.postgres_dialect import check_term_sync as check_term_sync
 from inferd.gateway.traffic import TrafficSnapshot
 
 logger = logging.getLogger(__name__)
@@ -64,7 +67,6 @@ DEFAULT_LEASE = LeaseSettings()
 
 # -- SQL -------------------------------------------------------------------------
 
-_TERM_FOR_SHARE = "SELECT term FROM inferd_leader WHERE id = 1 FOR SHARE"
 
 _UPSERT = """
 INSERT INTO inferd_gateway_load
@@ -90,22 +92,12 @@ async def fenced(conn: Any, term: int) -> AsyncIterator[Any]:
     if `term` is still the current leader term. Raises `Deposed` before the
     body runs otherwise."""
     async with conn.transaction():
-        cursor = await conn.execute(_TERM_FOR_SHARE)
+        cursor = await conn.execute(TERM_FOR_SHARE)
         row = await cursor.fetchone()
         current = int(row[0]) if row else 0
         if not fence_allows(term, current):
             raise Deposed(term, current)
         yield conn
-
-
-def check_term_sync(conn: Any, term: int) -> None:
-    """The same check for a synchronous psycopg connection, first inside the
-    store's own write transaction: the leader row stays FOR SHARE until
-    commit, so the next leader's term cannot be issued meanwhile."""
-    row = conn.execute(_TERM_FOR_SHARE).fetchone()
-    current = int(row[0]) if row else 0
-    if not fence_allows(term, current):
-        raise Deposed(term, current)
 
 
 async def read_leader(conn: Any) -> LeaderInfo | None:

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferd.api.engine_settings import EngineSettings
-from inferd.control.cluster.ports import Deposed
 from inferd.control.endpoints.records import ReplicaFailure
-from inferd.control.model import ReplicaRecord, rfc3339, utc_now
+from inferd.control.model import Deposed, ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,
     ExitReason,

@@ -41,8 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferd.api.replica import ReplicaReport
-from inferd.control.cluster.ports import Deposed
-from inferd.control.model import ReplicaRecord, StoreUnavailable, utc_now, utc_now_text
+from inferd.control.model import Deposed, ReplicaRecord, StoreUnavailable, utc_now, utc_now_text
 from inferd.control.ports import ReplicaHandle, ReplicaStore
 from inferd.control.replicas.load import ReplicaCount
 from inferd.gateway.directory import RoutableReplica

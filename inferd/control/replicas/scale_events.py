@@ -24,6 +24,9 @@ class ScaleCause(str, Enum):
     IDLE = "idle"
     MANUAL = "manual"
     FAILURE = "failure"
+    # Not a change of replicas: a stream continued on another replica after
+    # its own was lost (the gateway's), shown on the same timeline.
+    MIGRATION = "migration"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,17 @@ class ScaleJournal:
         events = self._events.setdefault(endpoint_id, deque(maxlen=self._per_endpoint))
         events.append(event)
         return event
+
+    def record_migration(self, endpoint_id: str, text: str) -> None:
+        """A stream of the endpoint continued on another replica; merged
+        with the previous event when that was one too (a replica lost with
+        many streams is one line, with a count)."""
+        events = self._events.setdefault(endpoint_id, deque(maxlen=self._per_endpoint))
+        count = 1
+        if events and events[-1].cause is ScaleCause.MIGRATION and events[-1].reason == text:
+            count = events.pop().to_replicas + 1
+        # For a migration, `to_replicas` counts the streams it stands for.
+        events.append(ScaleEvent(endpoint_id, self._wall(), ScaleCause.MIGRATION, 0, count, text))
 
     def of_endpoint(self, endpoint_id: str) -> list[ScaleEvent]:
         return list(self._events.get(endpoint_id, ()))

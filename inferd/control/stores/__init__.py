@@ -20,17 +20,13 @@ def open_store(database_url: str) -> Store:
     when the database cannot be reached.
     """
     scheme = database_url.partition(":")[0].lower()
-    if scheme == "sqlite":
-        from inferd.control.stores.sqlite import SqliteStore
+    from inferd.control.stores.sql.store import MemoryStore, PostgresStore, SqliteStore
 
+    if scheme == "sqlite":
         return SqliteStore.open(sqlite_path(database_url))
     if scheme in ("postgresql", "postgres"):
-        from inferd.control.stores.postgres import PostgresStore
-
         return PostgresStore.open(database_url)
     if scheme == "memory":
-        from inferd.control.stores.memory import MemoryStore
-
         return MemoryStore()
     raise StoreError(
         f"unsupported database URL {redact_url(database_url)!r}: "

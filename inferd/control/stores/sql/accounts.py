@@ -1,0 +1,323 @@
+"""Projects, users and their memberships, management keys, the audit log and
+usage (`AccountStore`).
+
+The audit log refuses UPDATE and DELETE by trigger (append-only is the
+database's rule, not only the code's). Usage rows are only added to
+(`ON CONFLICT DO UPDATE SET x = x + excluded.x`), so instances sharing the
+database add up. Account changes go to the change log (`ChangeKind.ACCOUNT`),
+so every instance drops what it cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from inferd.control.accounts.model import (
+    AuditAction,
+    AuditEntry,
+    Membership,
+    Project,
+    UsageDelta,
+    UsageKey,
+    UsageRow,
+    UsageTotals,
+    User,
+    UserKey,
+)
+from inferd.control.accounts.ports import AlreadyExists
+from inferd.control.accounts.quota import Quota
+from inferd.control.model import ChangeKind
+from inferd.control.stores.sql.database import Repository, Tx, Violation
+from inferd.control.stores.sql.tables import (
+    AUDIT_LOG,
+    MEMBERSHIPS,
+    PROJECTS,
+    TIME,
+    USAGE,
+    USER_KEYS,
+    USERS,
+    Table,
+)
+
+_USAGE_SUMS = ", ".join(
+    f"{c} = usage_hourly.{c} + excluded.{c}"
+    for c in ("replica_seconds", "requests", "prompt_tokens", "completion_tokens", "images", "cost")
+)
+
+
+class Accounts(Repository):
+    def _account_time(self, at: datetime | None) -> Any:
+        return None if at is None else self._dialect.encode(TIME.storage, at)
+
+    async def _account_write(
+        self, statement: str, params: Sequence[Any], change: str | None = None
+    ) -> int:
+        """One statement; `change`: the account change other instances must
+        hear of (their principal and quota caches)."""
+
+        def write(tx: Tx) -> int:
+            count = tx.count(statement, params)
+            if change is not None and count:
+                tx.changed(ChangeKind.ACCOUNT, change)
+            return count
+
+        return await self._db.write(write)
+
+    async def _insert(self, table: Table[Any], record: Any, exists: str) -> None:
+        try:
+            await self._account_write(table.insert, table.values(self._dialect, record))
+        except Violation as exc:
+            if exc.unique:
+                raise AlreadyExists(exists) from None
+            raise
+
+    async def _records(self, table: Table[Any], where: str, params: Sequence[Any]) -> list[Any]:
+        rows = await self._db.rows(f"{table.select} {where}", params)
+        return [table.record(self._dialect, r) for r in rows]
+
+    # --- projects ------------------------------------------------------------------------
+
+    async def create_project(self, project: Project) -> None:
+        await self._insert(PROJECTS, project, project.id)
+
+    async def get_project(self, project_id: str) -> Project | None:
+        found = await self._records(PROJECTS, "WHERE id = ?", (project_id,))
+        return found[0] if found else None
+
+    async def list_projects(self) -> list[Project]:
+        return await self._records(PROJECTS, "ORDER BY id", ())
+
+    async def delete_project(self, project_id: str) -> bool:
+        # Memberships go with it (ON DELETE CASCADE); audit and usage stay.
+        statement = "DELETE FROM projects WHERE id = ?"
+        return await self._account_write(statement, (project_id,), f"project:{project_id}") > 0
+
+    async def set_quota(self, project_id: str, quota: Quota) -> bool:
+        return await self._set_project("quota", project_id, quota)
+
+    async def set_quota_limit(self, project_id: str, limit: Quota) -> bool:
+        return await self._set_project("quota_limit", project_id, limit)
+
+    async def _set_project(self, column: str, project_id: str, quota: Quota) -> bool:
+        params = (PROJECTS.encode(self._dialect, column, quota), project_id)
+        statement = f"UPDATE projects SET {column} = ? WHERE id = ?"
+        return await self._account_write(statement, params, f"project:{project_id}") > 0
+
+    def quota_lock(self, project_id: str) -> AbstractAsyncContextManager[None]:
+        return self._dialect.quota_lock(project_id)  # type: ignore[attr-defined]
+
+    # --- users and memberships ---------------------------------------------------------------
+
+    async def create_user(self, user: User) -> None:
+        await self._insert(USERS, user, user.id)
+
+    async def get_user(self, user_id: str) -> User | None:
+        found = await self._records(USERS, "WHERE id = ?", (user_id,))
+        return found[0] if found else None
+
+    async def list_users(self) -> list[User]:
+        return await self._records(USERS, "ORDER BY id", ())
+
+    async def put_membership(self, membership: Membership) -> None:
+        statement = MEMBERSHIPS.insert + (
+            " ON CONFLICT (project_id, user_id) DO UPDATE SET role = excluded.role"
+        )
+        values = MEMBERSHIPS.values(self._dialect, membership)
+        try:
+            await self._account_write(statement, values, f"user:{membership.user_id}")
+        except Violation:
+            raise KeyError((membership.project_id, membership.user_id)) from None
+
+    async def remove_membership(self, project_id: str, user_id: str) -> bool:
+        statement = "DELETE FROM memberships WHERE project_id = ? AND user_id = ?"
+        return await self._account_write(statement, (project_id, user_id), f"user:{user_id}") > 0
+
+    async def members_of(
+        self, project_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Membership]:
+        # By user id: the primary key's index serves the page.
+        where, params = "WHERE project_id = ?", [project_id]
+        if after is not None:
+            where, params = where + " AND user_id > ?", [*params, after]
+        return await self._records(
+            MEMBERSHIPS, where + " ORDER BY user_id" + _limit(limit, params), params
+        )
+
+    async def memberships_of(self, user_id: str) -> list[Membership]:
+        return await self._records(MEMBERSHIPS, "WHERE user_id = ? ORDER BY project_id", (user_id,))
+
+    # --- keys ------------------------------------------------------------------------------
+
+    async def add_key(self, key: UserKey) -> None:
+        def write(tx: Tx) -> None:
+            if tx.one("SELECT 1 FROM users WHERE id = ?", (key.user_id,)) is None:
+                raise KeyError(key.user_id)
+            tx.execute(USER_KEYS.insert, USER_KEYS.values(self._dialect, key))
+
+        try:
+            await self._db.write(write)
+        except Violation as exc:
+            if exc.unique:
+                raise AlreadyExists(key.id) from None
+            raise KeyError(key.user_id) from None
+
+    async def keys_of(
+        self,
+        user_id: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[UserKey]:
+        where, params = "WHERE user_id = ?", [user_id]
+        if after is not None:
+            where += " AND (created_at > ? OR (created_at = ? AND id > ?))"
+            params += [self._account_time(after[0]), self._account_time(after[0]), after[1]]
+        order = " ORDER BY created_at, id" + _limit(limit, params)
+        return await self._records(USER_KEYS, where + order, params)
+
+    async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
+        found = await self._records(USER_KEYS, "WHERE key_hash = ?", (key_hash,))
+        return found[0] if found else None
+
+    async def revoke_key(self, key_id: str, at: datetime) -> bool:
+        statement = "UPDATE user_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"
+        return (
+            await self._account_write(statement, (self._account_time(at), key_id), f"key:{key_id}")
+            > 0
+        )
+
+    async def touch_keys(self, last_used: Mapping[str, datetime]) -> None:
+        rows = [
+            (self._account_time(at), key_id, self._account_time(at))
+            for key_id, at in last_used.items()
+        ]
+        if rows:
+            await self._db.write(lambda tx: tx.many(
+                "UPDATE user_keys SET last_used_at = ?"
+                " WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)",
+                rows,
+            ))  # fmt: skip
+
+    # --- audit log --------------------------------------------------------------------------
+
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        values = AUDIT_LOG.values(self._dialect, entry)
+
+        def write(tx: Tx) -> int:
+            row = tx.one(AUDIT_LOG.insert + " RETURNING id", values)
+            assert row is not None
+            return int(row[0])
+
+        return replace(entry, id=await self._db.write(write))
+
+    async def audit(
+        self,
+        project_id: str | None,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        actions: Sequence[AuditAction] = (),
+        limit: int = 1000,
+        after: int | None = None,
+    ) -> list[AuditEntry]:
+        where, params = _since_until("at", self._account_time(since), self._account_time(until))
+        if project_id is not None:
+            where, params = where + " AND project_id = ?", [*params, project_id]
+        if actions:
+            where += f" AND action IN ({', '.join('?' for _ in actions)})"
+            params += [a.value for a in actions]
+        if after is not None:
+            where, params = where + " AND id > ?", [*params, after]
+        return await self._records(
+            AUDIT_LOG, where + " ORDER BY id" + _limit(limit, params), params
+        )
+
+    # --- usage --------------------------------------------------------------------------------
+
+    async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        if not deltas:
+            return
+        statement = (
+            USAGE.insert
+            + f" ON CONFLICT (endpoint_id, hour, gpu_type, gpu_count) DO UPDATE SET {_USAGE_SUMS}"
+        )
+        values = [USAGE.values(self._dialect, d) for d in deltas]
+        await self._db.write(lambda tx: tx.many(statement, values))
+
+    def _usage_where(
+        self, endpoint_id: str | None, project_id: str | None,
+        since: datetime | None, until: datetime | None,
+    ) -> tuple[str, list[Any]]:  # fmt: skip
+        where, params = _since_until("hour", self._account_time(since), self._account_time(until))
+        for column, value in (("endpoint_id", endpoint_id), ("project_id", project_id)):
+            if value is not None:
+                where, params = where + f" AND {column} = ?", [*params, value]
+        return where, params
+
+    async def usage(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after: UsageKey | None = None,
+        limit: int | None = None,
+    ) -> list[UsageRow]:
+        where, params = self._usage_where(endpoint_id, project_id, since, until)
+        if after is not None:
+            where += " AND (hour, endpoint_id, gpu_type, gpu_count) > (?, ?, ?, ?)"
+            params += [self._account_time(after[0]), *after[1:]]
+        order = " ORDER BY hour, endpoint_id, gpu_type, gpu_count" + _limit(limit, params)
+        return await self._records(USAGE, where + order, params)
+
+    async def usage_totals(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        project_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> UsageTotals:
+        where, params = self._usage_where(endpoint_id, project_id, since, until)
+        sums = ", ".join(
+            f"COALESCE(SUM({c}), 0)"
+            for c in (
+                "replica_seconds",
+                "requests",
+                "prompt_tokens",
+                "completion_tokens",
+                "images",
+                "cost",
+            )
+        )
+        r = (await self._db.rows(f"SELECT {sums} FROM usage_hourly {where}", params))[0]
+        return UsageTotals(float(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
+
+    async def costs_since(self, since: datetime) -> dict[str, float]:
+        rows = await self._db.rows(
+            "SELECT endpoint_id, SUM(cost) FROM usage_hourly WHERE hour >= ? GROUP BY endpoint_id",
+            (self._account_time(since),),
+        )
+        return {r[0]: float(r[1]) for r in rows}
+
+
+def _since_until(column: str, since: Any, until: Any) -> tuple[str, list[Any]]:
+    where, params = "WHERE 1 = 1", []
+    if since is not None:
+        where, params = where + f" AND {column} >= ?", [since]
+    if until is not None:
+        where, params = where + f" AND {column} < ?", [*params, until]
+    return where, params
+
+
+def _limit(limit: int | None, params: list[Any]) -> str:
+    """A LIMIT clause (none: every row); its parameter appended to `params`."""
+    if limit is None:
+        return ""
+    params.append(limit)
+    return " LIMIT ?"

@@ -1,0 +1,722 @@
+"""The schema's migrations: one ordered list, versioned, append only.
+
+Each migration runs in its own transaction together with the row that
+records it in `schema_migrations`, so a crash leaves the schema at one
+version or the next; a database newer than this list is refused. To change
+the schema, append a `Migration` with the next version (never edit a
+released one). Its statements are the same text on every engine, with
+`<type>` tokens a dialect fills in (`<time>`: TEXT in SQLite, TIMESTAMPTZ
+in PostgreSQL; see `DDL_TYPES` in each dialect); an engine's own `Step` only
+where its DDL really differs.
+
+The two engines' histories began apart (PostgreSQL support started at the
+schema SQLite reached in its version 3): versions 1 to 6 and 8 are each
+engine's own steps, kept as released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.control.model import SchemaTooNew, utc_now
+
+__all__ = ["MIGRATIONS", "Migration", "SchemaTooNew", "Step", "latest_version", "migrate"]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    statements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...] = ()  # every engine's, with <type> tokens
+    sqlite: Step | None = None  # an engine's own, where its DDL differs
+    postgres: Step | None = None
+
+    def step(self, engine: str, types: dict[str, str]) -> Step:
+        own: Step | None = getattr(self, engine)
+        if own is not None:
+            return own
+        statements = []
+        for text in self.statements:
+            for token, ddl in types.items():
+                text = text.replace(f"<{token}>", ddl)
+            statements.append(text)
+        return Step(self.name, tuple(statements))
+
+
+# --- SQLite's own history -----------------------------------------------------------------
+
+_SQLITE_ACCOUNTS = (
+    """
+    CREATE TABLE projects (
+        id         TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        -- {"endpoints": int|null, "replicas": int|null, "gpus": {type: int}}
+        quota      TEXT NOT NULL DEFAULT '{}'
+    ) STRICT
+    """,
+    """
+    INSERT INTO projects (id, created_at)
+    VALUES ('default', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    """,
+    """
+    CREATE TABLE users (
+        id         TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL
+    ) STRICT
+    """,
+    """
+    CREATE TABLE memberships (
+        project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+        user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        role       TEXT NOT NULL CHECK (role IN ('admin', 'developer', 'viewer')),
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (project_id, user_id)
+    ) STRICT
+    """,
+    "CREATE INDEX memberships_by_user ON memberships (user_id)",
+    """
+    CREATE TABLE user_keys (
+        id           TEXT PRIMARY KEY,
+        user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        name         TEXT NOT NULL,
+        key_hash     BLOB NOT NULL UNIQUE,
+        hint         TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        last_used_at TEXT,
+        revoked_at   TEXT
+    ) STRICT
+    """,
+    "CREATE INDEX user_keys_by_user ON user_keys (user_id)",
+    """
+    CREATE TABLE audit_log (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         TEXT NOT NULL,
+        project_id TEXT,
+        actor      TEXT NOT NULL,
+        action     TEXT NOT NULL,
+        target     TEXT NOT NULL,
+        detail     TEXT NOT NULL
+    ) STRICT
+    """,
+    "CREATE INDEX audit_log_by_project ON audit_log (project_id, at)",
+    """
+    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
+    """,
+    """
+    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
+    """,
+    # No reference to endpoints: usage and its cost outlive a deleted endpoint.
+    """
+    CREATE TABLE usage_hourly (
+        endpoint_id       TEXT NOT NULL,
+        project_id        TEXT NOT NULL,
+        hour              TEXT NOT NULL,
+        gpu_type          TEXT NOT NULL,
+        gpu_count         INTEGER NOT NULL,
+        replica_seconds   REAL NOT NULL DEFAULT 0,
+        requests          INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        images            INTEGER NOT NULL DEFAULT 0,
+        cost              REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count)
+    ) STRICT
+    """,
+    "CREATE INDEX usage_hourly_by_project ON usage_hourly (project_id, hour)",
+)
+
+_S1 = Step(
+    "endpoints, endpoint tokens, admin keys, meta",
+    (
+        # STRICT: a wrong type is an error, not a silent conversion.
+        """
+        CREATE TABLE endpoints (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL UNIQUE,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
+                                                      AND max_replicas >= min_replicas),
+            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
+            -- Price of one replica-hour, fixed when the GPU settings are chosen.
+            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TEXT NOT NULL,
+            updated_at        TEXT NOT NULL,
+            -- Set when deletion starts; replicas drain while it is set.
+            deleting_at       TEXT,
+            -- Bumped when the GPU settings change, so replicas of an older
+            -- generation can be replaced.
+            generation        INTEGER NOT NULL DEFAULT 1
+        ) STRICT
+        """,
+        """
+        CREATE TABLE endpoint_tokens (
+            id          INTEGER PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            token_hash  BLOB NOT NULL UNIQUE,
+            created_at  TEXT NOT NULL,
+            revoked_at  TEXT
+        ) STRICT
+        """,
+        # At most one active token per endpoint, enforced by the database.
+        """
+        CREATE UNIQUE INDEX endpoint_tokens_one_active
+            ON endpoint_tokens (endpoint_id) WHERE revoked_at IS NULL
+        """,
+        """
+        CREATE TABLE admin_keys (
+            id         INTEGER PRIMARY KEY,
+            key_hash   BLOB NOT NULL UNIQUE,
+            created_at TEXT NOT NULL,
+            revoked_at TEXT
+        ) STRICT
+        """,
+        """
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        ) STRICT
+        """,
+    ),
+)
+
+_S2 = Step(
+    "replicas",
+    (
+        # What a restarted control plane needs to adopt replicas that kept
+        # running (pid, GPUs, secret digest) and to show their last state.
+        """
+        CREATE TABLE replicas (
+            id          TEXT PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            generation  INTEGER NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
+            -- Physical GPU indices, comma-separated; empty on CPU.
+            gpu_ids     TEXT NOT NULL,
+            pid         INTEGER NOT NULL,
+            secret_hash BLOB NOT NULL,
+            status      TEXT NOT NULL,
+            reason      TEXT,
+            url         TEXT,
+            created_at  TEXT NOT NULL,
+            updated_at  TEXT NOT NULL
+        ) STRICT
+        """,
+        "CREATE INDEX replicas_by_endpoint ON replicas (endpoint_id)",
+    ),
+)
+
+_S3 = Step(
+    "projects, replica placement as data, change log",
+    (
+        # Every endpoint belongs to a project; existing ones to the default.
+        "ALTER TABLE endpoints ADD COLUMN project_id TEXT NOT NULL DEFAULT 'default'",
+        # Where a replica runs is the launcher's business: a node name and
+        # an opaque placement (JSON object of strings). The local launcher
+        # keeps its process id and GPU indices there.
+        "ALTER TABLE replicas ADD COLUMN node TEXT NOT NULL DEFAULT 'local'",
+        "ALTER TABLE replicas ADD COLUMN placement TEXT NOT NULL DEFAULT '{}'",
+        """
+        UPDATE replicas SET placement = json_object(
+            'pid', CAST(pid AS TEXT), 'gpu_ids', gpu_ids)
+        """,
+        "ALTER TABLE replicas DROP COLUMN pid",
+        "ALTER TABLE replicas DROP COLUMN gpu_ids",
+        # Which record changed, in commit order (writers are serialised), so
+        # that every process on this file can follow the others' writes.
+        """
+        CREATE TABLE changes (
+            seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL,
+            key  TEXT NOT NULL
+        ) STRICT
+        """,
+    ),
+)
+
+_S4 = Step(
+    "registered models, measured profiles",
+    (
+        # One JSON document per record (the documented fields of
+        # GET /inference/models and of a profile), so that a newly derived
+        # fact needs no migration.
+        """
+        CREATE TABLE registered_models (
+            name       TEXT PRIMARY KEY,
+            project_id TEXT,
+            document   TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT
+        """,
+        """
+        CREATE TABLE model_profiles (
+            model_name  TEXT NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
+            document    TEXT NOT NULL,
+            measured_at TEXT NOT NULL,
+            PRIMARY KEY (model_name, gpu_type, gpu_count)
+        ) STRICT
+        """,
+    ),
+)
+
+_S5 = Step(
+    "accounts: projects, users, members, keys, audit log, usage; names unique per project",
+    (
+        *_SQLITE_ACCOUNTS,
+        # Endpoint names are unique within a project. SQLite cannot drop a
+        # column's UNIQUE, so the table is rebuilt; `migrate` runs with
+        # foreign keys off, so dropping the old table cascades nothing.
+        """
+        CREATE TABLE endpoints_v5 (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
+                                                      AND max_replicas >= min_replicas),
+            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
+            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TEXT NOT NULL,
+            updated_at        TEXT NOT NULL,
+            deleting_at       TEXT,
+            generation        INTEGER NOT NULL DEFAULT 1,
+            project_id        TEXT NOT NULL DEFAULT 'default',
+            UNIQUE (project_id, name)
+        ) STRICT
+        """,
+        "INSERT INTO endpoints_v5 SELECT * FROM endpoints",
+        "DROP TABLE endpoints",
+        "ALTER TABLE endpoints_v5 RENAME TO endpoints",
+    ),
+)
+
+_S6 = Step(
+    "a project's quota limit, set by the operator; its own quota is set by its admins",
+    ("ALTER TABLE projects ADD COLUMN quota_limit TEXT NOT NULL DEFAULT '{}'",),
+)
+
+_S8 = Step(
+    "endpoints of embedding and rerank models",
+    (
+        # SQLite cannot change a CHECK constraint: the table is rebuilt (as in
+        # version 5; `migrate` runs with foreign keys off).
+        """
+        CREATE TABLE endpoints_v8 (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL
+                              CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
+                                                      AND max_replicas >= min_replicas),
+            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
+            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TEXT NOT NULL,
+            updated_at        TEXT NOT NULL,
+            deleting_at       TEXT,
+            generation        INTEGER NOT NULL DEFAULT 1,
+            project_id        TEXT NOT NULL DEFAULT 'default',
+            UNIQUE (project_id, name)
+        ) STRICT
+        """,
+        "INSERT INTO endpoints_v8 SELECT * FROM endpoints",
+        "DROP TABLE endpoints",
+        "ALTER TABLE endpoints_v8 RENAME TO endpoints",
+    ),
+)
+
+
+# --- PostgreSQL's own history ---------------------------------------------------------------
+
+_POSTGRES_ACCOUNTS = (
+    """
+    CREATE TABLE projects (
+        id         TEXT PRIMARY KEY,
+        created_at TIMESTAMPTZ NOT NULL,
+        quota      JSONB NOT NULL DEFAULT '{}'
+    )
+    """,
+    "INSERT INTO projects (id, created_at) VALUES ('default', now())",
+    """
+    CREATE TABLE users (
+        id         TEXT PRIMARY KEY,
+        created_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE memberships (
+        project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+        user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        role       TEXT NOT NULL CHECK (role IN ('admin', 'developer', 'viewer')),
+        created_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (project_id, user_id)
+    )
+    """,
+    "CREATE INDEX memberships_by_user ON memberships (user_id)",
+    """
+    CREATE TABLE user_keys (
+        id           TEXT PRIMARY KEY,
+        user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        name         TEXT NOT NULL,
+        key_hash     BYTEA NOT NULL UNIQUE,
+        hint         TEXT NOT NULL,
+        created_at   TIMESTAMPTZ NOT NULL,
+        last_used_at TIMESTAMPTZ,
+        revoked_at   TIMESTAMPTZ
+    )
+    """,
+    "CREATE INDEX user_keys_by_user ON user_keys (user_id)",
+    """
+    CREATE TABLE audit_log (
+        id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at         TIMESTAMPTZ NOT NULL,
+        project_id TEXT,
+        actor      TEXT NOT NULL,
+        action     TEXT NOT NULL,
+        target     TEXT NOT NULL,
+        detail     JSONB NOT NULL
+    )
+    """,
+    "CREATE INDEX audit_log_by_project ON audit_log (project_id, at)",
+    """
+    CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$
+    """,
+    """
+    CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
+    FOR EACH ROW EXECUTE FUNCTION audit_log_append_only()
+    """,
+    # No reference to endpoints: usage and its cost outlive a deleted endpoint.
+    """
+    CREATE TABLE usage_hourly (
+        endpoint_id       TEXT NOT NULL,
+        project_id        TEXT NOT NULL,
+        hour              TIMESTAMPTZ NOT NULL,
+        gpu_type          TEXT NOT NULL,
+        gpu_count         BIGINT NOT NULL,
+        replica_seconds   DOUBLE PRECISION NOT NULL DEFAULT 0,
+        requests          BIGINT NOT NULL DEFAULT 0,
+        prompt_tokens     BIGINT NOT NULL DEFAULT 0,
+        completion_tokens BIGINT NOT NULL DEFAULT 0,
+        images            BIGINT NOT NULL DEFAULT 0,
+        cost              DOUBLE PRECISION NOT NULL DEFAULT 0,
+        PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count)
+    )
+    """,
+    "CREATE INDEX usage_hourly_by_project ON usage_hourly (project_id, hour)",
+    # Endpoint names are unique within a project.
+    "ALTER TABLE endpoints DROP CONSTRAINT endpoints_name_key",
+    "ALTER TABLE endpoints ADD CONSTRAINT endpoints_name_key UNIQUE (project_id, name)",
+)
+
+_P1 = Step(
+    "endpoints, tokens, admin keys, replicas, change log, meta",
+    (
+        # Integers are BIGINT: the API bounds them to 64 bits, as SQLite stores them.
+        """
+        CREATE TABLE endpoints (
+            id                TEXT PRIMARY KEY,
+            name              TEXT NOT NULL,
+            model_name        TEXT NOT NULL,
+            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
+            gpu_type          TEXT NOT NULL,
+            gpu_count         BIGINT NOT NULL CHECK (gpu_count >= 1),
+            location_name     TEXT NOT NULL,
+            min_replicas      BIGINT NOT NULL CHECK (min_replicas >= 0),
+            max_replicas      BIGINT NOT NULL CHECK (max_replicas >= 1
+                                                     AND max_replicas >= min_replicas),
+            retention_seconds BIGINT NOT NULL CHECK (retention_seconds >= 0),
+            hourly_price      DOUBLE PRECISION NOT NULL CHECK (hourly_price >= 0),
+            currency          TEXT NOT NULL,
+            created_at        TIMESTAMPTZ NOT NULL,
+            updated_at        TIMESTAMPTZ NOT NULL,
+            deleting_at       TIMESTAMPTZ,
+            generation        BIGINT NOT NULL DEFAULT 1,
+            project_id        TEXT NOT NULL DEFAULT 'default',
+            -- Creation order, for lists (oldest first).
+            seq               BIGINT GENERATED ALWAYS AS IDENTITY,
+            CONSTRAINT endpoints_name_key UNIQUE (name)
+        )
+        """,
+        """
+        CREATE TABLE endpoint_tokens (
+            id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            token_hash  BYTEA NOT NULL UNIQUE,
+            created_at  TIMESTAMPTZ NOT NULL,
+            revoked_at  TIMESTAMPTZ
+        )
+        """,
+        # At most one active token per endpoint, enforced by the database.
+        """
+        CREATE UNIQUE INDEX endpoint_tokens_one_active
+            ON endpoint_tokens (endpoint_id) WHERE revoked_at IS NULL
+        """,
+        """
+        CREATE TABLE admin_keys (
+            id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            key_hash   BYTEA NOT NULL UNIQUE,
+            created_at TIMESTAMPTZ NOT NULL,
+            revoked_at TIMESTAMPTZ
+        )
+        """,
+        """
+        CREATE TABLE replicas (
+            id          TEXT PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            generation  BIGINT NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   BIGINT NOT NULL CHECK (gpu_count >= 1),
+            secret_hash BYTEA NOT NULL,
+            status      TEXT NOT NULL,
+            created_at  TIMESTAMPTZ NOT NULL,
+            updated_at  TIMESTAMPTZ NOT NULL,
+            -- Where it runs, as the launcher describes it (opaque here).
+            node        TEXT NOT NULL,
+            placement   JSONB NOT NULL,
+            reason      TEXT,
+            url         TEXT,
+            seq         BIGINT GENERATED ALWAYS AS IDENTITY
+        )
+        """,
+        "CREATE INDEX replicas_by_endpoint ON replicas (endpoint_id)",
+        # Which record changed, in commit order (writers take one lock just
+        # before appending here), for followers that missed a NOTIFY.
+        """
+        CREATE TABLE changes (
+            seq  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            kind TEXT NOT NULL,
+            key  TEXT NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        )
+        """,
+    ),
+)
+
+_P2 = Step(
+    "registered models, measured profiles",
+    (
+        # One JSON document per record, as in SQLite's version 4.
+        """
+        CREATE TABLE registered_models (
+            name       TEXT PRIMARY KEY,
+            project_id TEXT,
+            document   JSONB NOT NULL,
+            created_at TEXT NOT NULL,
+            seq        BIGINT GENERATED ALWAYS AS IDENTITY
+        )
+        """,
+        """
+        CREATE TABLE model_profiles (
+            model_name  TEXT NOT NULL,
+            gpu_type    TEXT NOT NULL,
+            gpu_count   BIGINT NOT NULL CHECK (gpu_count >= 1),
+            document    JSONB NOT NULL,
+            measured_at TEXT NOT NULL,
+            PRIMARY KEY (model_name, gpu_type, gpu_count)
+        )
+        """,
+    ),
+)
+
+_P3 = Step(
+    "accounts: projects, users, members, keys, audit log, usage; names unique per project",
+    _POSTGRES_ACCOUNTS,
+)
+
+_P4 = Step(
+    "a project's quota limit, set by the operator; its own quota is set by its admins",
+    ("ALTER TABLE projects ADD COLUMN quota_limit JSONB NOT NULL DEFAULT '{}'",),
+)
+
+_P5 = Step(
+    "lists read a page at a time in the order of their identity columns",
+    (
+        "CREATE INDEX endpoints_by_seq ON endpoints (seq)",
+        "CREATE INDEX audit_log_by_project_id ON audit_log (project_id, id)",
+    ),
+)
+
+# IF NOT EXISTS: before this version the coordination created both tables
+# itself, on databases a cluster already ran on.
+
+_P6 = Step(
+    "the coordination of instances: the leader row and the gateways' load",
+    (
+        """
+        CREATE TABLE IF NOT EXISTS inferd_leader (
+            id           INTEGER PRIMARY KEY CHECK (id = 1),
+            term         BIGINT NOT NULL,
+            holder       TEXT,
+            since        TIMESTAMPTZ,
+            heartbeat_at TIMESTAMPTZ
+        )
+        """,
+        "INSERT INTO inferd_leader (id, term) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+        # UNLOGGED: soft state, republished within an interval after a crash.
+        """
+        CREATE UNLOGGED TABLE IF NOT EXISTS inferd_gateway_load (
+            instance_id     TEXT NOT NULL,
+            endpoint_id     TEXT NOT NULL,
+            in_flight       INTEGER NOT NULL,
+            held            INTEGER NOT NULL,
+            last_request_at TIMESTAMPTZ,
+            reported_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (instance_id, endpoint_id)
+        )
+        """,
+    ),
+)
+
+_P8 = Step(
+    "endpoints of embedding and rerank models",
+    (
+        "ALTER TABLE endpoints DROP CONSTRAINT endpoints_model_kind_check",
+        "ALTER TABLE endpoints ADD CONSTRAINT endpoints_model_kind_check"
+        " CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank'))",
+    ),
+)
+
+
+# --- one list -----------------------------------------------------------------------------------
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, _S1.name, sqlite=_S1, postgres=_P1),
+    Migration(2, _S2.name, sqlite=_S2, postgres=_P2),
+    Migration(3, _S3.name, sqlite=_S3, postgres=_P3),
+    Migration(4, _S4.name, sqlite=_S4, postgres=_P4),
+    Migration(5, _S5.name, sqlite=_S5, postgres=_P5),
+    Migration(6, _S6.name, sqlite=_S6, postgres=_P6),
+    Migration(
+        7,
+        "a management key may be limited to one project (NULL: every project of its user)",
+        ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
+    ),
+    Migration(8, _S8.name, sqlite=_S8, postgres=_P8),
+    Migration(
+        9,
+        "an endpoint's engine settings",
+        # A JSON document validated by `EngineSettings` on both ways; '{}': the
+        # server's defaults, which is what every endpoint before had.
+        ("ALTER TABLE endpoints ADD COLUMN engine_settings TEXT NOT NULL DEFAULT '{}'",),
+    ),
+    Migration(
+        10,
+        "LoRA adapters registered on endpoints",
+        (
+            """
+        CREATE TABLE endpoint_adapters (
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            name        TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            rank        <int> NOT NULL CHECK (rank >= 1),
+            base_model  TEXT,
+            created_at  <time> NOT NULL,
+            <seq>
+            PRIMARY KEY (endpoint_id, name)
+        ) <strict>
+        """,
+        ),
+    ),
+    Migration(
+        11,
+        "what each LoRA adapter served, per hour",
+        (
+            # No reference to endpoints: usage outlives an adapter and its
+            # endpoint, as the endpoint's own usage does.
+            """
+        CREATE TABLE adapter_usage_hourly (
+            endpoint_id       TEXT NOT NULL,
+            adapter           TEXT NOT NULL,
+            hour              <time> NOT NULL,
+            requests          <int> NOT NULL DEFAULT 0,
+            prompt_tokens     <int> NOT NULL DEFAULT 0,
+            completion_tokens <int> NOT NULL DEFAULT 0,
+            PRIMARY KEY (endpoint_id, adapter, hour)
+        ) <strict>
+        """,
+        ),
+    ),
+)
+
+
+# The bookkeeping table, as each engine's history created it.
+SCHEMA_MIGRATIONS = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+    " name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT",
+    "postgres": "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+    " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+}
+
+
+def latest_version() -> int:
+    return MIGRATIONS[-1].version
+
+
+def migrate(dialect: Any, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+    """Apply every pending migration; returns the versions applied
+    (idempotent). Each in `dialect.migrating()`, a transaction exclusive
+    across processes, in which what is applied is read again."""
+    if [m.version for m in migrations] != list(range(1, len(migrations) + 1)):
+        raise RuntimeError("migrations must be numbered 1..N in order")
+    applied: list[int] = []
+    for migration in migrations:
+        with dialect.migrating() as conn:
+            execute: Callable[..., Any] = lambda text, params=(): conn.execute(  # noqa: E731
+                dialect.sql(text), params
+            )
+            execute(SCHEMA_MIGRATIONS[dialect.name])
+            newest = int(
+                execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
+            )
+            if newest > migrations[-1].version:
+                raise SchemaTooNew(
+                    f"database schema version {newest} is newer than this inferd knows "
+                    f"({migrations[-1].version}); upgrade inferd"
+                )
+            if execute(
+                "SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)
+            ).fetchone():
+                continue
+            step = migration.step(dialect.name, dialect.ddl)
+            for statement in step.statements:
+                conn.execute(statement)  # constant DDL
+            execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, step.name, dialect.encode("time", utc_now())),
+            )
+            applied.append(migration.version)
+    return applied

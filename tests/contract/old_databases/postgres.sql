@@ -1,0 +1,643 @@
+
+
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+
+CREATE FUNCTION public.audit_log_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+    BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+
+CREATE TABLE public.adapter_usage_hourly (
+    endpoint_id text NOT NULL,
+    adapter text NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    requests bigint DEFAULT 0 NOT NULL,
+    prompt_tokens bigint DEFAULT 0 NOT NULL,
+    completion_tokens bigint DEFAULT 0 NOT NULL
+);
+
+
+
+CREATE TABLE public.admin_keys (
+    id bigint NOT NULL,
+    key_hash bytea NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    revoked_at timestamp with time zone
+);
+
+
+
+ALTER TABLE public.admin_keys ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.admin_keys_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.audit_log (
+    id bigint NOT NULL,
+    at timestamp with time zone NOT NULL,
+    project_id text,
+    actor text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    detail jsonb NOT NULL
+);
+
+
+
+ALTER TABLE public.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.audit_log_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.changes (
+    seq bigint NOT NULL,
+    kind text NOT NULL,
+    key text NOT NULL
+);
+
+
+
+ALTER TABLE public.changes ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.changes_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.endpoint_adapters (
+    endpoint_id text NOT NULL,
+    name text NOT NULL,
+    source text NOT NULL,
+    rank bigint NOT NULL,
+    base_model text,
+    created_at timestamp with time zone NOT NULL,
+    seq bigint NOT NULL,
+    CONSTRAINT endpoint_adapters_rank_check CHECK ((rank >= 1))
+);
+
+
+
+ALTER TABLE public.endpoint_adapters ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.endpoint_adapters_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.endpoint_tokens (
+    id bigint NOT NULL,
+    endpoint_id text NOT NULL,
+    token_hash bytea NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    revoked_at timestamp with time zone
+);
+
+
+
+ALTER TABLE public.endpoint_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.endpoint_tokens_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.endpoints (
+    id text NOT NULL,
+    name text NOT NULL,
+    model_name text NOT NULL,
+    model_kind text NOT NULL,
+    gpu_type text NOT NULL,
+    gpu_count bigint NOT NULL,
+    location_name text NOT NULL,
+    min_replicas bigint NOT NULL,
+    max_replicas bigint NOT NULL,
+    retention_seconds bigint NOT NULL,
+    hourly_price double precision NOT NULL,
+    currency text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    deleting_at timestamp with time zone,
+    generation bigint DEFAULT 1 NOT NULL,
+    project_id text DEFAULT 'default'::text NOT NULL,
+    seq bigint NOT NULL,
+    engine_settings text DEFAULT '{}'::text NOT NULL,
+    CONSTRAINT endpoints_check CHECK (((max_replicas >= 1) AND (max_replicas >= min_replicas))),
+    CONSTRAINT endpoints_gpu_count_check CHECK ((gpu_count >= 1)),
+    CONSTRAINT endpoints_hourly_price_check CHECK ((hourly_price >= (0)::double precision)),
+    CONSTRAINT endpoints_min_replicas_check CHECK ((min_replicas >= 0)),
+    CONSTRAINT endpoints_model_kind_check CHECK ((model_kind = ANY (ARRAY['chat'::text, 'image'::text, 'embedding'::text, 'rerank'::text]))),
+    CONSTRAINT endpoints_retention_seconds_check CHECK ((retention_seconds >= 0))
+);
+
+
+
+ALTER TABLE public.endpoints ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.endpoints_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE UNLOGGED TABLE public.inferd_gateway_load (
+    instance_id text NOT NULL,
+    endpoint_id text NOT NULL,
+    in_flight integer NOT NULL,
+    held integer NOT NULL,
+    last_request_at timestamp with time zone,
+    reported_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+
+CREATE TABLE public.inferd_leader (
+    id integer NOT NULL,
+    term bigint NOT NULL,
+    holder text,
+    since timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    CONSTRAINT inferd_leader_id_check CHECK ((id = 1))
+);
+
+
+
+CREATE TABLE public.memberships (
+    project_id text NOT NULL,
+    user_id text NOT NULL,
+    role text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT memberships_role_check CHECK ((role = ANY (ARRAY['admin'::text, 'developer'::text, 'viewer'::text])))
+);
+
+
+
+CREATE TABLE public.meta (
+    key text NOT NULL,
+    value text NOT NULL
+);
+
+
+
+CREATE TABLE public.model_profiles (
+    model_name text NOT NULL,
+    gpu_type text NOT NULL,
+    gpu_count bigint NOT NULL,
+    document jsonb NOT NULL,
+    measured_at text NOT NULL,
+    CONSTRAINT model_profiles_gpu_count_check CHECK ((gpu_count >= 1))
+);
+
+
+
+CREATE TABLE public.projects (
+    id text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    quota jsonb DEFAULT '{}'::jsonb NOT NULL,
+    quota_limit jsonb DEFAULT '{}'::jsonb NOT NULL
+);
+
+
+
+CREATE TABLE public.registered_models (
+    name text NOT NULL,
+    project_id text,
+    document jsonb NOT NULL,
+    created_at text NOT NULL,
+    seq bigint NOT NULL
+);
+
+
+
+ALTER TABLE public.registered_models ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.registered_models_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.replicas (
+    id text NOT NULL,
+    endpoint_id text NOT NULL,
+    generation bigint NOT NULL,
+    gpu_type text NOT NULL,
+    gpu_count bigint NOT NULL,
+    secret_hash bytea NOT NULL,
+    status text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    node text NOT NULL,
+    placement jsonb NOT NULL,
+    reason text,
+    url text,
+    seq bigint NOT NULL,
+    CONSTRAINT replicas_gpu_count_check CHECK ((gpu_count >= 1))
+);
+
+
+
+ALTER TABLE public.replicas ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.replicas_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+
+CREATE TABLE public.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+
+CREATE TABLE public.usage_hourly (
+    endpoint_id text NOT NULL,
+    project_id text NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    gpu_type text NOT NULL,
+    gpu_count bigint NOT NULL,
+    replica_seconds double precision DEFAULT 0 NOT NULL,
+    requests bigint DEFAULT 0 NOT NULL,
+    prompt_tokens bigint DEFAULT 0 NOT NULL,
+    completion_tokens bigint DEFAULT 0 NOT NULL,
+    images bigint DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 0 NOT NULL
+);
+
+
+
+CREATE TABLE public.user_keys (
+    id text NOT NULL,
+    user_id text NOT NULL,
+    name text NOT NULL,
+    key_hash bytea NOT NULL,
+    hint text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    last_used_at timestamp with time zone,
+    revoked_at timestamp with time zone,
+    project_id text
+);
+
+
+
+CREATE TABLE public.users (
+    id text NOT NULL,
+    created_at timestamp with time zone NOT NULL
+);
+
+
+
+INSERT INTO public.adapter_usage_hourly VALUES ('00000000-0000-4000-8000-000000000001', 'sql', '2026-11-01 12:00:00+00', 3, 30, 40);
+
+
+
+INSERT INTO public.admin_keys OVERRIDING SYSTEM VALUE VALUES (1, '\x6161616161616161616161616161616161616161616161616161616161616161', '2026-11-01 12:00:00.123+00', NULL);
+
+
+
+INSERT INTO public.audit_log OVERRIDING SYSTEM VALUE VALUES (1, '2026-11-01 12:00:00.123+00', 'team', 'user:ann', 'endpoint.create', 'endpoint:00000000-0000-4000-8000-000000000001', '{"name": "chat"}');
+
+
+
+INSERT INTO public.changes OVERRIDING SYSTEM VALUE VALUES (1, 'account', 'user:ann');
+INSERT INTO public.changes OVERRIDING SYSTEM VALUE VALUES (2, 'endpoint', '00000000-0000-4000-8000-000000000001');
+INSERT INTO public.changes OVERRIDING SYSTEM VALUE VALUES (3, 'token', '00000000-0000-4000-8000-000000000001');
+INSERT INTO public.changes OVERRIDING SYSTEM VALUE VALUES (4, 'replica', 'r-1');
+INSERT INTO public.changes OVERRIDING SYSTEM VALUE VALUES (5, 'adapter', '00000000-0000-4000-8000-000000000001');
+INSERT INTO public.changes OVERRIDING SYSTEM VALUE VALUES (6, 'admin_key', '');
+
+
+
+INSERT INTO public.endpoint_adapters OVERRIDING SYSTEM VALUE VALUES ('00000000-0000-4000-8000-000000000001', 'sql', '/adapters/sql', 8, 'tiny-chat', '2026-11-01 12:00:00.123+00', 1);
+
+
+
+INSERT INTO public.endpoint_tokens OVERRIDING SYSTEM VALUE VALUES (1, '00000000-0000-4000-8000-000000000001', '\x7474747474747474747474747474747474747474747474747474747474747474', '2026-11-01 12:00:00.123+00', NULL);
+
+
+
+INSERT INTO public.endpoints OVERRIDING SYSTEM VALUE VALUES ('00000000-0000-4000-8000-000000000001', 'chat', 'tiny-chat', 'chat', 'cpu', 1, 'local', 1, 2, 60, 1.25, 'USD', '2026-11-01 12:00:00.123+00', '2026-11-01 12:00:00.123+00', NULL, 1, 'team', 1, '{"maxLoras":2}');
+
+
+
+
+
+
+INSERT INTO public.inferd_leader VALUES (1, 0, NULL, NULL, NULL);
+
+
+
+INSERT INTO public.memberships VALUES ('team', 'ann', 'admin', '2026-11-01 12:00:00.123+00');
+
+
+
+
+
+
+
+
+
+INSERT INTO public.projects VALUES ('default', '2026-11-27 10:39:51.306125+00', '{}', '{}');
+INSERT INTO public.projects VALUES ('team', '2026-11-01 12:00:00.123+00', '{"gpus": {"A100": 8}, "replicas": null, "endpoints": 3}', '{"gpus": {}, "replicas": 9, "endpoints": null}');
+
+
+
+
+
+
+INSERT INTO public.replicas OVERRIDING SYSTEM VALUE VALUES ('r-1', '00000000-0000-4000-8000-000000000001', 1, 'cpu', 1, '\x7373737373737373737373737373737373737373737373737373737373737373', 'ready', '2026-11-01 12:00:00.123+00', '2026-11-01 12:00:00.123+00', 'local', '{"pid": "42"}', NULL, 'http://127.0.0.1:9', 1);
+
+
+
+INSERT INTO public.schema_migrations VALUES (1, 'endpoints, tokens, admin keys, replicas, change log, meta', '2026-11-27 10:39:50.543838+00');
+INSERT INTO public.schema_migrations VALUES (2, 'registered models, measured profiles', '2026-11-27 10:39:51.126898+00');
+INSERT INTO public.schema_migrations VALUES (3, 'accounts: projects, users, members, keys, audit log, usage; names unique per project', '2026-11-27 10:39:51.306125+00');
+INSERT INTO public.schema_migrations VALUES (4, 'a project''s quota limit, set by the operator; its own quota is set by its admins', '2026-11-27 10:39:51.816255+00');
+INSERT INTO public.schema_migrations VALUES (5, 'lists read a page at a time in the order of their identity columns', '2026-11-27 10:39:51.876944+00');
+INSERT INTO public.schema_migrations VALUES (6, 'the coordination of instances: the leader row and the gateways'' load', '2026-11-27 10:39:52.014289+00');
+INSERT INTO public.schema_migrations VALUES (7, 'a management key may be limited to one project (NULL: every project of its user)', '2026-11-27 10:39:52.271825+00');
+INSERT INTO public.schema_migrations VALUES (8, 'endpoints of embedding and rerank models', '2026-11-27 10:39:52.409468+00');
+INSERT INTO public.schema_migrations VALUES (9, 'an endpoint''s engine settings', '2026-11-27 10:39:52.54142+00');
+INSERT INTO public.schema_migrations VALUES (10, 'LoRA adapters registered on endpoints', '2026-11-27 10:39:52.589414+00');
+INSERT INTO public.schema_migrations VALUES (11, 'what each LoRA adapter served, per hour', '2026-11-27 10:39:52.715425+00');
+
+
+
+INSERT INTO public.usage_hourly VALUES ('00000000-0000-4000-8000-000000000001', 'team', '2026-11-01 12:00:00+00', 'cpu', 1, 12.5, 3, 30, 40, 0, 0.01);
+
+
+
+INSERT INTO public.user_keys VALUES ('k1', 'ann', 'laptop', '\x6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b', 'ik_ab...wxyz', '2026-11-01 12:00:00.123+00', '2026-11-01 13:00:00.123+00', NULL, 'team');
+
+
+
+INSERT INTO public.users VALUES ('ann', '2026-11-01 12:00:00.123+00');
+
+
+
+SELECT pg_catalog.setval('public.admin_keys_id_seq', 1, true);
+
+
+
+SELECT pg_catalog.setval('public.audit_log_id_seq', 1, true);
+
+
+
+SELECT pg_catalog.setval('public.changes_seq_seq', 6, true);
+
+
+
+SELECT pg_catalog.setval('public.endpoint_adapters_seq_seq', 1, true);
+
+
+
+SELECT pg_catalog.setval('public.endpoint_tokens_id_seq', 1, true);
+
+
+
+SELECT pg_catalog.setval('public.endpoints_seq_seq', 1, true);
+
+
+
+SELECT pg_catalog.setval('public.registered_models_seq_seq', 1, false);
+
+
+
+SELECT pg_catalog.setval('public.replicas_seq_seq', 1, true);
+
+
+
+ALTER TABLE ONLY public.adapter_usage_hourly
+    ADD CONSTRAINT adapter_usage_hourly_pkey PRIMARY KEY (endpoint_id, adapter, hour);
+
+
+
+ALTER TABLE ONLY public.admin_keys
+    ADD CONSTRAINT admin_keys_key_hash_key UNIQUE (key_hash);
+
+
+
+ALTER TABLE ONLY public.admin_keys
+    ADD CONSTRAINT admin_keys_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.audit_log
+    ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.changes
+    ADD CONSTRAINT changes_pkey PRIMARY KEY (seq);
+
+
+
+ALTER TABLE ONLY public.endpoint_adapters
+    ADD CONSTRAINT endpoint_adapters_pkey PRIMARY KEY (endpoint_id, name);
+
+
+
+ALTER TABLE ONLY public.endpoint_tokens
+    ADD CONSTRAINT endpoint_tokens_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.endpoint_tokens
+    ADD CONSTRAINT endpoint_tokens_token_hash_key UNIQUE (token_hash);
+
+
+
+ALTER TABLE ONLY public.endpoints
+    ADD CONSTRAINT endpoints_name_key UNIQUE (project_id, name);
+
+
+
+ALTER TABLE ONLY public.endpoints
+    ADD CONSTRAINT endpoints_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.inferd_gateway_load
+    ADD CONSTRAINT inferd_gateway_load_pkey PRIMARY KEY (instance_id, endpoint_id);
+
+
+
+ALTER TABLE ONLY public.inferd_leader
+    ADD CONSTRAINT inferd_leader_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.memberships
+    ADD CONSTRAINT memberships_pkey PRIMARY KEY (project_id, user_id);
+
+
+
+ALTER TABLE ONLY public.meta
+    ADD CONSTRAINT meta_pkey PRIMARY KEY (key);
+
+
+
+ALTER TABLE ONLY public.model_profiles
+    ADD CONSTRAINT model_profiles_pkey PRIMARY KEY (model_name, gpu_type, gpu_count);
+
+
+
+ALTER TABLE ONLY public.projects
+    ADD CONSTRAINT projects_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.registered_models
+    ADD CONSTRAINT registered_models_pkey PRIMARY KEY (name);
+
+
+
+ALTER TABLE ONLY public.replicas
+    ADD CONSTRAINT replicas_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+
+
+ALTER TABLE ONLY public.usage_hourly
+    ADD CONSTRAINT usage_hourly_pkey PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count);
+
+
+
+ALTER TABLE ONLY public.user_keys
+    ADD CONSTRAINT user_keys_key_hash_key UNIQUE (key_hash);
+
+
+
+ALTER TABLE ONLY public.user_keys
+    ADD CONSTRAINT user_keys_pkey PRIMARY KEY (id);
+
+
+
+ALTER TABLE ONLY public.users
+    ADD CONSTRAINT users_pkey PRIMARY KEY (id);
+
+
+
+CREATE INDEX audit_log_by_project ON public.audit_log USING btree (project_id, at);
+
+
+
+CREATE INDEX audit_log_by_project_id ON public.audit_log USING btree (project_id, id);
+
+
+
+CREATE UNIQUE INDEX endpoint_tokens_one_active ON public.endpoint_tokens USING btree (endpoint_id) WHERE (revoked_at IS NULL);
+
+
+
+CREATE INDEX endpoints_by_seq ON public.endpoints USING btree (seq);
+
+
+
+CREATE INDEX memberships_by_user ON public.memberships USING btree (user_id);
+
+
+
+CREATE INDEX replicas_by_endpoint ON public.replicas USING btree (endpoint_id);
+
+
+
+CREATE INDEX usage_hourly_by_project ON public.usage_hourly USING btree (project_id, hour);
+
+
+
+CREATE INDEX user_keys_by_user ON public.user_keys USING btree (user_id);
+
+
+
+CREATE TRIGGER audit_log_append_only BEFORE DELETE OR UPDATE ON public.audit_log FOR EACH ROW EXECUTE FUNCTION public.audit_log_append_only();
+
+
+
+ALTER TABLE ONLY public.endpoint_adapters
+    ADD CONSTRAINT endpoint_adapters_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
+
+
+
+ALTER TABLE ONLY public.endpoint_tokens
+    ADD CONSTRAINT endpoint_tokens_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
+
+
+
+ALTER TABLE ONLY public.memberships
+    ADD CONSTRAINT memberships_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
+
+
+
+ALTER TABLE ONLY public.memberships
+    ADD CONSTRAINT memberships_user_id_fkey FOREIGN KEY (user_id) REFERENCES public.users(id) ON DELETE CASCADE;
+
+
+
+ALTER TABLE ONLY public.replicas
+    ADD CONSTRAINT replicas_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
+
+
+
+ALTER TABLE ONLY public.user_keys
+    ADD CONSTRAINT user_keys_user_id_fkey FOREIGN KEY (user_id) REFERENCES public.users(id) ON DELETE CASCADE;
+
+
+
+
