@@ -52,6 +52,8 @@ FAULT_REPLICAS = "tests/reliability/test_fault_replicas.py"
 FAULT_ENGINES = "tests/reliability/test_fault_engines.py"
 CLUSTER_SERVING = "tests/e2e/test_cluster_serving.py"
 COORDINATION = "tests/contract/test_coordination.py"
+REPLICA_PROCESS = "tests/e2e/test_replica_process.py"
+GATEWAY = "tests/integration/test_gateway.py"
 ABORTS = "disconnect aborts the request at the engine"
 
 # The reliability servers report every 0.5 s (health period) and reconcile
@@ -101,6 +103,10 @@ GOALS = [
         "a re-issued token stops working at once",
         "tests/reliability/test_security.py",
     ),
+    Goal("disconnect via replica (stream=True): fake engine freed", 2.0, ABORTS, REPLICA_PROCESS),
+    Goal("disconnect via replica (stream=False): fake engine freed", 2.0, ABORTS, REPLICA_PROCESS),
+    Goal("disconnect via gateway (stream=True): fake engine freed", 2.0, ABORTS, GATEWAY),
+    Goal("disconnect via gateway (stream=False): fake engine freed", 2.0, ABORTS, GATEWAY),
     Goal("disconnect via replica (stream=True): vLLM freed", 2.0, ABORTS, FAULT_ENGINES),
     Goal("disconnect via replica (stream=False): vLLM freed", 2.0, ABORTS, FAULT_ENGINES),
     Goal("disconnect via gateway (stream=True): vLLM freed", 2.0, ABORTS, FAULT_ENGINES),
@@ -108,6 +114,12 @@ GOALS = [
     Goal("cluster: endpoint created on A visible on B", 1.0, "the change feed", CLUSTER_SERVING),
     Goal("cluster: token re-issued on B refused on A", 1.0, "the change feed", CLUSTER_SERVING),
     Goal("cluster: revoked admin key refused", 1.0, "the change feed", CLUSTER_SERVING),
+    Goal(
+        "cluster: new leader after SIGKILL under load",
+        5.0,
+        "the failover goal, with 20 requests/s through the followers",
+        CLUSTER_SERVING,
+    ),
     Goal(
         "cluster: new leader after SIGKILL",
         5.0,
@@ -145,6 +157,8 @@ QUICK_TESTS = [
     "tests/reliability/test_overload.py::"
     "test_twice_the_capacity_gets_429_with_retry_after_bounded_memory_and_recovers",
     "tests/reliability/test_security.py::test_an_old_token_fails_once_it_is_reissued",
+    f"{REPLICA_PROCESS}::test_client_disconnect_aborts_engine_work",
+    f"{GATEWAY}::test_client_disconnect_aborts_the_replica_work",
 ]
 FULL_TESTS = [
     *QUICK_TESTS,

@@ -74,7 +74,8 @@ class ServeFleet:
                     "replica_args": self._replica_args,
                     "replica_report_fallback_urls": others,
                     "cpu_replica_slots": str(self.replicas),
-                    "log_level": "warning",
+                    # (the default level: replicas log the URL they bind, read
+                    # back by `replica_urls`)
                     # Engines loading side by side on a shared machine starve
                     # the replicas' reporting threads for tens of seconds:
                     # late reports must not fail them here.

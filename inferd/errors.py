@@ -147,3 +147,20 @@ def error_body(
     message = _clip(redact(message), MAX_ERROR_MESSAGE_CHARS)
     param = None if param is None else _clip(redact(param), MAX_ERROR_PARAM_CHARS)
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# pydantic puts the member of a union that failed into `loc` ("str",
+# "list[str]", "function-after[...]", a model class name); a client wants the
+# field's path only.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "tuple", "bytes"})
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in _TYPE_TAGS or "[" in part or "-" in part or part[:1].isupper()
+
+
+def field_path(loc: Any) -> str | None:
+    """The dotted path of the field a pydantic error's `loc` points at
+    (`messages.0.content`), without the union members pydantic adds."""
+    parts = [str(part) for part in loc if not _is_type_tag(str(part))]
+    return ".".join(parts) if parts else None

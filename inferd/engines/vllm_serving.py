@@ -13,6 +13,7 @@ become `inferd.errors`), and the usage count every answer reports.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from inferd.engines.client_errors import client_error, validation_error
 from inferd.errors import (
     BadRequest,
     InferdError,
@@ -28,6 +30,8 @@ from inferd.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
+
+logger = logging.getLogger(__name__)
 
 # vLLM's statuses that have an inferd error of their own. 422 (a value
 # vLLM cannot process) and 501 (a feature it does not implement) are the
@@ -208,32 +212,35 @@ def _whole(response: Any) -> Whole:
 
 
 def _validate(model: Any, body: dict[str, Any]) -> Any:
-    from pydantic import ValidationError
-
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise _bad_request(exc) from None
+    return _validated(lambda: model.model_validate(body))
 
 
 def _validate_union(union: Any, body: dict[str, Any]) -> Any:
     """A request type that is a union of shapes (vLLM's `EmbeddingRequest`
     and `ScoreRequest` are), validated as FastAPI does for vLLM's server."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import TypeAdapter
+
+    return _validated(lambda: TypeAdapter(union).validate_python(body))
+
+
+def _validated(validate: Callable[[], Any]) -> Any:
+    """Validation is a function of the body alone, so whatever it raises is
+    a refusal of the body: vLLM's model validators raise its own
+    `VLLMValidationError` (not a `ValueError`, so pydantic lets it through),
+    and a `TypeError` or `AttributeError` where a field has a type they did
+    not expect (`"prompt_logprobs": "x"` compared with 0)."""
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(union).validate_python(body)
+        return validate()
     except ValidationError as exc:
-        raise _bad_request(exc) from None
-
-
-def _bad_request(exc: Any) -> BadRequest:
-    error = exc.errors()[0]
-    cause = error.get("ctx", {}).get("error")
-    where = ".".join(str(part) for part in error.get("loc", ()) if not isinstance(part, int))
-    message = str(cause) if cause is not None else f"{where}: {error.get('msg', exc)}"
-    param = getattr(cause, "parameter", None) or (str(error["loc"][-1]) if error["loc"] else None)
-    return BadRequest(message, param=param)
+        raise validation_error(exc) from None
+    except Exception as exc:
+        refusal = client_error(exc)
+        if refusal is not None:
+            raise refusal from None
+        logger.info("a request body failed vLLM's validation: %r", exc)
+        raise BadRequest(f"The request body is not valid: {exc}") from None
 
 
 async def _call(call: Callable[[], Awaitable[Any]]) -> Any:

@@ -4,9 +4,12 @@ A request is admitted first (a draining or loading replica refuses with 503,
 which the gateway retries elsewhere). It holds its in-flight slot until its
 answer is whole or, for a stream, until the stream has ended, and it is
 reported once, then: route, status, latency, time to first output, tokens and
-adapter. After a stream's first byte an error can only be told in band, as an
-SSE `error` event, and the stream then ends cleanly rather than leaving the
-client waiting on a silent socket.
+adapter. An engine's refusal of the request (vLLM's `VLLMValidationError`, a
+pydantic `ValidationError`, ...) that escapes a handler becomes the 400 it
+stands for here, on every route (`inferd.engines.client_errors`): a malformed
+request is never a 500. After a stream's first byte an error can only be told
+in band, as an SSE `error` event, and the stream then ends cleanly rather than
+leaving the client waiting on a silent socket.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from inferd.api.openai import sse_error
-from inferd.errors import InferdError
+from inferd.engines.client_errors import client_error
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
 from inferd.tracing import CURRENT_REQUEST_ID, end_span, traceparent_of, tracer
@@ -76,10 +79,14 @@ class Answering:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if isinstance(exc, InferdError):
-            self.status = exc.status
+        refusal = None if exc is None else client_error(exc)
+        if refusal is not None:
+            self.status = refusal.status
         if not self._streaming:
             self._end()
+        if refusal is not None and refusal is not exc:
+            logger.info("%s: the engine refused the request: %r", self._route, exc)
+            raise refusal from None
 
     def first_output(self) -> None:
         """Time to first output, observed once per request."""
@@ -114,13 +121,17 @@ class Answering:
             async for event in events:
                 self.first_output()
                 yield event
-        except InferdError as exc:
-            self.status = exc.status
-            yield sse_error(exc.message, exc.type, exc.code)
-        except Exception:
-            logger.exception("%s stream failed", self._route)
-            self.status = 500
-            yield sse_error("The engine failed while generating.", "server_error", "engine_error")
+        except Exception as exc:
+            refusal = client_error(exc)
+            if refusal is not None:
+                self.status = refusal.status
+                yield sse_error(refusal.message, refusal.type, refusal.code)
+            else:
+                logger.exception("%s stream failed", self._route)
+                self.status = 500
+                yield sse_error(
+                    "The engine failed while generating.", "server_error", "engine_error"
+                )
         finally:
             aclose = getattr(events, "aclose", None)
             if aclose is not None:

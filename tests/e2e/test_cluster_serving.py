@@ -321,13 +321,15 @@ def test_leader_sigkilled_under_load_no_request_fails(cluster: Cluster) -> None:
         time.sleep(2.0)
         killed["at"] = time.monotonic()
         leader.stop(signal.SIGKILL)
-        took = wait_for(lambda: any(health(f)["leader"]["self"] for f in followers), 5.0)
+        took = wait_for(lambda: any(health(f)["leader"]["self"] for f in followers), HANG_S)
         killed["new_leader_after"] = took
+        # The 5 s failover goal is judged in benchmarks/fault_timings.py.
+        record_timing("cluster: new leader after SIGKILL under load", took)
 
     killer = threading.Thread(target=kill_then_watch)
     killer.start()
     results = asyncio.run(open_loop(targets, token, CHAT, rate=20, duration=8))
-    killer.join(10)
+    killer.join(HANG_S + 10)
     failed = [r for r in results if r[1] != 200]
     during = sorted(lat for at, _, lat in results if at >= killed["at"] - 0.5)
     p99 = during[int(0.99 * (len(during) - 1))]
@@ -336,7 +338,6 @@ def test_leader_sigkilled_under_load_no_request_fails(cluster: Cluster) -> None:
         f"{len(results)} requests, {len(failed)} failed, p99 during hand-over {p99 * 1000:.0f} ms"
     )
     assert failed == []
-    assert killed["new_leader_after"] < 5.0
     new_leader = cluster.leader()
     assert health(new_leader)["leader"]["term"] > term
     # The replica was adopted, not replaced: the same one, and only it.

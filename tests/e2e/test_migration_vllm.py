@@ -1,6 +1,10 @@
 """Stream migration with the real engine: the vLLM replica serving a greedy
 stream is SIGKILLed mid-answer, the gateway continues the stream on the
-shared tiny-chat replica, and the client's text is the fault-free text.
+shared tiny-chat replica: one stream, no error, the fault-free text up to the
+kill, then the rest of the answer's tokens, and the usage of the fault-free
+run. (Past the kill the text may differ from the fault-free one: the prompt
+is rebuilt from text, and the random model's token sequences do not survive
+re-encoding; benchmarks/migration.py measures it, docs/migration.md says why.)
 
 Cost: one extra tiny-chat vLLM load (the replica that is killed; the
 survivor is the session's shared `vllm_replica`), about 40-70 s on a 2-core
@@ -42,12 +46,16 @@ def greedy(max_tokens: int = TOKENS) -> dict[str, Any]:
     }
 
 
-def read(url: str, kill: ReplicaHandle | None = None, after: int = 0) -> tuple[str, dict[str, Any]]:
-    """(the streamed text, the usage) of one request; `kill` is SIGKILLed
-    once `after` content chunks have arrived."""
+def read(
+    url: str, kill: ReplicaHandle | None = None, after: int = 0
+) -> tuple[str, dict[str, Any], int]:
+    """(the streamed text, the usage, the characters read when `kill` was
+    SIGKILLed) of one request; `kill` is SIGKILLed once `after` content
+    chunks have arrived."""
     parts: list[str] = []
     usage: dict[str, Any] = {}
     done = 0
+    seam = 0
     with httpx.stream("POST", url, json=greedy(), headers=auth(), timeout=300) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
@@ -62,9 +70,10 @@ def read(url: str, kill: ReplicaHandle | None = None, after: int = 0) -> tuple[s
                 parts.append(choice["delta"].get("content") or "")
             usage = chunk.get("usage") or usage
             if kill is not None and len(parts) == after:
+                seam = len("".join(parts))
                 kill.process.send_signal(signal.SIGKILL)
     assert done == 1
-    return "".join(parts), usage
+    return "".join(parts), usage, seam
 
 
 @pytest.fixture
@@ -82,7 +91,7 @@ def doomed(tiny_chat_dir: Path) -> Iterator[ReplicaHandle]:
         handle.stop()
 
 
-def test_a_greedy_stream_whose_replica_is_killed_reads_as_the_fault_free_one(
+def test_a_greedy_stream_whose_replica_is_killed_goes_on_as_one_stream(
     vllm_replica: ReplicaHandle, doomed: ReplicaHandle
 ) -> None:
     directory = StaticDirectory()
@@ -99,12 +108,13 @@ def test_a_greedy_stream_whose_replica_is_killed_reads_as_the_fault_free_one(
             EndpointRoute(CHAT_EP, "chat", "tiny-chat"), [replica_of(vllm_replica, "r-shared")]
         )
         try:
-            reference, reference_usage = read(faultless.url() + CHAT)
+            reference, reference_usage, _ = read(faultless.url() + CHAT)
         finally:
             faultless.stop()
-        text, usage = read(url, kill=doomed, after=TOKENS // 3)
+        text, usage, seam = read(url, kill=doomed, after=TOKENS // 3)
         assert doomed.process.wait(30) == -signal.SIGKILL
-        assert text == reference
+        assert seam > 0 and text[:seam] == reference[:seam]
+        assert len(text) > seam
         assert usage == reference_usage
         assert usage["completion_tokens"] == TOKENS
         metrics = gateway.gateway.metrics.render().decode()

@@ -23,6 +23,7 @@ import pytest
 from inferd.replica.auth import call_key
 from inferd.testing import ReplicaHandle, free_port
 from tests.support import FakeRegistry
+from tests.timings import HANG_S, record_timing
 
 CHAT = "/openai/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -63,7 +64,7 @@ def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegis
         env={"INFERD_REPLICA_SECRET": "s3cret"},
     ).wait_ready(60)  # fmt: skip
     try:
-        wait_until(lambda: "ready" in registry.statuses(), 5)
+        wait_until(lambda: "ready" in registry.statuses(), HANG_S)
         ready = next(r for r in registry.reports if r["status"] == "ready")
         assert ready["replicaId"] == "r-1" and ready["endpointId"] == "e-1"
         assert ready["url"] == replica.url and "pid" not in ready  # process ids stay local
@@ -95,9 +96,9 @@ def test_reports_lifecycle_to_registry_and_drains_on_sigterm(registry: FakeRegis
 
         reader = threading.Thread(target=consume)
         reader.start()
-        wait_until(lambda: metric(replica.url, "inferd_requests_in_flight") == 1, 5)
+        wait_until(lambda: metric(replica.url, "inferd_requests_in_flight") == 1, HANG_S)
         replica.process.send_signal(signal.SIGTERM)
-        wait_until(lambda: "draining" in registry.statuses(), 5)
+        wait_until(lambda: "draining" in registry.statuses(), HANG_S)
         refused = httpx.post(
             replica.url + CHAT, json={"messages": HELLO, "max_tokens": 1}, headers=key
         )
@@ -169,12 +170,15 @@ def test_client_disconnect_aborts_engine_work(stream: bool) -> None:
     try:
         body = {"messages": HELLO, "max_tokens": 2000, "stream": stream}
         sock = raw_post(replica.url, CHAT, body)
-        wait_until(lambda: metric(replica.url, "inferd_engine_running") == 1, 5)
+        wait_until(lambda: metric(replica.url, "inferd_engine_running") == 1, HANG_S)
         if stream:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.close()  # the client goes away mid-generation
-        # Aborted: 2,000 tokens at 50 ms each would run for 100 s.
-        wait_until(lambda: metric(replica.url, "inferd_engine_running") == 0, 2)
-        assert metric(replica.url, "inferd_requests_in_flight") == 0
+        # Aborted: 2,000 tokens at 50 ms each would run for 100 s, beyond
+        # HANG_S. How soon is a goal, judged in benchmarks/fault_timings.py.
+        freed = wait_until(lambda: metric(replica.url, "inferd_engine_running") == 0, HANG_S)
+        record_timing(f"disconnect via replica (stream={stream}): fake engine freed", freed)
+        wait_until(lambda: metric(replica.url, "inferd_requests_in_flight") == 0, HANG_S)
+        assert metric(replica.url, "inferd_generated_tokens_total") < 2000
     finally:
         replica.stop()

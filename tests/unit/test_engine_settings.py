@@ -27,6 +27,7 @@ from inferd.replica.config import (
     to_argv,
 )
 from inferd.vocab import ModelKind
+from tests.support import needs
 
 CATALOG = load_catalog()
 
@@ -128,9 +129,11 @@ def test_lora_settings_enable_vllms_lora_with_its_slots_and_rank() -> None:
     assert vllm_args(settings(maxLoras=0)) == {}  # 0: LoRA off
 
 
+@needs("vllm")
 def test_the_vllm_arguments_are_fields_of_vllms_engine_args() -> None:
-    dataclass_fields = pytest.importorskip("vllm.engine.arg_utils").AsyncEngineArgs
-    known = {f.name for f in dataclasses.fields(dataclass_fields)}
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     every = settings(
         maxModelLen=64, dtype="auto", quantization="fp8", kvCacheDtype="auto", maxNumSeqs=1,
         enablePrefixCaching=True, enableChunkedPrefill=True,
@@ -140,10 +143,10 @@ def test_the_vllm_arguments_are_fields_of_vllms_engine_args() -> None:
     assert set(vllm_args(every)) <= known
 
 
+@needs("vllm")
 def test_the_endpoints_settings_override_the_servers_in_vllms_arguments() -> None:
     from inferd.engines.vllm import engine_args_for
 
-    pytest.importorskip("vllm")
     options = EngineOptions(
         engine="vllm",
         device="cpu",

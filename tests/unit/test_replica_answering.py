@@ -140,3 +140,53 @@ def test_the_in_band_error_event_carries_the_error() -> None:
     payload = json.loads(text.split("data: ", 1)[1].split("\n", 1)[0])
     assert payload["error"]["code"] == "too_long"
     assert answered(metrics, "chat", 400) == 1
+
+
+def test_an_engines_refusal_that_escapes_a_handler_is_a_400_naming_the_parameter() -> None:
+    """vLLM's own validation error is not a ValueError, so nothing on its way
+    up turns it into inferd's; the answering path does, on every route."""
+    from pydantic import BaseModel
+
+    from tests.support import require
+
+    require("vllm", "the refusal is vLLM's own exception class")
+    from vllm.exceptions import VLLMValidationError
+
+    state, metrics = ready()
+    with pytest.raises(BadRequest) as caught, Answering(state, metrics, "completions"):
+        raise VLLMValidationError("Either prompt or prompt_embeds is needed", parameter="prompt")
+    assert (caught.value.status, caught.value.param) == (400, "prompt")
+    assert answered(metrics, "completions", 400) == 1
+
+    class Body(BaseModel):
+        n: int
+
+    with pytest.raises(BadRequest) as caught, Answering(state, metrics, "images"):
+        Body.model_validate({"n": "many"})
+    assert caught.value.param == "n"
+    assert state.in_flight == 0
+
+
+def test_a_refusal_after_the_stream_started_is_an_error_event_with_its_status() -> None:
+    from pydantic import BaseModel
+
+    class Body(BaseModel):
+        n: int
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: {}\n\n"
+        Body.model_validate({"n": "many"})
+
+    async def close() -> None:
+        pass
+
+    async def read() -> list[bytes]:
+        state, metrics = ready()
+        with Answering(state, metrics, "chat") as answer:
+            response = answer.stream(events(), close)
+        chunks = [chunk async for chunk in response.body_iterator]  # type: ignore[union-attr]
+        assert answered(metrics, "chat", 400) == 1
+        return [c if isinstance(c, bytes) else c.encode() for c in chunks]
+
+    chunks = asyncio.run(read())
+    assert b"invalid_request_error" in chunks[-1]
