@@ -34,6 +34,8 @@ NEEDS = {
     "network": "needs the Hugging Face Hub (real model weights are downloaded)",
     "cluster": "needs several machines joined in a Ray cluster",
     "postgresql": "needs a PostgreSQL server at the address the snippet names",
+    "kubernetes": "needs a Kubernetes cluster with the KubeRay operator and GPU nodes",
+    "image-build": "builds a container image (docker or buildah; half an hour on a 2-core machine)",
 }
 MARKER = re.compile(r"^<!-- readme-test: needs ([a-z-]+) -->\s*$")
 FENCE = re.compile(r"^```([A-Za-z0-9_-]*)\s*$")

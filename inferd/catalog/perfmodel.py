@@ -69,6 +69,8 @@ _GLOBAL = (
     "sequenceOverheadSeconds",
     "tpScalingPerDoubling",
     "tensorrtLlmComputeFactor",
+    "nimComputeFactor",
+    "nimBandwidthFactor",
     "compiledImageSpeedup",
     "imageOverheadSeconds",
     "imageComputeRatio",
@@ -87,6 +89,8 @@ PRIOR: Mapping[str, float] = {
     "sequenceOverheadSeconds": 0.00002,
     "tpScalingPerDoubling": 0.9,
     "tensorrtLlmComputeFactor": 1.0,
+    "nimComputeFactor": 1.0,
+    "nimBandwidthFactor": 1.0,
     "compiledImageSpeedup": 1.3,
     "imageOverheadSeconds": 0.1,
     "imageComputeRatio": 0.9,
@@ -141,6 +145,8 @@ class Precision:
 # The key `for_engine` sets: the attention efficiency of the engine a step
 # runs in (absent: current vLLM's, 1).
 ACTIVE_ATTENTION = "attentionEfficiency"
+# Engine families whose kernels reach another fraction of peak compute.
+_COMPUTE_FACTORS = {"tensorrt-llm": "tensorrtLlmComputeFactor", "nim": "nimComputeFactor"}
 # vLLM's V1 engine (default from 0.8): chunked prefill always, new kernels.
 _VLLM_V1 = (0, 8)
 
@@ -149,7 +155,7 @@ _VLLM_V1 = (0, 8)
 class EngineTraits:
     """What the model tells apart about the engine a figure was measured with."""
 
-    family: str  # "vllm" | "tensorrt-llm" | "other"
+    family: str  # "vllm" | "tensorrt-llm" | "nim" | "other"
     attention_class: str | None  # None: current vLLM's kernels (the reference)
     chunked_prefill: bool  # prompt chunks ride in decode steps
 
@@ -170,6 +176,10 @@ def engine_traits(engine: str) -> EngineTraits:
     if "tensorrt-llm" in low:
         major = (_version(low.split("tensorrt-llm", 1)[1]) or (1, 0))[0]
         return EngineTraits("tensorrt-llm", f"tensorrt-llm-{min(major, 1)}", True)
+    if "nim" in low.split():
+        # NVIDIA NIM runs TensorRT-LLM or vLLM profiles; where the source does
+        # not say which, its compute gets a factor of its own.
+        return EngineTraits("nim", None, True)
     if low.startswith("vllm"):
         version = _version(low)
         if version is not None and version < _VLLM_V1:
@@ -186,9 +196,15 @@ def for_engine(params: Parameters, engine: str) -> Parameters:
     attention kernels read the KV cache at its class's attention efficiency."""
     traits = engine_traits(engine)
     values = dict(params.values)
-    if traits.family == "tensorrt-llm":
-        factor = params["tensorrtLlmComputeFactor"]
+    if traits.family in _COMPUTE_FACTORS:
+        factor = params[_COMPUTE_FACTORS[traits.family]]
         values = {k: v * factor if k.startswith("computeEfficiency.") else v
+                  for k, v in values.items()}  # fmt: skip
+    if traits.family == "nim":
+        # Neither the kernels nor the parallel runtime are known: its decode
+        # reads get a factor of their own too.
+        factor = params["nimBandwidthFactor"]
+        values = {k: v * factor if k.startswith("bandwidthEfficiency.") else v
                   for k, v in values.items()}  # fmt: skip
     if traits.attention_class is not None:
         values[ACTIVE_ATTENTION] = params[f"attentionEfficiency.{traits.attention_class}"]

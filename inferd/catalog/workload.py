@@ -19,7 +19,10 @@ measurements (`inferd/catalog/data/fitted.json`, docs/recommendation.md):
     (a request's prompt is chunked over its decode steps); TPOT (mean) = that
     step; where the prompt tokens exceed the budget, fewer sequences decode
     and the rest wait, which TTFT counts;
-  TTFT (mean) = the steps a prompt's chunks take + the wait for a slot;
+  TTFT (mean) = the wait for a slot + the step in progress + the prompt's own
+    prefill at that load (its chunks, each a step beside the decodes), never
+    below the prompt's prefill time; with chunked prefill off in the engine
+    settings a prompt is a pass of its own and prefill and decode add up;
   throughput = decoding sequences / step; requests/s = that / output tokens.
   p95 = mean x 2 for TTFT (prompts arriving together queue behind each
   other) and x 1.15 for TPOT.
@@ -28,9 +31,11 @@ The image model, per replica at batch b (images denoised together): the
   image efficiency of the GPU's generation, plus a fixed cost per image;
   every image of a batch finishes together, so seconds per image (p95) =
   1.1 x the batch's time.
-Every option states what its estimate rests on and its error band: the
-  median held-out error of the published measurements of the same GPU
-  generation and precision (leave-one-source-out).
+Every option states what its estimate rests on and its error band: an 80%
+  band from the held-out errors of published figures like it (GPU
+  generation, precision, throughput regime; `inferd.catalog.bands`), or,
+  for a GPU type with no figure of its own, "no figure for this GPU" and the
+  band of figures predicted with their GPU type held out.
 Replicas run at 80% of their capacity (headroom for bursts and queueing):
   replicas = ceil(load / (0.8 x capacity)). Suggested minReplicas is that
   count; maxReplicas twice it, for peaks of twice the stated load.
@@ -181,6 +186,21 @@ class WorkloadOption:
     @property
     def label(self) -> str:
         return f"{self.location} {self.gpu_count} x {self.gpu_type}"
+
+    # The names the console's option tables read (as `recommend.GpuOption`'s).
+    @property
+    def memory_needed_gb(self) -> float | None:
+        return None if self.performance is None else self.performance.memory_gb
+
+    @property
+    def est_output_tokens_per_s(self) -> float | None:
+        p = self.performance
+        return None if p is None or p.tpot_p95_s is None else p.throughput
+
+    @property
+    def est_seconds_per_image(self) -> float | None:
+        p = self.performance
+        return None if p is None else p.seconds_per_image_p95
 
     def to_dict(self) -> dict[str, Any]:
         p = self.performance
@@ -618,7 +638,10 @@ def assumptions(work: Workload) -> dict[str, Any]:
         return {
             **common,
             "batching": "vLLM continuous batching with chunked prefill: a step carries the "
-            "batch's decodes plus batch x prompt/output prompt tokens, within the token budget",
+            "batch's decodes plus batch x prompt/output prompt tokens, within the token budget "
+            "(chunked prefill off in the engine settings: prompts run as passes of their own)",
+            "ttft": "the wait for a slot + the step in progress + the prompt's own prefill at "
+            "that load, never below the prompt's prefill time",
             "schedulerLimits": {
                 "smallGpus": vars(SMALL_GPU_LIMITS),
                 "gpusOf70GiBOrMoreButA100": vars(LARGE_GPU_LIMITS),

@@ -13,9 +13,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, recommend
 from inferd.catalog.models import ModelSpec
-from inferd.catalog.recommend import GpuOption, Recommendation
+from inferd.catalog.recommend import POOLING_KINDS, GpuOption, Recommendation
+from inferd.catalog.workload import (
+    ChatWorkload,
+    ImageWorkload,
+    Workload,
+    WorkloadOption,
+    WorkloadRecommendation,
+    recommend_for_workload,
+)
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
@@ -81,6 +90,16 @@ async def _no_log(replica_id: str, max_bytes: int) -> str | None:
     return None
 
 
+# The load the create form sizes for until it asks for one: a modest chat
+# service, or an image a minute. Stated on the page.
+CONSOLE_CHAT_WORKLOAD = ChatWorkload(1.0, 1000, 200)
+CONSOLE_IMAGE_WORKLOAD = ImageWorkload(1.0)
+# (model, workload, location, engine settings) -> the service's answer.
+Recommender = Callable[[str, Workload, str, EngineSettings | None], WorkloadRecommendation]
+AnyRecommendation = Recommendation | WorkloadRecommendation
+AnyOption = GpuOption | WorkloadOption
+
+
 @dataclass
 class ConsoleSources:
     endpoints: EndpointService
@@ -100,16 +119,30 @@ class ConsoleSources:
     adapters: Callable[[str], Sequence[AdapterLine]] = _no_adapters
     # The end of a replica's log, read through its launcher (None: none).
     replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
-    _recommendations: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
+    # The model service's `recommend` (the API's: measured profiles, engine
+    # settings); None: `recommend_for_workload` on the catalog alone.
+    recommender: Recommender | None = None
+    _pooling: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
 
-    def recommendation(self, model_name: str, location: str) -> Recommendation:
-        """The catalog does not change while the server runs: computed once."""
-        key = (model_name, location)
-        rec = self._recommendations.get(key)
-        if rec is None:
-            rec = recommend(self.catalog.models.get(model_name), self.catalog.gpus, location)
-            self._recommendations[key] = rec
-        return rec
+    def recommendation(
+        self, model_name: str, location: str, engine_settings: EngineSettings | None = None
+    ) -> AnyRecommendation:
+        """What the API answers for the model at the console's workload
+        (`recommend_for_workload`, through the model service). Embedders and
+        cross-encoders have no chat or image workload: their options are the
+        fixed-concurrency ranking the API gives without one."""
+        model = self.catalog.models.get(model_name)
+        if model.kind in POOLING_KINDS:
+            key = (model_name, location)
+            if key not in self._pooling:  # the catalog does not change while serving
+                self._pooling[key] = recommend(model, self.catalog.gpus, location)
+            return self._pooling[key]
+        work = CONSOLE_IMAGE_WORKLOAD if model.kind == "image" else CONSOLE_CHAT_WORKLOAD
+        if self.recommender is not None:
+            return self.recommender(model_name, work, location, engine_settings)
+        return recommend_for_workload(
+            model, self.catalog.gpus, work, location, engine_settings=engine_settings
+        )
 
     def models_for(self, principal: Principal) -> list[ModelSpec]:
         """The models the principal may know of: global and catalog ones and
@@ -120,11 +153,12 @@ class ConsoleSources:
             if (owner := self.model_owner(m.name)) is None or principal.sees(owner)
         ]
 
-    def option(self, row: EndpointRow) -> GpuOption | None:
-        """The recommender's estimate for an endpoint's own GPU choice."""
+    def option(self, row: EndpointRow) -> AnyOption | None:
+        """The recommender's estimate for an endpoint's own GPU choice, under
+        its own engine settings."""
         if row.model_name not in self.catalog.models:
             return None
-        rec = self.recommendation(row.model_name, row.location_name)
+        rec = self.recommendation(row.model_name, row.location_name, row.engine_settings)
         for opt in (*rec.options, *rec.rejected):
             if (opt.gpu_type, opt.gpu_count) == (row.gpu_type, row.gpu_count):
                 return opt

@@ -74,6 +74,10 @@ def console_sources(server: Server) -> ConsoleSources:
         public_url=settings.public_url,
         cost_so_far=accounts.meter.cost_so_far,
         model_owner=server.models.owner_of,
+        # The API's recommendation: the same service, measured profiles included.
+        recommender=lambda name, work, location, settings: server.models.recommend(
+            name, work, location, engine_settings=settings
+        ),
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),

@@ -64,7 +64,7 @@ def test_a_light_workload_picks_a_small_gpu(catalog: Catalog) -> None:
     ("rps", "replicas"),
     # One 1 x H100 replica at its largest batch meeting the targets serves
     # `capacity` requests/s; replicas = ceil(rps / (0.8 x capacity)).
-    [(0.1, 1), (5, 1), (20, 2), (60, 5)],
+    [(0.1, 1), (5, 1), (20, 2), (60, 6)],
 )
 def test_replicas_follow_the_load(catalog: Catalog, rps: float, replicas: int) -> None:
     work = ChatWorkload(rps, 1000, 200, 1.0, 0.030)
@@ -99,8 +99,8 @@ def test_a_measured_profile_refits_the_model(catalog: Catalog) -> None:
         model_name="llama-3.1-8b-instruct", gpu_type="H100-80GB", gpu_count=1, kind="chat",
         prompt_tokens=1000, output_tokens=200, measured_at="2026-11-23T10:00:00Z",
         endpoint="chat-8b",
-        points=(ProfilePoint(1, 10, 90.0, 0.05, 0.0128), ProfilePoint(16, 50, 1200.0, 0.2, 0.0153),
-                ProfilePoint(64, 100, 3000.0, 1.5, 0.0246)),
+        points=(ProfilePoint(1, 10, 70.0, 0.05, 0.0165), ProfilePoint(16, 50, 900.0, 0.2, 0.0200),
+                ProfilePoint(64, 100, 2200.0, 1.5, 0.0330)),
     )  # fmt: skip
     model = catalog.models.get("llama-3.1-8b-instruct")
     estimated = recommend_for_workload(

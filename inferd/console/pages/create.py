@@ -12,11 +12,11 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from inferd.api.management import CreateEndpointRequest
-from inferd.catalog.recommend import Recommendation
 from inferd.console.costs import Envelope
 from inferd.console.messages import human_errors
 from inferd.console.pages.base import Pages, form_int
 from inferd.console.security import Session
+from inferd.console.sources import AnyRecommendation
 from inferd.console.web import ConsoleError, Web
 from inferd.errors import Forbidden, InferdError, NotFound
 
@@ -132,7 +132,9 @@ class Create(Pages):
         return self.web.render(request, session, "create.html", status=400, error=error, **context)
 
 
-def _envelope_for(rec: Recommendation | None, chosen: str, form: dict[str, Any]) -> Envelope | None:
+def _envelope_for(
+    rec: AnyRecommendation | None, chosen: str, form: dict[str, Any]
+) -> Envelope | None:
     """What the option chosen costs between the bounds typed."""
     if rec is None:
         return None
