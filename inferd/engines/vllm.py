@@ -321,7 +321,14 @@ class VllmTextEngine(AsyncLLMEngine):
             context_length=int(model_config.max_model_len),
             vocab_size=int(model_config.get_vocab_size()),
         )
-        self._openai = await VllmServing.build(self._engine, self._model_path, [self._name])
+        serving = self._options.serving
+        self._openai = await VllmServing.build(
+            self._engine,
+            self._model_path,
+            [self._name],
+            tool_call_parser=serving.tool_call_parser,
+            reasoning_parser=serving.reasoning_parser,
+        )
         if self._options.settings.maxLoras:
             self._adapters = VllmAdapters(self._engine, self._openai.models)
 

@@ -72,7 +72,13 @@ class VllmServing:
 
     @classmethod
     async def build(
-        cls, engine_client: Any, model_path: Path, served_names: Sequence[str]
+        cls,
+        engine_client: Any,
+        model_path: Path,
+        served_names: Sequence[str],
+        *,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> VllmServing:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -81,6 +87,12 @@ class VllmServing:
         # The server-level arguments only (logging, chat template, ...); the
         # engine's own were given to AsyncLLM already.
         argv = ["--model", str(model_path), "--served-model-name", *served_names]
+        if tool_call_parser:
+            # Tools offered through the Messages and Responses APIs are
+            # parsed as the chat route parses them (tool_choice auto).
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+        if reasoning_parser:
+            argv += ["--reasoning-parser", reasoning_parser]
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         # vLLM's server keeps these on its app's `state`: any attribute bag does.
         state = SimpleNamespace()
