@@ -370,8 +370,56 @@ def run_tracing_part(url: str, args: argparse.Namespace) -> tuple[list[dict[str,
             process.wait(30)
         receiver.stop()
     rows, summary = compare("fake latency c=8, tracing", runs, False)
-    summary["spans received"] = receiver.count
+    summary["spans received"] = receiver.count  # export batches (POSTs), not spans
     return rows, summary
+
+
+def tracing_result(
+    rows: list[dict[str, Any]], report: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The tracing part as a results file (`benchmarks/results_format.py`)."""
+    from results_format import goal, not_measured, table
+
+    cpu = {row["label"]: row.get("gateway cpu us/req") for row in rows}
+    off, one, every = (cpu.get(f"gateway-tracing-{n}") for n in ("off", "1%", "100%"))
+    columns = ["label", "requests", "errors", "latency_p50_ms", "latency_p99_ms",
+               "added p50 ms", "gateway cpu us/req"]  # fmt: skip
+    goals = [
+        not_measured(
+            "tracing off costs nothing measurable",
+            "no CPU per request over a gateway without tracing",
+            "a gateway without the tracing code is not in this run; off, the request path "
+            "does one None check (Tracer.start) and makes no span, context or header",
+        ),
+        goal(
+            "1% sampling: gateway CPU per request over tracing off",
+            "<= +5%",
+            None if off is None or one is None else round(100 * (one / off - 1), 1),
+            None if off is None or one is None else one <= off * 1.05,
+            "an unsampled request costs one random number; a difference this size is the "
+            "CPU clock's granularity and the machine's noise (rerun with more --requests)",
+        ),
+        goal(
+            "100% sampling: gateway CPU per request over tracing off (stated)",
+            "stated",
+            None if off is None or every is None else round(100 * (every / off - 1), 1),
+            None if off is None or every is None else True,
+        ),
+    ]
+    return {
+        "title": "Tracing cost in the gateway (fake engine, non-streamed, c=8)",
+        "workload": f"{args.requests} requests x {args.rounds} alternating rounds per target, "
+        "2 output tokens; spans sent by OTLP/HTTP to a receiver in the benchmark process",
+        "tables": [table("gateway CPU per request by tracing setting", columns, rows)],
+        "goals": goals,
+        "notes": [
+            "Figures in percent; 'gateway cpu us/req' is the gateway process's own CPU time "
+            "(user + system) per request, which moves little with other processes' load.",
+            "OTLP export batches the receiver got: "
+            f"{report['parts']['fake latency c=8, tracing']['spans received']}.",
+        ],
+        "parts": report["parts"],
+    }
 
 
 class _SpanSink:
@@ -524,6 +572,10 @@ def main() -> int:
         add("fake latency c=8, tracing", run_tracing_part(fake.wait_ready(60).url, args))
     finally:
         fake.stop()
+    if args.only_tracing:
+        print_table("gateway CPU per request, tracing off / 1% / 100%", rows, COLUMNS)
+        write_report("gateway_tracing", tracing_result(rows, report, args), args.out)
+        return 0
 
     if not args.skip_routing:
         rows.extend(routing_decision_cpu())
