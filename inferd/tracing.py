@@ -73,12 +73,13 @@ NO_TRACING = TracingSettings()
 class Tracer:
     """One process's tracer (`service_name`: inferd-gateway, inferd-replica)."""
 
-    def __init__(self, settings: TracingSettings, service_name: str) -> None:
+    def __init__(self, settings: TracingSettings, service_name: str, exporter: Any = None) -> None:
+        """`exporter`: where spans go instead of OTLP, synchronously (tests)."""
         self.settings = settings
         self._tracer: Any = None
         self._provider: Any = None
         if settings.enabled:
-            self._tracer, self._provider = _build(settings, service_name)
+            self._tracer, self._provider = _build(settings, service_name, exporter)
 
     @property
     def enabled(self) -> bool:
@@ -165,12 +166,17 @@ def _carrier(headers: Iterable[tuple[bytes, bytes]] | Mapping[str, str]) -> dict
     return {}
 
 
-def _build(settings: TracingSettings, service_name: str) -> tuple[Any, Any]:
+def _build(settings: TracingSettings, service_name: str, given: Any = None) -> tuple[Any, Any]:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
+    resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
+    if given is not None:
+        provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
+        provider.add_span_processor(SimpleSpanProcessor(given))
+        return provider.get_tracer("inferd"), provider
     exporter: Any
     if settings.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -182,7 +188,6 @@ def _build(settings: TracingSettings, service_name: str) -> tuple[Any, Any]:
         )
 
         exporter = HttpExporter(endpoint=settings.traces_url())
-    resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
     # New traces are sampled in `Tracer.start` (at the ratio); a parent's
     # decision is followed.
     provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
@@ -197,10 +202,10 @@ def _build(settings: TracingSettings, service_name: str) -> tuple[Any, Any]:
 _TRACER = Tracer(NO_TRACING, "inferd")
 
 
-def configure(settings: TracingSettings, service_name: str) -> Tracer:
+def configure(settings: TracingSettings, service_name: str, exporter: Any = None) -> Tracer:
     global _TRACER
     _TRACER.shutdown()
-    _TRACER = Tracer(settings, service_name)
+    _TRACER = Tracer(settings, service_name, exporter)
     return _TRACER
 
 

@@ -145,10 +145,11 @@ class _RequestNotes:
 
     def attempt(self, replica_id: str, held_s: float, policy: str, affinity: Affinity) -> None:
         self.attempts += 1
+        if self.attempts == 1:  # how long the request waited before it was first sent
+            self.span.set_attribute("inferd.hold_seconds", round(held_s, 6))
         self.span.set_attributes(
             {
                 "inferd.replica": replica_id,
-                "inferd.hold_seconds": round(held_s, 6),
                 "inferd.routing.policy": policy,
                 # The replica holds the prompt's prefix as far as this gateway knows.
                 "inferd.routing.prefix_hit_expected": affinity.cached_on == replica_id,
@@ -162,6 +163,14 @@ class _RequestNotes:
 
     def retry(self, replica_id: str, reason: str, detail: str) -> None:
         self.span.add_event("retry", {"replica": replica_id, "reason": reason, "detail": detail})
+
+    def migrated(self, lost: str, reason: str, produced_chars: int) -> None:
+        self.span.add_event(
+            "migrated", {"lost_replica": lost, "reason": reason, "produced_chars": produced_chars}
+        )
+
+    def not_migrated(self, reason: str) -> None:
+        self.span.add_event("migration_refused", {"reason": reason})
 
 
 _REQUEST: contextvars.ContextVar[_RequestNotes | None] = contextvars.ContextVar(
@@ -558,11 +567,16 @@ class Gateway:
             if isinstance(step, Finished):
                 await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
                 return broken.status
+            notes = _REQUEST.get()
             if isinstance(step, Refusal):
+                if notes is not None:
+                    notes.not_migrated(step.reason)
                 await self._end_stream(endpoint_id, send, step)
                 return broken.status
             migrations += 1
             metrics.migrations.labels(endpoint_id, broken.reason).inc()
+            if notes is not None:
+                notes.migrated(lost, broken.reason, step.produced_chars)
             logger.warning(
                 "endpoint %s: continuing the stream on another replica (migration %d, %d "
                 "characters already streamed)",
@@ -609,6 +623,9 @@ class Gateway:
             rid = replica.replica_id
             self._replica_urls[rid] = replica.url
             begun = self.clock()
+            notes = _REQUEST.get()
+            if notes is not None:
+                notes.attempt(rid, 0.0, self.settings.routing_policy.value, affinity)
             try:
                 result = await forward(
                     self.upstream,
@@ -631,6 +648,8 @@ class Gateway:
             if isinstance(result, Broken):
                 return result, rid
             self.metrics.retries.labels(ep.endpoint_id, result.reason).inc()
+            if notes is not None:
+                notes.retry(rid, result.reason, result.detail)
             if result.unreachable:
                 self.directory.report_unreachable(rid, result.detail)
             exclude = exclude | {rid}

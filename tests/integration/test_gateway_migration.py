@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferd.gateway.directory import RoutableReplica
 from inferd.gateway.routing import Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.testing import ReplicaHandle
@@ -157,3 +158,48 @@ def test_the_migration_cap_ends_the_stream_when_reached(
     out = read_stream(gw, streamed_chat(30), kill_after=4, doomed=doomed)
     last = json.loads(out.strip().split(b"\n\n")[-1][6:])
     assert "(cap)" in last["error"]["message"]
+
+
+@pytest.fixture
+def traced() -> Iterator[Any]:
+    """The process's tracer, on, with spans kept in memory."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inferd import tracing
+
+    exporter = InMemorySpanExporter()
+    tracing.configure(tracing.TracingSettings("http://unused:4318"), "inferd-gateway", exporter)
+    try:
+        yield exporter
+    finally:
+        tracing.configure(tracing.NO_TRACING, "inferd")
+
+
+def test_a_trace_shows_each_attempt_a_migration_and_a_retry(
+    traced: Any,
+    serve: Callable[..., GatewayServer],
+    replicas: list[ReplicaHandle],
+    doomed: ReplicaHandle,
+) -> None:
+    gw = serve(
+        LEAST_LOADED,
+        chat_replicas=[replica_of(doomed, "r-doomed"), replica_of(replicas[0], "r-a", 50)],
+    )
+    read_stream(gw, streamed_chat(30), kill_after=8, doomed=doomed)
+    (migrated,) = [s for s in traced.get_finished_spans() if s.name == "POST chat"]
+    events = [(e.name, dict(e.attributes or {})) for e in migrated.events]
+    assert [name for name, _ in events] == ["forwarded", "migrated", "forwarded"], events
+    assert events[0][1]["replica"] == "r-doomed" and events[2][1]["replica"] == "r-a"
+    assert events[1][1]["lost_replica"] == "r-doomed" and events[1][1]["produced_chars"] > 0
+    assert migrated.attributes is not None and migrated.attributes["inferd.attempts"] == 2
+
+    traced.clear()
+    # A replica that refuses connections before answering: retried on the other.
+    gone = RoutableReplica("r-gone", "http://127.0.0.1:9")
+    retried = serve(LEAST_LOADED, chat_replicas=[gone, replica_of(replicas[0], "r-a", 50)])
+    answer = httpx.post(retried.url() + CHAT, json=streamed_chat(4), headers=auth(), timeout=30)
+    assert answer.status_code == 200
+    (span,) = [s for s in traced.get_finished_spans() if s.name == "POST chat"]
+    names = [e.name for e in span.events]
+    assert names == ["forwarded", "retry", "forwarded"], names
+    assert dict(span.events[1].attributes or {})["replica"] == "r-gone"
