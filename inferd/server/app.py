@@ -37,6 +37,7 @@ from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
 from inferd.server.openapi import build_openapi
+from inferd.server.request_spans import RequestSpans
 from inferd.settings import Settings
 
 
@@ -192,7 +193,10 @@ def create_app(server: Server) -> Starlette:
             Mount(
                 "/inference",
                 app=inference,
-                middleware=[Middleware(ResolvePrincipal, resolver=accounts.resolver)],
+                middleware=[
+                    Middleware(RequestSpans),
+                    Middleware(ResolvePrincipal, resolver=accounts.resolver),
+                ],
             ),
             *serving_routes(server),
             # The console's address as typed: its pages live under `/console/`.
