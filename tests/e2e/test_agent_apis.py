@@ -5,6 +5,7 @@ answered by vLLM's own serving classes, driven by the official `openai` and
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
@@ -17,6 +18,9 @@ from tests.support import needs
 pytestmark = [needs("vllm", "openai", "anthropic"), pytest.mark.slow]
 
 HELLO = [{"role": "user", "content": "Say hello to the sea."}]
+# Greedy everywhere: the replica is shared, and sampled requests would move
+# the engine's random state under the tests that run after these.
+GREEDY: dict[str, Any] = {"temperature": 0}
 
 
 def prompt_tokens_counted(replica: ReplicaHandle) -> float:
@@ -55,6 +59,7 @@ def test_the_openai_client_creates_and_streams_responses(
             input=HELLO,
             max_output_tokens=8,
             stream=True,  # type: ignore[arg-type]
+            **GREEDY,
         )
     )
     kinds = [event.type for event in events]
@@ -74,12 +79,15 @@ def test_storage_is_refused_with_the_parameter_named(responses_client: openai.Op
                 input="hi",
                 max_output_tokens=4,
                 **extra,  # type: ignore[arg-type]
+                **GREEDY,
             )
         error = refused.value
         assert error.param == next(iter(extra)), error.body
         assert "do not store" in error.message or "background" in error.message
     # Leaving `store` out works, unstored, as on vLLM's own server.
-    assert responses_client.responses.create(model="tiny-chat", input="hi", max_output_tokens=2)
+    assert responses_client.responses.create(
+        model="tiny-chat", input="hi", max_output_tokens=2, **GREEDY
+    )
 
 
 def test_the_anthropic_client_creates_and_streams_messages(vllm_replica: ReplicaHandle) -> None:
@@ -90,6 +98,7 @@ def test_the_anthropic_client_creates_and_streams_messages(vllm_replica: Replica
         model="tiny-chat",
         max_tokens=8,
         messages=HELLO,  # type: ignore[arg-type]
+        extra_body=GREEDY,
     )
     assert message.type == "message" and message.role == "assistant"
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
@@ -97,6 +106,7 @@ def test_the_anthropic_client_creates_and_streams_messages(vllm_replica: Replica
         model="tiny-chat",
         max_tokens=8,
         messages=HELLO,  # type: ignore[arg-type]
+        extra_body=GREEDY,
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -117,6 +127,7 @@ def test_the_anthropic_client_creates_and_streams_messages(vllm_replica: Replica
                 },
             }
         ],
+        extra_body=GREEDY,
     )
     assert with_tools.stop_reason in ("end_turn", "max_tokens", "tool_use")
     # A bad request is a 400, not a 500.
