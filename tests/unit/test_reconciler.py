@@ -497,12 +497,19 @@ async def follow(w: World) -> None:
         await w.reconciler.replica_exited(exited)
 
 
-async def until(condition: Callable[[], bool], turns: int = 1000) -> None:
-    """Let other tasks run until `condition` holds (event-loop turns, no sleep)."""
+async def until(condition: Callable[[], bool], turns: int = 1000, within_s: float = 30.0) -> None:
+    """Let other tasks run until `condition` holds: event-loop turns first
+    (no sleep), then short sleeps, because the store answers from a worker
+    thread and a loaded machine can take longer than any number of turns."""
     for _ in range(turns):
         if condition():
             return
         await asyncio.sleep(0)
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.001)
     raise AssertionError("condition never held")
 
 
