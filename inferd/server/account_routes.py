@@ -247,6 +247,15 @@ class AccountRoutes:
         await self.endpoints.delete_project(principal, request.path_params["id"], self.models_of)
         return Response(status_code=204)
 
+    # Each quota is read where it is written: the same shape as the PUT's body.
+    async def get_quota(self, request: Request, principal: Principal) -> Response:
+        project = await self.accounts.project(principal, request.path_params["id"])
+        return JSONResponse(project.quota.to_dict())
+
+    async def get_limit(self, request: Request, principal: Principal) -> Response:
+        project = await self.accounts.project(principal, request.path_params["id"])
+        return JSONResponse(project.limit.to_dict())
+
     async def set_quota(self, request: Request, principal: Principal) -> Response:
         return await self._put_quota(request, principal, self.accounts.set_quota)
 
@@ -288,6 +297,11 @@ class AccountRoutes:
         after = members[-1].user_id if more else None
         data = [member_info(m) for m in members if role is None or m.role.value == role]
         return JSONResponse(paged_body(data, "members", query, after))
+
+    async def get_member(self, request: Request, principal: Principal) -> Response:
+        params = request.path_params
+        member = await self.accounts.member(principal, params["id"], params["userId"])
+        return JSONResponse(member_info(member))
 
     async def put_member(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, PutMemberRequest, self.max_body_bytes)
@@ -445,10 +459,17 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("DELETE", "/projects/{id}", Target.OPERATOR, M, AccountRoutes.delete_project,
               doc=Doc("deleteProject", "Delete an empty project (operator); its audit "
                       "entries and usage stay", ok(204, "Deleted."), (403, 404, 409))),
+    Operation("GET", "/projects/{id}/quota", Target.PROJECT, R, AccountRoutes.get_quota,
+              doc=Doc("getQuota", "A project's own quota, as its admins set it (null: "
+                      "unlimited); quotaInForce on the project is what is enforced",
+                      ok(200, "The quota.", wire.QuotaInfo), (404,))),
     Operation("PUT", "/projects/{id}/quota", Target.PROJECT, M, AccountRoutes.set_quota,
               doc=Doc("setQuota", "Set a project's own quota (its admins, within the "
                       "operator's limit; the operator)", _PROJECT_ANSWER, (400, 403, 404, 413),
                       body=wire.QuotaBody)),
+    Operation("GET", "/projects/{id}/quota-limit", Target.PROJECT, R, AccountRoutes.get_limit,
+              doc=Doc("getQuotaLimit", "The operator's limit over a project's quota (null: "
+                      "unlimited)", ok(200, "The limit.", wire.QuotaInfo), (404,))),
     Operation("PUT", "/projects/{id}/quota-limit", Target.OPERATOR, M, AccountRoutes.set_limit,
               doc=Doc("setQuotaLimit", "Set the operator's limit over a project's quota "
                       "(operator)", _PROJECT_ANSWER, (400, 403, 404, 413),
@@ -457,6 +478,10 @@ OPERATIONS: tuple[Operation, ...] = (
               (*MEMBER_FILTERS, *PAGE_PARAMS),
               doc=Doc("listMembers", "Members and their roles",
                       ok(200, "A page of members, by user id.", wire.MemberList), (400, 404))),
+    Operation("GET", "/projects/{id}/members/{userId}", Target.PROJECT, R,
+              AccountRoutes.get_member,
+              doc=Doc("getMember", "A member's role",
+                      ok(200, "The membership.", wire.MemberInfo), (404,))),
     Operation("PUT", "/projects/{id}/members/{userId}", Target.PROJECT, M,
               AccountRoutes.put_member,
               doc=Doc("putMember", "Add a member or change their role (a new user gets a "

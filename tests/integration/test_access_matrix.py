@@ -99,9 +99,14 @@ EXPECTED: dict[tuple[str, str], Row] = {
     ("POST", "/projects"): {"any": OPERATOR_ONLY},
     ("GET", "/projects/{id}"): {"own": READ, "other": HIDDEN},
     ("DELETE", "/projects/{id}"): {"any": OPERATOR_ONLY},
+    # What a member may see on the project itself (its quotas), they may
+    # read where it is written.
+    ("GET", "/projects/{id}/quota"): {"own": READ, "other": HIDDEN},
     ("PUT", "/projects/{id}/quota"): {"own": MANAGE, "other": HIDDEN},
+    ("GET", "/projects/{id}/quota-limit"): {"own": READ, "other": HIDDEN},
     ("PUT", "/projects/{id}/quota-limit"): {"any": OPERATOR_ONLY},
     ("GET", "/projects/{id}/members"): {"own": READ, "other": HIDDEN},
+    ("GET", "/projects/{id}/members/{userId}"): {"own": READ, "other": HIDDEN},
     ("PUT", "/projects/{id}/members/{userId}"): {"own": MANAGE, "other": HIDDEN},
     ("DELETE", "/projects/{id}/members/{userId}"): {"own": MANAGE, "other": HIDDEN},
     ("GET", "/projects/{id}/audit"): {"own": MANAGE, "other": HIDDEN},

@@ -177,6 +177,28 @@ def test_admins_set_their_quota_within_the_operators_limit(world: World) -> None
     assert project["quota"]["endpoints"] == 2 and project["quotaInForce"]["endpoints"] == 1
 
 
+def test_quotas_and_members_read_back_what_was_written(world: World) -> None:
+    """GET on each route that is written with PUT answers the value written,
+    in the PUT body's shape, to every member of the project."""
+    quota = {"endpoints": 5, "replicas": 3, "gpus": {}}
+    limit = {"endpoints": None, "replicas": 8, "gpus": {}}
+    world.ok("PUT", f"/projects/{OWN}/quota-limit", json=limit)
+    world.ok("PUT", f"/projects/{OWN}/quota", world.keys["admin-user"], json=quota)
+    world.add_member(OWN, "reader", "developer")
+    viewer = world.keys["viewer-user"]
+    assert world.ok("GET", f"/projects/{OWN}/quota", viewer) == quota
+    assert world.ok("GET", f"/projects/{OWN}/quota-limit", viewer) == limit
+    member = world.ok("GET", f"/projects/{OWN}/members/reader", viewer)
+    assert (member["userId"], member["role"]) == ("reader", "developer")
+    # Read back after a change, not a copy from before it.
+    world.add_member(OWN, "reader", "viewer")
+    assert world.ok("GET", f"/projects/{OWN}/members/reader", viewer)["role"] == "viewer"
+    # A user who is not a member (here: of the other project only) is a 404
+    # naming the member, as DELETE answers.
+    resp = world.op("GET", f"/projects/{OWN}/members/outsider", viewer)
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "member_not_found"
+
+
 # --- audit ---------------------------------------------------------------------------------
 
 

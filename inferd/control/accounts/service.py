@@ -229,6 +229,18 @@ class AccountService:
         await self.project(principal, project_id)
         return await self.store.members_of(project_id, after=after, limit=limit)
 
+    async def member(self, principal: Principal, project_id: str, user_id: str) -> Membership:
+        """One member's role, for anyone who may read the project."""
+        await self.project(principal, project_id)
+        for membership in await self.store.memberships_of(user_id):
+            if membership.project_id == project_id:
+                return membership
+        raise NotFound(
+            f"User '{user_id}' is not a member of '{project_id}'.",
+            param="userId",
+            code="member_not_found",
+        )
+
     async def put_member(
         self, principal: Principal, project_id: str, user_id: str, role: Role
     ) -> tuple[Membership, CreatedKey | None]:
