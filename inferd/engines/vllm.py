@@ -34,6 +34,7 @@ from inferd.engines.base import (
     UnknownEngineOption,
 )
 from inferd.engines.chat_template import ChatPromptRenderer
+from inferd.engines.interrupt import start_deaf_to_interrupt
 from inferd.engines.limits import check_prompt_fits, check_token_ids
 from inferd.engines.vllm_lora import VllmAdapters
 from inferd.engines.vllm_serving import VllmServing
@@ -167,7 +168,10 @@ async def start_async_llm(
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    # The engine core and its workers start here, deaf to a terminal's Ctrl-C:
+    # the replica drains first, then stops them.
     engine = await asyncio.to_thread(
+        start_deaf_to_interrupt,
         AsyncLLM.from_engine_args,
         AsyncEngineArgs(**engine_args, **vllm_tracing_args()),
         stat_loggers=[_stat_logger_factory(tracker)],
