@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,6 +149,11 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _joined(lines: Sequence[str]) -> str:
+    """Lines as text, never two blank lines in a row (a table may be empty)."""
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     lines = [headers, *rows]
@@ -190,6 +197,33 @@ def _option_row(option: Mapping[str, Any], currency: str) -> list[str]:
     ]
 
 
+def _option_label(option: Mapping[str, Any]) -> str:
+    return f"{option['location']} {option['gpuCount']} x {option['gpuType']}"
+
+
+def format_rejected(rejected: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The rejected options, one line for each, except that the options
+    rejected for the same reasons share one: the reasons, then the options
+    by location (a catalog has dozens rejected for one reason)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for option in rejected:
+        groups.setdefault("; ".join(option["reasons"]), []).append(option)
+    lines = ["", "Rejected:"] if rejected else []
+    for reasons, options in groups.items():
+        if len(options) == 1:
+            lines.append(f"  {_option_label(options[0])}: {reasons}")
+            continue
+        lines.append(f"  {len(options)} options: {reasons}")
+        by_location: dict[str, list[str]] = {}
+        for o in options:
+            by_location.setdefault(o["location"], []).append(f"{o['gpuCount']} x {o['gpuType']}")
+        where = "; ".join(f"{loc} {', '.join(shapes)}" for loc, shapes in by_location.items())
+        lines += textwrap.wrap(
+            where, 100, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False
+        )
+    return lines
+
+
 def format_recommendation(rec: Mapping[str, Any]) -> str:
     """A recommendation without a workload, as `Recommendation.to_dict()`
     (and the API) give it: the same table for the catalog and `--server`."""
@@ -206,21 +240,17 @@ def format_recommendation(rec: Mapping[str, Any]) -> str:
         f"{rec['model']} {where}: {len(options)} option(s) fit, {len(rejected)} rejected ({basis})",
         "",
     ]
+    # The rejected options are listed below with why (their figures would
+    # be dashes).
     headers = ["option", "fits", "hourly price", "memory needed", "est. speed", "cost", "error"]
-    rows = [_option_row(o, currency) for o in (*options, *rejected)]
+    rows = [_option_row(o, currency) for o in options]
     if rows:
         lines.append(format_table(headers, rows))
     best = rec["best"]
     if best is not None:
         lines += ["", f"Recommended: {best['location']} {best['gpuCount']} x {best['gpuType']}"]
         lines += [f"  - {reason}" for reason in best["reasons"]]
-    if rejected:
-        lines += ["", "Rejected:"]
-        for o in rejected:
-            lines.append(
-                f"  {o['location']} {o['gpuCount']} x {o['gpuType']}: {'; '.join(o['reasons'])}"
-            )
-    return "\n".join(lines)
+    return _joined(lines + format_rejected(rejected))
 
 
 # `inferd recommend` flag -> the engine setting (and query parameter) it sets.
@@ -263,7 +293,7 @@ def workload_args(args: argparse.Namespace) -> dict[str, Any]:
     return {api: getattr(args, flag) for flag, api in names.items() if getattr(args, flag)}
 
 
-def format_workload(rec: dict[str, Any]) -> str:
+def format_workload(rec: Mapping[str, Any]) -> str:
     currency = rec["currency"]
     work = ", ".join(f"{k} {v}" for k, v in rec["workload"].items() if v is not None)
     lines = [f"{rec['model']} for {work}: {len(rec['options'])} option(s), "
@@ -294,12 +324,27 @@ def format_workload(rec: dict[str, Any]) -> str:
     if best is not None:
         lines += ["", f"Recommended: {best['location']} {best['gpuCount']} x {best['gpuType']}"]
         lines += [f"  - {reason}" for reason in best["reasons"]]
-    if rec["rejected"]:
-        lines += ["", "Rejected:"]
-        for o in rec["rejected"]:
-            lines.append(f"  {o['location']} {o['gpuCount']} x {o['gpuType']}: "
-                         f"{'; '.join(o['reasons'])}")  # fmt: skip
-    return "\n".join(lines)
+    return _joined(lines + format_rejected(rec["rejected"]))
+
+
+def format_pooling(sized: Mapping[str, Any]) -> str:
+    """An embedding or rerank model sized for a load (`size_pooling`, or the
+    API's answer to the same question)."""
+    currency, work = sized["currency"], sized["workload"]
+    lines = [f"{sized['model']} for {work['requestsPerSecond']:g} requests/s of "
+             f"{work['tokensPerInput']} tokens: {len(sized['options'])} option(s), "
+             f"{len(sized['rejected'])} rejected", ""]  # fmt: skip
+    rows = [
+        [_option_label(o), f"{o['inputTokensPerSPerReplica']:,.0f} input tok/s",
+         str(o["replicas"]), f"{o['totalHourlyPrice']:.2f} {currency}/h",
+         f"{o['costPerMillionTokens']:.4f} {currency} /1M input tokens"]
+        for o in sized["options"]
+    ]  # fmt: skip
+    if rows:
+        lines.append(
+            format_table(["option", "per replica", "replicas", "total", "unit cost"], rows)
+        )
+    return _joined(lines + format_rejected(sized["rejected"]))
 
 
 def _recommend_pooling(args: argparse.Namespace, catalog: Catalog, model: Any) -> int:
@@ -311,23 +356,14 @@ def _recommend_pooling(args: argparse.Namespace, catalog: Catalog, model: Any) -
                      "--prompt-tokens (tokens per input); it decodes nothing")  # fmt: skip
     work = PoolingWorkload(args.requests_per_second, args.prompt_tokens)
     sized = size_pooling(model, catalog.gpus, work, args.location)
-    if args.json:
-        print(json.dumps(sized, indent=2))
-        return 0
-    rows = [
-        [f"{o['location']} {o['gpuCount']} x {o['gpuType']}",
-         f"{o['inputTokensPerSPerReplica']:,.0f} input tok/s", str(o["replicas"]),
-         f"{o['totalHourlyPrice']:.2f} {sized['currency']}/h",
-         f"{o['costPerMillionTokens']:.4f} {sized['currency']} /1M input tokens"]
-        for o in sized["options"]
-    ]  # fmt: skip
-    print(format_table(["option", "per replica", "replicas", "total", "unit cost"], rows))
+    print(json.dumps(sized, indent=2) if args.json else format_pooling(sized))
     return 0
 
 
 def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
     from inferd.catalog.workload import ChatWorkload, ImageWorkload, recommend_for_workload
 
+    profiles: list[dict[str, Any]] = []
     if args.server:
         from inferd.client.api import ApiError
         from inferd.client.cli import client_from_args
@@ -339,6 +375,7 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
         try:
             with client_from_args(args) as client:
                 rec = client.recommendations(params)
+                profiles = [] if query else _profiles(client, args.model)
         except ApiError as exc:
             return _fail(str(exc))
     else:
@@ -372,12 +409,46 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
             return _fail(_unknown_model(exc))
         except (CatalogError, ValueError) as exc:
             return _fail(str(exc))
-    if args.json:
-        print(json.dumps(rec, indent=2))
-    else:
-        # The server answers a workload's sizing only when one was asked for.
-        print(format_workload(rec) if "workload" in rec else format_recommendation(rec))
+    print(json.dumps(rec, indent=2) if args.json else format_answer(rec, profiles))
     return 0
+
+
+def format_answer(rec: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]] = ()) -> str:
+    """Any of the recommendation API's answers: without a workload (with what
+    was measured of the model below it), a chat or image load, a pooling load."""
+    if "workload" not in rec:  # the server sizes a workload only when one was asked for
+        return format_recommendation(rec) + format_measured(profiles)
+    if "tokensPerInput" in rec["workload"]:
+        return format_pooling(rec)
+    return format_workload(rec)
+
+
+def _profiles(client: Any, model: str) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = client.call("GET", f"/models/{model}/profiles")["data"]
+    return data
+
+
+def format_measured(profiles: Sequence[Mapping[str, Any]]) -> str:
+    """What was measured of the model (`inferd bench`), below a recommendation
+    made without a workload: its figures are estimates at a fixed
+    concurrency; the measurements size the options once a load is given."""
+    if not profiles:
+        return ""
+    lines = [
+        "",
+        "",
+        "Measured (inferd bench), used when a load is given (--requests-per-second ...):",
+    ]
+    for p in profiles:
+        points = ", ".join(
+            f"{pt['outputTokensPerS']:,.1f} tokens/s at concurrency {pt['concurrency']}"
+            if p["kind"] != "image"
+            else f"{pt['imagesPerS'] * 60:.1f} images/minute at batch {pt['concurrency']}"
+            for pt in p["points"]
+        )
+        day = (p.get("measuredAt") or "")[:10] or "an unknown date"
+        lines.append(f"  {p['gpuCount']} x {p['gpuType']}, {day}: {points}")
+    return "\n".join(lines)
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

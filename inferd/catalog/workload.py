@@ -577,8 +577,9 @@ def _chat_option(
     assert perf.ttft_p95_s is not None and perf.tpot_p95_s is not None
     limit = (
         "the engine settings' maxNumSeqs; it meets" if settings_cap and perf.batch == max_batch
-        else "the largest measured" if max_batch < scheduler_max and perf.batch == max_batch
-        else "the scheduler's limit" if perf.batch == scheduler_max
+        else "the largest measured; it meets" if max_batch < scheduler_max
+        and perf.batch == max_batch
+        else "the scheduler's limit; it meets" if perf.batch == scheduler_max
         else "the largest that meets"
     )  # fmt: skip
     return perf, [

@@ -26,6 +26,7 @@ from inferd.api.management import (
     UpdateEndpointRequest,
 )
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.capacity_fit import within_capacity
 from inferd.catalog.models import KINDS as MODEL_KINDS
 from inferd.catalog.models import CatalogError, parse_size
 from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
@@ -234,23 +235,27 @@ class ManagementRoutes:
         except BadRequest as exc:  # named as the query parameter it is here
             exc.param = (exc.param or "").removeprefix("engineSettings.") or None
             raise
+        # Held to the machines replicas are placed on, where the launcher knows them.
+        capacity = await self.endpoints.capacity_of()
+        totals = {(k.location, k.gpu_type): n for k, n in capacity.total.items()}
         if model.kind in POOLING_KINDS:
             pooling = pooling_workload_from_query(params)
             if pooling is not None:
                 try:
-                    return JSONResponse(size_pooling(model, catalog.gpus, pooling, location))
+                    sized_pooling = size_pooling(model, catalog.gpus, pooling, location)
                 except ValueError as exc:
                     raise BadRequest(f"{exc}.", code="invalid_value") from None
+                return JSONResponse(within_capacity(sized_pooling, totals))
         work = workload_from_query(params, model.kind)
         if work is None:
             rec = recommend(model, catalog.gpus, location, engine_settings=settings)
             body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
-            return JSONResponse(body)
+            return JSONResponse(within_capacity(body, totals))
         try:
             sized = self.models.recommend(model_name, work, location, engine_settings=settings)
         except ValueError as exc:  # a workload the model cannot take
             raise BadRequest(f"{exc}.", param="modelName", code="invalid_value") from None
-        return JSONResponse(sized.to_dict())
+        return JSONResponse(within_capacity(sized.to_dict(), totals))
 
 
 def _model_info(data: dict[str, Any]) -> dict[str, Any]:

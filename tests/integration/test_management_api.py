@@ -190,6 +190,26 @@ def test_an_embedding_workload_is_sized_by_input_tokens(client: TestClient) -> N
     assert too_long.status_code == 400 and "512" in too_long.json()["error"]["message"]
 
 
+def test_recommendations_are_held_to_this_machines_slots(client: TestClient) -> None:
+    """The fake launcher is a machine in `local` with 8 CPU replica slots: a
+    load that needs more CPU replicas is not served there, whatever it costs."""
+    params = {"modelName": "bge-base-en-v1.5", "requestsPerSecond": "200", "promptTokens": "256"}
+    sized = client.get("/inference/recommendations", params=params).json()
+    local = [o for o in sized["rejected"] if o["location"] == "local"]
+    assert len(local) == 1 and local[0]["replicas"] > 8, local
+    assert local[0]["reasons"] == [
+        f"needs {local[0]['replicas']} CPU replica(s); the machines of local run 8 "
+        "(cpu_replica_slots)"
+    ]
+    assert all(o["location"] != "local" for o in sized["options"])
+    # A chat model at a load one replica serves still gets this machine.
+    chat = client.get("/inference/recommendations", params={
+        "modelName": "tiny-chat", "locationName": "local", "requestsPerSecond": "0.1",
+        "promptTokens": "100", "outputTokens": "10",
+    }).json()  # fmt: skip
+    assert chat["best"]["location"] == "local" and chat["best"]["replicas"] <= 8
+
+
 def test_max_replicas_defaults_to_min(client: TestClient) -> None:
     created = create(client, minReplicas=3)
     assert created["maxReplicas"] == 3
