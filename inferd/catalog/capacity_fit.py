@@ -25,14 +25,17 @@ def _need(option: Mapping[str, Any]) -> int:
 def _shortfall(option: Mapping[str, Any], have: int) -> str:
     location, gpu_type = option["location"], option["gpuType"]
     replicas = option.get("replicas") or 1
+    # Sized from a measurement: say so, as the options' basis does.
+    basis = option.get("basis") or ""
+    measured = f" ({basis})" if basis.startswith("measured") else ""
     if gpu_type == CPU:
         return (
-            f"needs {replicas} CPU replica(s); the machines of {location} run {have} "
-            "(cpu_replica_slots)"
+            f"needs {replicas} CPU replica(s){measured}; the machines of {location} run "
+            f"{have} (cpu_replica_slots)"
         )
     return (
         f"needs {_need(option)} {gpu_type} GPU(s) ({replicas} replica(s) x "
-        f"{option['gpuCount']}); the machines of {location} have {have}"
+        f"{option['gpuCount']}){measured}; the machines of {location} have {have}"
     )
 
 

@@ -56,6 +56,13 @@ def test_options_beyond_the_machines_move_to_rejected() -> None:
         "needs 4 L4 GPU(s) (2 replica(s) x 2); the machines of local have 3"
     ]
     assert not moved[("cpu", 1)]["fits"] and moved[("H200", 8)]["reasons"] == ["too big"]
+    # An option sized from a measurement says so where it is rejected.
+    measured = option("local", "cpu", replicas=7, fits=True, basis="measured on 1 x cpu, 2026")
+    held = within_capacity({"options": [measured], "rejected": []}, {("local", "cpu"): 4})
+    assert held["rejected"][0]["reasons"] == [
+        "needs 7 CPU replica(s) (measured on 1 x cpu, 2026); the machines of local run 4 "
+        "(cpu_replica_slots)"
+    ]
     # Nothing beyond the machines: the answer as it was.
     assert within_capacity(answer, {("local", "cpu"): 64, ("local", "L4"): 8}) is answer
 
