@@ -216,10 +216,12 @@ def test_install_redaction_on_root_handlers() -> None:
 
 
 async def _settle(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
+    # Event-loop turns first, then short sleeps: a loaded machine may not run
+    # the worker thread behind the condition within 1,000 turns.
+    for turn in range(1000 + 3000):
         if condition():
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0 if turn < 1000 else 0.01)
     raise AssertionError("condition not reached")
 
 
