@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from inferd.catalog.support import EngineSupport
 from inferd.control.model_service import ModelService
 from inferd.control.stores.memory import MemoryStore
 from inferd.errors import BadRequest, Conflict
+from tests.support import eventually
 
 SUPPORT = EngineSupport.fixed({"LlamaForCausalLM"}, set())
 CONFIG = {
@@ -32,14 +32,7 @@ def service(store: MemoryStore) -> ModelService:
     return ModelService(store, load_catalog(), list, support=SUPPORT, offline=True)
 
 
-async def settle(condition: Callable[[], bool]) -> None:
-    # Event-loop turns first, then short sleeps: the store answers from a
-    # worker thread, which a loaded machine may not run within 1,000 turns.
-    for turn in range(1000 + 3000):
-        if condition():
-            return
-        await asyncio.sleep(0 if turn < 1000 else 0.01)
-    raise AssertionError("condition not reached")
+settle = eventually
 
 
 def test_a_second_instance_follows_registrations(tmp_path: Path) -> None:
