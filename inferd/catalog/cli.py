@@ -444,7 +444,7 @@ def format_measured(profiles: Sequence[Mapping[str, Any]]) -> str:
     for p in profiles:
         points = ", ".join(
             f"{pt['outputTokensPerS']:,.1f} tokens/s at concurrency {pt['concurrency']}"
-            if p["kind"] != "image"
+            if p["kind"] != ModelKind.IMAGE
             else f"{pt['imagesPerS'] * 60:.1f} images/minute at batch {pt['concurrency']}"
             for pt in p["points"]
         )
