@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from inferd.catalog.capacity_fit import within_capacity
 from inferd.catalog.cli import format_answer, format_measured, format_rejected
+from inferd.cli import main
 
 
 def option(location: str, gpu_type: str, count: int = 1, **fields: Any) -> dict[str, Any]:
@@ -102,3 +105,47 @@ def test_a_pooling_answer_from_the_server_prints() -> None:
     assert "bge for 200 requests/s of 256 tokens: 1 option(s), 1 rejected" in text
     assert "us-east 1 x L4" in text and "local 1 x cpu: needs 58 CPU replica(s)" in text
     assert "\n\n\n" not in format_answer({**answer, "options": []})
+
+
+class _Server:
+    """The management API as `recommend --server` calls it: its answers
+    given, the calls recorded."""
+
+    def __init__(self, answer: dict[str, Any], profiles: list[dict[str, Any]]) -> None:
+        self.answer, self.profiles = answer, profiles
+        self.calls: list[str] = []
+
+    def __enter__(self) -> _Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def recommendations(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"recommendations {sorted(params)}")
+        return self.answer
+
+    def call(self, method: str, path: str) -> dict[str, Any]:
+        self.calls.append(f"{method} {path}")
+        return {"data": self.profiles}
+
+
+def test_recommend_server_without_a_load_lists_the_measured_profiles(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import inferd.client.cli
+
+    answer = {
+        "model": "tiny-chat", "location": None, "currency": "USD", "best": None,
+        "options": [], "rejected": [option("local", "cpu", reasons=["too slow"])],
+        "assumptions": {"concurrency": 16, "contextTokensPerSequence": 2048},
+    }  # fmt: skip
+    profile = {"gpuType": "cpu", "gpuCount": 1, "kind": "chat", "measuredAt": "2026-11-27",
+               "points": [{"concurrency": 4, "outputTokensPerS": 50.0}]}  # fmt: skip
+    server = _Server(answer, [profile])
+    monkeypatch.setattr(inferd.client.cli, "client_from_args", lambda args: server)
+    assert main(["recommend", "tiny-chat", "--server"]) == 0
+    out = capsys.readouterr().out
+    assert server.calls == ["recommendations ['modelName']", "GET /models/tiny-chat/profiles"]
+    assert "local 1 x cpu: too slow" in out
+    assert "1 x cpu, 2026-11-27: 50.0 tokens/s at concurrency 4" in out
