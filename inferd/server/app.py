@@ -34,6 +34,7 @@ from inferd.server import account_routes, adapter_routes, management
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, Routes, build_routes
 from inferd.server.account_routes import AccountRoutes
 from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads
+from inferd.server.batch_openapi import batch_openapi
 from inferd.server.batch_routes import BatchRoutes
 from inferd.server.compose import Server
 from inferd.server.console import build_console
@@ -65,9 +66,12 @@ def openapi_document(
 
 
 def serving_openapi() -> dict[str, Any]:
-    """OpenAPI paths and components of the gateway and `/metrics` (the
-    registry's report route is internal: replicas only)."""
+    """OpenAPI paths and components of the gateway, the Batch API and
+    `/metrics` (the registry's report route is internal: replicas only)."""
     part = gateway_openapi()
+    batches = batch_openapi()
+    part["paths"].update(batches["paths"])
+    part["components"]["schemas"].update(batches["components"]["schemas"])
     part["paths"]["/metrics"] = {
         "get": {
             "operationId": "metrics",
