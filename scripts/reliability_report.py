@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO / "docs" / "reliability.md"
 sys.path.insert(0, str(REPO))  # run as a script: the tests package is beside it
 
-from tests.reliability.report import Collector, markdown, text_table  # noqa: E402
+from tests.reliability.report import Collector, current_commit, markdown, text_table  # noqa: E402
 
 # Every test carrying the marker, wherever it lives.
 PYTEST_ARGS = ["-m", "reliability", "tests", "-p", "no:cacheprovider"]
@@ -46,10 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = collector.ordered()
     print()
     print(text_table(rows) if rows else "no test marked `reliability` ran")
-    if rows:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(markdown(rows, command, exit_code, collector.wall_s))
-        print(f"\nwritten to {output}")
+    why_not = collector.why_not_written(whole_suite=True)
+    if why_not is not None:
+        print(f"\n{output} not written: {why_not}")
+        return exit_code or 1
+    output.parent.mkdir(parents=True, exist_ok=True)
+    text = markdown(rows, command, exit_code, collector.wall_s, current_commit(REPO))
+    output.write_text(text)
+    print(f"\nwritten to {output}")
     return exit_code
 
 

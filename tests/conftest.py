@@ -186,8 +186,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import shlex
     import sys
 
-    from tests.reliability.report import markdown
+    from tests.reliability.report import current_commit, markdown
 
+    page = Path(config.getoption("--reliability-report"))
+    whole_suite = [Path(a).resolve() for a in config.args] == [REPO / "tests"]
+    why_not = collector.why_not_written(whole_suite)
+    if why_not is not None:
+        print(f"\n{page} not written: {why_not}", file=sys.stderr)
+        return
     command = shlex.join(["python", "-m", "pytest", *sys.argv[1:]])
-    text = markdown(collector.ordered(), command, collector.exit_status, collector.wall_s)
-    Path(config.getoption("--reliability-report")).write_text(text)
+    text = markdown(
+        collector.ordered(),
+        command,
+        collector.exit_status,
+        collector.wall_s,
+        current_commit(REPO),
+    )
+    page.write_text(text)

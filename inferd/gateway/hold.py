@@ -3,9 +3,11 @@
 The decisions are pure functions (`admit`, `plan_release`, `retry_after`),
 table-tested with an injected clock. `Dispatcher` applies them on the event
 loop: it hands out replica slots, queues what cannot go yet in arrival order,
-and releases held requests first-in first-out as slots free up or replicas
-become ready. A held request leaves the queue when it is placed, when its
-time is up (503) or when its client goes away; nothing stays behind.
+and releases held requests as slots free up or replicas become ready, by a
+fair share between the endpoint's clients (`inferd.gateway.fairness`; one
+client alone is first in, first out). A held request leaves the queue when
+it is placed, when its time is up (503) or when its client goes away;
+nothing stays behind.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import enum
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from inferd.errors import InferdError, NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import ReplicaDirectory, RoutableReplica
+from inferd.gateway.fairness import INTERACTIVE_OWNER, Claim, FairShare, Picker
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Choice, Outcome, Reason, choose_replica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.traffic import EndpointTraffic
@@ -115,17 +118,25 @@ def plan_release(
     turn: int,
     affinities: Sequence[Affinity] | None = None,
     settings: GatewaySettings | None = None,
+    claims: Sequence[Claim] | None = None,
+    counters: Mapping[str, float] | None = None,
 ) -> tuple[list[Placement], int]:
     """Held requests (given by what each must avoid, in queue order, and
     optionally by their prefix affinity) that can go now, and to which
-    replica; first come first placed. A request that can go nowhere (every
-    replica it may use is busy or tried) does not block the ones behind it.
-    Returns the placements and the advanced turn counter; `in_flight` is not
-    modified."""
+    replica. Without `claims`, first come first placed; with them (whose
+    client each is, its weight and priority class) in the fair order of
+    `inferd.gateway.fairness.Picker` over the clients' `counters`. A request
+    that can go nowhere (every replica it may use is busy or tried) does not
+    block the ones behind it. Returns the placements and the advanced turn
+    counter; `in_flight` and `counters` are not modified."""
     placements: list[Placement] = []
     load = dict(in_flight)
     settings = settings or _DEFAULT_SETTINGS
-    for index, exclude in enumerate(excluded):
+    picker = Picker(
+        claims if claims is not None else [INTERACTIVE_OWNER] * len(excluded), counters or {}
+    )
+    while (index := picker.next()) is not None:
+        exclude = excluded[index]
         if all(load.get(r.replica_id, 0) >= max_in_flight for r in replicas):
             break  # every replica is full: nobody else can go
         choice = choose_replica(
@@ -144,6 +155,7 @@ def plan_release(
         turn += 1
         rid = choice.replica.replica_id
         load[rid] = load.get(rid, 0) + 1
+        picker.placed(index)
         placements.append(Placement(index, choice.replica, choice.reason))
     return placements, turn
 
@@ -170,7 +182,7 @@ def retry_after(
 
 
 class Waiter:
-    __slots__ = ("affinity", "cost", "exclude", "future")
+    __slots__ = ("affinity", "claim", "cost", "exclude", "future")
 
     def __init__(
         self,
@@ -178,11 +190,13 @@ class Waiter:
         exclude: frozenset[str],
         affinity: Affinity = NO_AFFINITY,
         cost: int = 0,
+        claim: Claim = INTERACTIVE_OWNER,
     ) -> None:
         self.future = future
         self.exclude = exclude
         self.affinity = affinity
         self.cost = cost  # bytes it holds (body plus a fixed cost)
+        self.claim = claim  # whose it is, for the fair release
 
 
 class _HeldRequests:
@@ -195,8 +209,10 @@ class _HeldRequests:
         "instance",
         "queue",
         "scale_requested_at",
+        "share",
         "traffic",
         "turn",
+        "waiting",
         "watcher",
     )
 
@@ -215,8 +231,18 @@ class _HeldRequests:
         # last cold start took (for an honest Retry-After).
         self.scale_requested_at: float | None = None
         self.cold_start_s: float | None = None
+        # The clients' virtual token counters, and how many requests each
+        # has held (a client with none is not waiting).
+        self.share = FairShare()
+        self.waiting: dict[str, int] = {}
 
     def add(self, waiter: Waiter) -> None:
+        client = waiter.claim.client
+        held = self.waiting.get(client, 0)
+        if held == 0:
+            self.share.forget_idle(self.waiting)
+            self.share.started_waiting(client, self.waiting)
+        self.waiting[client] = held + 1
         self.queue.append(waiter)
         self.traffic.held = len(self.queue)
         self.bytes += waiter.cost
@@ -228,6 +254,13 @@ class _HeldRequests:
             self.queue.remove(waiter)
         except ValueError:
             return
+        client = waiter.claim.client
+        left = self.waiting.get(client, 1) - 1
+        if left > 0:
+            self.waiting[client] = left
+        else:
+            self.waiting.pop(client, None)
+            self.share.stopped_waiting(client)
         self.traffic.held = len(self.queue)
         self.bytes -= waiter.cost
         self.traffic.held_bytes = self.bytes
@@ -235,6 +268,7 @@ class _HeldRequests:
 
     def clear(self) -> None:
         self.queue.clear()
+        self.waiting.clear()
         self.traffic.held = 0
         self.instance.total -= self.bytes
         self.bytes = 0
@@ -343,10 +377,12 @@ class Dispatcher:
         deadline: float,
         affinity: Affinity = NO_AFFINITY,
         size: int = 0,
+        claim: Claim = INTERACTIVE_OWNER,
     ) -> RoutableReplica:
         """A replica slot for one request (release it with `release`), at once
         or after holding; raises 429/503 past the bounds. `size`: the bytes of
-        its body, which it holds while held."""
+        its body, which it holds while held; `claim`: whose request it is
+        (from `claim`), charged to that client when it gets its slot."""
         directory = self._directory
         held = self._state(ep)
         replicas = directory.ready_replicas(ep.endpoint_id)
@@ -367,6 +403,7 @@ class Dispatcher:
         if admission.verdict is Verdict.FORWARD:
             assert choice.replica is not None
             held.turn += 1
+            held.share.charge(claim, claim.cost)
             ep.reserve(choice.replica.replica_id)
             ep.routed_by(choice.reason)
             return choice.replica
@@ -382,7 +419,7 @@ class Dispatcher:
             self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
             raise self._refusal(ep, admission.status == 503, len(replicas))
-        return await self._hold(ep, exclude, deadline - now, affinity, cost)
+        return await self._hold(ep, exclude, deadline - now, affinity, cost, claim)
 
     async def _hold(
         self,
@@ -391,9 +428,10 @@ class Dispatcher:
         timeout: float,
         affinity: Affinity,
         cost: int,
+        claim: Claim,
     ) -> RoutableReplica:
         loop = asyncio.get_running_loop()
-        waiter = Waiter(loop.create_future(), exclude, affinity, cost)
+        waiter = Waiter(loop.create_future(), exclude, affinity, cost, claim)
         held = self._state(ep)
         held.add(waiter)
         self.pump(ep)
@@ -421,13 +459,26 @@ class Dispatcher:
         error = self._refusal(ep, not replicas, len(replicas), timed_out=True)
         waiter.future.set_exception(error)
 
+    def claim(
+        self, ep: EndpointTraffic, client: str, weight: float, batch: bool, body_bytes: int
+    ) -> Claim:
+        """A request's claim, with the tokens it will be charged when it gets
+        its slot (an estimate; `settle` corrects it)."""
+        share = self._state(ep).share
+        return Claim(client, weight, batch, share.estimate(client, body_bytes))
+
+    def settle(self, ep: EndpointTraffic, claim: Claim, prompt: int, completion: int) -> None:
+        """A request's answer reported its usage (before `release`, so that
+        the slot it frees goes by the corrected counters)."""
+        self._state(ep).share.settle(claim, prompt, completion)
+
     def release(self, ep: EndpointTraffic, replica_id: str) -> None:
         ep.unreserve(replica_id)
         if self.held(ep.endpoint_id):
             self.pump(ep)
 
     def pump(self, ep: EndpointTraffic) -> None:
-        """Hand free slots to held requests, oldest first."""
+        """Hand free slots to held requests, in the fair order."""
         held = self._state(ep)
         queue = held.queue
         if not queue:
@@ -446,12 +497,15 @@ class Dispatcher:
             turn=held.turn,
             affinities=[w.affinity for w in waiters],
             settings=self._settings,
+            claims=[w.claim for w in waiters],
+            counters=held.share.counters,
         )
         for placement in placements:
             waiter = waiters[placement.index]
             held.discard(waiter)
             if waiter.future.done():  # cancelled in this very loop turn
                 continue
+            held.share.charge(waiter.claim, waiter.claim.cost)
             ep.reserve(placement.replica.replica_id)
             ep.routed_by(placement.reason)
             waiter.future.set_result(placement.replica)

@@ -15,6 +15,7 @@ import datetime
 import os
 import platform
 import re
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,9 @@ class Collector:
         self._started = time.monotonic()
         self.wall_s = 0.0
         self.exit_status = 0
+        # Marked tests that a -k, -m or --deselect left out: the page would
+        # then describe part of the list as if it were all of it.
+        self.deselected_marked = 0
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for order, item in enumerate(items):
@@ -82,6 +86,9 @@ class Collector:
                 checks=_first_paragraph(doc),
                 order=order,
             )
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        self.deselected_marked += sum(_item_number(item) is not None for item in items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         row = self.rows.get(report.nodeid)
@@ -107,6 +114,35 @@ class Collector:
         ran = [row for row in self.rows.values() if row.outcomes]
         return sorted(ran, key=lambda r: (r.item, r.order))
 
+    def why_not_written(self, whole_suite: bool) -> str | None:
+        """None when this run may write the page: it passed, and every marked
+        test of the suite ran. Otherwise the reason, said instead of writing."""
+        if self.exit_status != 0:
+            return f"the run failed (pytest exit status {self.exit_status})"
+        if not whole_suite:
+            return "the run collected only part of tests/ (a path or node id was given)"
+        if self.deselected_marked:
+            return f"{self.deselected_marked} marked tests were deselected"
+        not_run = [row.test for row in self.rows.values() if not row.outcomes]
+        if not_run:
+            return f"{len(not_run)} marked tests did not run (first: {not_run[0]})"
+        if not self.rows:
+            return "no marked test was collected"
+        return None
+
+
+def current_commit(repo: str | os.PathLike[str] = ".") -> str:
+    """HEAD's hash, with '+ uncommitted changes' when the tree differs from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "inferd", "tests")
+    return f"{head} + uncommitted changes" if dirty else head
+
 
 def text_table(rows: Sequence[Row]) -> str:
     header = ("item", "test", "what it checks", "result", "seconds")
@@ -131,7 +167,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(rows: Sequence[Row], command: str, exit_code: int, wall_s: float) -> str:
+def markdown(rows: Sequence[Row], command: str, exit_code: int, wall_s: float, commit: str) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     passed = sum(r.ok for r in rows)
     lines = [
@@ -140,9 +176,11 @@ def markdown(rows: Sequence[Row], command: str, exit_code: int, wall_s: float) -
         "The list of faults, overload, bad input and security checks, each a test",
         "marked `@pytest.mark.reliability(item=N)`. This page is written by",
         "the test command (`make test`, through `--reliability-report`) from the",
-        "suite's own run, or by `scripts/reliability_report.py` for the marked tests alone.",
+        "suite's own run, or by `scripts/reliability_report.py` for the marked tests alone,",
+        "and only by a run in which every marked test ran and the run passed.",
         "",
         f"- Date: {now}",
+        f"- Commit: {commit}",
         f"- Command: `{command}`",
         f"- Machine: {os.cpu_count()} CPU cores, {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}",
