@@ -25,7 +25,7 @@ from inferd.control.accounts.model import (
 )
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Role
-from inferd.control.model import Adapter, AdapterUsage, Endpoint, ReplicaRecord
+from inferd.control.model import Adapter, AdapterUsage, ClientToken, Endpoint, ReplicaRecord
 from inferd.control.stores.sql.database import Dialect, Row
 
 R = TypeVar("R")
@@ -158,6 +158,12 @@ ADAPTERS = Table("endpoint_adapters", (
     Column("endpoint_id"), Column("name"), Column("source"), Column("rank", INT),
     Column("base_model"), Column("created_at", TIME),
 ), Adapter)  # fmt: skip
+
+CLIENT_TOKENS = Table("endpoint_client_tokens", (
+    Column("endpoint_id"), Column("name"), Column("token_hash", BYTES), Column("hint"),
+    Column("created_at", TIME), Column("weight", REAL), Column("requests_per_minute", INT),
+    Column("last_used_at", TIME),
+), ClientToken)  # fmt: skip
 
 ADAPTER_USAGE = Table("adapter_usage_hourly", (
     Column("endpoint_id"), Column("adapter"), Column("hour", TIME), Column("requests", INT),
