@@ -25,6 +25,12 @@ class ModelKind(str, enum.Enum):
         return self in (ModelKind.EMBEDDING, ModelKind.RERANK)
 
     @property
+    def reads_text(self) -> bool:
+        """A transformer over text (`ChatArchitecture`): chat models, and the
+        embedders and cross-encoders served by vLLM's pooling runner."""
+        return self is not ModelKind.IMAGE
+
+    @property
     def serves(self) -> str:
         """What an endpoint of this kind answers, for the refusal of a route
         it does not (paths below the endpoint's URL)."""

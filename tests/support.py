@@ -3,6 +3,7 @@ from conftest)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import importlib.util
@@ -242,3 +243,23 @@ def until_mid_generation(attempt: Any, attempts: int = 4) -> None:
         if attempt(index):
             return
     pytest.fail(f"no attempt in {attempts} caught the engine mid-generation")
+
+
+async def eventually(
+    condition: Callable[[], bool], turns: int = 1000, within_s: float = 30.0
+) -> None:
+    """Let other tasks run until `condition` holds: event-loop turns first
+    (no sleep: most conditions hold within a few), then short sleeps, because
+    the store answers from a worker thread and a loaded machine can take
+    longer than any number of turns. The bound is a deadline, not a goal."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while loop.time() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never held")

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferd.vocab import ModelKind
+
 if TYPE_CHECKING:
     from inferd.client.api import ManagementClient
 
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 from inferd.api.engine_settings import SIZING_QUERY, EngineSettings
 from inferd.catalog import Catalog, CatalogError, load_catalog
 from inferd.catalog.models import TEXT_KINDS, parse_size
-from inferd.catalog.recommend import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT_TOKENS
+from inferd.catalog.recommend import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT_TOKENS, POOLING_KINDS
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -346,9 +348,9 @@ def _recommend_workload(args: argparse.Namespace, query: dict[str, Any]) -> int:
             catalog = _load(args)
             model = catalog.models.get(args.model)
             work: ChatWorkload | ImageWorkload
-            if model.kind in ("embedding", "rerank"):
+            if model.kind in POOLING_KINDS:
                 return _recommend_pooling(args, catalog, model)
-            if model.kind == "chat":
+            if model.kind == ModelKind.CHAT:
                 if None in (args.requests_per_second, args.prompt_tokens, args.output_tokens):
                     return _fail("a chat workload needs --requests-per-second, --prompt-tokens "
                                  "and --output-tokens")  # fmt: skip

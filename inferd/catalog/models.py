@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from inferd.vocab import ModelKind
+
 if TYPE_CHECKING:
     from inferd.engines.base import ImageModelInfo
 
-KINDS = ("chat", "image", "embedding", "rerank")
-# Kinds whose architecture is a transformer's (`ChatArchitecture`): chat
-# models, and the embedders and cross-encoders served by vLLM's pooling runner.
-TEXT_KINDS = ("chat", "embedding", "rerank")
+# The kinds as the catalog's files spell them; `ModelKind` is the vocabulary.
+KINDS = tuple(kind.value for kind in ModelKind)
+TEXT_KINDS = tuple(kind.value for kind in ModelKind if kind.reads_text)
 # Bytes per parameter (and per KV-cache element) for each weight dtype.
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
     {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -258,7 +259,7 @@ class ModelSpec:
         """The engine-side limits of an image model, from its catalog entry."""
         from inferd.engines.base import ImageModelInfo
 
-        if self.kind != "image":
+        if self.kind != ModelKind.IMAGE:
             raise TypeError(f"model {self.name!r} is a {self.kind} model, not image")
         assert self.default_size and self.default_steps and self.max_n
         assert self.min_side and self.max_side and self.side_multiple
@@ -281,9 +282,9 @@ class ModelSpec:
             "parameters": self.architecture.parameters,
             "architecture": self.architecture.to_dict(),
         }
-        if self.kind == "chat":
+        if self.kind == ModelKind.CHAT:
             out.update(toolCallParser=self.tool_call_parser, reasoningParser=self.reasoning_parser)
-        if self.kind == "image":
+        if self.kind == ModelKind.IMAGE:
             assert self.default_size is not None
             out.update(
                 defaultSize=f"{self.default_size[0]}x{self.default_size[1]}",

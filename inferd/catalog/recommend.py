@@ -53,6 +53,7 @@ from inferd.api.engine_settings import EngineSettings
 from inferd.catalog.engine_sizing import max_sequences, sized_for
 from inferd.catalog.gpus import GpuCatalog, GpuType
 from inferd.catalog.models import TEXT_KINDS, ChatArchitecture, ModelSpec
+from inferd.vocab import ModelKind
 
 DEFAULT_CONCURRENCY = 16
 DEFAULT_CONTEXT_TOKENS = 4096
@@ -62,7 +63,7 @@ OVERHEAD_FRACTION_OF_WEIGHTS = 0.02
 MIN_TOKENS_PER_S_PER_SEQUENCE = 5.0
 MAX_SECONDS_PER_IMAGE = 60.0
 # Embedders and cross-encoders: one forward pass over each input, no decode.
-POOLING_KINDS = ("embedding", "rerank")
+POOLING_KINDS = tuple(kind.value for kind in ModelKind if kind.pooling)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,9 @@ def image_seconds(spec: ModelSpec, gpu: GpuType) -> tuple[float, float, str]:
 
 
 def _evidence(model: ModelSpec, gpu: GpuType) -> tuple[float, str]:
-    precision = "image" if model.kind == "image" else perfmodel.precision_of(model.chat).weights
+    precision = (
+        "image" if model.kind == ModelKind.IMAGE else perfmodel.precision_of(model.chat).weights
+    )
     return fit.current().band(gpu.name, gpu.generation, precision)
 
 
@@ -246,7 +249,7 @@ def _structural_problems(
             f"{count} x {gpu_type} is not allowed; GPUs per replica for {gpu_type}: "
             f"{', '.join(map(str, allowed))}"
         )
-    if model.kind == "image" and count > 1:
+    if model.kind == ModelKind.IMAGE and count > 1:
         problems.append(
             "an image pipeline runs on one GPU per replica; more GPUs add cost, not speed"
         )
@@ -317,7 +320,7 @@ def _evaluate(
             # Per million input tokens: what an embedding or rerank API bills.
             cost_per_million_tokens=price / (3600 * rate) * 1e6,
         )
-    if model.kind == "chat":
+    if model.kind == ModelKind.CHAT:
         rate, bound = decode_tokens_per_s(model.chat, gpu, count, concurrency, seq_tokens)
         per_sequence = rate / concurrency
         reasons.append(
@@ -360,7 +363,7 @@ def _evaluate(
 def _room_hint(model: ModelSpec, memory: _Memory, available: float, count: int, seq: int) -> str:
     """For a chat model whose weights fit but whose KV cache does not: how
     many sequences would, so the operator can trade concurrency for GPUs."""
-    if model.kind != "chat":
+    if model.kind != ModelKind.CHAT:
         return ""
     per_sequence = chat_memory(model.chat, count, 1, seq).cache_gb
     room = available - memory.weights_gb - memory.overhead_gb
@@ -390,7 +393,7 @@ def _candidates(
                 continue
             if gpu_count is not None:
                 counts: tuple[int, ...] = (gpu_count,)
-            elif model.kind == "image":
+            elif model.kind == ModelKind.IMAGE:
                 counts = (1,)  # more GPUs never help one pipeline; see _structural_problems
             else:
                 counts = gpus.allowed_counts_for(name)
@@ -429,7 +432,7 @@ def assumptions(model: ModelSpec, concurrency: int, seq_tokens: int) -> dict[str
             "costPerMillionTokensCounts": "input tokens",
             **common,
         }
-    if model.kind == "chat":
+    if model.kind == ModelKind.CHAT:
         return {
             "concurrency": concurrency,
             "contextTokensPerSequence": seq_tokens,

@@ -71,6 +71,7 @@ from inferd.catalog.recommend import (
     chat_memory,
 )
 from inferd.catalog.registered import MeasuredProfile
+from inferd.vocab import ModelKind
 
 TTFT_P95_OVER_MEAN = 2.0
 TPOT_P95_OVER_MEAN = 1.15
@@ -523,7 +524,7 @@ def profile_rows(profile: MeasuredProfile, precision: str = "bf16") -> list[Row]
         engine="inferd bench", stated="measured",
     )  # fmt: skip
     for point in profile.points:
-        if profile.kind == "image":
+        if profile.kind == ModelKind.IMAGE:
             if point.images_per_s > 0:
                 rows.append(Row(**common, scenario="image", batch=1,  # type: ignore[arg-type]
                                 steps=profile.output_tokens or 30,
@@ -671,12 +672,12 @@ def _rank_key(option: WorkloadOption) -> tuple[float, int, float, str, str]:
 def validate(model: ModelSpec, work: Workload) -> None:
     """ValueError naming what does not match the model or is out of range."""
     if isinstance(work, ChatWorkload):
-        if model.kind != "chat":
+        if model.kind != ModelKind.CHAT:
             raise ValueError(f"model {model.name!r} makes images: give imagesPerMinute")
         if work.requests_per_s <= 0 or work.prompt_tokens < 1 or work.output_tokens < 1:
             raise ValueError("requests/s must be positive, prompt and output tokens at least 1")
     else:
-        if model.kind != "image":
+        if model.kind != ModelKind.IMAGE:
             raise ValueError(f"model {model.name!r} is a chat model: give requestsPerSecond")
         if work.images_per_minute <= 0:
             raise ValueError("images per minute must be positive")

@@ -26,6 +26,7 @@ import httpx
 
 from inferd.catalog.registered import ProfilePoint
 from inferd.control.endpoints.records import example_path
+from inferd.vocab import ModelKind
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ async def run_level(
     kind = "image" if is_image_endpoint(record) else "chat"
     url = record["url"] + example_path(kind)
     headers = {"Authorization": f"Bearer {token}"}
-    once = _image_once if kind == "image" else _chat_once
+    once = _image_once if kind == ModelKind.IMAGE else _chat_once
     samples: list[Sample] = []
     remaining = plan.requests
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -205,7 +206,7 @@ async def run_level(
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         wall = time.perf_counter() - start
-    point = image_point if kind == "image" else chat_point
+    point = image_point if kind == ModelKind.IMAGE else chat_point
     return point(concurrency, samples, wall)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inferd.control.metrics.timeseries import Point
+from inferd.vocab import ModelKind
 
 WIDTH = 320
 HEIGHT = 80
@@ -86,7 +87,7 @@ def endpoint_charts(points: Sequence[Point], kind: str) -> list[Chart]:
     minutes = points[0].seconds / 60 if points else 1
     output: tuple[str, str, Callable[[Point], float | None]] = (
         ("images/s", "c1", lambda p: p.images_per_s)
-        if kind == "image"
+        if kind == ModelKind.IMAGE
         else ("tokens/s", "c1", lambda p: p.tokens_per_s)
     )
     return [

@@ -35,19 +35,19 @@ def _field(error: Mapping[str, Any]) -> str:
 def human_message(error: Mapping[str, Any]) -> str:
     field = _field(error)
     label = LABELS.get(field, field or "The form")
-    kind = str(error.get("type", ""))
+    error_type = str(error.get("type", ""))
     ctx = error.get("ctx") or {}
-    if kind == "string_pattern_mismatch":
+    if error_type == "string_pattern_mismatch":
         return f"{label}: {PATTERNS.get(field, 'not in the expected form')}."
-    if kind in ("missing", "string_too_short") and field:
+    if error_type in ("missing", "string_too_short") and field:
         return f"{label}: required."
-    if kind == "string_too_long":
+    if error_type == "string_too_long":
         return f"{label}: at most {ctx.get('max_length')} characters."
-    if kind == "greater_than_equal":
+    if error_type == "greater_than_equal":
         return f"{label}: at least {ctx.get('ge')}."
-    if kind == "less_than_equal":
+    if error_type == "less_than_equal":
         return f"{label}: at most {ctx.get('le')}."
-    if kind in ("int_type", "int_parsing"):
+    if error_type in ("int_type", "int_parsing"):
         return f"{label}: a whole number."
     message = str(error.get("msg", "invalid value"))
     return f"{label}: {message[:1].lower() + message[1:]}."

@@ -32,6 +32,7 @@ from inferd.control.endpoints.service import EndpointService
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model import Endpoint as EndpointRow
 from inferd.control.replicas.scale_events import ScaleEvent
+from inferd.vocab import ModelKind
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class ConsoleSources:
             if key not in self._pooling:  # the catalog does not change while serving
                 self._pooling[key] = recommend(model, self.catalog.gpus, location)
             return self._pooling[key]
-        work = CONSOLE_IMAGE_WORKLOAD if model.kind == "image" else CONSOLE_CHAT_WORKLOAD
+        work = CONSOLE_IMAGE_WORKLOAD if model.kind == ModelKind.IMAGE else CONSOLE_CHAT_WORKLOAD
         if self.recommender is not None:
             return self.recommender(model_name, work, location, engine_settings)
         return recommend_for_workload(

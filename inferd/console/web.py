@@ -29,6 +29,7 @@ from inferd.console.sources import ConsoleSources
 from inferd.control.accounts.roles import Action
 from inferd.control.endpoints.tokens import ENDPOINT_TOKEN_PREFIX
 from inferd.errors import InferdError, NotFound
+from inferd.vocab import ModelKind
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_FORM_BYTES = 64 * 1024
@@ -58,6 +59,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(formatting.FILTERS)
     # What an endpoint's access token starts with (the playground's hint).
     env.globals["token_prefix"] = ENDPOINT_TOKEN_PREFIX
+    env.globals["kinds"] = ModelKind
     return env
 
 

@@ -278,3 +278,14 @@ class StoreUnavailable(ServiceUnavailable):
         message = "The control plane's database is unavailable; retry shortly."
         super().__init__(message, retry_after=retry_after)
         self.detail = detail
+
+
+@dataclass(frozen=True)
+class ReplicaFailure:
+    """The endpoint's most recent replica failure. Kept after the failed
+    replica is replaced (and pruned from `replicas`), so the record still
+    says why it was replaced."""
+
+    replica_id: str
+    reason: str
+    at: str  # RFC 3339

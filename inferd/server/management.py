@@ -53,7 +53,7 @@ from inferd.server.paging import (
     read_key_page,
     read_page,
 )
-from inferd.vocab import EndpointStatus
+from inferd.vocab import EndpointStatus, ModelKind
 
 _STATUSES = tuple(s.value for s in EndpointStatus)
 
@@ -313,7 +313,7 @@ def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None
     if not given:
         return None
     needed: tuple[str, ...]
-    if kind == "chat":
+    if kind == ModelKind.CHAT:
         wrong = [p for p in given if p in _IMAGE_PARAMS]
         lead, needed = "requestsPerSecond", _CHAT_PARAMS[:3]
     else:
@@ -330,7 +330,7 @@ def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None
                 param=name,
                 code="missing_required_parameter",
             )
-    if kind == "chat":
+    if kind == ModelKind.CHAT:
         ttft, tpot = _number(params, "ttftP95Ms"), _number(params, "tpotP95Ms")
         return ChatWorkload(
             requests_per_s=_number(params, "requestsPerSecond") or 0.0,

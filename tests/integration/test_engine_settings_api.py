@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
 from inferd.testing import replica_report
+from tests.support import eventually
 
 ADMIN = "engine-settings-admin-key-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -29,12 +29,7 @@ def open_plane(tmp_path: Path, launcher: FakeLauncher) -> Server:
     return asyncio.run(build(settings, launcher=launcher))
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(20_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
+until = eventually
 
 
 def ready(plane: Server, launcher: FakeLauncher, replica_id: str) -> None:

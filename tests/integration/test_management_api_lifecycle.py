@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,6 +18,7 @@ from inferd.server.app import create_app
 from inferd.server.auth import AdminKeyError, provision_admin_key
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
+from tests.support import eventually
 
 ADMIN = "lifecycle-admin-key-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -71,12 +72,7 @@ def open_plane(tmp_path: Path, launcher: FakeLauncher | None = None) -> Server:
     return asyncio.run(build(settings, launcher=launcher))
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
+until = eventually
 
 
 def test_delete_waits_for_the_replicas_to_end(tmp_path: Path) -> None:

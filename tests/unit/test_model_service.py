@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from inferd.catalog.support import EngineSupport
 from inferd.control.model_service import ModelService
 from inferd.control.stores.memory import MemoryStore
 from inferd.errors import BadRequest, Conflict
+from tests.support import eventually
 
 SUPPORT = EngineSupport.fixed({"LlamaForCausalLM"}, set())
 CONFIG = {
@@ -32,12 +32,7 @@ def service(store: MemoryStore) -> ModelService:
     return ModelService(store, load_catalog(), list, support=SUPPORT, offline=True)
 
 
-async def settle(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
+settle = eventually
 
 
 def test_a_second_instance_follows_registrations(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +22,7 @@ from inferd.replica.config import ModelSource
 from inferd.testing import replica_report
 from inferd.vocab import ModelKind
 from inferd.vocab import ReplicaStatus as S
+from tests.support import eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -497,20 +497,7 @@ async def follow(w: World) -> None:
         await w.reconciler.replica_exited(exited)
 
 
-async def until(condition: Callable[[], bool], turns: int = 1000, within_s: float = 30.0) -> None:
-    """Let other tasks run until `condition` holds: event-loop turns first
-    (no sleep), then short sleeps, because the store answers from a worker
-    thread and a loaded machine can take longer than any number of turns."""
-    for _ in range(turns):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    deadline = asyncio.get_running_loop().time() + within_s
-    while asyncio.get_running_loop().time() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never held")
+until = eventually
 
 
 async def test_adopt_after_restart_keeps_replicas_and_counts_them_as_wanted() -> None:

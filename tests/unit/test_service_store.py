@@ -6,7 +6,6 @@ drained by yielding to the loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
@@ -26,6 +25,7 @@ from inferd.control.model import StoreUnavailable
 from inferd.control.model_service import ModelService
 from inferd.control.paging import EndpointFilter
 from inferd.control.stores.memory import MemoryStore
+from tests.support import eventually
 
 CATALOG = load_catalog()
 
@@ -49,12 +49,7 @@ async def service(store: MemoryStore) -> EndpointService:
     )
 
 
-async def settle(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
+settle = eventually
 
 
 def test_a_second_service_on_the_same_store_follows_the_first() -> None:

@@ -7,7 +7,6 @@ import hashlib
 import io
 import logging
 import math
-from collections.abc import Callable
 
 import pytest
 
@@ -24,6 +23,7 @@ from inferd.control.endpoints.tokens import (
 from inferd.control.model import Change, ChangeKind, Endpoint, utc_now
 from inferd.control.stores.memory import MemoryStore
 from inferd.redact import RedactingFilter, install_redaction, redact
+from tests.support import eventually
 
 
 class CountingSource:
@@ -215,12 +215,7 @@ def test_install_redaction_on_root_handlers() -> None:
     assert token not in stream.getvalue()
 
 
-async def _settle(condition: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
+_settle = eventually
 
 
 def test_follows_another_writers_token_changes() -> None:

@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from inferd.api.replica import ReplicaReport, ReplicaUsageReport
 from inferd.control.accounts.adapter_metering import AdapterMeter
@@ -18,7 +19,9 @@ from inferd.control.accounts.metering import (
     UsageMeter,
 )
 from inferd.control.accounts.model import utc_now
-from inferd.control.replicas.registry import Registry, Replica
+
+if TYPE_CHECKING:  # the replicas package is above accounts; only its types are named here
+    from inferd.control.replicas.registry import Registry, Replica
 
 SAMPLE_PERIOD_S = 1.0
 

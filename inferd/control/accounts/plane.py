@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from inferd.control.accounts.adapter_metering import AdapterMeter
 from inferd.control.accounts.metering import EndpointPricing, UsageMeter, month_of
@@ -24,7 +24,9 @@ from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.follow import follow
 from inferd.control.model import AdapterUsage, Change, ChangeKind, Endpoint
-from inferd.control.replicas.registry import Replica
+
+if TYPE_CHECKING:  # the replicas package is above accounts; only its types are named here
+    from inferd.control.replicas.registry import Replica
 
 logger = logging.getLogger(__name__)
 
@@ -79,12 +81,12 @@ class Accounts:
     async def _apply(self, change: Change) -> None:
         if change.kind is not ChangeKind.ACCOUNT:
             return
-        kind, _, key = change.id.partition(":")
-        if kind == "key":
+        what, _, key = change.id.partition(":")
+        if what == "key":
             self.resolver.forget_key(key)
-        elif kind == "user":
+        elif what == "user":
             self.resolver.forget_user(key)
-        elif kind == "project":
+        elif what == "project":
             await self.service.load_quotas()
 
     async def reload(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from inferd.api.engine_settings import EngineSettings
 from inferd.catalog.models import TEXT_KINDS, ModelSpec
 from inferd.errors import BadRequest
+from inferd.vocab import ModelKind
 
 PARAM = "engineSettings"
 # Weight formats a checkpoint's `quantization_config.quant_method` may be
@@ -61,7 +62,7 @@ def check_engine_settings(settings: EngineSettings, model: ModelSpec, lookup: Mo
         )
     if settings.quantization is not None:
         _check_quantization(settings.quantization, model)
-    if model.kind != "chat":
+    if model.kind != ModelKind.CHAT:
         for field in GENERATION_ONLY:
             if getattr(settings, field) is not None:
                 raise _bad(
@@ -101,7 +102,7 @@ def _check_draft(name: str, model: ModelSpec, lookup: ModelLookup) -> None:
     draft = lookup(name)
     if draft is None:
         raise _bad(field, f"Unknown draft model '{name}'.", "model_not_found")
-    if draft.kind != "chat":
+    if draft.kind != ModelKind.CHAT:
         raise _bad(
             field,
             f"Draft model '{name}' is a {draft.kind} model; a draft must be a chat model.",

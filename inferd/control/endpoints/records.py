@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd import COMPAT_FAMILY
-from inferd.control.model import Endpoint, rfc3339
+from inferd.control.model import Endpoint, ReplicaFailure, rfc3339
 from inferd.vocab import EndpointStatus, ModelKind, ReplicaStatus
 
 
@@ -36,17 +36,6 @@ class ReplicaView:
     adapters: tuple[str, ...] = ()
     # RFC 3339 time since which it has not been heard to serve (None: it is).
     unresponsive_since: str | None = None
-
-
-@dataclass(frozen=True)
-class ReplicaFailure:
-    """The endpoint's most recent replica failure. Kept after the failed
-    replica is replaced (and pruned from `replicas`), so the record still
-    says why it was replaced."""
-
-    replica_id: str
-    reason: str
-    at: str  # RFC 3339
 
 
 @dataclass(frozen=True)

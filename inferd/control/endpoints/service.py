@@ -58,6 +58,7 @@ from inferd.control.model import (
 from inferd.control.paging import EndpointFilter, Page
 from inferd.control.ports import Capacity, EndpointStore, TokenStore
 from inferd.errors import BadRequest, Conflict, NotFound
+from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class EndpointService:
     def _image_size(self, row: Endpoint) -> str:
         # The model's own default size, so the example works as pasted; a
         # model gone from the catalog since creation falls back to 1024x1024.
-        if row.model_kind == "image" and row.model_name in self.catalog.models:
+        if row.model_kind == ModelKind.IMAGE and row.model_name in self.catalog.models:
             size = self.catalog.models.get(row.model_name).default_size
             if size is not None:
                 return f"{size[0]}x{size[1]}"

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from inferd.control.endpoints.records import EndpointRuntime, ReplicaFailure, ReplicaView
-from inferd.control.model import Endpoint
+from inferd.control.endpoints.records import EndpointRuntime, ReplicaView
+from inferd.control.model import Endpoint, ReplicaFailure
 from inferd.control.replicas.registry import Registry
 from inferd.gateway.directory import NO_ADAPTERS, EndpointRoute, RoutableReplica
 

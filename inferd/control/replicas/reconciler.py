@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferd.api.engine_settings import EngineSettings
-from inferd.control.endpoints.records import ReplicaFailure
-from inferd.control.model import Deposed, ReplicaRecord, rfc3339, utc_now
+from inferd.control.model import Deposed, ReplicaFailure, ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
     EndpointLoad,
     ExitReason,
