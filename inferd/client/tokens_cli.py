@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -62,8 +63,12 @@ def _create(client: ManagementClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(created, indent=2))
     else:
+        # The token alone on stdout (`export T=$(inferd endpoints tokens create ...)`).
         print(created["token"])
-        print(f"client token {created['name']} (weight {created['weight']:g}); shown only now")
+        print(
+            f"client token {created['name']} (weight {created['weight']:g}); shown only now",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -239,3 +239,30 @@ def test_the_cli_creates_lists_and_revokes(
     assert api.models(ep["id"], token).status_code == 401
     assert main(["endpoints", "tokens", "revoke", ep["name"], "ci"]) == 1
     assert "no client token named 'ci'" in capsys.readouterr().err
+
+
+def test_the_console_lists_creates_shows_once_and_revokes(api: Api) -> None:
+    import re
+
+    from tests.console_support import sign_in
+
+    ep = endpoint(api)
+    page = f"/console/endpoints/{ep['id']}"
+    csrf = sign_in(api.client, OPERATOR_KEY)
+    assert "None yet." in api.client.get(page).text
+    created = api.client.post(
+        page + "/client-tokens",
+        data={"csrf": csrf, "name": "web-app", "weight": "2", "requestsPerMinute": "120"},
+    )
+    assert created.status_code == 200  # the redirect to the endpoint's page, followed
+    shown = re.search(r'data-testid="client-token">([^<]+)<', created.text)
+    assert shown is not None and api.models(ep["id"], shown.group(1)).status_code == 200
+    again = api.client.get(page).text
+    assert shown.group(1) not in again and "web-app" in again and "120/min" in again
+    bad = api.client.post(page + "/client-tokens", data={"csrf": csrf, "name": "Bad Name"})
+    assert bad.status_code == 400
+    without_csrf = api.client.post(page + "/client-tokens/web-app/revoke", data={})
+    assert without_csrf.status_code == 403
+    revoked = api.client.post(page + "/client-tokens/web-app/revoke", data={"csrf": csrf})
+    assert revoked.status_code == 200 and "None yet." in revoked.text
+    assert api.models(ep["id"], shown.group(1)).status_code == 401
