@@ -167,6 +167,7 @@ class GatewayMetrics:
         # Labelled children by (endpoint, route, status): `labels()` takes a
         # lock and builds a key on every call; this is one dict lookup.
         self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._by_client: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
         # The control plane's per-minute series, fed without a scrape.
         self._observers = tuple(observers)
 
@@ -193,17 +194,28 @@ class GatewayMetrics:
         prompt_tokens: int | None,
         completion_tokens: int | None,
     ) -> None:
-        name = client or OWNER_LABEL
-        self.client_requests.labels(endpoint, name, str(status)).inc()
+        key = (endpoint, client, status)
+        children = self._by_client.get(key)
+        if children is None:
+            name = client or OWNER_LABEL
+            children = (
+                self.client_requests.labels(endpoint, name, str(status)),
+                self.client_tokens.labels(endpoint, name, "prompt"),
+                self.client_tokens.labels(endpoint, name, "completion"),
+            )
+            self._by_client[key] = children
+        children[0].inc()
         if prompt_tokens:
-            self.client_tokens.labels(endpoint, name, "prompt").inc(prompt_tokens)
+            children[1].inc(prompt_tokens)
         if completion_tokens:
-            self.client_tokens.labels(endpoint, name, "completion").inc(completion_tokens)
+            children[2].inc(completion_tokens)
 
     def forget(self, endpoint: str) -> None:
         """Drop the series of a deleted endpoint."""
         for key in [k for k in self._answered if k[0] == endpoint]:
             del self._answered[key]
+        for client_key in [k for k in self._by_client if k[0] == endpoint]:
+            del self._by_client[client_key]
         for metric in (
             self.requests,
             self.latency,

@@ -30,8 +30,11 @@ class UsageTail:
         if not body:
             return
         self.events += body.count(_EVENT)
-        tail = self.tail + body
-        self.tail = tail[-_TAIL_BYTES:] if len(tail) > _TAIL_BYTES else tail
+        if len(body) >= _TAIL_BYTES:
+            self.tail = body[-_TAIL_BYTES:]  # no copy of a large body
+        else:
+            tail = self.tail + body
+            self.tail = tail[-_TAIL_BYTES:] if len(tail) > _TAIL_BYTES else tail
 
     def counts(self) -> tuple[int | None, int | None]:
         """(prompt, completion) tokens as the answer said them; a stream
