@@ -35,10 +35,18 @@ from inferd.errors import (
     TooManyRequests,
 )
 from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
-from inferd.gateway.auth import WWW_AUTHENTICATE, Caller, TokenCheck, caller, unauthorized
+from inferd.gateway.auth import (
+    OWNER_CALLER,
+    WWW_AUTHENTICATE,
+    Caller,
+    TokenCheck,
+    caller,
+    unauthorized,
+)
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.fairness import BYTES_PER_TOKEN, Claim
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
+from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_KEY, granted
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
@@ -70,13 +78,12 @@ FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept"})
 ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
 RESUMED = RESUMED_HEADER.encode()
 CLIENT_GONE = 499
-# A request's priority class: `batch` is released from the hold queue only
-# when no interactive request waits. Anyone may send it: it can only lower
-# the sender's own priority. In process (a batch runner calling the gateway
-# as an ASGI app) the scope's `inferd.priority` says the same.
-PRIORITY_HEADER = b"x-inferd-priority"
-PRIORITY_SCOPE_KEY = "inferd.priority"
-PRIORITIES = {b"batch": True, b"interactive": False}
+# A request's priority class (`PRIORITY_HEADER`): `batch` is released from
+# the hold queue only when no interactive request waits. Anyone may send it:
+# it can only lower the sender's own priority. In process (the Batch API's
+# runner calling the gateway as an ASGI app) the scope's `PRIORITY_KEY` says
+# the same.
+PRIORITIES = {BATCH_PRIORITY.encode(): True, b"interactive": False}
 
 
 @dataclass(frozen=True)
@@ -212,7 +219,7 @@ def _answer_with_request_id(send: Send, request_id: bytes, usage: UsageTail) -> 
 
 def is_batch(scope: Scope, header: bytes | None) -> bool:
     """The request's priority class (400 for a header value that is neither)."""
-    if scope.get(PRIORITY_SCOPE_KEY) == "batch":
+    if scope.get(PRIORITY_KEY) == BATCH_PRIORITY:
         return True
     if header is None:
         return False
@@ -334,7 +341,14 @@ class Gateway:
         # A span that records gets notes on its way (unsampled: none made).
         token = _REQUEST.set(_RequestNotes(trace)) if trace and trace.is_recording() else None
         try:
-            who = caller(self.verifier, endpoint_id, authorization)
+            # Work this process runs for the endpoint (a batch's requests)
+            # carries the grant its creation with the token gave it; it is
+            # the owner's, with no rate limit (it was admitted once).
+            who = (
+                OWNER_CALLER
+                if granted(scope, endpoint_id)
+                else caller(self.verifier, endpoint_id, authorization)
+            )
             if who is None:
                 raise unauthorized()
             label = endpoint_id

@@ -61,3 +61,8 @@ def caller(verifier: TokenCheck, endpoint_id: str, authorization: bytes | None) 
 
 def unauthorized() -> Unauthorized:
     return Unauthorized(UNAUTHORIZED_MESSAGE)
+
+
+def authorized(verifier: TokenCheck, endpoint_id: str, authorization: bytes | None) -> bool:
+    """Any token of this endpoint: the owner's or a client token."""
+    return caller(verifier, endpoint_id, authorization) is not None
