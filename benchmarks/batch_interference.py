@@ -176,8 +176,8 @@ def main() -> None:
                     None if ratio is None else ratio <= 1.2,
                     ""
                     if ratio is not None and ratio <= 1.2
-                    else "batch requests were served first in, first out with interactive ones: "
-                    "is the batch priority applied by the hold on this commit?",
+                    else "the hold releases interactive requests first but does not preempt: one "
+                    "arriving while batch requests hold every slot waits for one to end",
                 ),
             ],
             "notes": [
