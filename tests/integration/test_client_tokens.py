@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,12 +49,11 @@ class Api:
         return self.client.get(f"/endpoints/{endpoint_id}/openai/v1/models", headers=bearer(token))
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[Api]:
-    settings = load_settings(
-        env={},
-        overrides={"state_dir": tmp_path / "state", "admin_key": OPERATOR_KEY},
-    )
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    """One server for the module (each test makes its own endpoints)."""
+    state = tmp_path_factory.mktemp("client-tokens") / "state"
+    settings = load_settings(env={}, overrides={"state_dir": state, "admin_key": OPERATOR_KEY})
     plane = asyncio.run(build(settings, launcher=FakeLauncher(), run_replicas=False))
     try:
         with TestClient(create_app(plane)) as client:
