@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import re
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -111,9 +112,65 @@ class Tracer:
         )
         return span
 
+    def steps(
+        self, name: str, traceparent: str | None, attributes: Mapping[str, Any] | None = None
+    ) -> StepSpans | None:
+        """Spans of one engine call and of each of its steps, under the
+        request span that `traceparent` names (the replica's). None when
+        tracing is off or no request span is there to hang them on."""
+        if self._tracer is None or not traceparent:
+            return None
+        return StepSpans(self._tracer, name, traceparent, attributes)
+
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()
+
+
+class StepSpans:
+    """An engine call's span with one child per step, each timed from the
+    previous step's end (the first from the call's start). Made on the
+    engine's worker thread; the times are passed, so nothing depends on
+    which thread's context is current."""
+
+    def __init__(
+        self, otel_tracer: Any, name: str, traceparent: str, attributes: Mapping[str, Any] | None
+    ) -> None:
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        self._tracer = otel_tracer
+        self._name = name
+        self._last_ns = time.time_ns()
+        parent = _PROPAGATOR.extract({TRACEPARENT: traceparent})
+        self._span = otel_tracer.start_span(
+            name,
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes=dict(attributes or {}),
+            start_time=self._last_ns,
+        )
+        self._context = set_span_in_context(self._span)
+        self.count = 0
+
+    def step(self) -> None:
+        now = time.time_ns()
+        span = self._tracer.start_span(
+            f"{self._name} step",
+            context=self._context,
+            attributes={"inferd.step": self.count},
+            start_time=self._last_ns,
+        )
+        span.end(end_time=now)
+        self._last_ns = now
+        self.count += 1
+
+    def end(self, error: BaseException | None = None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span.set_attribute("inferd.steps", self.count)
+        if error is not None:
+            self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        self._span.end()
 
 
 def traceparent_of(span: Span) -> bytes | None:
@@ -212,6 +269,12 @@ def configure(settings: TracingSettings, service_name: str, exporter: Any = None
 def tracer() -> Tracer:
     return _TRACER
 
+
+# The replica's span of the request it is answering (its `traceparent`), for
+# engines that make spans of their own (diffusers' steps); None when untraced.
+CURRENT_TRACEPARENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "inferd_traceparent", default=None
+)
 
 # The request a replica is answering, for its log lines (`RequestIdFormatter`).
 CURRENT_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(

@@ -53,6 +53,7 @@ import logging
 import queue
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ from inferd.engines.base import (
 )
 from inferd.errors import ServiceUnavailable
 from inferd.quiet_warnings import drop_torchvision_fallback_warning
+from inferd.tracing import CURRENT_TRACEPARENT, StepSpans, tracer
 from inferd.vocab import ModelKind
 
 logger = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class _Job:
     future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
     # Set from the event loop when the waiting request is cancelled.
     abandoned: threading.Event = field(default_factory=threading.Event)
+    # The replica's span of this request, the parent of the pipeline's spans.
+    traceparent: str | None = field(default_factory=CURRENT_TRACEPARENT.get)
 
     def batch_key(self) -> tuple[Any, ...] | None:
         if self.request.seed is not None:
@@ -419,15 +423,19 @@ class DiffusersImageEngine:
         if not live:
             return
         self.batch_sizes.append(len(live))
+        traces = self._traces(live)
         try:
-            images = self._call_pipeline(live)
-        except _Aborted:
+            images = self._call_pipeline(live, traces)
+        except _Aborted as exc:
+            _end_traces(traces, exc)
             for job in live:
                 job.future.set_exception(ServiceUnavailable("The request was abandoned."))
         except Exception as exc:
+            _end_traces(traces, exc)
             for job in live:
                 job.future.set_exception(exc)
         else:
+            _end_traces(traces)
             start = 0
             for job in live:
                 job.future.set_result(images[start : start + job.request.n])
@@ -436,7 +444,25 @@ class DiffusersImageEngine:
             with self._lock:
                 self._running = 0
 
-    def _call_pipeline(self, jobs: list[_Job]) -> Any:
+    def _traces(self, jobs: list[_Job]) -> list[StepSpans]:
+        """A span per traced request in the batch, each with a child per
+        denoising step (the steps are shared: one batch, one loop)."""
+        found = []
+        for job in jobs:
+            attributes = {
+                "inferd.model": self._name,
+                "inferd.batch_size": len(jobs),
+                "inferd.images": job.request.n,
+                "inferd.width": job.request.width,
+                "inferd.height": job.request.height,
+                "inferd.steps_asked": job.steps,
+            }
+            spans = tracer().steps("diffusers.generate", job.traceparent, attributes)
+            if spans is not None:
+                found.append(spans)
+        return found
+
+    def _call_pipeline(self, jobs: list[_Job], traces: Sequence[StepSpans] = ()) -> Any:
         import torch
 
         first = jobs[0]
@@ -448,7 +474,7 @@ class DiffusersImageEngine:
             "num_inference_steps": first.steps,
             "guidance_scale": first.guidance,
             "output_type": "np",
-            "callback_on_step_end": self._step_callback(jobs),
+            "callback_on_step_end": self._step_callback(jobs, traces),
         }
         if len(jobs) == 1:
             # As a direct call would: one prompt, n images, one generator.
@@ -466,12 +492,19 @@ class DiffusersImageEngine:
             return self._pipeline(**kwargs).images
 
     @staticmethod
-    def _step_callback(jobs: list[_Job]) -> Any:
+    def _step_callback(jobs: list[_Job], traces: Sequence[StepSpans] = ()) -> Any:
         def on_step_end(
             pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]
         ) -> dict[str, Any]:
+            for spans in traces:
+                spans.step()
             if all(job.abandoned.is_set() for job in jobs):
                 raise _Aborted
             return tensors
 
         return on_step_end
+
+
+def _end_traces(traces: Sequence[StepSpans], error: BaseException | None = None) -> None:
+    for spans in traces:
+        spans.end(error)

@@ -27,7 +27,13 @@ from inferd.api.openai import sse_error
 from inferd.engines.client_errors import client_error
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
-from inferd.tracing import CURRENT_REQUEST_ID, end_span, traceparent_of, tracer
+from inferd.tracing import (
+    CURRENT_REQUEST_ID,
+    CURRENT_TRACEPARENT,
+    end_span,
+    traceparent_of,
+    tracer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +75,9 @@ class Answering:
             if parent is not None:
                 self.trace_headers = {"traceparent": parent.decode()}
                 _replace_header(request, b"traceparent", parent)
+        self._trace_token = CURRENT_TRACEPARENT.set(
+            None if self.trace_headers is None else self.trace_headers["traceparent"]
+        )
 
     def __enter__(self) -> Answering:
         return self
@@ -161,6 +170,8 @@ class Answering:
             )
         with contextlib.suppress(ValueError):  # ended in another context than it began
             CURRENT_REQUEST_ID.reset(self._log_token)
+        with contextlib.suppress(ValueError):
+            CURRENT_TRACEPARENT.reset(self._trace_token)
 
 
 def _replace_header(request: Request, name: bytes, value: bytes) -> None:

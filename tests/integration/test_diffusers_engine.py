@@ -300,3 +300,41 @@ def test_on_the_cpu_each_image_gets_its_own_pipeline_call_by_default(tiny_sdxl_d
             await engine.shutdown()
 
     assert asyncio.run(scenario()) == [1, 1, 1, 1]
+
+
+def test_a_traced_request_has_a_span_per_denoising_step_under_the_replicas_span(
+    engine: Any, run: Any
+) -> None:
+    """The replica's span (set by the answering path as the current
+    traceparent) is the parent of the pipeline's span, and that of one span
+    per step; an untraced request in the same engine makes none."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inferd import tracing
+
+    exporter = InMemorySpanExporter()
+    tracing.configure(tracing.TracingSettings("http://unused:4318"), "inferd-replica", exporter)
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+    async def generate(traceparent: str | None) -> list[bytes]:
+        tracing.CURRENT_TRACEPARENT.set(traceparent)  # as the answering path does
+        request = ImageRequest("traced", "a fox", width=256, height=256, num_inference_steps=3)
+        return await engine.generate(request)
+
+    try:
+        assert len(run(generate(None))) == 1
+        assert exporter.get_finished_spans() == ()
+        assert len(run(generate(f"00-{trace_id}-{parent_id}-01"))) == 1
+    finally:
+        tracing.configure(tracing.NO_TRACING, "inferd")
+    spans = exporter.get_finished_spans()
+    call = next(s for s in spans if s.name == "diffusers.generate")
+    steps = sorted(
+        (s for s in spans if s.name == "diffusers.generate step"), key=lambda s: s.start_time
+    )
+    assert f"{call.context.trace_id:032x}" == trace_id
+    assert f"{call.parent.span_id:016x}" == parent_id
+    assert [s.attributes["inferd.step"] for s in steps] == [0, 1, 2]
+    assert all(s.parent.span_id == call.context.span_id for s in steps)
+    assert call.attributes["inferd.steps"] == 3
+    assert call.start_time <= steps[0].start_time and steps[-1].end_time <= call.end_time
