@@ -19,7 +19,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models
 	$(PY) -m mypy
-	$(PY) -m pytest tests --reliability-report docs/reliability.md
+	$(PY) -m pytest tests --reliability-report docs/reliability.md --durations=40
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from inferd.catalog.roots import ModelRoots
+from inferd.control.batches.model import BatchSettings
 from inferd.control.replicas.autoscaler import (
     DOWNSCALE_DELAY_S,
     TARGET_CONCURRENCY,
@@ -264,6 +265,47 @@ class Settings(BaseModel):
     reconcile_period_seconds: float = Field(
         1.0, gt=0, description="how often desired replicas are applied"
     )
+
+    # --- Batch API -----------------------------------------------------------------
+    batch_max_file_bytes: int = Field(
+        BatchSettings.max_file_bytes, ge=1024, description="largest batch input file"
+    )
+    batch_max_requests: int = Field(
+        BatchSettings.max_requests, ge=1, description="most requests (lines) in one batch"
+    )
+    batch_storage_quota_bytes: int = Field(
+        BatchSettings.project_quota_bytes,
+        ge=0,
+        description="batch files (inputs and results) a project may keep, in bytes",
+    )
+    batch_concurrency: int = Field(
+        BatchSettings.concurrency,
+        ge=1,
+        le=1024,
+        description="requests of one batch in flight at once (each behind interactive ones)",
+    )
+    batch_price_per_million_tokens: float = Field(
+        BatchSettings.price_per_million_tokens,
+        ge=0,
+        description="list price of a million tokens, for the cost shown per batch",
+    )
+    batch_discount: float = Field(
+        BatchSettings.discount,
+        ge=0,
+        le=1,
+        description="share taken off the token price for batch requests (0.5: half price)",
+    )
+
+    @property
+    def batches(self) -> BatchSettings:
+        return BatchSettings(
+            max_file_bytes=self.batch_max_file_bytes,
+            max_requests=self.batch_max_requests,
+            project_quota_bytes=self.batch_storage_quota_bytes,
+            concurrency=self.batch_concurrency,
+            price_per_million_tokens=self.batch_price_per_million_tokens,
+            discount=self.batch_discount,
+        )
 
     # --- Replicas (local launcher) --------------------------------------------
     replica_args: str = Field(

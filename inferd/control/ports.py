@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from inferd.catalog.registered import ModelStore, ProfileStore
 from inferd.control.accounts.ports import AccountStore
+from inferd.control.batches.ports import BatchStore
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
@@ -179,6 +180,7 @@ class Store(
     ModelStore,
     ProfileStore,
     AccountStore,
+    BatchStore,
     ChangeFeed,
     Protocol,
 ):

@@ -37,6 +37,7 @@ from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, 
 from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
+from inferd.gateway.inprocess import granted
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
@@ -298,7 +299,11 @@ class Gateway:
         # A span that records gets notes on its way (unsampled: none made).
         token = _REQUEST.set(_RequestNotes(trace)) if trace and trace.is_recording() else None
         try:
-            if not authorized(self.verifier, endpoint_id, authorization):
+            # Work this process runs for the endpoint (a batch's requests)
+            # carries the grant its creation with the token gave it.
+            if not (
+                granted(scope, endpoint_id) or authorized(self.verifier, endpoint_id, authorization)
+            ):
                 raise unauthorized()
             label = endpoint_id
             endpoint = self.directory.endpoint(endpoint_id)

@@ -25,6 +25,7 @@ from inferd.catalog import Catalog
 from inferd.control.accounts.adapter_metering import AdapterCollector
 from inferd.control.endpoints.views import ReplicaViews
 from inferd.control.metrics.plane import PlaneCollector
+from inferd.control.model import utc_now
 from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
@@ -33,6 +34,8 @@ from inferd.server import account_routes, adapter_routes, management
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, Routes, build_routes
 from inferd.server.account_routes import AccountRoutes
 from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads
+from inferd.server.batch_openapi import batch_openapi
+from inferd.server.batch_routes import BatchRoutes
 from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
@@ -63,9 +66,12 @@ def openapi_document(
 
 
 def serving_openapi() -> dict[str, Any]:
-    """OpenAPI paths and components of the gateway and `/metrics` (the
-    registry's report route is internal: replicas only)."""
+    """OpenAPI paths and components of the gateway, the Batch API and
+    `/metrics` (the registry's report route is internal: replicas only)."""
     part = gateway_openapi()
+    batches = batch_openapi()
+    part["paths"].update(batches["paths"])
+    part["components"]["schemas"].update(batches["components"]["schemas"])
     part["paths"]["/metrics"] = {
         "get": {
             "operationId": "metrics",
@@ -83,7 +89,7 @@ def serving_openapi() -> dict[str, Any]:
 
 
 def serving_routes(server: Server) -> list[BaseRoute]:
-    """The gateway, the registry's report route and `/metrics`."""
+    """The gateway, the Batch API, the registry's report route and `/metrics`."""
     metrics_registry = CollectorRegistry(auto_describe=True)
     metrics_registry.register(ReplicaCollector(server.registry))
     metrics_registry.register(AdapterCollector(server.accounts.adapters))
@@ -107,8 +113,12 @@ def serving_routes(server: Server) -> list[BaseRoute]:
         body = gateway_metrics.render() + bytes(generate_latest(metrics_registry))
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    batch_routes = BatchRoutes(
+        server.batches, server.verifier, utc_now, server.settings.max_body_bytes
+    )
     return [
         *gateway_routes(server.gateway),
+        *batch_routes.routes(),
         report_route(server.registry, observers),
         Route("/metrics", metrics, methods=["GET"]),
     ]

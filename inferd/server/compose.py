@@ -15,7 +15,8 @@ callback points at something that does not exist yet:
     tells the reconciler; shows the registry's replicas) -> accounts (usage
     reads), meter feed (registry -> meter), series sampler (registry,
     gateway state, service) -> endpoint directory -> gateway (asks the
-    reconciler for capacity)
+    reconciler for capacity) -> batch runner (a leader duty; its requests
+    through the gateway, in-process) -> batch service (tells the runner)
 
 `Server.start()`/`stop()` run in the serving event loop (the app lifespan),
 in one order for both run modes; `inferd.server.app.create_app` only puts
@@ -49,6 +50,8 @@ from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
+from inferd.control.batches.runner import BatchRunner
+from inferd.control.batches.service import BatchService
 from inferd.control.cluster.duties import (
     LeaderDrain,
     LeaderDutySet,
@@ -85,9 +88,11 @@ from inferd.control.replicas.scale_events import ScaleJournal
 from inferd.control.signals import Wakeup
 from inferd.control.stores import open_store
 from inferd.gateway.app import Gateway
+from inferd.gateway.caller import InProcessCaller
 from inferd.gateway.state import GatewayState
 from inferd.replica.config import ModelSource, model_source
 from inferd.server.auth import AdminAuth, provision_admin_key
+from inferd.server.batch_executor import GatewayExecutor
 from inferd.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -192,6 +197,9 @@ class Server:
     # Started each time this instance leads: the flag, then the replicas.
     leader_duties: LeaderDutySet
     coordination: Coordination
+    # The Batch API: what its routes call, and the leader duty that runs batches.
+    batches: BatchService
+    batch_runner: BatchRunner
     # Follows the replicas other instances record (None: nobody else does).
     mirror: ReplicaMirror | None = None
     # The control plane's own figures on /metrics (tokens per endpoint, the store's answer).
@@ -414,6 +422,13 @@ async def build(
             state=gateway_state,
             on_migration=journal.record_migration,
         )
+        # Batches run on the leader, each request through this gateway.
+        batch_runner = BatchRunner(
+            store, GatewayExecutor(InProcessCaller(gateway)), settings.batches, utc_now
+        )
+        batches = BatchService(
+            store, service.find, settings.batches, utc_now, wake=batch_runner.wake
+        )
         replica_duty = ReplicaDuty(
             store, registry, launcher, reconciler, service, meter_feed, run_replicas
         )
@@ -446,7 +461,9 @@ async def build(
         generated_admin_key=admin.generated_key,
         run_replicas=run_replicas,
         replica_duty=replica_duty,
-        leader_duties=LeaderDutySet([flag, replica_duty]),
+        leader_duties=LeaderDutySet([flag, replica_duty, batch_runner]),
+        batches=batches,
+        batch_runner=batch_runner,
         coordination=coordination,
         mirror=mirror,
         tokens=EndpointTokens(registry),

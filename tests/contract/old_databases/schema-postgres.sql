@@ -41,6 +41,77 @@ ALTER TABLE public.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.batch_file_chunks (
+    file_id text NOT NULL,
+    seq bigint NOT NULL,
+    data bytea NOT NULL
+);
+CREATE TABLE public.batch_files (
+    id text NOT NULL,
+    endpoint_id text NOT NULL,
+    project_id text NOT NULL,
+    purpose text NOT NULL,
+    filename text NOT NULL,
+    bytes bigint NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    lines bigint DEFAULT 0 NOT NULL,
+    batch_id text,
+    holds text,
+    seq bigint NOT NULL,
+    CONSTRAINT batch_files_holds_check CHECK (((holds IS NULL) OR (holds = ANY (ARRAY['done'::text, 'failed'::text])))),
+    CONSTRAINT batch_files_purpose_check CHECK ((purpose = ANY (ARRAY['batch'::text, 'batch_output'::text])))
+);
+ALTER TABLE public.batch_files ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.batch_files_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+CREATE TABLE public.batch_requests (
+    batch_id text NOT NULL,
+    idx bigint NOT NULL,
+    custom_id text NOT NULL,
+    body bytea NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    line text,
+    CONSTRAINT batch_requests_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'done'::text, 'failed'::text])))
+);
+CREATE TABLE public.batches (
+    id text NOT NULL,
+    endpoint_id text NOT NULL,
+    project_id text NOT NULL,
+    url text NOT NULL,
+    input_file_id text NOT NULL,
+    status text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    metadata jsonb NOT NULL,
+    times jsonb NOT NULL,
+    output_file_id text,
+    error_file_id text,
+    errors jsonb NOT NULL,
+    total bigint NOT NULL,
+    completed bigint DEFAULT 0 NOT NULL,
+    failed bigint DEFAULT 0 NOT NULL,
+    output_bytes bigint DEFAULT 0 NOT NULL,
+    error_bytes bigint DEFAULT 0 NOT NULL,
+    requests bigint DEFAULT 0 NOT NULL,
+    prompt_tokens bigint DEFAULT 0 NOT NULL,
+    completion_tokens bigint DEFAULT 0 NOT NULL,
+    cost double precision DEFAULT 0 NOT NULL,
+    seq bigint NOT NULL,
+    CONSTRAINT batches_status_check CHECK ((status = ANY (ARRAY['validating'::text, 'in_progress'::text, 'finalizing'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'cancelling'::text, 'cancelled'::text])))
+);
+ALTER TABLE public.batches ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.batches_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 CREATE TABLE public.changes (
     seq bigint NOT NULL,
     kind text NOT NULL,
@@ -244,6 +315,14 @@ ALTER TABLE ONLY public.admin_keys
     ADD CONSTRAINT admin_keys_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.audit_log
     ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.batch_file_chunks
+    ADD CONSTRAINT batch_file_chunks_pkey PRIMARY KEY (file_id, seq);
+ALTER TABLE ONLY public.batch_files
+    ADD CONSTRAINT batch_files_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.batch_requests
+    ADD CONSTRAINT batch_requests_pkey PRIMARY KEY (batch_id, idx);
+ALTER TABLE ONLY public.batches
+    ADD CONSTRAINT batches_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.changes
     ADD CONSTRAINT changes_pkey PRIMARY KEY (seq);
 ALTER TABLE ONLY public.endpoint_adapters
@@ -284,6 +363,10 @@ ALTER TABLE ONLY public.users
     ADD CONSTRAINT users_pkey PRIMARY KEY (id);
 CREATE INDEX audit_log_by_project ON public.audit_log USING btree (project_id, at);
 CREATE INDEX audit_log_by_project_id ON public.audit_log USING btree (project_id, id);
+CREATE INDEX batch_files_endpoint ON public.batch_files USING btree (endpoint_id);
+CREATE INDEX batch_files_project ON public.batch_files USING btree (project_id);
+CREATE INDEX batches_endpoint ON public.batches USING btree (endpoint_id);
+CREATE INDEX batches_status ON public.batches USING btree (status);
 CREATE UNIQUE INDEX endpoint_tokens_one_active ON public.endpoint_tokens USING btree (endpoint_id) WHERE (revoked_at IS NULL);
 CREATE INDEX endpoints_by_seq ON public.endpoints USING btree (seq);
 CREATE INDEX memberships_by_user ON public.memberships USING btree (user_id);
@@ -291,6 +374,14 @@ CREATE INDEX replicas_by_endpoint ON public.replicas USING btree (endpoint_id);
 CREATE INDEX usage_hourly_by_project ON public.usage_hourly USING btree (project_id, hour);
 CREATE INDEX user_keys_by_user ON public.user_keys USING btree (user_id);
 CREATE TRIGGER audit_log_append_only BEFORE DELETE OR UPDATE ON public.audit_log FOR EACH ROW EXECUTE FUNCTION public.audit_log_append_only();
+ALTER TABLE ONLY public.batch_file_chunks
+    ADD CONSTRAINT batch_file_chunks_file_id_fkey FOREIGN KEY (file_id) REFERENCES public.batch_files(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.batch_files
+    ADD CONSTRAINT batch_files_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.batch_requests
+    ADD CONSTRAINT batch_requests_batch_id_fkey FOREIGN KEY (batch_id) REFERENCES public.batches(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.batches
+    ADD CONSTRAINT batches_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.endpoint_adapters
     ADD CONSTRAINT endpoint_adapters_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.endpoint_tokens
@@ -314,3 +405,4 @@ version (8, 'endpoints of embedding and rerank models')
 version (9, "an endpoint's engine settings")
 version (10, 'LoRA adapters registered on endpoints')
 version (11, 'what each LoRA adapter served, per hour')
+version (12, "the Batch API: files, batches and each request's result")

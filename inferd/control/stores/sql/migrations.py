@@ -670,6 +670,88 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         ),
     ),
+    Migration(
+        12,
+        "the Batch API: files, batches and each request's result",
+        (
+            # A file is an endpoint's (deleted with it) and counted against
+            # its project's quota. Its content is kept in chunks of rows, the
+            # same on both engines, read and written a chunk at a time, and
+            # gone by cascade (PostgreSQL's large objects are neither).
+            """
+        CREATE TABLE batch_files (
+            id          TEXT PRIMARY KEY,
+            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            project_id  TEXT NOT NULL,
+            purpose     TEXT NOT NULL CHECK (purpose IN ('batch', 'batch_output')),
+            filename    TEXT NOT NULL,
+            bytes       <int> NOT NULL,
+            created_at  <time> NOT NULL,
+            lines       <int> NOT NULL DEFAULT 0,
+            batch_id    TEXT,
+            holds       TEXT,
+            <seq>
+            CHECK (holds IS NULL OR holds IN ('done', 'failed'))
+        ) <strict>
+        """,
+            "CREATE INDEX batch_files_project ON batch_files (project_id)",
+            "CREATE INDEX batch_files_endpoint ON batch_files (endpoint_id)",
+            """
+        CREATE TABLE batch_file_chunks (
+            file_id TEXT NOT NULL REFERENCES batch_files(id) ON DELETE CASCADE,
+            seq     <int> NOT NULL,
+            data    <bytes> NOT NULL,
+            PRIMARY KEY (file_id, seq)
+        ) <strict>
+        """,
+            """
+        CREATE TABLE batches (
+            id                TEXT PRIMARY KEY,
+            endpoint_id       TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            project_id        TEXT NOT NULL,
+            url               TEXT NOT NULL,
+            input_file_id     TEXT NOT NULL,
+            status            TEXT NOT NULL,
+            created_at        <time> NOT NULL,
+            expires_at        <time> NOT NULL,
+            metadata          <json> NOT NULL,
+            times             <json> NOT NULL,
+            output_file_id    TEXT,
+            error_file_id     TEXT,
+            errors            <json> NOT NULL,
+            total             <int> NOT NULL,
+            completed         <int> NOT NULL DEFAULT 0,
+            failed            <int> NOT NULL DEFAULT 0,
+            output_bytes      <int> NOT NULL DEFAULT 0,
+            error_bytes       <int> NOT NULL DEFAULT 0,
+            requests          <int> NOT NULL DEFAULT 0,
+            prompt_tokens     <int> NOT NULL DEFAULT 0,
+            completion_tokens <int> NOT NULL DEFAULT 0,
+            cost              <real> NOT NULL DEFAULT 0,
+            <seq>
+            CHECK (status IN ('validating', 'in_progress', 'finalizing', 'completed',
+                              'failed', 'expired', 'cancelling', 'cancelled'))
+        ) <strict>
+        """,
+            "CREATE INDEX batches_endpoint ON batches (endpoint_id)",
+            "CREATE INDEX batches_status ON batches (status)",
+            # One row per request: its body until it has run, then its
+            # result line (what the output or error file holds), written
+            # with its state in one statement.
+            """
+        CREATE TABLE batch_requests (
+            batch_id  TEXT NOT NULL REFERENCES batches(id) ON DELETE CASCADE,
+            idx       <int> NOT NULL,
+            custom_id TEXT NOT NULL,
+            body      <bytes> NOT NULL,
+            state     TEXT NOT NULL DEFAULT 'pending'
+                      CHECK (state IN ('pending', 'done', 'failed')),
+            line      TEXT,
+            PRIMARY KEY (batch_id, idx)
+        ) <strict>
+        """,
+        ),
+    ),
 )
 
 

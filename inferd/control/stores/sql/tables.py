@@ -25,7 +25,15 @@ from inferd.control.accounts.model import (
 )
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Role
-from inferd.control.model import Adapter, AdapterUsage, Endpoint, ReplicaRecord
+from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Counts, Usage
+from inferd.control.model import (
+    Adapter,
+    AdapterUsage,
+    Endpoint,
+    ReplicaRecord,
+    parse_rfc3339,
+    rfc3339,
+)
 from inferd.control.stores.sql.database import Dialect, Row
 
 R = TypeVar("R")
@@ -52,6 +60,7 @@ def quota_from_plain(data: Mapping[str, Any] | None) -> Quota:
 
 TEXT, INT, REAL, BYTES, TIME = Type("text"), Type("int"), Type("real"), Type("bytes"), Type("time")
 JSON = Type("json", dump=dict)
+JSON_LIST = Type("json", dump=list)
 ENGINE = Type("text", dump=EngineSettings.to_json, load=EngineSettings.from_json)
 PLACEMENT = Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v.items()})
 QUOTA = Type("json", dump=Quota.to_dict, load=quota_from_plain)
@@ -208,3 +217,51 @@ USAGE = Table("usage_hourly", (
     Column("prompt_tokens", INT), Column("completion_tokens", INT), Column("images", INT),
     Column("cost", REAL),
 ), UsageRow)  # fmt: skip
+
+# The Batch API (`inferd.control.batches`). A file's content is kept in
+# chunks (`batch_file_chunks`), a batch's requests and results one row each
+# (`batch_requests`, read by the repository itself).
+BATCH_FILES = Table("batch_files", (
+    Column("id"), Column("endpoint_id"), Column("project_id"), Column("purpose"),
+    Column("filename"), Column("bytes", INT), Column("created_at", TIME), Column("lines", INT),
+    Column("batch_id"), Column("holds"),
+), BatchFile)  # fmt: skip
+
+
+def _batch(
+    *, status: str, times: dict[str, str], total: int, completed: int, failed: int,
+    requests: int, prompt_tokens: int, completion_tokens: int, cost: float, **rest: Any,
+) -> Batch:  # fmt: skip
+    return Batch(
+        status=BatchStatus(status),
+        times={name: parse_rfc3339(at) for name, at in times.items()},
+        counts=Counts(total, completed, failed),
+        usage=Usage(requests, prompt_tokens, completion_tokens, cost),
+        **rest,
+    )
+
+
+def _batch_row(batch: Batch) -> dict[str, Any]:
+    return {
+        "id": batch.id, "endpoint_id": batch.endpoint_id, "project_id": batch.project_id,
+        "url": batch.url, "input_file_id": batch.input_file_id, "status": batch.status.value,
+        "created_at": batch.created_at, "expires_at": batch.expires_at,
+        "metadata": batch.metadata,
+        "times": {name: rfc3339(at) for name, at in batch.times.items()},
+        "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
+        "errors": batch.errors, "total": batch.counts.total,
+        "completed": batch.counts.completed, "failed": batch.counts.failed,
+        "requests": batch.usage.requests, "prompt_tokens": batch.usage.prompt_tokens,
+        "completion_tokens": batch.usage.completion_tokens, "cost": batch.usage.cost,
+    }  # fmt: skip
+
+
+BATCHES = Table("batches", (
+    Column("id"), Column("endpoint_id"), Column("project_id"), Column("url"),
+    Column("input_file_id"), Column("status"), Column("created_at", TIME),
+    Column("expires_at", TIME), Column("metadata", JSON), Column("times", JSON),
+    Column("output_file_id"), Column("error_file_id"), Column("errors", JSON_LIST),
+    Column("total", INT), Column("completed", INT), Column("failed", INT),
+    Column("requests", INT), Column("prompt_tokens", INT), Column("completion_tokens", INT),
+    Column("cost", REAL),
+), _batch, dump=_batch_row)  # fmt: skip

@@ -1,0 +1,38 @@
+"""What marks a request the server makes to its own gateway, in-process
+(the Batch API's; `inferd.gateway.caller` makes them).
+
+They take the path a client's request takes (token check, routing,
+adapters, hold at zero, retries, metering), as an ASGI call with no socket.
+Two things only in-process code can put on an ASGI scope, since a server
+builds the scope of a request from the wire and never copies keys into it:
+- `inferd.priority` = `batch`: the gateway's hold releases it only when no
+  interactive request waits (`inferd.gateway.hold`);
+- `inferd.grant`: an `InProcessGrant` for one endpoint, standing for the
+  token that was shown when the work was created (a batch is created with
+  the endpoint's token, which is kept only as a hash). The gateway takes it
+  in place of a token for that endpoint alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PRIORITY_KEY = "inferd.priority"
+PRIORITY_HEADER = b"x-inferd-priority"
+BATCH_PRIORITY = "batch"
+GRANT_KEY = "inferd.grant"
+
+
+@dataclass(frozen=True)
+class InProcessGrant:
+    """Work this process runs for an endpoint, authorized when it was
+    created (`why`: what it is, for logs: a batch's id)."""
+
+    endpoint_id: str
+    why: str
+
+
+def granted(scope: Any, endpoint_id: str) -> bool:
+    grant = scope.get(GRANT_KEY)
+    return isinstance(grant, InProcessGrant) and grant.endpoint_id == endpoint_id

@@ -1,0 +1,207 @@
+"""The Batch API's HTTP routes, below an endpoint's URL and beside its chat
+route: `{endpoint URL}/openai/v1/files...` and `.../batches...`, in OpenAI's
+shapes, so that the `openai` client's `files` and `batches` calls work with
+the endpoint URL + `/openai/v1` as base URL and the endpoint's token as key.
+The token is checked as on the inference routes (the same 401 for every
+way of not holding it); what each route does is `BatchService`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Message
+
+from inferd import COMPAT_FAMILY
+from inferd.control.batches.model import estimate
+from inferd.control.batches.service import BatchService
+from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from inferd.gateway.auth import TokenCheck, authorized, unauthorized
+
+BASE = "/endpoints/{endpoint_id}/" + COMPAT_FAMILY + "/v1"
+# Room for the multipart framing and the purpose field around the file.
+FORM_OVERHEAD_BYTES = 64 << 10
+MAX_LIST = 100
+
+
+class BatchRoutes:
+    def __init__(
+        self,
+        service: BatchService,
+        verifier: TokenCheck,
+        clock: Callable[[], datetime],
+        max_json_bytes: int,
+    ) -> None:
+        self.service = service
+        self.verifier = verifier
+        self.clock = clock
+        self.max_json_bytes = max_json_bytes
+
+    def _endpoint(self, request: Request) -> str:
+        endpoint_id: str = request.path_params["endpoint_id"]
+        header = request.headers.get("authorization")
+        if not authorized(self.verifier, endpoint_id, header.encode("latin-1") if header else None):
+            raise unauthorized()
+        return endpoint_id
+
+    # --- files ----------------------------------------------------------------------------------
+
+    async def upload(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise UnsupportedMediaType(
+                "Upload a file as multipart/form-data with the fields 'file' and 'purpose'."
+            )
+        limit = self.service.settings.max_file_bytes + FORM_OVERHEAD_BYTES
+        body = await _bounded_body(request, limit)
+        form = await _replayed(request, body).form(max_files=1, max_fields=4)
+        upload, purpose = form.get("file"), form.get("purpose")
+        if upload is None or isinstance(upload, str):
+            raise BadRequest("The form has no 'file' part.", param="file")
+        if not isinstance(purpose, str):
+            raise BadRequest(
+                "The form has no 'purpose' field; it must be 'batch'.", param="purpose"
+            )
+        content = await upload.read()
+        await form.close()
+        file = await self.service.upload(endpoint_id, upload.filename or "", purpose, content)
+        return JSONResponse(file.to_openai())
+
+    async def list_files(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        files = await self.service.files(endpoint_id)
+        return JSONResponse(
+            {"object": "list", "data": [f.to_openai() for f in files], "has_more": False}
+        )
+
+    async def get_file(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        file = await self.service.file(endpoint_id, request.path_params["file_id"])
+        return JSONResponse(file.to_openai())
+
+    async def file_content(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        file, chunks = await self.service.content(endpoint_id, request.path_params["file_id"])
+        return StreamingResponse(
+            chunks,
+            media_type="application/jsonl",
+            headers={"content-length": str(file.bytes)},
+        )
+
+    async def delete_file(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        file_id = request.path_params["file_id"]
+        await self.service.delete_file(endpoint_id, file_id)
+        return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+    # --- batches ------------------------------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        body = await _json_object(request, self.max_json_bytes)
+        fields = {"input_file_id": str, "endpoint": str, "completion_window": str}
+        for name, kind in fields.items():
+            if not isinstance(body.get(name), kind):
+                raise BadRequest(f"'{name}' is required and must be a string.", param=name)
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise BadRequest("metadata must be an object of strings.", param="metadata")
+        batch = await self.service.create(
+            endpoint_id,
+            body["input_file_id"],
+            body["endpoint"],
+            body["completion_window"],
+            metadata,
+        )
+        return JSONResponse(batch.to_openai())
+
+    async def get(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        batch = await self.service.get(endpoint_id, request.path_params["batch_id"])
+        return JSONResponse(batch.to_openai(estimate(batch, self.clock())))
+
+    async def page(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        after = request.query_params.get("after") or None
+        raw_limit = request.query_params.get("limit", "20")
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            raise BadRequest("limit must be a whole number.", param="limit") from None
+        if not 1 <= limit <= MAX_LIST:
+            raise BadRequest(f"limit must be between 1 and {MAX_LIST}.", param="limit")
+        batches, more = await self.service.page(endpoint_id, after, limit)
+        now = self.clock()
+        data = [b.to_openai(estimate(b, now)) for b in batches]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": more,
+            }
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        endpoint_id = self._endpoint(request)
+        batch = await self.service.cancel(endpoint_id, request.path_params["batch_id"])
+        return JSONResponse(batch.to_openai())
+
+    def routes(self) -> list[Route]:
+        return [
+            Route(f"{BASE}/files", self.upload, methods=["POST"]),
+            Route(f"{BASE}/files", self.list_files, methods=["GET"]),
+            Route(f"{BASE}/files/{{file_id}}", self.get_file, methods=["GET"]),
+            Route(f"{BASE}/files/{{file_id}}", self.delete_file, methods=["DELETE"]),
+            Route(f"{BASE}/files/{{file_id}}/content", self.file_content, methods=["GET"]),
+            Route(f"{BASE}/batches", self.create, methods=["POST"]),
+            Route(f"{BASE}/batches", self.page, methods=["GET"]),
+            Route(f"{BASE}/batches/{{batch_id}}", self.get, methods=["GET"]),
+            Route(f"{BASE}/batches/{{batch_id}}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The upload of {declared} bytes exceeds the limit of {limit} bytes.")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"The upload exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _replayed(request: Request, body: bytes) -> Request:
+    """The request again, its body read already (so the form parser sees
+    at most what the limit let through)."""
+    done = False
+
+    async def receive() -> Message:
+        nonlocal done
+        if done:
+            return {"type": "http.disconnect"}
+        done = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
+
+
+async def _json_object(request: Request, limit: int) -> dict[str, Any]:
+    body = await _bounded_body(request, limit)
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise BadRequest("The body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest("The body must be a JSON object.", code="invalid_json")
+    return data
