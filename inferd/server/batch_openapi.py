@@ -9,7 +9,7 @@ from typing import Any
 
 from inferd.control.batches.model import BATCH_URLS, COMPLETION_WINDOW, STAMPS
 from inferd.gateway.openapi import SECURITY_SCHEME
-from inferd.server.batch_routes import BASE, MAX_LIST
+from inferd.server.batch_routes import BASE, BATCH_ID, MAX_LIST
 
 _REF = "#/components/schemas/{model}"
 _INT = {"type": "integer"}
@@ -130,8 +130,8 @@ SCHEMAS: dict[str, Any] = {
 }
 
 _ERRORS = {
-    400: "Invalid input: a bad line of the file (each named), a wrong field; "
-    "`error.param` names it.",
+    400: "Invalid input: a bad line of the file (each named), a wrong field, an unknown "
+    "query parameter; `error.param` names it.",
     401: "Missing or wrong access token, another endpoint's, or an endpoint id that does "
     "not exist: one answer for all.",
     404: "No such file or batch on this endpoint (another endpoint's are absent too).",
@@ -175,7 +175,8 @@ def _op(
         "summary": summary,
         "tags": ["batch"],
         "parameters": parameters,
-        "responses": {"200": answer, **{str(s): _error(s) for s in errors}},
+        # Any route: 400 for a query parameter it does not take.
+        "responses": {"200": answer, **{str(s): _error(s) for s in sorted({400, *errors})}},
         "security": [{SECURITY_SCHEME: []}],
     }
 
@@ -202,7 +203,8 @@ def batch_openapi() -> dict[str, Any]:
     listing = _op("listBatches", "The endpoint's batches, newest first",
                   _json("BatchList", "A page."), (400, 401, 404))  # fmt: skip
     listing["parameters"] += [
-        {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+        {"name": "after", "in": "query", "required": False,
+         "schema": {"type": "string", "pattern": f"^{BATCH_ID.pattern}$"},
          "description": "The last batch id of the previous page."},
         {"name": "limit", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST, "default": 20}},
@@ -226,11 +228,24 @@ def batch_openapi() -> dict[str, Any]:
         (401, 404),
         ("file_id",),
     )
+    files_list = _op(
+        "listBatchFiles",
+        "The endpoint's files",
+        _json("BatchFileList", "Every file, newest first."),
+        (400, 401, 404),
+    )
+    files_list["parameters"].append(
+        {
+            "name": "purpose",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string", "enum": ["batch", "batch_output"]},
+        }
+    )
     paths = {
         f"{BASE}/files": {
             "post": upload,
-            "get": _op("listBatchFiles", "The endpoint's files",
-                       _json("BatchFileList", "Every file, newest first."), (401, 404)),
+            "get": files_list,
         },
         f"{BASE}/files/{{file_id}}": {
             "get": _op("getBatchFile", "A file", _json("BatchFile", "The file."),

@@ -9,7 +9,8 @@ way of not holding it); what each route does is `BatchService`'s.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +29,7 @@ BASE = "/endpoints/{endpoint_id}/" + COMPAT_FAMILY + "/v1"
 # Room for the multipart framing and the purpose field around the file.
 FORM_OVERHEAD_BYTES = 64 << 10
 MAX_LIST = 100
+BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 
 
 class BatchRoutes:
@@ -43,11 +45,16 @@ class BatchRoutes:
         self.clock = clock
         self.max_json_bytes = max_json_bytes
 
-    def _endpoint(self, request: Request) -> str:
+    def _endpoint(self, request: Request, query: tuple[str, ...] = ()) -> str:
+        """The endpoint whose token the request holds (the same 401 as the
+        inference routes); a query parameter other than `query` is a 400."""
         endpoint_id: str = request.path_params["endpoint_id"]
         header = request.headers.get("authorization")
         if not authorized(self.verifier, endpoint_id, header.encode("latin-1") if header else None):
             raise unauthorized()
+        unknown = sorted(set(request.query_params) - set(query))
+        if unknown:
+            raise BadRequest(f"Unknown query parameter '{unknown[0]}'.", param=unknown[0])
         return endpoint_id
 
     # --- files ----------------------------------------------------------------------------------
@@ -74,8 +81,11 @@ class BatchRoutes:
         return JSONResponse(file.to_openai())
 
     async def list_files(self, request: Request) -> Response:
-        endpoint_id = self._endpoint(request)
-        files = await self.service.files(endpoint_id)
+        endpoint_id = self._endpoint(request, ("purpose",))
+        purpose = request.query_params.get("purpose")
+        if purpose not in (None, "batch", "batch_output"):
+            raise BadRequest("purpose is 'batch' or 'batch_output'.", param="purpose")
+        files = [f for f in await self.service.files(endpoint_id) if purpose in (None, f.purpose)]
         return JSONResponse(
             {"object": "list", "data": [f.to_openai() for f in files], "has_more": False}
         )
@@ -127,8 +137,10 @@ class BatchRoutes:
         return JSONResponse(batch.to_openai(estimate(batch, self.clock())))
 
     async def page(self, request: Request) -> Response:
-        endpoint_id = self._endpoint(request)
-        after = request.query_params.get("after") or None
+        endpoint_id = self._endpoint(request, ("after", "limit"))
+        after = request.query_params.get("after")
+        if after is not None and not BATCH_ID.fullmatch(after):
+            raise BadRequest("after must be a batch id (batch_...).", param="after")
         raw_limit = request.query_params.get("limit", "20")
         try:
             limit = int(raw_limit)
@@ -155,17 +167,32 @@ class BatchRoutes:
         return JSONResponse(batch.to_openai())
 
     def routes(self) -> list[Route]:
+        """One route per path, whatever its methods (so that a 405 lists
+        every method the path has in `Allow`)."""
+        table: dict[str, dict[str, Handler]] = {
+            f"{BASE}/files": {"POST": self.upload, "GET": self.list_files},
+            f"{BASE}/files/{{file_id}}": {"GET": self.get_file, "DELETE": self.delete_file},
+            f"{BASE}/files/{{file_id}}/content": {"GET": self.file_content},
+            f"{BASE}/batches": {"POST": self.create, "GET": self.page},
+            f"{BASE}/batches/{{batch_id}}": {"GET": self.get},
+            f"{BASE}/batches/{{batch_id}}/cancel": {"POST": self.cancel},
+        }
         return [
-            Route(f"{BASE}/files", self.upload, methods=["POST"]),
-            Route(f"{BASE}/files", self.list_files, methods=["GET"]),
-            Route(f"{BASE}/files/{{file_id}}", self.get_file, methods=["GET"]),
-            Route(f"{BASE}/files/{{file_id}}", self.delete_file, methods=["DELETE"]),
-            Route(f"{BASE}/files/{{file_id}}/content", self.file_content, methods=["GET"]),
-            Route(f"{BASE}/batches", self.create, methods=["POST"]),
-            Route(f"{BASE}/batches", self.page, methods=["GET"]),
-            Route(f"{BASE}/batches/{{batch_id}}", self.get, methods=["GET"]),
-            Route(f"{BASE}/batches/{{batch_id}}/cancel", self.cancel, methods=["POST"]),
+            Route(path, _by_method(handlers), methods=list(handlers))
+            for path, handlers in table.items()
         ]
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _by_method(handlers: dict[str, Handler]) -> Handler:
+    async def dispatch(request: Request) -> Response:
+        # HEAD is GET without the body (Starlette adds it where GET is).
+        handler = handlers.get(request.method) or handlers["GET"]
+        return await handler(request)
+
+    return dispatch
 
 
 async def _bounded_body(request: Request, limit: int) -> bytes:

@@ -161,4 +161,11 @@ def test_bad_uploads_and_batches_get_clear_4xx(
         assert 400 <= answer.status_code < 500 and answer.json()["error"]["param"] == param
     assert client.post(base + "/batches", headers=auth, content=b"[").status_code == 400
     assert client.get(base + "/batches?limit=0", headers=auth).status_code == 400
+    assert client.get(base + "/batches?after=", headers=auth).json()["error"]["param"] == "after"
+    unknown = client.get(base + "/batches?sort=x", headers=auth).json()["error"]
+    assert unknown["param"] == "sort"
+    # A path's methods are one route: HEAD where GET is, 405 (with Allow) elsewhere.
+    assert client.head(base + "/batches", headers=auth).status_code == 200
+    not_allowed = client.request("PUT", base + "/batches/batch_x/cancel", headers=auth)
+    assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "POST"
     assert client.get(base + "/batches/batch_none", headers=auth).status_code == 404
