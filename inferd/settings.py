@@ -191,6 +191,11 @@ class Settings(BaseModel):
         ge=1,
         description="prompt block hashes remembered per server (LRU, ~100 bytes each)",
     )
+    gateway_fair_queuing: bool = Field(
+        _GATEWAY.fair_queuing,
+        description="release held requests by a weighted fair share between client tokens "
+        "(off: first in, first out)",
+    )
     # --- Gateway: stream migration -------------------------------------------
     gateway_migration: bool = Field(
         _GATEWAY.migration,
@@ -393,6 +398,7 @@ class Settings(BaseModel):
             prefix_block_bytes=self.gateway_prefix_block_bytes,
             prefix_max_blocks=self.gateway_prefix_max_blocks,
             prefix_table_entries=self.gateway_prefix_table_entries,
+            fair_queuing=self.gateway_fair_queuing,
             migration=self.gateway_migration,
             max_migrations=self.gateway_max_migrations,
             migration_off_endpoints=frozenset(

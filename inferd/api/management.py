@@ -334,6 +334,58 @@ class AccessToken(_Response):
     accessToken: str = Field(description="The new token; the previous one no longer works.")
 
 
+CLIENT_TOKEN_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class CreateClientTokenRequest(_Request):
+    """Body of `POST /inference/endpoints/{id}/tokens`."""
+
+    name: str = Field(
+        pattern=CLIENT_TOKEN_NAME_PATTERN,
+        description="Who calls with it (an application, a person): lower-case letters, "
+        "digits, '.', '_' and '-', 1-63 characters, starting with a letter or digit; "
+        "unique on the endpoint; 'owner' is the endpoint's own token. It names the "
+        "client in metrics.",
+        examples=["billing-app"],
+    )
+    weight: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="Its share of the endpoint when the endpoint is at capacity, against "
+        "the other tokens' weights (the owner's token weighs 1): held requests are "
+        "released by weighted fair queuing on tokens served.",
+    )
+    requestsPerMinute: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="At most this many requests a minute (a burst of up to a minute's "
+        "worth); past it a request is answered 429 with Retry-After. Counted by each "
+        "server instance. Null: no limit.",
+    )
+
+
+class ClientTokenInfo(_Response):
+    name: str
+    hint: str = Field(description="The token's prefix and last 4 characters.")
+    weight: float
+    requestsPerMinute: int | None
+    createdAt: str = Field(description="RFC 3339 UTC.")
+    lastUsedAt: str | None = Field(description="RFC 3339 UTC, or null if never used.")
+
+
+class CreatedClientToken(ClientTokenInfo):
+    token: str = Field(
+        description="The bearer token for the endpoint's inference API. Shown only in "
+        "this response; only its digest is kept."
+    )
+
+
+class ClientTokenList(_Response):
+    data: list[ClientTokenInfo]
+
+
 class LeaderStatus(_Response):
     instance: str | None = Field(description="The instance that leads (None: none known yet).")
     term: int | None = Field(description="The leader's term; each new leader's is higher.")

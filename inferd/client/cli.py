@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from inferd.client import adapters_cli
+from inferd.client import adapters_cli, tokens_cli
 from inferd.client.api import DEFAULT_API_URL, ApiError, ManagementClient
 from inferd.client.paging import list_pages, more_hint, page_args
 
@@ -152,6 +152,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     token.set_defaults(func=command(_token))
 
     adapters_cli.register(sub, common, command)
+    tokens_cli.register(sub, common, command)
 
     bench = subparsers.add_parser(
         "bench",

@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from inferd.console.live import LiveBoard
 from inferd.console.pages.base import Pages
 from inferd.console.pages.board import Board
+from inferd.console.pages.client_tokens import ClientTokens
 from inferd.console.pages.create import Create
 from inferd.console.pages.delete import Delete
 from inferd.console.pages.endpoint import EndpointPage
@@ -52,6 +53,7 @@ class Console:
             logs,
             Settings(self.web, mark),
             Token(self.web),
+            ClientTokens(self.web),
             Delete(self.web, mark),
             Usage(self.web),
         ]

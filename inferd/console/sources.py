@@ -28,6 +28,7 @@ from inferd.catalog.workload import (
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
+from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model import Endpoint as EndpointRow
@@ -118,6 +119,8 @@ class ConsoleSources:
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
     adapters: Callable[[str], Sequence[AdapterLine]] = _no_adapters
+    # An endpoint's client tokens (None: a console without them).
+    client_tokens: ClientTokenService | None = None
     # The end of a replica's log, read through its launcher (None: none).
     replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
     # The model service's `recommend` (the API's: measured profiles, engine

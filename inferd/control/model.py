@@ -141,6 +141,23 @@ class ReplicaRecord:
 
 
 @dataclass(frozen=True)
+class ClientToken:
+    """A named token that opens one endpoint beside its owner's token: one
+    application or person calling it, with its own share of the endpoint
+    when it is at capacity (`weight`), an optional rate limit, and its own
+    usage. Only the digest of the token is stored."""
+
+    endpoint_id: str
+    name: str
+    token_hash: bytes
+    hint: str  # the token's prefix and last 4 characters, for listings
+    created_at: datetime
+    weight: float = 1.0
+    requests_per_minute: int | None = None
+    last_used_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Adapter:
     """A LoRA adapter registered on an endpoint: requests whose `model` is
     `name` are served by the endpoint's base model with this adapter."""
@@ -189,6 +206,7 @@ class ChangeKind(str, Enum):
     ACCOUNT = "account"
     MODEL = "model"  # id: a registered model's name, or "" when a profile changed
     ADAPTER = "adapter"  # id: the endpoint whose adapters changed
+    # (TOKEN also covers an endpoint's client tokens: created or revoked.)
     # Changes may have been missed (the feed fell too far behind): reload all.
     RESYNC = "resync"
 
@@ -215,6 +233,14 @@ class DuplicateName(Exception):
 
 class DuplicateAdapter(Exception):
     """The endpoint already has an adapter of this name."""
+
+
+class DuplicateClientToken(Exception):
+    """The endpoint already has a client token of this name."""
+
+
+class TooManyClientTokens(Exception):
+    """The endpoint has as many client tokens as it may."""
 
 
 class EndpointGone(Exception):

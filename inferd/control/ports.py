@@ -21,6 +21,7 @@ from inferd.control.model import (
     Adapter,
     AdapterUsage,
     Change,
+    ClientToken,
     Endpoint,
     EndpointChanges,
     ReplicaRecord,
@@ -77,6 +78,26 @@ class TokenStore(Protocol):
         ...
 
     async def active_token_hash(self, endpoint_id: str) -> bytes | None: ...
+
+    # --- client tokens: named tokens beside the owner's (each write logs
+    # `ChangeKind.TOKEN` with the endpoint's id) ---
+
+    async def add_client_token(self, token: ClientToken, *, limit: int) -> None:
+        """Raises `EndpointGone` (absent or being deleted), `DuplicateClientToken`
+        (that name is taken) or `TooManyClientTokens` (it has `limit`)."""
+        ...
+
+    async def client_tokens(self, endpoint_id: str | None = None) -> list[ClientToken]:
+        """Of one endpoint, or of every endpoint not being deleted, oldest first."""
+        ...
+
+    async def delete_client_token(self, endpoint_id: str, name: str) -> bool:
+        """False if it was not there."""
+        ...
+
+    async def touch_client_tokens(self, last_used: Mapping[tuple[str, str], datetime]) -> None:
+        """(endpoint id, name) -> when it was last used; never moved back."""
+        ...
 
 
 class AdminKeyStore(Protocol):

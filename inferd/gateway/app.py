@@ -32,21 +32,32 @@ from inferd.errors import (
     InferdError,
     NotFound,
     PayloadTooLarge,
+    TooManyRequests,
 )
 from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
-from inferd.gateway.auth import WWW_AUTHENTICATE, TokenCheck, authorized, unauthorized
+from inferd.gateway.auth import (
+    OWNER_CALLER,
+    WWW_AUTHENTICATE,
+    Caller,
+    TokenCheck,
+    caller,
+    unauthorized,
+)
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
+from inferd.gateway.fairness import BYTES_PER_TOKEN, Claim
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
-from inferd.gateway.inprocess import granted
+from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_KEY, granted
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
 from inferd.gateway.proxy import Broken, Leg, Relayed, forward, with_call_key
+from inferd.gateway.ratelimit import RateLimits, retry_after_seconds
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.state import GatewayState
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.gateway.upstream import HttpxUpstream, Upstream
+from inferd.gateway.usage import UsageTail
 from inferd.http_errors import error_response
 from inferd.tracing import end_span, request_id_from, traceparent_of
 from inferd.tracing import tracer as process_tracer
@@ -67,6 +78,12 @@ FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept"})
 ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
 RESUMED = RESUMED_HEADER.encode()
 CLIENT_GONE = 499
+# A request's priority class (`PRIORITY_HEADER`): `batch` is released from
+# the hold queue only when no interactive request waits. Anyone may send it:
+# it can only lower the sender's own priority. In process (the Batch API's
+# runner calling the gateway as an ASGI app) the scope's `PRIORITY_KEY` says
+# the same.
+PRIORITIES = {BATCH_PRIORITY.encode(): True, b"interactive": False}
 
 
 @dataclass(frozen=True)
@@ -183,11 +200,14 @@ def _span_start(endpoint_id: str, route: GatewayRoute) -> dict[str, Any]:
     return {"inferd.endpoint": endpoint_id, "inferd.route": route.label}
 
 
-def _answer_with_request_id(send: Send, request_id: bytes) -> Send:
-    """`send` that puts `x-request-id` on the answer unless the replica did."""
+def _answer_with_request_id(send: Send, request_id: bytes, usage: UsageTail) -> Send:
+    """`send` that puts `x-request-id` on the answer unless the replica did,
+    and shows `usage` what the answer's body says."""
 
     async def sending(message: Any) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] == "http.response.body":
+            usage.seen(message.get("body", b""))
+        elif message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
             if not any(name.lower() == b"x-request-id" for name, _ in headers):
                 headers.append((b"x-request-id", request_id))
@@ -195,6 +215,22 @@ def _answer_with_request_id(send: Send, request_id: bytes) -> Send:
         await send(message)
 
     return sending
+
+
+def is_batch(scope: Scope, header: bytes | None) -> bool:
+    """The request's priority class (400 for a header value that is neither)."""
+    if scope.get(PRIORITY_KEY) == BATCH_PRIORITY:
+        return True
+    if header is None:
+        return False
+    batch = PRIORITIES.get(header.strip().lower())
+    if batch is None:
+        raise BadRequest(
+            "The x-inferd-priority header is 'batch' or 'interactive'.",
+            param="x-inferd-priority",
+            code="invalid_header",
+        )
+    return batch
 
 
 class Gateway:
@@ -235,6 +271,8 @@ class Gateway:
         self._book = self.state.book
         self._replica_urls = self.state.replica_urls
         self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
+        # Client tokens' rate limits, counted by this instance.
+        self.rate_limits = RateLimits(clock)
         self._on_migration = on_migration or _ignore
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
@@ -272,11 +310,14 @@ class Gateway:
         endpoint_id: str = scope["path_params"]["endpoint_id"]
         label = UNAUTHENTICATED
         status = 500
-        authorization = content_length = client_request_id = None
+        authorization = content_length = client_request_id = priority = None
+        who: Caller | None = None
         headers = []
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
+            elif name == PRIORITY_HEADER:
+                priority = value
             elif name == b"content-length":
                 content_length = value
             elif name == b"x-api-key" and authorization is None:
@@ -288,7 +329,8 @@ class Gateway:
                 headers.append((name, value))
         request_id = request_id_from(client_request_id)
         headers.append((b"x-request-id", request_id))
-        send = _answer_with_request_id(send, request_id)
+        usage = UsageTail()
+        send = _answer_with_request_id(send, request_id, usage)
         trace = self.tracer.start(
             f"{route.method} {route.label}", scope["headers"], _span_start(endpoint_id, route)
         )
@@ -300,15 +342,22 @@ class Gateway:
         token = _REQUEST.set(_RequestNotes(trace)) if trace and trace.is_recording() else None
         try:
             # Work this process runs for the endpoint (a batch's requests)
-            # carries the grant its creation with the token gave it.
-            if not (
-                granted(scope, endpoint_id) or authorized(self.verifier, endpoint_id, authorization)
-            ):
+            # carries the grant its creation with the token gave it; it is
+            # the owner's, with no rate limit (it was admitted once).
+            who = (
+                OWNER_CALLER
+                if granted(scope, endpoint_id)
+                else caller(self.verifier, endpoint_id, authorization)
+            )
+            if who is None:
                 raise unauthorized()
             label = endpoint_id
             endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
             assert endpoint is not None
+            batch = is_batch(scope, priority)
+            if who.requests_per_minute is not None:
+                self._rate_limit(endpoint_id, who, who.requests_per_minute)
             if trace is not None:
                 trace.set_attribute("inferd.model", endpoint.model_name)
             if route.label == "models":
@@ -321,8 +370,11 @@ class Gateway:
                 headers.append((ADAPTER_SOURCE, adapter_source(endpoint, prefix.adapter)))
             ep = self._book.endpoint(endpoint_id)
             ep.arrived(self.clock())
+            claim = self._dispatcher.claim(ep, who.client, who.weight, batch, len(body))
             try:
-                status = await self._serve(ep, route, headers, body, prefix, receive, send)
+                status = await self._serve(
+                    ep, route, headers, body, prefix, receive, send, claim, usage
+                )
             finally:
                 ep.ended(self.clock())
         except InferdError as exc:
@@ -333,6 +385,8 @@ class Gateway:
         finally:
             seconds = time.perf_counter() - started
             self.metrics.answered(label, route.label, status, seconds)
+            if who is not None:
+                self.metrics.client_answered(endpoint_id, who.client, status, *usage.counts())
             client = scope.get("client")
             access_log.info(
                 '%s - "%s %s" %d %.3fs request_id=%s',
@@ -347,6 +401,16 @@ class Gateway:
                 end_span(trace, status, {"inferd.request_id": request_id.decode()})
             if token is not None:
                 _REQUEST.reset(token)
+
+    def _rate_limit(self, endpoint_id: str, who: Caller, per_minute: int) -> None:
+        wait = self.rate_limits.take(endpoint_id, who.client, per_minute)
+        if wait > 0:
+            raise TooManyRequests(
+                f"This client token's rate limit of {per_minute} requests per minute is "
+                "reached; retry later.",
+                code="rate_limited",
+                retry_after=retry_after_seconds(wait),
+            )
 
     def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute) -> None:
         gone = endpoint_gone(endpoint is not None, endpoint is not None and endpoint.deleting)
@@ -417,6 +481,8 @@ class Gateway:
         prefix: RequestPrefix | None,
         receive: Receive,
         send: Send,
+        claim: Claim,
+        usage: UsageTail,
     ) -> int:
         """Dispatch, with the client's connection watched: if it goes away,
         the work is cancelled at once, which closes the upstream connection,
@@ -426,7 +492,7 @@ class Gateway:
         watch = _DisconnectWatch(task)
         watcher = asyncio.get_running_loop().create_task(watch.run(receive))
         try:
-            return await self._dispatch(ep, route, headers, body, prefix, send)
+            return await self._dispatch(ep, route, headers, body, prefix, send, claim, usage)
         except asyncio.CancelledError:
             if watch.gone and task.uncancel() == 0:
                 return CLIENT_GONE
@@ -452,6 +518,8 @@ class Gateway:
         body: bytes,
         prefix: RequestPrefix | None,
         send: Send,
+        claim: Claim,
+        usage: UsageTail,
     ) -> int:
         settings = self.settings
         dispatcher = self._dispatcher
@@ -471,7 +539,7 @@ class Gateway:
         if route.label in MIGRATABLE_ROUTES and settings.migrates(ep.endpoint_id):
             leg = Leg(Transcript(settings.migration_max_transcript_bytes))
         for _ in range(settings.max_attempts):
-            replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
+            replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body), claim)
             rid = replica.replica_id
             if prefix is not None and prefix.blocks:
                 # Recorded before the answer: the next turn of a conversation
@@ -496,6 +564,9 @@ class Gateway:
                     leg,
                 )
             finally:
+                # Before the slot is released: it goes by the counters
+                # corrected by what this answer served.
+                self._settle(ep, claim, usage, len(body))
                 dispatcher.release(ep, rid)
                 if rid not in ep.in_flight:
                     self._replica_urls.pop(rid, None)
@@ -503,7 +574,7 @@ class Gateway:
                 assert leg is not None
                 ep.finished(self.clock() - begun)
                 return await self._migrate(
-                    ep, route, headers, body, affinity, send, leg, result, rid
+                    ep, route, headers, body, affinity, send, leg, result, rid, claim
                 )
             if isinstance(result, Relayed):
                 ep.finished(self.clock() - begun)
@@ -538,6 +609,7 @@ class Gateway:
         leg: Leg,
         broken: Broken,
         lost: str,
+        claim: Claim,
     ) -> int:
         """Continue a stream whose replica was lost after the client had
         bytes of it, on other replicas (held, as a cold request is, while
@@ -596,7 +668,7 @@ class Gateway:
             resumed = [*headers, (RESUMED, str(step.produced_chars).encode())]
             leg.head = step.head
             result = await self._continue(
-                ep, route, resumed, step.body, affinity, send, leg, exclude
+                ep, route, resumed, step.body, affinity, send, leg, exclude, claim
             )
             if isinstance(result, Refusal):
                 await self._end_stream(endpoint_id, send, result)
@@ -616,13 +688,16 @@ class Gateway:
         send: Send,
         leg: Leg,
         exclude: frozenset[str],
+        claim: Claim,
     ) -> Relayed | Refusal | tuple[Broken, str]:
         """One continuation, retried before its first byte as any request."""
         dispatcher = self._dispatcher
         deadline = self.clock() + self.settings.max_hold_seconds
         for _ in range(self.settings.max_attempts):
             try:
-                replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body))
+                replica = await dispatcher.acquire(
+                    ep, exclude, deadline, affinity, len(body), claim
+                )
             except InferdError as exc:
                 return Refusal("no_replica", f"no other replica could take it: {exc.message}")
             rid = replica.replica_id
@@ -659,6 +734,13 @@ class Gateway:
                 self.directory.report_unreachable(rid, result.detail)
             exclude = exclude | {rid}
         return Refusal("no_replica", "no other replica could take it")
+
+    def _settle(self, ep: EndpointTraffic, claim: Claim, usage: UsageTail, body_bytes: int) -> None:
+        prompt, completion = usage.counts()
+        if completion is not None:
+            if prompt is None:
+                prompt = body_bytes // BYTES_PER_TOKEN
+            self._dispatcher.settle(ep, claim, prompt, completion)
 
     async def _end_stream(self, endpoint_id: str, send: Send, refusal: Refusal) -> None:
         self.metrics.migrations_refused.labels(endpoint_id, refusal.reason).inc()

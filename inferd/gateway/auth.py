@@ -8,9 +8,11 @@ itself is never logged or echoed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from inferd.errors import Unauthorized
+from inferd.gateway.fairness import OWNER
 
 # Far above a real token; longer headers are refused without hashing.
 _MAX_TOKEN_BYTES = 512
@@ -21,8 +23,23 @@ UNAUTHORIZED_MESSAGE = (
 WWW_AUTHENTICATE = (b"www-authenticate", b"Bearer")
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Whose token opened the endpoint: its owner's (`client` "") or one of
+    its named client tokens, with that token's share and rate limit."""
+
+    client: str = OWNER
+    weight: float = 1.0
+    requests_per_minute: int | None = None
+
+
+OWNER_CALLER = Caller()
+
+
 class TokenCheck(Protocol):
-    def verify(self, endpoint_id: str, token: str) -> bool: ...
+    def identify(self, endpoint_id: str, token: str) -> Caller | None:
+        """Whose token this is on this endpoint; None: it opens nothing here."""
+        ...
 
 
 def bearer_token(authorization: bytes | None) -> str | None:
@@ -35,10 +52,17 @@ def bearer_token(authorization: bytes | None) -> str | None:
     return token.decode("latin-1") if token else None
 
 
-def authorized(verifier: TokenCheck, endpoint_id: str, authorization: bytes | None) -> bool:
+def caller(verifier: TokenCheck, endpoint_id: str, authorization: bytes | None) -> Caller | None:
+    """Whose request this is; None for every way of not holding a token of
+    this endpoint (all answered with the same 401)."""
     token = bearer_token(authorization)
-    return token is not None and verifier.verify(endpoint_id, token)
+    return None if token is None else verifier.identify(endpoint_id, token)
 
 
 def unauthorized() -> Unauthorized:
     return Unauthorized(UNAUTHORIZED_MESSAGE)
+
+
+def authorized(verifier: TokenCheck, endpoint_id: str, authorization: bytes | None) -> bool:
+    """Any token of this endpoint: the owner's or a client token."""
+    return caller(verifier, endpoint_id, authorization) is not None

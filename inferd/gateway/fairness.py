@@ -112,9 +112,11 @@ class FairShare:
 
 class Picker:
     """The order held requests are released in, one at a time: the waiting
-    client with the smallest counter, its oldest request first (ties go to
-    the client whose oldest request came first, so one client alone is
-    first in, first out). Batch requests only once every interactive one
+    client with the smallest counter, its oldest request first. Ties go to
+    the client with fewer requests waiting (a client that just started
+    waiting is lifted to exactly the smallest counter: it goes before the
+    backlog it was lifted to), then to the one whose oldest request came
+    first (one client alone is first in, first out). Batch requests only once every interactive one
     has been placed. Works on a copy of the counters: `placed` charges the
     copy, so that the next pick sees the last one."""
 
@@ -137,19 +139,19 @@ class Picker:
         """The next request to try; None when none is left."""
         if not self._queues and self._interactive_left == 0 and self._batch:
             self._queues, self._batch = self._batch, {}
-        best: tuple[float, int] | None = None
+        best: tuple[float, int, int] | None = None
         best_client = ""
         for client, queue in self._queues.items():
-            key = (self._counters.get(client, 0.0), queue[0])
+            key = (self._counters.get(client, 0.0), len(queue), queue[0])
             if best is None or key < best:
                 best, best_client = key, client
         if best is None:
             return None
         queue = self._queues[best_client]
-        queue.popleft()
+        index = queue.popleft()
         if not queue:
             del self._queues[best_client]
-        return best[1]
+        return index
 
     def placed(self, index: int) -> None:
         claim = self._claims[index]

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from inferd.errors import InferdError, NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import ReplicaDirectory, RoutableReplica
-from inferd.gateway.fairness import INTERACTIVE_OWNER, Claim, FairShare, Picker
+from inferd.gateway.fairness import INTERACTIVE_OWNER, OWNER, Claim, FairShare, Picker
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Choice, Outcome, Reason, choose_replica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.traffic import EndpointTraffic
@@ -464,6 +464,8 @@ class Dispatcher:
     ) -> Claim:
         """A request's claim, with the tokens it will be charged when it gets
         its slot (an estimate; `settle` corrects it)."""
+        if not self._settings.fair_queuing:
+            client, weight = OWNER, 1.0  # every client one: first in, first out
         share = self._state(ep).share
         return Claim(client, weight, batch, share.estimate(client, body_bytes))
 

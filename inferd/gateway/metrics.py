@@ -19,6 +19,8 @@ from prometheus_client.registry import Collector
 from inferd.gateway.traffic import EndpointTraffic
 
 UNAUTHENTICATED = "unauthenticated"
+# The `client` label of requests made with the endpoint owner's token.
+OWNER_LABEL = "owner"
 # The hold queue's refusals, by the error code the client gets.
 REFUSAL_REASONS = ("overloaded", "scaling_up", "hold_timeout")
 
@@ -145,10 +147,27 @@ class GatewayMetrics:
             ["endpoint", "reason"],
             registry=r,
         )
+        # Per client token ("owner": the endpoint owner's token). Bounded:
+        # an endpoint has at most a few hundred client tokens.
+        self.client_requests = Counter(
+            "inferd_gateway_client_requests",
+            "Requests answered, by endpoint, client token name ('owner': the endpoint's "
+            "own token) and HTTP status (429: its rate limit).",
+            ["endpoint", "client", "status"],
+            registry=r,
+        )
+        self.client_tokens = Counter(
+            "inferd_gateway_client_tokens",
+            "Tokens served, by endpoint, client token name and kind (prompt, completion), "
+            "as the answers' usage said them (a stream without usage: its events).",
+            ["endpoint", "client", "kind"],
+            registry=r,
+        )
         r.register(_TrafficCollector(endpoints))
         # Labelled children by (endpoint, route, status): `labels()` takes a
         # lock and builds a key on every call; this is one dict lookup.
         self._answered: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._by_client: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
         # The control plane's per-minute series, fed without a scrape.
         self._observers = tuple(observers)
 
@@ -167,10 +186,36 @@ class GatewayMetrics:
             for observer in self._observers:
                 observer(endpoint, status, seconds)
 
+    def client_answered(
+        self,
+        endpoint: str,
+        client: str,
+        status: int,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> None:
+        key = (endpoint, client, status)
+        children = self._by_client.get(key)
+        if children is None:
+            name = client or OWNER_LABEL
+            children = (
+                self.client_requests.labels(endpoint, name, str(status)),
+                self.client_tokens.labels(endpoint, name, "prompt"),
+                self.client_tokens.labels(endpoint, name, "completion"),
+            )
+            self._by_client[key] = children
+        children[0].inc()
+        if prompt_tokens:
+            children[1].inc(prompt_tokens)
+        if completion_tokens:
+            children[2].inc(completion_tokens)
+
     def forget(self, endpoint: str) -> None:
         """Drop the series of a deleted endpoint."""
         for key in [k for k in self._answered if k[0] == endpoint]:
             del self._answered[key]
+        for client_key in [k for k in self._by_client if k[0] == endpoint]:
+            del self._by_client[client_key]
         for metric in (
             self.requests,
             self.latency,
@@ -179,6 +224,8 @@ class GatewayMetrics:
             self.upstream_errors,
             self.migrations,
             self.migrations_refused,
+            self.client_requests,
+            self.client_tokens,
         ):
             for labels in list(metric._metrics):  # no public way to list a metric's children
                 if labels[0] == endpoint:

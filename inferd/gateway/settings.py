@@ -57,6 +57,10 @@ class GatewaySettings:
     # Block hashes remembered with the replica they were sent to (LRU; about
     # 100 bytes each).
     prefix_table_entries: int = 65_536
+    # Held requests are released by a fair share between the endpoint's
+    # client tokens (`inferd.gateway.fairness`); off: first in, first out
+    # over all of them (the batch priority class still applies).
+    fair_queuing: bool = True
     # Stream migration (see `inferd.gateway.migration`): a stream whose
     # replica is lost after its first byte is continued on another replica,
     # at most `max_migrations` times per request; endpoints (by id)

@@ -30,12 +30,13 @@ from inferd.control.replicas.registry_api import ReplicaCollector, report_route
 from inferd.gateway.app import gateway_routes
 from inferd.gateway.openapi import gateway_openapi
 from inferd.http_errors import EXCEPTION_HANDLERS
-from inferd.server import account_routes, adapter_routes, management
+from inferd.server import account_routes, adapter_routes, client_token_routes, management
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, Routes, build_routes
 from inferd.server.account_routes import AccountRoutes
 from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads
 from inferd.server.batch_openapi import batch_openapi
 from inferd.server.batch_routes import BatchRoutes
+from inferd.server.client_token_routes import ClientTokenRoutes
 from inferd.server.compose import Server
 from inferd.server.console import build_console
 from inferd.server.management import ManagementRoutes
@@ -136,6 +137,7 @@ async def console_home_redirect(request: Request) -> Response:
 OPERATIONS: tuple[Operation, ...] = (
     *management.OPERATIONS,
     *adapter_routes.OPERATIONS,
+    *client_token_routes.OPERATIONS,
     *account_routes.OPERATIONS,
 )
 
@@ -167,6 +169,10 @@ def create_app(server: Server) -> Starlette:
                 AdapterUsageReads(server.store, accounts.adapters),
             ),
             adapter_routes.OPERATIONS,
+        ),
+        Routes(
+            ClientTokenRoutes(server.client_tokens, accounts.service, settings.max_body_bytes),
+            client_token_routes.OPERATIONS,
         ),
         Routes(
             AccountRoutes(

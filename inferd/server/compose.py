@@ -65,6 +65,7 @@ from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
 from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.endpoints.cache import EndpointCache
+from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.endpoints.tokens import TokenVerifier
@@ -188,6 +189,7 @@ class Server:
     reconciler: Reconciler
     service: EndpointService
     adapters: AdapterService
+    client_tokens: ClientTokenService
     models: ModelService
     accounts: Accounts
     meter_feed: MeterFeed
@@ -410,7 +412,9 @@ async def build(
             meter,
             UsageReads(service, account_service, meter),
             adapter_usage_store=store,
+            token_uses=verifier,
         )
+        client_tokens = ClientTokenService(store, service, verifier)
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service), adapters=accounts.adapters)
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
@@ -453,6 +457,7 @@ async def build(
         reconciler=reconciler,
         service=service,
         adapters=adapters,
+        client_tokens=client_tokens,
         models=models,
         accounts=accounts,
         meter_feed=meter_feed,

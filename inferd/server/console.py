@@ -66,6 +66,7 @@ def console_sources(server: Server) -> ConsoleSources:
     settings = server.settings
     return ConsoleSources(
         endpoints=server.service,
+        client_tokens=server.client_tokens,
         usage=accounts.usage,
         accounts=accounts.service,
         catalog=server.catalog,

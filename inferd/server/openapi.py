@@ -50,6 +50,7 @@ PATH_DOCS = {
     "keys/{keyId}": "Management key id.",
     "models/{name}": "Model name.",
     "adapters/{name}": "The adapter's name (what requests put in `model`).",
+    "tokens/{name}": "The client token's name.",
 }
 
 # The routes of the server itself, beside the route table.

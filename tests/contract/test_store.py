@@ -30,11 +30,14 @@ from inferd.control.model import (
     AdapterUsage,
     Change,
     ChangeKind,
+    ClientToken,
     DuplicateAdapter,
+    DuplicateClientToken,
     DuplicateName,
     EndpointChanges,
     EndpointGone,
     StoreUnavailable,
+    TooManyClientTokens,
 )
 from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Store
@@ -681,3 +684,51 @@ def test_adapter_usage_adds_up_per_endpoint_adapter_and_hour(opener: Opener) -> 
         # One process's memory: the "second instance" is the same store.
         opener = lambda: store  # noqa: E731
     run(body, store)
+
+
+def client_token(endpoint_id: str, name: str, n: int, per_minute: int | None = None) -> ClientToken:
+    return ClientToken(endpoint_id, name, digest(n), f"infd_ep_...{n:04}", T0, 2.5, per_minute)
+
+
+def test_client_tokens_belong_to_their_endpoint_and_reach_the_feed(opener: Opener) -> None:
+    async def body(store: Store) -> None:
+        a, b = endpoint(1), endpoint(2)
+        await store.insert_endpoint(a, digest(1))
+        await store.insert_endpoint(b, digest(2))
+        feed = store.changes()
+        first, second = client_token(a.id, "app", 11, 60), client_token(a.id, "cli", 12)
+        await store.add_client_token(first, limit=2)
+        await store.add_client_token(second, limit=2)
+        await store.add_client_token(client_token(b.id, "app", 13), limit=2)
+        with pytest.raises(DuplicateClientToken):
+            await store.add_client_token(client_token(b.id, "app", 14), limit=5)
+        with pytest.raises(TooManyClientTokens):
+            await store.add_client_token(client_token(a.id, "third", 15), limit=2)
+        with pytest.raises(EndpointGone):
+            await store.add_client_token(client_token("no-such-endpoint", "x", 16), limit=2)
+        assert await store.client_tokens(a.id) == [first, second]  # every field round-trips
+        assert [t.endpoint_id for t in await store.client_tokens()] == [a.id, a.id, b.id]
+
+        used = T0 + timedelta(minutes=5)
+        await store.touch_client_tokens({(a.id, "app"): used})
+        await store.touch_client_tokens({(a.id, "app"): T0})  # never moved back
+        assert (await store.client_tokens(a.id))[0].last_used_at == used
+
+        assert await store.delete_client_token(a.id, "app") is True
+        assert await store.delete_client_token(a.id, "app") is False
+        assert await store.client_tokens(a.id) == [second]
+        await store.mark_deleting(b.id, T0)  # its tokens stop counting as live
+        assert [t.name for t in await store.client_tokens()] == ["cli"]
+        with pytest.raises(EndpointGone):
+            await store.add_client_token(client_token(b.id, "late", 17), limit=5)
+        assert await store.delete_endpoint(a.id) is True
+        assert await store.client_tokens(a.id) == []
+
+        # The writes told the token cache of both endpoints (a feed may
+        # deliver a key's changes coalesced).
+        def told(seen: list[Change]) -> set[str]:
+            return {c.id for c in seen if c.kind is ChangeKind.TOKEN}
+
+        assert told(await collect(feed, lambda s: told(s) == {a.id, b.id})) == {a.id, b.id}
+
+    run(body, opener())

@@ -37,10 +37,12 @@ OWNER_CLAIM = Claim(OWNER, 1.0, False, 10)
 RELEASE = [
     # (name, claims in queue order, counters, free slots, expected release order)
     ("one client alone: first in, first out", [OWNER_CLAIM] * 4, {}, 3, [0, 1, 2]),
-    ("equal counters: arrival breaks the tie, then alternate",
-     [a(), a(), a(), b(), b()], {}, 4, [0, 3, 1, 4]),
+    ("equal counters: fewer waiting goes first, then alternate",
+     [a(), a(), a(), b(), b()], {}, 4, [3, 0, 4, 1]),
+    ("equal counters and backlogs: arrival breaks the tie",
+     [a(), b(), a(), b()], {}, 2, [0, 1]),
     ("a light client goes ahead of a heavy one's backlog",
-     [a(), a(), a(), a(), b()], {"a": 40, "b": 40}, 2, [0, 4]),
+     [a(), a(), a(), a(), b()], {"a": 40, "b": 40}, 2, [4, 0]),
     ("the smaller counter first", [a(), b()], {"a": 25, "b": 5}, 1, [1]),
     ("everything to the heavy client while nobody else waits",
      [a(), a(), a()], {"a": 900, "b": 0}, 3, [0, 1, 2]),
@@ -83,7 +85,7 @@ def test_an_interactive_request_that_can_go_nowhere_still_holds_batch_back() -> 
 
 
 def test_picker_without_placement_moves_on() -> None:
-    picker = Picker([a(), a(), b()], {})
+    picker = Picker([a(), b(), b()], {})
     assert picker.next() == 0  # not placed: the counters stay
     assert picker.next() == 1
     picker.placed(1)
@@ -161,6 +163,6 @@ def test_the_dispatcher_releases_a_light_clients_request_ahead_of_a_backlog() ->
         return order
 
     order = asyncio.run(scenario())
-    # The light client waits for one heavy request, not for five; the batch
-    # job goes last, when no interactive request is held.
-    assert order == ["heavy", "light", "heavy", "heavy", "heavy", "heavy", "batch-job"]
+    # The light client, lifted to the heavy one's counter, goes before its
+    # backlog; the batch job goes last, when no interactive request is held.
+    assert order == ["light", "heavy", "heavy", "heavy", "heavy", "heavy", "batch-job"]

@@ -166,13 +166,14 @@ def test_a_version_3_or_4_database_migrates_to_accounts(tmp_path: Path, version:
     store = SqliteStore.open(path)
 
     async def check() -> None:
-        assert await store.schema_version() == latest_version() == 12
+        assert await store.schema_version() == latest_version() == 13
         (endpoint,) = await store.list_endpoints()
         assert (endpoint.name, endpoint.project_id) == ("old", "default")
         # Endpoints from before engine settings run with the server's defaults.
         assert endpoint.engine_settings.is_empty()
         # Endpoints from before LoRA run without it, and have no adapters.
         assert endpoint.max_loras == 0 and await store.list_adapters() == []
+        assert await store.client_tokens() == []  # only the owner's token, as before
         assert await store.list_models() == []
         # The project that the endpoints already there belong to.
         assert await store.get_project("default") is not None

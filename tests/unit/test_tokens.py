@@ -20,7 +20,7 @@ from inferd.control.endpoints.tokens import (
     new_admin_key,
     new_endpoint_token,
 )
-from inferd.control.model import Change, ChangeKind, Endpoint, utc_now
+from inferd.control.model import Change, ChangeKind, ClientToken, Endpoint, utc_now
 from inferd.control.stores.memory import MemoryStore
 from inferd.redact import RedactingFilter, install_redaction, redact
 from tests.support import eventually
@@ -38,6 +38,9 @@ class CountingSource:
     async def active_token_hash(self, endpoint_id: str) -> bytes | None:
         self.calls += 1
         return self.hashes.get(endpoint_id)
+
+    async def client_tokens(self, endpoint_id: str | None = None) -> list[ClientToken]:
+        return []  # the owner's tokens only (client tokens: test_client_requests)
 
 
 def loaded(source: CountingSource) -> TokenVerifier:

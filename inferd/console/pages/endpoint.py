@@ -71,11 +71,16 @@ class EndpointPage(Pages):
     async def endpoint(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
         token = session.take_reveal(row.id)
+        # A client token just created: its name and the token, shown once.
+        client_token = session.take_reveal(f"client:{row.id}")
+        service = self.sources.client_tokens
         return self.web.render(
             request,
             session,
             "endpoint.html",
             token=token,
+            new_client_token=client_token.split("\n", 1) if client_token else None,
+            client_tokens=await service.list(row.id) if service is not None else None,
             charts=self._charts(row, "hour"),
             range="hour",
             # The log panel comes filled, then follows the replicas' logs.

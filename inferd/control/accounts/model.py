@@ -86,6 +86,8 @@ class AuditAction(str, Enum):
     TOKEN_REISSUE = "endpoint.token.reissue"
     ADAPTER_ADD = "endpoint.adapter.add"
     ADAPTER_REMOVE = "endpoint.adapter.remove"
+    CLIENT_TOKEN_CREATE = "endpoint.client_token.create"
+    CLIENT_TOKEN_REVOKE = "endpoint.client_token.revoke"
     KEY_CREATE = "key.create"
     KEY_REVOKE = "key.revoke"
     USER_CREATE = "user.create"

@@ -35,6 +35,12 @@ class AdapterUsageStore(Protocol):
     async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None: ...
 
 
+class LastUses(Protocol):
+    """Last-used times kept in memory by someone else (endpoints' client tokens)."""
+
+    async def flush_last_used(self) -> None: ...
+
+
 FLUSH_PERIOD_S = 5.0
 
 
@@ -50,6 +56,7 @@ class Accounts:
     # Usage per LoRA adapter, and where it is added up (None: kept nowhere).
     adapters: AdapterMeter = field(default_factory=AdapterMeter)
     adapter_usage_store: AdapterUsageStore | None = None
+    token_uses: LastUses | None = None
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -94,6 +101,8 @@ class Accounts:
         """Write pending last-used times and usage; re-read the month's costs
         (other instances add to them too)."""
         await self.resolver.flush_last_used()
+        if self.token_uses is not None:
+            await self.token_uses.flush_last_used()
         pending = self.meter.drain()
         try:
             await self.store.add_usage(pending)

@@ -143,6 +143,27 @@ ALTER TABLE public.endpoint_adapters ALTER COLUMN seq ADD GENERATED ALWAYS AS ID
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.endpoint_client_tokens (
+    endpoint_id text NOT NULL,
+    name text NOT NULL,
+    token_hash bytea NOT NULL,
+    hint text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    weight double precision NOT NULL,
+    requests_per_minute bigint,
+    last_used_at timestamp with time zone,
+    seq bigint NOT NULL,
+    CONSTRAINT endpoint_client_tokens_requests_per_minute_check CHECK ((requests_per_minute >= 1)),
+    CONSTRAINT endpoint_client_tokens_weight_check CHECK ((weight > (0)::double precision))
+);
+ALTER TABLE public.endpoint_client_tokens ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.endpoint_client_tokens_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 CREATE TABLE public.endpoint_tokens (
     id bigint NOT NULL,
     endpoint_id text NOT NULL,
@@ -327,6 +348,10 @@ ALTER TABLE ONLY public.changes
     ADD CONSTRAINT changes_pkey PRIMARY KEY (seq);
 ALTER TABLE ONLY public.endpoint_adapters
     ADD CONSTRAINT endpoint_adapters_pkey PRIMARY KEY (endpoint_id, name);
+ALTER TABLE ONLY public.endpoint_client_tokens
+    ADD CONSTRAINT endpoint_client_tokens_pkey PRIMARY KEY (endpoint_id, name);
+ALTER TABLE ONLY public.endpoint_client_tokens
+    ADD CONSTRAINT endpoint_client_tokens_token_hash_key UNIQUE (token_hash);
 ALTER TABLE ONLY public.endpoint_tokens
     ADD CONSTRAINT endpoint_tokens_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.endpoint_tokens
@@ -384,6 +409,8 @@ ALTER TABLE ONLY public.batches
     ADD CONSTRAINT batches_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.endpoint_adapters
     ADD CONSTRAINT endpoint_adapters_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
+ALTER TABLE ONLY public.endpoint_client_tokens
+    ADD CONSTRAINT endpoint_client_tokens_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.endpoint_tokens
     ADD CONSTRAINT endpoint_tokens_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.endpoints(id) ON DELETE CASCADE;
 ALTER TABLE ONLY public.memberships
@@ -406,3 +433,4 @@ version (9, "an endpoint's engine settings")
 version (10, 'LoRA adapters registered on endpoints')
 version (11, 'what each LoRA adapter served, per hour')
 version (12, "the Batch API: files, batches and each request's result")
+version (13, "named client tokens of endpoints, beside the owner's token")

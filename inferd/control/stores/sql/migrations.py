@@ -752,6 +752,28 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         ),
     ),
+    Migration(
+        13,
+        "named client tokens of endpoints, beside the owner's token",
+        (
+            # Deleted with their endpoint; a revoked token's row is deleted
+            # (its name may be given again).
+            """
+        CREATE TABLE endpoint_client_tokens (
+            endpoint_id         TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+            name                TEXT NOT NULL,
+            token_hash          <bytes> NOT NULL UNIQUE,
+            hint                TEXT NOT NULL,
+            created_at          <time> NOT NULL,
+            weight              <real> NOT NULL CHECK (weight > 0),
+            requests_per_minute <int> CHECK (requests_per_minute >= 1),
+            last_used_at        <time>,
+            <seq>
+            PRIMARY KEY (endpoint_id, name)
+        ) <strict>
+        """,
+        ),
+    ),
 )
 
 

@@ -17,6 +17,7 @@ from inferd.control.stores.sql.accounts import Accounts
 from inferd.control.stores.sql.adapters import Adapters
 from inferd.control.stores.sql.admin_keys import AdminKeys
 from inferd.control.stores.sql.batches import Batches
+from inferd.control.stores.sql.client_tokens import ClientTokens
 from inferd.control.stores.sql.database import Database, Row
 from inferd.control.stores.sql.endpoints import Endpoints
 from inferd.control.stores.sql.models import Models
@@ -24,7 +25,7 @@ from inferd.control.stores.sql.replicas import Replicas
 from inferd.control.stores.sql.sqlite_dialect import MEMORY, SqliteDialect
 
 
-class SqlStore(Endpoints, Replicas, Adapters, Models, Accounts, AdminKeys, Batches):
+class SqlStore(Endpoints, ClientTokens, Replicas, Adapters, Models, Accounts, AdminKeys, Batches):
     """Everything the control plane keeps, in one database."""
 
     def __init__(self, db: Database) -> None:

@@ -29,6 +29,7 @@ from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Counts, 
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
+    ClientToken,
     Endpoint,
     ReplicaRecord,
     parse_rfc3339,
@@ -167,6 +168,12 @@ ADAPTERS = Table("endpoint_adapters", (
     Column("endpoint_id"), Column("name"), Column("source"), Column("rank", INT),
     Column("base_model"), Column("created_at", TIME),
 ), Adapter)  # fmt: skip
+
+CLIENT_TOKENS = Table("endpoint_client_tokens", (
+    Column("endpoint_id"), Column("name"), Column("token_hash", BYTES), Column("hint"),
+    Column("created_at", TIME), Column("weight", REAL), Column("requests_per_minute", INT),
+    Column("last_used_at", TIME),
+), ClientToken)  # fmt: skip
 
 ADAPTER_USAGE = Table("adapter_usage_hourly", (
     Column("endpoint_id"), Column("adapter"), Column("hour", TIME), Column("requests", INT),
