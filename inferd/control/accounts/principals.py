@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from inferd.control.accounts.keys import USER_KEY_PREFIX, is_user_key
 from inferd.control.accounts.ports import AccountStore
 from inferd.control.accounts.roles import OPERATOR, Principal
-from inferd.control.endpoints.tokens import ENDPOINT_TOKEN_PREFIX, hash_token, is_well_formed
+from inferd.control.token_format import ENDPOINT_TOKEN_PREFIX, hash_token, is_well_formed
 from inferd.errors import Unauthorized
 
 # Above this many cached keys the cache starts over, so that a stream of

@@ -28,7 +28,7 @@ from inferd.control.accounts.ports import AccountStore, AlreadyExists
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.quota import Quota, above_limit
 from inferd.control.accounts.roles import Action, Principal, Role, authorize, require_operator
-from inferd.control.endpoints.tokens import hash_token
+from inferd.control.token_format import hash_token
 from inferd.errors import BadRequest, Conflict, Forbidden, NotFound
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -36,7 +36,7 @@ from inferd.control.batches.model import (
 )
 from inferd.control.batches.ports import BatchStore
 from inferd.control.batches.service import result_line
-from inferd.control.cluster.ports import Deposed
+from inferd.control.model import Deposed
 
 logger = logging.getLogger(__name__)
 
