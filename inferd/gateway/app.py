@@ -43,14 +43,14 @@ from inferd.gateway.auth import (
     caller,
     unauthorized,
 )
-from inferd.gateway.directory import EndpointRoute, ReplicaDirectory
+from inferd.gateway.directory import EndpointRoute, ReplicaDirectory, RoutableReplica
 from inferd.gateway.fairness import BYTES_PER_TOKEN, Claim
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_KEY, granted
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
-from inferd.gateway.proxy import Broken, Leg, Relayed, forward, with_call_key
+from inferd.gateway.proxy import Broken, Leg, Relayed, Retry, forward, with_call_key
 from inferd.gateway.ratelimit import RateLimits, retry_after_seconds
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
@@ -545,31 +545,24 @@ class Gateway:
                 # Recorded before the answer: the next turn of a conversation
                 # may arrive while this one still streams.
                 self.prefixes.record(prefix.blocks, rid, partial(self._serving, ep.endpoint_id))
-            self._replica_urls[rid] = replica.url
             begun = self.clock()
             if begun - arrived > 0.001:
                 metrics.hold.labels(ep.endpoint_id).observe(begun - arrived)
             notes = _REQUEST.get()
             if notes is not None:
                 notes.attempt(rid, begun - arrived, self.settings.routing_policy.value, affinity)
-            try:
-                result = await forward(
-                    self.upstream,
-                    replica.url,
-                    route.method,
-                    route.upstream_path,
-                    with_call_key(headers, replica.call_key),
-                    body,
-                    send,
-                    leg,
-                )
-            finally:
+            result = await self._forward_to(
+                ep,
+                replica,
+                route,
+                headers,
+                body,
+                send,
+                leg,
                 # Before the slot is released: it goes by the counters
                 # corrected by what this answer served.
-                self._settle(ep, claim, usage, len(body))
-                dispatcher.release(ep, rid)
-                if rid not in ep.in_flight:
-                    self._replica_urls.pop(rid, None)
+                settle=partial(self._settle, ep, claim, usage, len(body)),
+            )
             if isinstance(result, Broken):
                 assert leg is not None
                 ep.finished(self.clock() - begun)
@@ -590,13 +583,51 @@ class Gateway:
                 rid,
                 result.detail,
             )
-            if result.unreachable:
-                self.directory.report_unreachable(rid, result.detail)
-            metrics.retries.labels(ep.endpoint_id, result.reason).inc()
-            if notes is not None:
-                notes.retry(rid, result.reason, result.detail)
+            self._will_retry(ep, rid, result)
             exclude = exclude | {rid}
         raise dispatcher.no_replica_could_take_it(ep, settings.max_attempts)
+
+    async def _forward_to(
+        self,
+        ep: EndpointTraffic,
+        replica: RoutableReplica,
+        route: GatewayRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        send: Send,
+        leg: Leg | None,
+        settle: Callable[[], None] | None = None,
+    ) -> Relayed | Broken | Retry:
+        """One attempt on the replica the dispatcher handed out; its slot is
+        given back however the attempt ends (after `settle`, when given)."""
+        rid = replica.replica_id
+        self._replica_urls[rid] = replica.url
+        try:
+            return await forward(
+                self.upstream,
+                replica.url,
+                route.method,
+                route.upstream_path,
+                with_call_key(headers, replica.call_key),
+                body,
+                send,
+                leg,
+            )
+        finally:
+            if settle is not None:
+                settle()
+            self._dispatcher.release(ep, rid)
+            if rid not in ep.in_flight:
+                self._replica_urls.pop(rid, None)
+
+    def _will_retry(self, ep: EndpointTraffic, rid: str, failed: Retry) -> None:
+        """Bookkeeping of an attempt that failed before its first byte."""
+        if failed.unreachable:
+            self.directory.report_unreachable(rid, failed.detail)
+        self.metrics.retries.labels(ep.endpoint_id, failed.reason).inc()
+        notes = _REQUEST.get()
+        if notes is not None:
+            notes.retry(rid, failed.reason, failed.detail)
 
     async def _migrate(
         self,
@@ -701,37 +732,18 @@ class Gateway:
             except InferdError as exc:
                 return Refusal("no_replica", f"no other replica could take it: {exc.message}")
             rid = replica.replica_id
-            self._replica_urls[rid] = replica.url
             begun = self.clock()
             notes = _REQUEST.get()
             if notes is not None:
                 notes.attempt(rid, 0.0, self.settings.routing_policy.value, affinity)
-            try:
-                result = await forward(
-                    self.upstream,
-                    replica.url,
-                    route.method,
-                    route.upstream_path,
-                    with_call_key(headers, replica.call_key),
-                    body,
-                    send,
-                    leg,
-                )
-            finally:
-                dispatcher.release(ep, rid)
-                if rid not in ep.in_flight:
-                    self._replica_urls.pop(rid, None)
+            result = await self._forward_to(ep, replica, route, headers, body, send, leg)
             if isinstance(result, Relayed):
                 ep.finished(self.clock() - begun)
                 self.directory.report_answered(rid)
                 return result
             if isinstance(result, Broken):
                 return result, rid
-            self.metrics.retries.labels(ep.endpoint_id, result.reason).inc()
-            if notes is not None:
-                notes.retry(rid, result.reason, result.detail)
-            if result.unreachable:
-                self.directory.report_unreachable(rid, result.detail)
+            self._will_retry(ep, rid, result)
             exclude = exclude | {rid}
         return Refusal("no_replica", "no other replica could take it")
 
