@@ -85,6 +85,11 @@ EXPECTED: dict[tuple[str, str], Row] = {
     ("GET", "/endpoints/{id}/adapters/{name}"): {"own": READ, "other": HIDDEN},
     ("DELETE", "/endpoints/{id}/adapters/{name}"): {"own": WRITE, "other": HIDDEN},
     ("GET", "/endpoints/{id}/adapters/{name}/usage"): {"own": READ, "other": HIDDEN},
+    # Its client tokens likewise: members read them (by hint), developers make and revoke them.
+    ("GET", "/endpoints/{id}/tokens"): {"own": READ, "other": HIDDEN},
+    ("POST", "/endpoints/{id}/tokens"): {"own": WRITE, "other": HIDDEN},
+    ("GET", "/endpoints/{id}/tokens/{name}"): {"own": READ, "other": HIDDEN},
+    ("DELETE", "/endpoints/{id}/tokens/{name}"): {"own": WRITE, "other": HIDDEN},
     # --- models ---
     ("GET", "/models"): {"any": READ},
     ("POST", "/models"): {"own": WRITE, "other": HIDDEN},
@@ -146,6 +151,7 @@ BODIES: dict[tuple[str, str], Callable[[World, str], Any]] = {
     ("POST", "/endpoints/{id}/adapters"): lambda w, project: {
         "name": unique("lora"), "source": w.adapter_source,
     },
+    ("POST", "/endpoints/{id}/tokens"): lambda w, project: {"name": unique("client")},
     ("POST", "/projects"): lambda w, project: {"id": unique("proj")},
     ("PUT", "/projects/{id}/quota"): lambda w, project: {"replicas": 10},
     ("PUT", "/projects/{id}/quota-limit"): lambda w, project: {"replicas": 10},
@@ -195,6 +201,13 @@ def concrete(w: World, method: str, path: str, whose: str, caller: str) -> str:
         if "{name}" in path:
             body = {"name": unique("lora"), "source": w.adapter_source}
             name = w.ok("POST", f"/endpoints/{endpoint_id}/adapters", json=body)["name"]
+            path = path.replace("{name}", name)
+    if path.startswith("/endpoints/{id}/tokens"):
+        endpoint_id = w.endpoint(project)["id"]
+        path = path.replace("{id}", endpoint_id)
+        if "{name}" in path:
+            body = {"name": unique("client")}
+            name = w.ok("POST", f"/endpoints/{endpoint_id}/tokens", json=body)["name"]
             path = path.replace("{name}", name)
     if path.startswith("/endpoints/{id}"):
         path = path.replace("{id}", w.endpoint(project)["id"])
