@@ -280,6 +280,14 @@ class StoreUnavailable(ServiceUnavailable):
         self.detail = detail
 
 
+class StoreClosed(StoreUnavailable):
+    """This process closed its store (it is shutting down): nothing will be
+    read again, so a follower stops instead of retrying."""
+
+    def __init__(self) -> None:
+        super().__init__("the store is closed")
+
+
 @dataclass(frozen=True)
 class ReplicaFailure:
     """The endpoint's most recent replica failure. Kept after the failed

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from inferd.control.model import Change, ChangeKind, StoreError
+from inferd.control.model import Change, ChangeKind, StoreClosed, StoreError
 from inferd.control.stores.feed import ChangeHub
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,15 @@ class Database:
         return await self.read(lambda tx: tx.all(text, params))
 
     async def _in_worker(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        if self._closed.is_set():
+            raise StoreClosed
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except RuntimeError:
+            # The executor refuses new work once `close` has shut it down.
+            if self._closed.is_set():
+                raise StoreClosed from None
+            raise
 
     # --- the change log and its feed ---------------------------------------------------
 
