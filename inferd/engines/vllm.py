@@ -13,6 +13,7 @@ gone), the request is aborted in the engine at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -288,6 +289,16 @@ class AsyncLLMEngine:
         self._openai = None
         if self._engine is not None:
             engine, self._engine = self._engine, None
+            # vLLM's shutdown stops the engine core first and its output
+            # handler (a task on this loop) last; run in a thread, that
+            # leaves the handler reading from a dead core, which it logs as
+            # an EngineDeadError traceback on every clean stop. Nothing is
+            # in flight by now (the replica drained): end the handler first.
+            handler = getattr(engine, "output_handler", None)
+            if isinstance(handler, asyncio.Task) and not handler.done():
+                handler.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await handler
             await asyncio.to_thread(engine.shutdown)
 
 
