@@ -37,7 +37,8 @@ def test_the_committed_pages_counts_are_those_of_its_table() -> None:
     results = re.findall(r"^\| \d+ \| `[^`]+` \| .* \| ([^|]+) \| [\d.]+ \|$", text, re.MULTILINE)
     assert status == 0
     assert total == len(results) > 0
-    assert passed == total == sum(r.strip() == "passed" for r in results)
+    # A node id run several times (generated cases) reads "N passed".
+    assert passed == total == sum(bool(re.fullmatch(r"(\d+ )?passed", r.strip())) for r in results)
 
 
 def collector(outcomes: dict[str, list[str]], exit_status: int = 0) -> Collector:
