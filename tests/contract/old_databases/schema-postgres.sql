@@ -285,6 +285,7 @@ CREATE TABLE public.replicas (
     reason text,
     url text,
     seq bigint NOT NULL,
+    unresponsive_since timestamp with time zone,
     CONSTRAINT replicas_gpu_count_check CHECK ((gpu_count >= 1))
 );
 ALTER TABLE public.replicas ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -434,3 +435,4 @@ version (10, 'LoRA adapters registered on endpoints')
 version (11, 'what each LoRA adapter served, per hour')
 version (12, "the Batch API: files, batches and each request's result")
 version (13, "named client tokens of endpoints, beside the owner's token")
+version (14, "a replica's unresponsive mark, for every instance's routing")
