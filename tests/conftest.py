@@ -41,19 +41,28 @@ SHARED_GROUPS = {
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not hasattr(config, "workerinput"):
-        return  # one process runs everything: nothing to group
+    if hasattr(config, "workerinput"):  # one process runs everything: nothing to group
+        name_xdist_groups(items)
+
+
+def name_xdist_groups(items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` reads a test's group from its node id
+    (`path::test@group`). pytest-xdist 3.8 writes that suffix to a field that
+    pytest 9.2 no longer reads (`_nodeid`; the id is `_id` now), so groups
+    were silently ignored: the suffix is written here, for both."""
+    from _pytest.nodeid import coerce_node_id
+
     fixtures_by_file: dict[str, set[str]] = {}
     for item in items:
         fixtures_by_file.setdefault(item.location[0], set()).update(
             getattr(item, "fixturenames", ())
         )
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
         path = item.location[0]
         shared = sorted({SHARED_GROUPS[f] for f in fixtures_by_file[path] if f in SHARED_GROUPS})
-        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else path))
+        grouped = f"{item.nodeid}@{shared[0] if shared else Path(path).stem}"
+        item._nodeid = grouped  # type: ignore[attr-defined]
+        item._id = coerce_node_id(grouped)  # type: ignore[attr-defined]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
