@@ -594,6 +594,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         ),
     ),
+    Migration(
+        14,
+        "the client token that created each batch",
+        # '': the endpoint owner's token, which is what created every batch
+        # before (the name of a client token otherwise; its requests run as
+        # that client).
+        ("ALTER TABLE batches ADD COLUMN client TEXT NOT NULL DEFAULT ''",),
+    ),
 )
 
 

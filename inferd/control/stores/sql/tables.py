@@ -260,6 +260,7 @@ def _batch_row(batch: Batch) -> dict[str, Any]:
         "completed": batch.counts.completed, "failed": batch.counts.failed,
         "requests": batch.usage.requests, "prompt_tokens": batch.usage.prompt_tokens,
         "completion_tokens": batch.usage.completion_tokens, "cost": batch.usage.cost,
+        "client": batch.client,
     }  # fmt: skip
 
 
@@ -270,5 +271,5 @@ BATCHES = Table("batches", (
     Column("output_file_id"), Column("error_file_id"), Column("errors", JSON_LIST),
     Column("total", INT), Column("completed", INT), Column("failed", INT),
     Column("requests", INT), Column("prompt_tokens", INT), Column("completion_tokens", INT),
-    Column("cost", REAL),
+    Column("cost", REAL), Column("client"),
 ), _batch, dump=_batch_row)  # fmt: skip
