@@ -286,6 +286,7 @@ CREATE TABLE public.replicas (
     reason text,
     url text,
     seq bigint NOT NULL,
+    unresponsive_since timestamp with time zone,
     CONSTRAINT replicas_gpu_count_check CHECK ((gpu_count >= 1))
 );
 ALTER TABLE public.replicas ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -436,3 +437,4 @@ version (11, 'what each LoRA adapter served, per hour')
 version (12, "the Batch API: files, batches and each request's result")
 version (13, "named client tokens of endpoints, beside the owner's token")
 version (14, 'the client token that created each batch')
+version (15, "a replica's unresponsive mark, for every instance's routing")

@@ -602,6 +602,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         # that client).
         ("ALTER TABLE batches ADD COLUMN client TEXT NOT NULL DEFAULT ''",),
     ),
+    Migration(
+        15,
+        "a replica's unresponsive mark, for every instance's routing",
+        # Set by the leader when it stops hearing a replica serve, cleared
+        # by whichever instance hears it again; NULL: heard lately.
+        ("ALTER TABLE replicas ADD COLUMN unresponsive_since <time>",),
+    ),
 )
 
 

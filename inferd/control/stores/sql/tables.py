@@ -162,6 +162,7 @@ REPLICAS = Table("replicas", (
     Column("gpu_count", INT), Column("secret_hash", BYTES), Column("status"),
     Column("created_at", TIME), Column("updated_at", TIME), Column("node"),
     Column("placement", PLACEMENT), Column("reason"), Column("url"),
+    Column("unresponsive_since", TIME),
 ), ReplicaRecord)  # fmt: skip
 
 ADAPTERS = Table("endpoint_adapters", (
