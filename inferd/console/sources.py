@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.capacity_fit import Totals, held_to_capacity
 from inferd.catalog.models import ModelSpec
 from inferd.catalog.recommend import POOLING_KINDS, GpuOption, Recommendation
 from inferd.catalog.workload import (
@@ -92,6 +93,35 @@ async def _no_log(replica_id: str, max_bytes: int) -> str | None:
     return None
 
 
+async def _no_machines() -> Totals:
+    return {}
+
+
+@dataclass(frozen=True)
+class RejectedGroup:
+    """Options rejected for the same reasons: one line of the table (a
+    catalog has dozens rejected for one reason), as `inferd recommend`
+    prints them."""
+
+    reasons: str
+    options: tuple[AnyOption, ...]
+
+    @property
+    def shapes(self) -> str:
+        """The options by location: "us-east 1 x L4, 2 x L4; eu-west 1 x L4"."""
+        by_location: dict[str, list[str]] = {}
+        for o in self.options:
+            by_location.setdefault(o.location, []).append(f"{o.gpu_count} x {o.gpu_type}")
+        return "; ".join(f"{loc} {', '.join(shapes)}" for loc, shapes in by_location.items())
+
+
+def rejected_groups(rejected: Sequence[AnyOption]) -> list[RejectedGroup]:
+    groups: dict[str, list[AnyOption]] = {}
+    for option in rejected:
+        groups.setdefault("; ".join(option.reasons), []).append(option)
+    return [RejectedGroup(reasons, tuple(options)) for reasons, options in groups.items()]
+
+
 # The load the create form sizes for until it asks for one: a modest chat
 # service, or an image a minute. Stated on the page.
 CONSOLE_CHAT_WORKLOAD = ChatWorkload(1.0, 1000, 200)
@@ -126,6 +156,10 @@ class ConsoleSources:
     # The model service's `recommend` (the API's: measured profiles, engine
     # settings); None: `recommend_for_workload` on the catalog alone.
     recommender: Recommender | None = None
+    # (location, GPU type) -> CPU replica slots or GPUs of the machines the
+    # launcher places replicas on, in all (the API's recommendations are
+    # held to them); empty: no machines known.
+    capacity: Callable[[], Awaitable[Totals]] = _no_machines
     _pooling: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
 
     def recommendation(
@@ -147,6 +181,14 @@ class ConsoleSources:
         return recommend_for_workload(
             model, self.catalog.gpus, work, location, engine_settings=engine_settings
         )
+
+    def placeable(self, model_name: str, location: str, totals: Totals) -> AnyRecommendation:
+        """`recommendation`, held to the machines replicas are placed on as
+        the API's answer is (`totals`: `capacity()`): an option needing more
+        CPU replica slots or GPUs than a known location holds is rejected,
+        saying what it needs and what there is."""
+        rec = self.recommendation(model_name, location)
+        return held_to_capacity(rec, totals)
 
     def models_for(self, principal: Principal) -> list[ModelSpec]:
         """The models the principal may know of: global and catalog ones and

@@ -810,10 +810,18 @@ def adapter_source(endpoint: EndpointRoute, name: str) -> bytes:
     return quote(source, safe="/:@").encode()
 
 
+def adapter_root(name: str, source: str) -> str:
+    """An adapter's `root` as clients see it: its source as registered when
+    that is a repository id, its name when it is a directory on the server
+    (a path there is nothing a client can use, and tells it how the server's
+    disk is laid out)."""
+    return name if source.startswith("/") else source
+
+
 def models_response(endpoint: EndpointRoute) -> JSONResponse:
     """`/v1/models`, answered here (no replica is woken for it): the base
     model and its LoRA adapters, in vLLM's shape (an adapter's `parent` is
-    the base, its `root` where it is loaded from)."""
+    the base, its `root` where it comes from: `adapter_root`)."""
     base = endpoint.model_name
     card: dict[str, object] = {
         "id": base, "object": "model", "created": 0, "owned_by": "inferd", "root": base
@@ -827,7 +835,7 @@ def models_response(endpoint: EndpointRoute) -> JSONResponse:
             "object": "model",
             "created": 0,
             "owned_by": "inferd",
-            "root": source,
+            "root": adapter_root(name, source),
             "parent": base,
         }
         for name, source in endpoint.adapters.items()

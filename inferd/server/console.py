@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from inferd.catalog.capacity_fit import Totals
 from inferd.console.app import Console
 from inferd.console.sources import AdapterLine, ConsoleSources, ReplicaLine
 from inferd.control.accounts.adapter_metering import AdapterMeter
@@ -79,6 +80,7 @@ def console_sources(server: Server) -> ConsoleSources:
         recommender=lambda name, work, location, settings: server.models.recommend(
             name, work, location, engine_settings=settings
         ),
+        capacity=lambda: _capacity_totals(server),
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),
@@ -86,6 +88,12 @@ def console_sources(server: Server) -> ConsoleSources:
         # Read where each replica runs (this machine, or its Ray node).
         replica_log=server.launcher.log_tail,
     )
+
+
+async def _capacity_totals(server: Server) -> Totals:
+    """The launcher's machines as the API holds recommendations to them."""
+    capacity = await server.service.capacity_of()
+    return {(k.location, k.gpu_type): n for k, n in capacity.total.items()}
 
 
 def build_console(server: Server) -> Console:
