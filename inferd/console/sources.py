@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from inferd.api.engine_settings import EngineSettings
 from inferd.catalog import Catalog, recommend
+from inferd.catalog.capacity_fit import Totals, held_to_capacity
 from inferd.catalog.models import ModelSpec
 from inferd.catalog.recommend import POOLING_KINDS, GpuOption, Recommendation
 from inferd.catalog.workload import (
@@ -28,6 +29,7 @@ from inferd.catalog.workload import (
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
+from inferd.control.batches.model import Batch
 from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.metrics.timeseries import EndpointSeries
@@ -92,6 +94,39 @@ async def _no_log(replica_id: str, max_bytes: int) -> str | None:
     return None
 
 
+# Batches an endpoint's page lists, newest first.
+BATCHES_SHOWN = 20
+
+
+async def _no_machines() -> Totals:
+    return {}
+
+
+@dataclass(frozen=True)
+class RejectedGroup:
+    """Options rejected for the same reasons: one line of the table (a
+    catalog has dozens rejected for one reason), as `inferd recommend`
+    prints them."""
+
+    reasons: str
+    options: tuple[AnyOption, ...]
+
+    @property
+    def shapes(self) -> str:
+        """The options by location: "us-east 1 x L4, 2 x L4; eu-west 1 x L4"."""
+        by_location: dict[str, list[str]] = {}
+        for o in self.options:
+            by_location.setdefault(o.location, []).append(f"{o.gpu_count} x {o.gpu_type}")
+        return "; ".join(f"{loc} {', '.join(shapes)}" for loc, shapes in by_location.items())
+
+
+def rejected_groups(rejected: Sequence[AnyOption]) -> list[RejectedGroup]:
+    groups: dict[str, list[AnyOption]] = {}
+    for option in rejected:
+        groups.setdefault("; ".join(option.reasons), []).append(option)
+    return [RejectedGroup(reasons, tuple(options)) for reasons, options in groups.items()]
+
+
 # The load the create form sizes for until it asks for one: a modest chat
 # service, or an image a minute. Stated on the page.
 CONSOLE_CHAT_WORKLOAD = ChatWorkload(1.0, 1000, 200)
@@ -121,11 +156,18 @@ class ConsoleSources:
     adapters: Callable[[str], Sequence[AdapterLine]] = _no_adapters
     # An endpoint's client tokens (None: a console without them).
     client_tokens: ClientTokenService | None = None
+    # An endpoint's newest batches (`BATCHES_SHOWN`), as the Batch API's
+    # list reads them (None: a console without the Batch API).
+    batches: Callable[[str], Awaitable[Sequence[Batch]]] | None = None
     # The end of a replica's log, read through its launcher (None: none).
     replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
     # The model service's `recommend` (the API's: measured profiles, engine
     # settings); None: `recommend_for_workload` on the catalog alone.
     recommender: Recommender | None = None
+    # (location, GPU type) -> CPU replica slots or GPUs of the machines the
+    # launcher places replicas on, in all (the API's recommendations are
+    # held to them); empty: no machines known.
+    capacity: Callable[[], Awaitable[Totals]] = _no_machines
     _pooling: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
 
     def recommendation(
@@ -147,6 +189,14 @@ class ConsoleSources:
         return recommend_for_workload(
             model, self.catalog.gpus, work, location, engine_settings=engine_settings
         )
+
+    def placeable(self, model_name: str, location: str, totals: Totals) -> AnyRecommendation:
+        """`recommendation`, held to the machines replicas are placed on as
+        the API's answer is (`totals`: `capacity()`): an option needing more
+        CPU replica slots or GPUs than a known location holds is rejected,
+        saying what it needs and what there is."""
+        rec = self.recommendation(model_name, location)
+        return held_to_capacity(rec, totals)
 
     def models_for(self, principal: Principal) -> list[ModelSpec]:
         """The models the principal may know of: global and catalog ones and

@@ -16,7 +16,7 @@ from inferd.console.costs import Envelope
 from inferd.console.messages import human_errors
 from inferd.console.pages.base import Pages, form_int
 from inferd.console.security import Session
-from inferd.console.sources import AnyRecommendation
+from inferd.console.sources import AnyRecommendation, rejected_groups
 from inferd.console.web import ConsoleError, Web
 from inferd.errors import Forbidden, InferdError, NotFound
 
@@ -45,13 +45,14 @@ class Create(Pages):
         models = self.sources.models_for(session.principal)
         if location not in catalog.gpus.locations:
             location = self.sources.endpoints.default_location
+        totals = await self.sources.capacity()
         if model not in {m.name for m in models}:
             # The first model that fits somewhere here, not one that cannot run.
             fitting = [
-                m.name for m in models if self.sources.recommendation(m.name, location).options
+                m.name for m in models if self.sources.placeable(m.name, location, totals).options
             ]
             model = (fitting or [m.name for m in models] or [""])[0]
-        rec = self.sources.recommendation(model, location) if model else None
+        rec = self.sources.placeable(model, location, totals) if model else None
         best = rec.best() if rec else None
         chosen = str(form.get("option") or (f"{best.gpu_type}:{best.gpu_count}" if best else ""))
         return {
@@ -63,6 +64,7 @@ class Create(Pages):
             "model_kind": catalog.models.get(model).kind if model else "chat",
             "location": location,
             "rec": rec,
+            "rejected": rejected_groups(rec.rejected) if rec else [],
             "chosen": chosen,
             "form": form,
             "envelope": _envelope_for(rec, chosen, form),
