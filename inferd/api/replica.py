@@ -26,6 +26,11 @@ ADAPTER_SOURCE_HEADER = "x-inferd-adapter-source"
 # request's own earlier output, so its tokens count as completion tokens
 # (in usage and against max_tokens/min_tokens), not as prompt tokens.
 RESUMED_HEADER = "x-inferd-resumed"
+# Set by the gateway only, on a request of a batch (in-process work): its
+# usage is metered by the batch store once, when its result is recorded
+# (a request run again after a leader failover would count twice here), so
+# the replica reports it apart (`ReplicaUsageReport.batch_*`).
+BATCH_REQUEST_HEADER = "x-inferd-batch-request"
 
 MAX_REASON_CHARS = 2000
 MAX_URL_CHARS = 2048
@@ -79,6 +84,11 @@ class ReplicaUsageReport(BaseModel):
     prompt_tokens: int = Field(default=0, ge=0)
     completion_tokens: int = Field(default=0, ge=0)
     images: int = Field(default=0, ge=0)
+    # Of the above, what batch requests took (metered by the batch store,
+    # not from these reports).
+    batch_requests: int = Field(default=0, ge=0)
+    batch_prompt_tokens: int = Field(default=0, ge=0)
+    batch_completion_tokens: int = Field(default=0, ge=0)
     # Of the above, what each LoRA adapter served (the base model's share is
     # the rest); every adapter used since the replica started.
     adapters: dict[Annotated[str, Field(max_length=200)], AdapterUsageReport] = Field(

@@ -138,6 +138,9 @@ class ReplicaRecord:
     placement: Mapping[str, str] = field(default_factory=dict)
     reason: str | None = None
     url: str | None = None
+    # Since when the leader has not heard it serve (None: heard lately).
+    # Carried on the row so that every instance routes around it.
+    unresponsive_since: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,11 @@ class ReplicaStore(Protocol):
         reason: str | None,
         url: str | None,
         at: datetime,
+        unresponsive_since: datetime | None = None,
         term: int | None = None,
     ) -> None:
-        """No-op if the replica is not stored."""
+        """No-op if the replica is not stored. `unresponsive_since`: the
+        leader's mark (None: heard lately), which every instance routes by."""
         ...
 
     async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from inferd import COMPAT_FAMILY
 from inferd.api.openai import sse_error
-from inferd.api.replica import ADAPTER_SOURCE_HEADER, RESUMED_HEADER
+from inferd.api.replica import ADAPTER_SOURCE_HEADER, BATCH_REQUEST_HEADER, RESUMED_HEADER
 from inferd.errors import (
     BadRequest,
     InferdError,
@@ -36,7 +36,6 @@ from inferd.errors import (
 )
 from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
 from inferd.gateway.auth import (
-    OWNER_CALLER,
     WWW_AUTHENTICATE,
     Caller,
     TokenCheck,
@@ -47,7 +46,7 @@ from inferd.gateway.directory import EndpointRoute, ReplicaDirectory, RoutableRe
 from inferd.gateway.fairness import BYTES_PER_TOKEN, Claim
 from inferd.gateway.held_stream import STREAMING_ROUTES, HeldStream
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
-from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_KEY, granted
+from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_KEY, grant_of
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
@@ -78,6 +77,7 @@ FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept"})
 # gateway sets it: a client's own is not forwarded (above).
 ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
 RESUMED = RESUMED_HEADER.encode()
+BATCH_REQUEST = (BATCH_REQUEST_HEADER.encode(), b"1")
 CLIENT_GONE = 499
 # A request's priority class (`PRIORITY_HEADER`): `batch` is released from
 # the hold queue only when no interactive request waits. Anyone may send it:
@@ -343,12 +343,13 @@ class Gateway:
         token = _REQUEST.set(_RequestNotes(trace)) if trace and trace.is_recording() else None
         try:
             # Work this process runs for the endpoint (a batch's requests)
-            # carries the grant its creation with the token gave it; it is
-            # the owner's, with no rate limit (it was admitted once).
+            # carries the grant its creation with a token gave it, and runs
+            # as that token's client (its share, rate limit and usage).
+            grant = grant_of(scope, endpoint_id)
             who = (
-                OWNER_CALLER
-                if granted(scope, endpoint_id)
-                else caller(self.verifier, endpoint_id, authorization)
+                caller(self.verifier, endpoint_id, authorization)
+                if grant is None
+                else self.verifier.named(endpoint_id, grant.client)
             )
             if who is None:
                 raise unauthorized()
@@ -357,8 +358,14 @@ class Gateway:
             self._check(endpoint, route)
             assert endpoint is not None
             batch = is_batch(scope, priority)
+            if grant is not None:
+                # Metered by the batch store when its result is recorded.
+                headers.append(BATCH_REQUEST)
             if who.requests_per_minute is not None:
-                self._rate_limit(endpoint_id, who, who.requests_per_minute)
+                if grant is None:
+                    self._rate_limit(endpoint_id, who, who.requests_per_minute)
+                else:  # in-process work waits its turn rather than failing
+                    await self._rate_limit_wait(endpoint_id, who, who.requests_per_minute)
             if trace is not None:
                 trace.set_attribute("inferd.model", endpoint.model_name)
             if route.label == "models":
@@ -412,6 +419,14 @@ class Gateway:
                 code="rate_limited",
                 retry_after=retry_after_seconds(wait),
             )
+
+    async def _rate_limit_wait(self, endpoint_id: str, who: Caller, per_minute: int) -> None:
+        """Take from the client's bucket, sleeping until it holds one (the
+        bucket refills at its own rate: nothing else to wait on)."""
+        wait = self.rate_limits.take(endpoint_id, who.client, per_minute)
+        while wait > 0:
+            await asyncio.sleep(wait)
+            wait = self.rate_limits.take(endpoint_id, who.client, per_minute)
 
     def _check(self, endpoint: EndpointRoute | None, route: GatewayRoute) -> None:
         gone = endpoint_gone(endpoint is not None, endpoint is not None and endpoint.deleting)

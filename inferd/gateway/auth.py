@@ -41,6 +41,11 @@ class TokenCheck(Protocol):
         """Whose token this is on this endpoint; None: it opens nothing here."""
         ...
 
+    def named(self, endpoint_id: str, client: str) -> Caller | None:
+        """The endpoint's client `client` as it stands now (OWNER: the
+        owner's); None when no such token of it is live (revoked)."""
+        ...
+
 
 def bearer_token(authorization: bytes | None) -> str | None:
     """The token of an `Authorization: Bearer <token>` header value, else None."""

@@ -9,14 +9,18 @@ builds the scope of a request from the wire and never copies keys into it:
   interactive request waits (`inferd.gateway.hold`);
 - `inferd.grant`: an `InProcessGrant` for one endpoint, standing for the
   token that was shown when the work was created (a batch is created with
-  the endpoint's token, which is kept only as a hash). The gateway takes it
-  in place of a token for that endpoint alone.
+  one of the endpoint's tokens, which are kept only as hashes). The gateway
+  takes it in place of a token for that endpoint alone, as the client whose
+  token it stands for: that client's share, rate limit and usage (a client
+  token revoked since is refused, as the token itself would be).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from inferd.gateway.fairness import OWNER
 
 PRIORITY_KEY = "inferd.priority"
 PRIORITY_HEADER = b"x-inferd-priority"
@@ -31,8 +35,17 @@ class InProcessGrant:
 
     endpoint_id: str
     why: str
+    # Whose token it stands for: OWNER ("") or a client token's name.
+    client: str = OWNER
 
 
 def granted(scope: Any, endpoint_id: str) -> bool:
+    return grant_of(scope, endpoint_id) is not None
+
+
+def grant_of(scope: Any, endpoint_id: str) -> InProcessGrant | None:
+    """The scope's grant when it is one for `endpoint_id`, else None."""
     grant = scope.get(GRANT_KEY)
-    return isinstance(grant, InProcessGrant) and grant.endpoint_id == endpoint_id
+    if isinstance(grant, InProcessGrant) and grant.endpoint_id == endpoint_id:
+        return grant
+    return None

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from inferd.api.openai import sse_error
+from inferd.api.replica import BATCH_REQUEST_HEADER
 from inferd.engines.client_errors import client_error
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
@@ -63,6 +64,7 @@ class Answering:
         # The request id (set by the gateway) names this request's log
         # lines; its span (when traced) is the parent of the engine's.
         self.request_id = None if request is None else request.headers.get("x-request-id")
+        self._batch = request is not None and BATCH_REQUEST_HEADER in request.headers
         self._log_token = CURRENT_REQUEST_ID.set(self.request_id)
         self._span = None
         self.trace_headers: dict[str, str] | None = None
@@ -105,7 +107,7 @@ class Answering:
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
         self._tokens = (prompt_tokens, completion_tokens)
-        self._metrics.count(prompt_tokens, completion_tokens, self.adapter)
+        self._metrics.count(prompt_tokens, completion_tokens, self.adapter, self._batch)
 
     def stream(
         self,
@@ -154,7 +156,7 @@ class Answering:
     def _end(self) -> None:
         self._in_flight.release()
         seconds = time.perf_counter() - self._started
-        self._metrics.answered(self._route, self.status, seconds, self.adapter)
+        self._metrics.answered(self._route, self.status, seconds, self.adapter, self._batch)
         logger.info("%s %d %.3fs", self._route, self.status, seconds)
         if self._span is not None:
             prompt, completion = self._tokens or (None, None)

@@ -42,6 +42,16 @@ class ReplicaMetrics:
             "inferd_generated_tokens", "Completion tokens generated.", registry=r
         )
         self.images = Counter("inferd_generated_images", "Images generated.", registry=r)
+        # Of the above, batch requests' (the batch store meters their usage).
+        self.batch_requests = Counter(
+            "inferd_batch_requests", "Batch requests answered with a 2xx status.", registry=r
+        )
+        self.batch_prompt_tokens = Counter(
+            "inferd_batch_prompt_tokens", "Prompt tokens of batch requests.", registry=r
+        )
+        self.batch_generated_tokens = Counter(
+            "inferd_batch_generated_tokens", "Completion tokens of batch requests.", registry=r
+        )
         # Per LoRA adapter (a request naming the base model counts above only).
         self.adapter_requests = Counter(
             "inferd_adapter_requests",
@@ -88,15 +98,28 @@ class ReplicaMetrics:
         ready = Gauge("inferd_replica_ready", "1 when the replica takes requests.", registry=r)
         ready.set_function(lambda: 1.0 if state.status.value == "ready" else 0.0)
 
-    def count(self, prompt_tokens: int, completion_tokens: int, adapter: str | None = None) -> None:
+    def count(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        adapter: str | None = None,
+        batch: bool = False,
+    ) -> None:
         self.prompt_tokens.inc(prompt_tokens)
         self.generated_tokens.inc(completion_tokens)
+        if batch:
+            self.batch_prompt_tokens.inc(prompt_tokens)
+            self.batch_generated_tokens.inc(completion_tokens)
         if adapter is not None:
             self.adapter_prompt_tokens.labels(adapter).inc(prompt_tokens)
             self.adapter_generated_tokens.labels(adapter).inc(completion_tokens)
 
-    def answered(self, route: str, status: int, seconds: float, adapter: str | None) -> None:
+    def answered(
+        self, route: str, status: int, seconds: float, adapter: str | None, batch: bool = False
+    ) -> None:
         self.requests.labels(route, str(status)).inc()
+        if batch and 200 <= status < 300:
+            self.batch_requests.inc()
         self.latency.labels(route).observe(seconds)
         if adapter is not None:
             self.adapter_requests.labels(adapter, str(status)).inc()
@@ -141,6 +164,9 @@ class ReplicaMetrics:
             "prompt_tokens": _total(self.prompt_tokens),
             "completion_tokens": _total(self.generated_tokens),
             "images": _total(self.images),
+            "batch_requests": _total(self.batch_requests),
+            "batch_prompt_tokens": _total(self.batch_prompt_tokens),
+            "batch_completion_tokens": _total(self.batch_generated_tokens),
             "adapters": self.adapter_usage(),
         }
 

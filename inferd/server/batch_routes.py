@@ -23,7 +23,7 @@ from inferd import COMPAT_FAMILY
 from inferd.control.batches.model import estimate
 from inferd.control.batches.service import BatchService
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from inferd.gateway.auth import TokenCheck, authorized, unauthorized
+from inferd.gateway.auth import Caller, TokenCheck, caller, unauthorized
 
 BASE = "/endpoints/{endpoint_id}/" + COMPAT_FAMILY + "/v1"
 # Room for the multipart framing and the purpose field around the file.
@@ -48,14 +48,19 @@ class BatchRoutes:
     def _endpoint(self, request: Request, query: tuple[str, ...] = ()) -> str:
         """The endpoint whose token the request holds (the same 401 as the
         inference routes); a query parameter other than `query` is a 400."""
+        return self._caller(request, query)[0]
+
+    def _caller(self, request: Request, query: tuple[str, ...] = ()) -> tuple[str, Caller]:
+        """The endpoint and whose token of it the request holds."""
         endpoint_id: str = request.path_params["endpoint_id"]
         header = request.headers.get("authorization")
-        if not authorized(self.verifier, endpoint_id, header.encode("latin-1") if header else None):
+        who = caller(self.verifier, endpoint_id, header.encode("latin-1") if header else None)
+        if who is None:
             raise unauthorized()
         unknown = sorted(set(request.query_params) - set(query))
         if unknown:
             raise BadRequest(f"Unknown query parameter '{unknown[0]}'.", param=unknown[0])
-        return endpoint_id
+        return endpoint_id, who
 
     # --- files ----------------------------------------------------------------------------------
 
@@ -113,7 +118,8 @@ class BatchRoutes:
     # --- batches ------------------------------------------------------------------------------
 
     async def create(self, request: Request) -> Response:
-        endpoint_id = self._endpoint(request)
+        # The batch runs as the client whose token created it.
+        endpoint_id, who = self._caller(request)
         body = await _json_object(request, self.max_json_bytes)
         fields = {"input_file_id": str, "endpoint": str, "completion_window": str}
         for name, kind in fields.items():
@@ -128,6 +134,7 @@ class BatchRoutes:
             body["endpoint"],
             body["completion_window"],
             metadata,
+            client=who.client,
         )
         return JSONResponse(batch.to_openai())
 

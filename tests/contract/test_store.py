@@ -276,6 +276,18 @@ def test_replicas(opener: Opener) -> None:
         got = await store.list_replicas()
         assert got[0] == replace(r1, status="ready", url="http://127.0.0.1:9", updated_at=later)
         assert got[0].placement == {"pid": "1001", "gpu_ids": ""}
+        # The leader's unresponsive mark travels on the row, and goes with
+        # the next write that does not carry it (the replica was heard).
+        marked = T0 + timedelta(seconds=4, milliseconds=250)
+        await store.update_replica(
+            r1.id, status="ready", reason=None, url="http://127.0.0.1:9", at=later,
+            unresponsive_since=marked,
+        )  # fmt: skip
+        assert (await store.list_replicas())[0].unresponsive_since == marked
+        await store.update_replica(
+            r1.id, status="ready", reason=None, url="http://127.0.0.1:9", at=later
+        )
+        assert (await store.list_replicas())[0].unresponsive_since is None
         await store.delete_replica(r2.id)
         await store.delete_replica(r2.id)
         assert [r.id for r in await store.list_replicas()] == [r1.id]

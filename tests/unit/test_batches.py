@@ -455,3 +455,78 @@ def test_list_pages_newest_first() -> None:
         assert [b.id for b in rest] == [made[2].id, made[1].id, made[0].id] and not more
 
     asyncio.run(scenario())
+
+
+class ReplicaThatDoes:
+    """A fake executor standing for the replica too: each request it runs
+    counts in the replica's usage report as a batch request (as
+    `ReplicaMetrics` does for the gateway's batch header), whether or not
+    the leader lives to record its answer; past `answer_first`, calls never
+    answer (the leader dies with them in flight)."""
+
+    def __init__(self, report: dict[str, int], answer_first: int | None = None) -> None:
+        self.report = report
+        self.answer_first = answer_first
+        self.calls: list[str] = []
+
+    async def run(self, batch: Batch, idx: int, body: bytes) -> Answer:
+        who = json.loads(body)["user"]
+        self.calls.append(who)
+        for key, n in (("requests", 1), ("prompt_tokens", 5), ("completion_tokens", 7)):
+            self.report[key] += n
+            self.report[f"batch_{key}"] += n
+        if self.answer_first is not None and len(self.calls) > self.answer_first:
+            await asyncio.Event().wait()
+        usage = {"prompt_tokens": 5, "completion_tokens": 7}
+        return Answer(200, json.dumps({"usage": usage}).encode(), f"id-{who}")
+
+
+def test_a_request_run_again_after_a_failover_is_metered_once() -> None:
+    """The endpoint's usage counts each batch request once, when its result
+    is recorded, though the replica ran some twice (the first leader died
+    with them in flight); interactive requests are metered from the
+    replica's report as before."""
+    from inferd.api.replica import ReplicaUsageReport
+    from inferd.control.accounts.meter_feed import counters_of
+    from inferd.control.accounts.metering import LiveReplica, UsageMeter
+
+    async def scenario() -> None:
+        world = World()
+        ep = await world.endpoint()
+        created = await world.batch(ep, 12)
+        report = dict.fromkeys(
+            ("requests", "prompt_tokens", "completion_tokens", "batch_requests",
+             "batch_prompt_tokens", "batch_completion_tokens"), 0,
+        )  # fmt: skip
+        first_exec = ReplicaThatDoes(report, answer_first=4)
+        first = world.runner(first_exec)
+        await first.start(1)
+
+        async def stuck() -> bool:
+            got = await world.store.get_batch(created.id)
+            return got is not None and got.counts.finished == 4 and len(first_exec.calls) == 7
+
+        await until(stuck)
+        await first.stop()  # the lead is lost with 3 requests run and not recorded
+        second_exec = ReplicaThatDoes(report)
+        second = world.runner(second_exec)
+        await second.start(2)
+        batch = await final(world, created.id)
+        await second.stop()
+        rerun = set(first_exec.calls[4:]) & set(second_exec.calls)
+        assert len(rerun) == 3 and report["batch_requests"] == 15  # 3 ran twice
+        # Two interactive requests beside them, in the same report.
+        report["requests"] += 2
+        report["prompt_tokens"] += 20
+        report["completion_tokens"] += 30
+        meter = UsageMeter()
+        replica = LiveReplica("r-1", ep.id, ep.gpu_type, ep.gpu_count, 0.0)
+        meter.count(replica, ep.project_id, counters_of(ReplicaUsageReport(**report)), T0)
+        await world.store.add_usage(meter.drain())
+        rows = await world.store.usage(endpoint_id=ep.id)
+        totals = [sum(getattr(r, f) for r in rows)
+                  for f in ("requests", "prompt_tokens", "completion_tokens")]  # fmt: skip
+        assert batch.counts == Counts(12, 12, 0)
+        assert totals == [12 + 2, 12 * 5 + 20, 12 * 7 + 30]
+
+    asyncio.run(scenario())

@@ -667,3 +667,23 @@ async def test_adopted_replicas_are_judged_only_after_a_grace_of_their_own() -> 
     await w.tick(1.5, silent=adopted)
     assert w.launcher.killed == [second]
     assert first in w.live()
+
+
+async def test_a_leader_again_counts_silence_only_from_its_new_term() -> None:
+    """A leader that lost the lead and wins it back keeps the replicas it
+    launched (nothing to adopt), but not its old clock: while another
+    instance led, their reports went there, and that silence was not
+    observed here. Ended only after a grace of silence it saw itself."""
+    w = await World(endpoint(min_replicas=2)).open()
+    await w.tick()
+    w.report_all()
+    await w.tick()
+    watched = frozenset(w.live())
+    w.reconciler.settings = dataclasses.replace(w.reconciler.settings, period_s=3600, resync_s=3600)
+    w.clock.now += 1000  # led elsewhere meanwhile
+    w.reconciler.start(term=2)  # its first pass runs at once
+    await w.tick(DEAD_AFTER_S - 1, silent=watched)
+    assert w.launcher.killed == []
+    await w.tick(2, silent=watched)
+    assert len(w.launcher.killed) == 1  # the share: one of two at a time
+    await w.reconciler.stop()

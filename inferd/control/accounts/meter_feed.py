@@ -37,8 +37,14 @@ def _live(replica: Replica) -> LiveReplica:
 
 
 def counters_of(usage: ReplicaUsageReport) -> ReplicaCounters:
+    """What the endpoint meters from a replica's report: all but batch
+    requests, whose usage the batch store adds once per request when its
+    result is recorded (one run again after a failover is not counted twice)."""
     return ReplicaCounters(
-        usage.requests, usage.prompt_tokens, usage.completion_tokens, usage.images
+        max(0, usage.requests - usage.batch_requests),
+        max(0, usage.prompt_tokens - usage.batch_prompt_tokens),
+        max(0, usage.completion_tokens - usage.batch_completion_tokens),
+        usage.images,
     )
 
 

@@ -182,6 +182,10 @@ class Batch:
     errors: list[dict[str, Any]] = field(default_factory=list)
     counts: Counts = Counts()
     usage: Usage = Usage()
+    # Whose token created it (`inferd.gateway.fairness.OWNER`, "": the
+    # endpoint owner's; else a client token's name): its requests run as
+    # that client, with its share, rate limit and usage.
+    client: str = ""
 
     def to_openai(self, estimate: Estimate | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -276,3 +280,6 @@ class Result:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    # When it was answered: its usage is added to the endpoint's usage of
+    # that hour with the result (None: not metered, as for an expired one).
+    at: datetime | None = None

@@ -254,7 +254,7 @@ class BatchRunner:
             prompt + completion, self.settings.price_per_million_tokens, self.settings.discount
         )
         state = RequestState.DONE if ok else RequestState.FAILED
-        return Result(request.idx, state, line, prompt, completion, cost)
+        return Result(request.idx, state, line, prompt, completion, cost, self._clock())
 
     async def _expire(self, batch: Batch) -> None:
         """The window passed: what is still pending goes to the error file."""

@@ -150,7 +150,10 @@ class BatchService:
         url: str,
         completion_window: str,
         metadata: Mapping[str, str] | None,
+        client: str = "",
     ) -> Batch:
+        """`client`: whose token asks ("": the owner's); the batch's
+        requests run as that client."""
         endpoint = self._live(endpoint_id)
         kind = BATCH_URLS.get(url)
         if kind is None:
@@ -205,6 +208,7 @@ class BatchService:
             expires_at=now + WINDOW,
             metadata=metadata,
             counts=Counts(total=len(lines)),
+            client=client,
         )
         try:
             await self.store.create_batch(batch, lines)

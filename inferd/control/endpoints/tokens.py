@@ -150,6 +150,17 @@ class TokenVerifier:
             self._last_used[(endpoint_id, caller.client)] = self._wall()
         return caller
 
+    def named(self, endpoint_id: str, client: str) -> Caller | None:
+        """Work created with a token of this endpoint (a batch) runs as its
+        client: that client's share and rate limit as they are now, or None
+        once its token was revoked. The owner's work stays the owner's (a
+        new owner token replaces the old one; the endpoint's deletion ends
+        its batches)."""
+        if client == OWNER_CALLER.client:
+            return OWNER_CALLER
+        clients = self._clients.get(endpoint_id) or {}
+        return next((c for c in clients.values() if c.client == client), None)
+
     def verify(self, endpoint_id: str, token: str) -> bool:
         return self.identify(endpoint_id, token) is not None
 

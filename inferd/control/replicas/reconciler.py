@@ -69,7 +69,12 @@ from inferd.control.replicas.liveness import (
     Prober,
     choose_endings,
 )
-from inferd.control.replicas.registry import Registry, Replica, secret_digest
+from inferd.control.replicas.registry import (
+    Registry,
+    Replica,
+    secret_digest,
+    unresponsive_mark,
+)
 from inferd.control.replicas.scale_events import ScaleCause, ScaleJournal
 from inferd.control.signals import Wakeup
 from inferd.replica.config import DEFAULT_DRAIN_TIMEOUT_S, ModelSource, ReplicaSpec
@@ -234,6 +239,7 @@ class Reconciler:
         leadership and won it back). `term`: the leader term the store
         writes are fenced with (the registry writes them)."""
         self.registry.lead(term)
+        self.registry.start_judging()
         self._stopping = False
         self._exit_task = asyncio.ensure_future(self._follow_exits())
         self._task = asyncio.ensure_future(self._run())
@@ -251,6 +257,7 @@ class Reconciler:
     async def stop(self) -> None:
         self._stopping = True
         self.registry.lead(None)
+        self.registry.stop_judging()
         self._wake.ring()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -469,6 +476,9 @@ class Reconciler:
                     status=ReplicaStatus(record.status),
                     url=record.url,
                     created_wall=record.created_at.isoformat(),
+                    # The last leader's routing verdict stands until the
+                    # replica is heard; its silence counts from now.
+                    unresponsive_since_wall=unresponsive_mark(record),
                 )
             )
             adopted.append(record.id)

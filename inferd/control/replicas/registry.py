@@ -9,7 +9,10 @@ Slow is not dead. A replica heard from neither by report, nor by an answer
 the gateway relayed, nor by a health probe for `failure_periods` health
 periods is marked `unresponsive`: out of routing while another replica of
 its endpoint is ready (still routed to when it is the only one), and back
-the moment it is heard again. Only silence past `dead_after_s` (longer
+the moment it is heard again. The mark is the leader's (only it sweeps for
+silence) and travels on the replica's row, so that every instance of a
+cluster routes around the replica and shows it; whichever instance hears
+the replica serve again clears it. Only silence past `dead_after_s` (longer
 while it loads) makes it `overdue`: a candidate for the reconciler to end,
 within the bounds of `inferd.control.replicas.liveness`. A replica whose
 process ended, or whose engine says it is dead, is failed at once by other
@@ -27,6 +30,11 @@ leader term of the instance that writes. Replicas read back from the store
 again. An instance that does not lead also writes a heartbeat, about once
 a health period, for each replica that reports to it: the leader's
 liveness sweep hears it through the store.
+
+Silence is judged only from what this instance observed while judging: a
+leader counts a replica's silence from the moment it began to lead (or
+adopted the replica), never from a last report that went to another
+instance while it did not lead.
 """
 
 from __future__ import annotations
@@ -41,7 +49,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferd.api.replica import ReplicaReport
-from inferd.control.model import Deposed, ReplicaRecord, StoreUnavailable, utc_now, utc_now_text
+from inferd.control.model import (
+    Deposed,
+    ReplicaRecord,
+    StoreUnavailable,
+    parse_rfc3339,
+    rfc3339,
+    utc_now,
+    utc_now_text,
+)
 from inferd.control.ports import ReplicaHandle, ReplicaStore
 from inferd.control.replicas.load import ReplicaCount
 from inferd.gateway.directory import RoutableReplica
@@ -69,6 +85,12 @@ _STICKY = frozenset({ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatu
 
 def _by_id(item: tuple[str, int | None]) -> str:
     return item[0]
+
+
+def unresponsive_mark(record: ReplicaRecord) -> str | None:
+    """The leader's unresponsive mark on a replica's row, as served (None:
+    heard lately)."""
+    return None if record.unresponsive_since is None else rfc3339(record.unresponsive_since)
 
 
 def secret_digest(secret: str) -> bytes:
@@ -221,12 +243,24 @@ class Registry:
         # instance started (`inferd_replica_failures` on /metrics).
         self._seen_failed: set[str] = set()
         self.failures: dict[str, int] = {}
+        # Since when this instance judges silence (the reconciler runs
+        # here: it leads); None while it does not. Silence before it was
+        # not observed here, so it counts for nothing.
+        self._judging_since: float | None = None
 
     # -- replicas (fed by the reconciler) ---------------------------------------
 
     def add(self, replica: Replica) -> Replica:
+        """Known from now. A mark it carries (read from the store: wall time
+        only) counts from now on this instance's clock."""
         now = self._clock()
-        replica = replace(replica, created_at=now, status_since=now, status_since_wall=self._wall())
+        replica = replace(
+            replica,
+            created_at=now,
+            status_since=now,
+            status_since_wall=self._wall(),
+            unresponsive_since=now if replica.unresponsive_since_wall else None,
+        )
         self._replicas[replica.replica_id] = replica
         self._changed(replica)
         return replica
@@ -273,6 +307,14 @@ class Registry:
         if replica is not None:
             self._on_change(replica.endpoint_id)
         return replica
+
+    def start_judging(self) -> None:
+        """This instance judges liveness from now (the reconciler started:
+        it leads). Every replica's silence counts from now at the earliest."""
+        self._judging_since = self._clock()
+
+    def stop_judging(self) -> None:
+        self._judging_since = None
 
     # -- replica rows ------------------------------------------------------------------
 
@@ -341,12 +383,14 @@ class Registry:
         if replica is None:
             await self._rows.delete_replica(replica_id, term=term)
             return
+        marked = replica.unresponsive_since_wall if replica.unresponsive else None
         await self._rows.update_replica(
             replica_id,
             status=replica.status.value,
             reason=replica.reason,
             url=replica.url,
             at=utc_now(),
+            unresponsive_since=parse_rfc3339(marked) if marked else None,
             term=term,
         )
         self._beat_at[replica_id] = self._clock()
@@ -444,9 +488,12 @@ class Registry:
             ),
         )
         self._replicas[replica_id] = updated
-        if (status, reason, updated.url) != (replica.status, replica.reason, replica.url):
+        back = replica.unresponsive != updated.unresponsive
+        if back or (status, reason, updated.url) != (replica.status, replica.reason, replica.url):
             self._mark(replica_id)
-        else:
+        elif serving:
+            # A heartbeat says it serves: one from a stalled loop would keep
+            # the leader from ever finding it silent.
             self._heard.add(replica_id)
             self._behind.set()
         if status != replica.status:
@@ -459,9 +506,8 @@ class Registry:
                 f"ready at {updated.url}" if status is ReplicaStatus.READY else status.value,
                 f" ({reason})" if reason else "",
             )
-        if replica.unresponsive and not updated.unresponsive:
+        if back:
             logger.info("replica %s of endpoint %s reports again", replica_id, replica.endpoint_id)
-        back = replica.unresponsive != updated.unresponsive
         if status != replica.status or replica.unreachable or back:
             self._changed(updated)
         return True
@@ -482,17 +528,25 @@ class Registry:
         reason: str | None,
         url: str | None,
         *,
-        heard: bool,
+        newer: bool,
+        unresponsive_since: str | None = None,
     ) -> None:
         """A replica's state as another control-plane instance recorded it
         (read back from the shared store). The same forward-only rules as a
-        report; `heard`: the record is newer than the last one seen, which
-        counts as a report for the liveness sweep (the replica reported to
-        another instance)."""
+        report. `newer`: the record changed since the last one seen; one
+        without the unresponsive mark counts as a report for the liveness
+        sweep (the replica reported to another instance). A newer one with
+        the mark (`unresponsive_since`, wall time) is the leader's verdict:
+        taken here unless this instance judges for itself (it leads)."""
         replica = self._replicas.get(replica_id)
         if replica is None:
             return
         now = self._clock()
+        heard = newer and unresponsive_since is None
+        marked_since, marked_wall = replica.unresponsive_since, replica.unresponsive_since_wall
+        verdict = newer and unresponsive_since is not None and self._judging_since is None
+        if verdict and not replica.unresponsive:
+            marked_since, marked_wall = now, unresponsive_since
         new_status, new_reason = replica.status, replica.reason
         if replica.status not in _STICKY and _FORWARD[status] >= _FORWARD[replica.status]:
             new_status, new_reason = status, reason
@@ -500,6 +554,7 @@ class Registry:
             new_status, new_reason = status, reason or replica.reason
         changed = new_status != replica.status or (url is not None and url != replica.url)
         changed = changed or (heard and replica.unresponsive)
+        changed = changed or (marked_since is not None and not replica.unresponsive)
         updated = replace(
             replica,
             status=new_status,
@@ -507,8 +562,8 @@ class Registry:
             url=url or replica.url,
             last_report_at=now if heard else replica.last_report_at,
             heard_at=now if heard else replica.heard_at,
-            unresponsive_since=None if heard else replica.unresponsive_since,
-            unresponsive_since_wall=None if heard else replica.unresponsive_since_wall,
+            unresponsive_since=None if heard else marked_since,
+            unresponsive_since_wall=None if heard else marked_wall,
             status_since=replica.status_since if new_status == replica.status else now,
             status_since_wall=(
                 replica.status_since_wall if new_status == replica.status else self._wall()
@@ -529,7 +584,7 @@ class Registry:
         answered = self._answered_at.get(replica.replica_id, 0.0)
         if replica.heard_at is None and replica.status in ReplicaStatus.coming_up():
             return answered or None
-        return max(replica.heard_at or replica.status_since, answered)
+        return max(replica.heard_at or replica.status_since, answered, self._judging_since or 0.0)
 
     def check_liveness(self) -> LivenessFindings:
         """Mark the replicas that went quiet `unresponsive`, fail the ones
@@ -607,11 +662,13 @@ class Registry:
             logger.info(
                 "replica %s of endpoint %s %s", replica.replica_id, replica.endpoint_id, how
             )
+            self._mark(replica.replica_id)  # every instance routes to it again
             self._changed(updated)
 
     def _mark_unresponsive(self, replica: Replica, now: float, silent: float) -> Replica:
         updated = replace(replica, unresponsive_since=now, unresponsive_since_wall=self._wall())
         self._replicas[replica.replica_id] = updated
+        self._mark(replica.replica_id)  # every instance routes around it
         others = [
             r
             for r in self._replicas.values()

@@ -10,7 +10,9 @@ where they meet:
   ones are added, known ones move forward (the registry's own rules: a
   control-plane verdict such as `draining` or `failed` stands), and ones
   the store no longer holds leave. A replica turning ready here releases
-  the requests this instance holds for its endpoint.
+  the requests this instance holds for its endpoint. The leader's
+  `unresponsive` mark comes with the row: this instance routes around the
+  replica too, and shows it.
 
 What a replica reports to this instance is written by the registry itself
 (`Registry.flush`), the one writer of replica rows.
@@ -29,7 +31,7 @@ from typing import Protocol
 
 from inferd.control.model import Change, ChangeKind, ReplicaRecord, StoreUnavailable
 from inferd.control.ports import ReplicaHandle
-from inferd.control.replicas.registry import Registry, Replica
+from inferd.control.replicas.registry import Registry, Replica, unresponsive_mark
 from inferd.vocab import ReplicaStatus
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ def replica_from_record(record: ReplicaRecord) -> Replica:
         status=ReplicaStatus(record.status),
         reason=record.reason,
         url=record.url,
+        unresponsive_since_wall=unresponsive_mark(record),
     )
 
 
@@ -112,5 +115,6 @@ class ReplicaMirror:
             status,
             record.reason,
             record.url,
-            heard=before is not None and record.updated_at != before,
+            newer=before is not None and record.updated_at != before,
+            unresponsive_since=unresponsive_mark(record),
         )

@@ -102,6 +102,7 @@ CREATE TABLE public.batches (
     completion_tokens bigint DEFAULT 0 NOT NULL,
     cost double precision DEFAULT 0 NOT NULL,
     seq bigint NOT NULL,
+    client text DEFAULT ''::text NOT NULL,
     CONSTRAINT batches_status_check CHECK ((status = ANY (ARRAY['validating'::text, 'in_progress'::text, 'finalizing'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'cancelling'::text, 'cancelled'::text])))
 );
 ALTER TABLE public.batches ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -285,6 +286,7 @@ CREATE TABLE public.replicas (
     reason text,
     url text,
     seq bigint NOT NULL,
+    unresponsive_since timestamp with time zone,
     CONSTRAINT replicas_gpu_count_check CHECK ((gpu_count >= 1))
 );
 ALTER TABLE public.replicas ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -434,3 +436,5 @@ version (10, 'LoRA adapters registered on endpoints')
 version (11, 'what each LoRA adapter served, per hour')
 version (12, "the Batch API: files, batches and each request's result")
 version (13, "named client tokens of endpoints, beside the owner's token")
+version (14, 'the client token that created each batch')
+version (15, "a replica's unresponsive mark, for every instance's routing")

@@ -47,6 +47,11 @@ _USAGE_SUMS = ", ".join(
     f"{c} = usage_hourly.{c} + excluded.{c}"
     for c in ("replica_seconds", "requests", "prompt_tokens", "completion_tokens", "images", "cost")
 )
+# One delta added to its hourly row (made when absent).
+ADD_USAGE = (
+    USAGE.insert
+    + f" ON CONFLICT (endpoint_id, hour, gpu_type, gpu_count) DO UPDATE SET {_USAGE_SUMS}"
+)
 
 
 class Accounts(Repository):
@@ -241,12 +246,8 @@ class Accounts(Repository):
     async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
         if not deltas:
             return
-        statement = (
-            USAGE.insert
-            + f" ON CONFLICT (endpoint_id, hour, gpu_type, gpu_count) DO UPDATE SET {_USAGE_SUMS}"
-        )
         values = [USAGE.values(self._dialect, d) for d in deltas]
-        await self._db.write(lambda tx: tx.many(statement, values))
+        await self._db.write(lambda tx: tx.many(ADD_USAGE, values))
 
     def _usage_where(
         self, endpoint_id: str | None, project_id: str | None,

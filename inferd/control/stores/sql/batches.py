@@ -10,6 +10,11 @@ Every write of the runner is fenced by its leader term (a deposed leader's
 late result is refused) and conditional on the state it expects (a request
 still pending, a batch still in the status it read), so two writers can
 never both record one request's result.
+
+A request's usage is added to its endpoint's hourly usage in the same
+transaction that records its result (`Result.at`): once per request, however
+many times it ran (the replica reports batch requests apart, and the meter
+leaves them out), so a request run again after a failover is metered once.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from inferd.control.accounts.model import UsageDelta, hour_of
 from inferd.control.batches.jsonl import BatchLine
 from inferd.control.batches.model import (
     STAMPS,
@@ -31,8 +37,9 @@ from inferd.control.batches.model import (
     may_move,
 )
 from inferd.control.model import EndpointGone, rfc3339
+from inferd.control.stores.sql.accounts import ADD_USAGE
 from inferd.control.stores.sql.database import Repository, Tx
-from inferd.control.stores.sql.tables import BATCH_FILES, BATCHES
+from inferd.control.stores.sql.tables import BATCH_FILES, BATCHES, USAGE
 
 CHUNK_BYTES = 1 << 20
 
@@ -166,8 +173,9 @@ class Batches(Repository):
 
     async def record_result(self, batch_id: str, result: Result, term: int | None) -> bool:
         """The request's result and its state in one statement, and the
-        batch's counts and usage with it; False (nothing written) when the
-        request was no longer pending. `Deposed` when `term` no longer leads."""
+        batch's counts and usage with it, and the endpoint's usage (when
+        `result.at`); False (nothing written) when the request was no longer
+        pending. `Deposed` when `term` no longer leads."""
 
         def write(tx: Tx) -> bool:
             tx.fence(term)
@@ -187,9 +195,32 @@ class Batches(Repository):
                 (int(done), int(not done), size if done else 0, 0 if done else size,
                  result.prompt_tokens, result.completion_tokens, result.cost, batch_id),
             )  # fmt: skip
+            if result.at is not None:
+                self._meter(tx, batch_id, result, result.at)
             return True
 
         return await self._db.write(write)
+
+    def _meter(self, tx: Tx, batch_id: str, result: Result, at: datetime) -> None:
+        """Add the request's usage to its endpoint's hour, as the usage meter
+        would have from the replica's report (an endpoint gone: nothing)."""
+        done = result.state is RequestState.DONE
+        if not (done or result.prompt_tokens or result.completion_tokens):
+            return
+        row = tx.one(
+            "SELECT e.id, e.project_id, e.gpu_type, e.gpu_count FROM batches b"
+            " JOIN endpoints e ON e.id = b.endpoint_id WHERE b.id = ?",
+            (batch_id,),
+        )
+        if row is None:
+            return
+        endpoint_id, project_id, gpu_type, gpu_count = row
+        delta = UsageDelta(
+            str(endpoint_id), str(project_id), hour_of(at), str(gpu_type), int(gpu_count),
+            requests=int(done), prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+        )  # fmt: skip
+        tx.execute(ADD_USAGE, USAGE.values(self._dialect, delta))
 
     async def move_batch(
         self,

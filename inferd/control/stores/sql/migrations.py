@@ -774,6 +774,21 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         ),
     ),
+    Migration(
+        14,
+        "the client token that created each batch",
+        # '': the endpoint owner's token, which is what created every batch
+        # before (the name of a client token otherwise; its requests run as
+        # that client).
+        ("ALTER TABLE batches ADD COLUMN client TEXT NOT NULL DEFAULT ''",),
+    ),
+    Migration(
+        15,
+        "a replica's unresponsive mark, for every instance's routing",
+        # Set by the leader when it stops hearing a replica serve, cleared
+        # by whichever instance hears it again; NULL: heard lately.
+        ("ALTER TABLE replicas ADD COLUMN unresponsive_since <time>",),
+    ),
 )
 
 

@@ -33,11 +33,15 @@ class Replicas(Repository):
         reason: str | None,
         url: str | None,
         at: datetime,
+        unresponsive_since: datetime | None = None,
         term: int | None = None,
     ) -> None:
-        params = (status, reason, url, self._dialect.encode(TIME.storage, at), replica_id)
+        encode = self._dialect.encode
+        marked = None if unresponsive_since is None else encode(TIME.storage, unresponsive_since)
+        params = (status, reason, url, marked, encode(TIME.storage, at), replica_id)
         await self._replica_write(
-            "UPDATE replicas SET status = ?, reason = ?, url = ?, updated_at = ? WHERE id = ?",
+            "UPDATE replicas SET status = ?, reason = ?, url = ?, unresponsive_since = ?,"
+            " updated_at = ? WHERE id = ?",
             params, replica_id, term,
         )  # fmt: skip
 

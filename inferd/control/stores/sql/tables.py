@@ -162,6 +162,7 @@ REPLICAS = Table("replicas", (
     Column("gpu_count", INT), Column("secret_hash", BYTES), Column("status"),
     Column("created_at", TIME), Column("updated_at", TIME), Column("node"),
     Column("placement", PLACEMENT), Column("reason"), Column("url"),
+    Column("unresponsive_since", TIME),
 ), ReplicaRecord)  # fmt: skip
 
 ADAPTERS = Table("endpoint_adapters", (
@@ -260,6 +261,7 @@ def _batch_row(batch: Batch) -> dict[str, Any]:
         "completed": batch.counts.completed, "failed": batch.counts.failed,
         "requests": batch.usage.requests, "prompt_tokens": batch.usage.prompt_tokens,
         "completion_tokens": batch.usage.completion_tokens, "cost": batch.usage.cost,
+        "client": batch.client,
     }  # fmt: skip
 
 
@@ -270,5 +272,5 @@ BATCHES = Table("batches", (
     Column("output_file_id"), Column("error_file_id"), Column("errors", JSON_LIST),
     Column("total", INT), Column("completed", INT), Column("failed", INT),
     Column("requests", INT), Column("prompt_tokens", INT), Column("completion_tokens", INT),
-    Column("cost", REAL),
+    Column("cost", REAL), Column("client"),
 ), _batch, dump=_batch_row)  # fmt: skip
