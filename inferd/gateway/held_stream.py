@@ -105,8 +105,10 @@ class HeldStream:
 
     async def _beat(self, stop: asyncio.Event) -> None:
         if not self.committed:
-            await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            # Set first: from here on the response is this stream's, even
+            # while the headers are still being written.
             self.committed = True
+            await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         while True:
             line = waiting_line(self._stage(), self._clock() - self._arrived)
             await self._send({"type": "http.response.body", "body": line, "more_body": True})
