@@ -1,7 +1,7 @@
 """Interactive latency with and without a batch running on the same endpoint.
 
     .venv/bin/python benchmarks/batch_interference.py [--duration-s 20 --rate 10
-        --batch-requests 2000 --in-flight 4]
+        --batch-requests 2000 --in-flight 4 --reserved-shares 0,0.25,0.5]
 
 One `inferd serve` (a real process) with a chat endpoint of tiny-chat on the
 FAKE engine (`--engine fake`, 10 ms a token: the gateway, hold and batch
@@ -14,6 +14,12 @@ batch of `--batch-requests` requests of the same shape runs (created just
 before the second phase). Figures: interactive p50/p99/max latency in each
 phase, and the batch's requests finished during the second phase.
 Goal (the issue's): interactive p99 with the batch within 1.2x of without.
+
+The whole is run once per `--reserved-shares` value (each a fresh server
+with `gateway_batch_reserved_share` set to it: the share of the replica's
+slots that batch requests leave free for interactive ones; 0 is the gateway
+before that rule, batch requests filling every slot), side by side in one
+table. The goal is judged on the server's default share.
 
 The batch goes at the lowest priority only where the gateway's hold applies
 it (`inferd.priority` on the scope, `x-inferd-priority`): this benchmark
@@ -34,6 +40,7 @@ import httpx
 from common import load_average, percentile, print_table, write_report
 from results_format import goal, table
 
+from inferd.gateway.settings import GatewaySettings
 from inferd.testing import ServeHandle, open_loop
 
 TOKEN_DELAY_S = 0.01
@@ -77,20 +84,15 @@ def finished(client: httpx.Client, base: str, batch_id: str) -> int:
     return int(counts["completed"]) + int(counts["failed"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration-s", type=float, default=20.0)
-    parser.add_argument("--rate", type=float, default=10.0, help="interactive requests/s")
-    parser.add_argument("--batch-requests", type=int, default=2000)
-    parser.add_argument("--in-flight", type=int, default=4, help="the replica's in-flight bound")
-    parser.add_argument("--batch-concurrency", type=int, default=8)
-    args = parser.parse_args()
-
+def run_once(args: argparse.Namespace, share: float) -> tuple[list[Any], list[Any], float]:
+    """Interactive latency alone, then beside a batch, on a fresh server
+    whose batch requests leave `share` of the replica's slots free."""
     serve = ServeHandle(
         Path(tempfile.mkdtemp(prefix="inferd-batch-bench-")),
         settings={
             "replica_args": f"--engine fake --engine-arg token_delay_s={TOKEN_DELAY_S} --no-warmup",
             "gateway_max_in_flight_per_replica": str(args.in_flight),
+            "gateway_batch_reserved_share": str(share),
             "batch_concurrency": str(args.batch_concurrency),
         },
     ).start()
@@ -132,16 +134,52 @@ def main() -> None:
     finally:
         serve.stop()
         serve.cleanup()
+    return alone, beside, batch_rate
 
-    rows = [latency_row("interactive alone", alone), latency_row("interactive + batch", beside)]
-    capacity = args.in_flight / (MAX_TOKENS * TOKEN_DELAY_S)
-    print_table("Interactive latency (fake engine)", rows,
-                ["phase", "requests", "errors", "p50_ms", "p99_ms", "max_ms"])  # fmt: skip
-    print(f"batch: {batch_rate:.1f} requests/s beside the interactive load "
-          f"(endpoint capacity about {capacity:.0f}/s, interactive {args.rate}/s)")  # fmt: skip
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=10.0, help="interactive requests/s")
+    parser.add_argument("--batch-requests", type=int, default=2000)
+    parser.add_argument("--in-flight", type=int, default=4, help="the replica's in-flight bound")
+    parser.add_argument("--batch-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--reserved-shares",
+        default="0,0.25,0.5",
+        help="gateway_batch_reserved_share values, each run in turn (comma-separated)",
+    )
+    args = parser.parse_args()
+    shares = [float(x) for x in args.reserved_shares.split(",")]
+    default = GatewaySettings().batch_reserved_share
+
+    rows, batch_rows, ratios = [], [], {}
+    for share in shares:
+        alone, beside, batch_rate = run_once(args, share)
+        pair = [latency_row("interactive alone", alone), latency_row("interactive + batch", beside)]
+        for row in pair:
+            row["reserved_share"] = share
+        rows += pair
+        p99_alone, p99_beside = pair[0]["p99_ms"], pair[1]["p99_ms"]
+        ratios[share] = (
+            None if not p99_alone or p99_beside is None else round(p99_beside / p99_alone, 2)
+        )
+        batch_rows.append(
+            {
+                "reserved_share": share,
+                "p99_ratio": ratios[share],
+                "requests_per_s_beside_interactive": round(batch_rate, 1),
+                "endpoint_capacity_per_s": round(capacity_of(args), 1),
+            }
+        )
+    capacity = capacity_of(args)
+    columns = ["reserved_share", "phase", "requests", "errors", "p50_ms", "p99_ms", "max_ms"]
+    print_table("Interactive latency (fake engine)", rows, columns)
+    batch_columns = ["reserved_share", "p99_ratio", "requests_per_s_beside_interactive",
+                     "endpoint_capacity_per_s"]  # fmt: skip
+    print_table("Batch", batch_rows, batch_columns)
     print(load_average())
-    p99_alone, p99_beside = rows[0]["p99_ms"], rows[1]["p99_ms"]
-    ratio = None if not p99_alone or p99_beside is None else round(p99_beside / p99_alone, 2)
+    ratio = ratios.get(default)
     write_report(
         "batch_interference",
         {
@@ -150,34 +188,23 @@ def main() -> None:
             f"{MAX_TOKENS} tokens), 1 replica bound to {args.in_flight} in flight "
             f"(capacity ~{capacity:.0f} req/s); interactive open loop {args.rate}/s for "
             f"{args.duration_s} s per phase; batch of {args.batch_requests}, "
-            f"concurrency {args.batch_concurrency}",
+            f"concurrency {args.batch_concurrency}; once per reserved share "
+            f"({args.reserved_shares}; 0: batch requests may fill every slot, as before the "
+            f"rule; the default is {default})",
             "tables": [
-                table(
-                    "Interactive latency",
-                    ["phase", "requests", "errors", "p50_ms", "p99_ms", "max_ms"],
-                    rows,
-                ),
-                table(
-                    "Batch",
-                    ["requests_per_s_beside_interactive", "endpoint_capacity_per_s"],
-                    [
-                        {
-                            "requests_per_s_beside_interactive": round(batch_rate, 1),
-                            "endpoint_capacity_per_s": round(capacity, 1),
-                        }
-                    ],
-                ),
+                table("Interactive latency", columns, rows),
+                table("Batch beside the interactive load", batch_columns, batch_rows),
             ],
             "goals": [
                 goal(
-                    "interactive p99 with a batch running / without",
+                    f"interactive p99 with a batch running / without (reserved share {default})",
                     "<= 1.2x",
                     ratio,
                     None if ratio is None else ratio <= 1.2,
                     ""
                     if ratio is not None and ratio <= 1.2
-                    else "the hold releases interactive requests first but does not preempt: one "
-                    "arriving while batch requests hold every slot waits for one to end",
+                    else "batch requests leave the reserved slots free, but interactive "
+                    "requests arriving together past them wait for a slot to end",
                 ),
             ],
             "notes": [
@@ -186,6 +213,10 @@ def main() -> None:
             ],
         },
     )
+
+
+def capacity_of(args: argparse.Namespace) -> float:
+    return float(args.in_flight / (MAX_TOKENS * TOKEN_DELAY_S))
 
 
 if __name__ == "__main__":

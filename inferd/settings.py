@@ -196,6 +196,13 @@ class Settings(BaseModel):
         description="release held requests by a weighted fair share between client tokens "
         "(off: first in, first out)",
     )
+    gateway_batch_reserved_share: float = Field(
+        _GATEWAY.batch_reserved_share,
+        ge=0,
+        lt=1,
+        description="share of each replica's in-flight slots that batch-priority requests "
+        "leave free for interactive ones (at least one slot when above 0)",
+    )
     # --- Gateway: stream migration -------------------------------------------
     gateway_migration: bool = Field(
         _GATEWAY.migration,
@@ -399,6 +406,7 @@ class Settings(BaseModel):
             prefix_max_blocks=self.gateway_prefix_max_blocks,
             prefix_table_entries=self.gateway_prefix_table_entries,
             fair_queuing=self.gateway_fair_queuing,
+            batch_reserved_share=self.gateway_batch_reserved_share,
             migration=self.gateway_migration,
             max_migrations=self.gateway_max_migrations,
             migration_off_endpoints=frozenset(

@@ -29,6 +29,7 @@ from inferd.catalog.workload import (
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
+from inferd.control.batches.model import Batch
 from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.service import EndpointService
 from inferd.control.metrics.timeseries import EndpointSeries
@@ -93,6 +94,10 @@ async def _no_log(replica_id: str, max_bytes: int) -> str | None:
     return None
 
 
+# Batches an endpoint's page lists, newest first.
+BATCHES_SHOWN = 20
+
+
 async def _no_machines() -> Totals:
     return {}
 
@@ -151,6 +156,9 @@ class ConsoleSources:
     adapters: Callable[[str], Sequence[AdapterLine]] = _no_adapters
     # An endpoint's client tokens (None: a console without them).
     client_tokens: ClientTokenService | None = None
+    # An endpoint's newest batches (`BATCHES_SHOWN`), as the Batch API's
+    # list reads them (None: a console without the Batch API).
+    batches: Callable[[str], Awaitable[Sequence[Batch]]] | None = None
     # The end of a replica's log, read through its launcher (None: none).
     replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
     # The model service's `recommend` (the API's: measured profiles, engine

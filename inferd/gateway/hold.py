@@ -116,6 +116,7 @@ def plan_release(
     *,
     max_in_flight: int,
     turn: int,
+    batch_max_in_flight: int | None = None,
     affinities: Sequence[Affinity] | None = None,
     settings: GatewaySettings | None = None,
     claims: Sequence[Claim] | None = None,
@@ -127,22 +128,27 @@ def plan_release(
     client each is, its weight and priority class) in the fair order of
     `inferd.gateway.fairness.Picker` over the clients' `counters`. A request
     that can go nowhere (every replica it may use is busy or tried) does not
-    block the ones behind it. Returns the placements and the advanced turn
-    counter; `in_flight` and `counters` are not modified."""
+    block the ones behind it. A batch request goes only to a replica under
+    `batch_max_in_flight` (default: `max_in_flight`), which keeps the rest
+    of its slots for interactive requests. Returns the placements and the
+    advanced turn counter; `in_flight` and `counters` are not modified."""
     placements: list[Placement] = []
     load = dict(in_flight)
     settings = settings or _DEFAULT_SETTINGS
     picker = Picker(
         claims if claims is not None else [INTERACTIVE_OWNER] * len(excluded), counters or {}
     )
+    batch_cap = max_in_flight if batch_max_in_flight is None else batch_max_in_flight
+    batch_claims = claims if claims is not None else []
     while (index := picker.next()) is not None:
         exclude = excluded[index]
         if all(load.get(r.replica_id, 0) >= max_in_flight for r in replicas):
             break  # every replica is full: nobody else can go
+        batch = index < len(batch_claims) and batch_claims[index].batch
         choice = choose_replica(
             replicas,
             load,
-            max_in_flight=max_in_flight,
+            max_in_flight=batch_cap if batch else max_in_flight,
             turn=turn,
             exclude=exclude,
             affinity=affinities[index] if affinities is not None else NO_AFFINITY,
@@ -310,6 +316,7 @@ class Dispatcher:
         self._settings = settings
         self._clock = clock
         self._cap = settings.max_in_flight_per_replica
+        self._batch_cap = settings.batch_in_flight_per_replica
         self._closed = False
         self._held: dict[str, _HeldRequests] = {}
         self._held_bytes = _HeldBytes()
@@ -356,12 +363,15 @@ class Dispatcher:
         turn: int,
         exclude: frozenset[str],
         affinity: Affinity,
+        batch: bool = False,
     ) -> Choice:
+        """A replica with a free slot (for a batch request: one that keeps
+        the slots reserved for interactive requests free)."""
         settings = self._settings
         return choose_replica(
             replicas,
             ep.in_flight,
-            max_in_flight=self._cap,
+            max_in_flight=self._batch_cap if batch else self._cap,
             turn=turn,
             exclude=exclude,
             affinity=affinity,
@@ -392,7 +402,7 @@ class Dispatcher:
         replicas = directory.ready_replicas(ep.endpoint_id)
         if held.scale_requested_at is not None and replicas:
             self._cold_start_done(held)
-        choice = self.choose(replicas, ep, held.turn, exclude, affinity)
+        choice = self.choose(replicas, ep, held.turn, exclude, affinity, claim.batch)
         settings = self._settings
         cost = size + settings.held_request_overhead_bytes
         admission = admit(
@@ -504,6 +514,7 @@ class Dispatcher:
             replicas,
             ep.in_flight,
             max_in_flight=self._cap,
+            batch_max_in_flight=self._batch_cap,
             turn=held.turn,
             affinities=[w.affinity for w in waiters],
             settings=self._settings,

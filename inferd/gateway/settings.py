@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from inferd.gateway.routing import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_LOAD_BOUND, Policy
@@ -66,6 +67,13 @@ class GatewaySettings:
     # client tokens (`inferd.gateway.fairness`); off: first in, first out
     # over all of them (the batch priority class still applies).
     fair_queuing: bool = True
+    # Of each replica's `max_in_flight_per_replica` slots, the share that
+    # batch-priority requests leave free for interactive ones (at least one
+    # slot when above 0, and never all of them): a batch request goes to a
+    # replica only while it keeps that many free, and waits otherwise, so an
+    # interactive request finds a slot without waiting for a batch one to
+    # end. 0: batch requests may fill every slot.
+    batch_reserved_share: float = 0.25
     # Stream migration (see `inferd.gateway.migration`): a stream whose
     # replica is lost after its first byte is continued on another replica,
     # at most `max_migrations` times per request; endpoints (by id)
@@ -76,6 +84,11 @@ class GatewaySettings:
     # What the client read of a stream is kept to continue it, up to this
     # many bytes of events per request (past it the stream is not migrated).
     migration_max_transcript_bytes: int = 4 * 1024 * 1024
+
+    @property
+    def batch_in_flight_per_replica(self) -> int:
+        """The slots of a replica batch requests may fill (`batch_slots`)."""
+        return batch_slots(self.max_in_flight_per_replica, self.batch_reserved_share)
 
     def migrates(self, endpoint_id: str) -> bool:
         return self.migration and endpoint_id not in self.migration_off_endpoints
@@ -103,7 +116,18 @@ class GatewaySettings:
             raise ValueError("routing_min_load_bound must be at least 1")
         if self.prefix_block_bytes < 16 or self.prefix_max_blocks < 1:
             raise ValueError("prefix_block_bytes must be at least 16, prefix_max_blocks at least 1")
+        if not 0 <= self.batch_reserved_share < 1:
+            raise ValueError("batch_reserved_share must be at least 0 and below 1")
         if self.max_migrations < 0 or self.migration_max_transcript_bytes < 0:
             raise ValueError("max_migrations and migration_max_transcript_bytes must be >= 0")
         if self.prefix_table_entries < 1:
             raise ValueError("prefix_table_entries must be at least 1")
+
+
+def batch_slots(max_in_flight: int, reserved_share: float) -> int:
+    """In-flight slots of a replica that batch-priority requests may fill:
+    all but `reserved_share` of them (rounded up, at least one when the
+    share is above 0), kept free for interactive requests; never fewer than
+    one, so that a batch still runs on a replica of one slot."""
+    reserved = max(1, math.ceil(max_in_flight * reserved_share)) if reserved_share > 0 else 0
+    return max(1, max_in_flight - reserved)

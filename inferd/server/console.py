@@ -8,8 +8,10 @@ from collections.abc import Sequence
 
 from inferd.catalog.capacity_fit import Totals
 from inferd.console.app import Console
-from inferd.console.sources import AdapterLine, ConsoleSources, ReplicaLine
+from inferd.console.sources import BATCHES_SHOWN, AdapterLine, ConsoleSources, ReplicaLine
 from inferd.control.accounts.adapter_metering import AdapterMeter
+from inferd.control.batches.model import Batch
+from inferd.control.batches.service import BatchService
 from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.replicas.registry import Registry
 from inferd.server.compose import Server
@@ -62,6 +64,17 @@ class AdapterLines:
         ]
 
 
+class BatchLines:
+    """An endpoint's newest batches, through the Batch API's service."""
+
+    def __init__(self, batches: BatchService) -> None:
+        self._batches = batches
+
+    async def __call__(self, endpoint_id: str) -> Sequence[Batch]:
+        batches, _ = await self._batches.page(endpoint_id, None, BATCHES_SHOWN)
+        return batches
+
+
 def console_sources(server: Server) -> ConsoleSources:
     accounts = server.accounts
     settings = server.settings
@@ -85,6 +98,7 @@ def console_sources(server: Server) -> ConsoleSources:
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),
         adapters=AdapterLines(server.adapters, server.registry, accounts.adapters),
+        batches=BatchLines(server.batches),
         # Read where each replica runs (this machine, or its Ray node).
         replica_log=server.launcher.log_tail,
     )

@@ -25,6 +25,8 @@ from inferd.catalog.registered import (
     ProfilePoint,
     RegisteredModel,
 )
+from inferd.control.batches.jsonl import parse_batch_file
+from inferd.control.batches.model import WINDOW, Batch, BatchStatus, Counts, RequestState, Result
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
@@ -742,5 +744,34 @@ def test_client_tokens_belong_to_their_endpoint_and_reach_the_feed(opener: Opene
             return {c.id for c in seen if c.kind is ChangeKind.TOKEN}
 
         assert told(await collect(feed, lambda s: told(s) == {a.id, b.id})) == {a.id, b.id}
+
+    run(body, opener())
+
+
+def test_a_batch_keeps_its_client_and_meters_each_result_once(opener: Opener) -> None:
+    """The client that created a batch round-trips; a request's usage is
+    added to its endpoint's hour with its result, and a second result for
+    the same request (a re-run after a failover) is refused and adds none."""
+
+    async def body(store: Store) -> None:
+        ep = endpoint(1)
+        await store.insert_endpoint(ep, digest(1))
+        line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+        batch = Batch(
+            "batch_" + "0" * 24, ep.id, ep.project_id, "/v1/chat/completions", "file-x",
+            BatchStatus.VALIDATING, T0, T0 + WINDOW, counts=Counts(total=1), client="app",
+        )  # fmt: skip
+        await store.create_batch(batch, parse_batch_file(line, 10))
+        assert await store.get_batch(batch.id) == batch  # every field round-trips
+        done = Result(0, RequestState.DONE, "{}", 5, 7, 0.0, T0)
+        assert await store.record_result(batch.id, done, None) is True
+        assert await store.record_result(batch.id, done, None) is False
+        (row,) = await store.usage(endpoint_id=ep.id)
+        assert (row.requests, row.prompt_tokens, row.completion_tokens) == (1, 5, 7)
+        assert (row.gpu_type, row.gpu_count, row.hour) == (
+            ep.gpu_type,
+            ep.gpu_count,
+            T0.replace(minute=0, second=0, microsecond=0),
+        )
 
     run(body, opener())

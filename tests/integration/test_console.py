@@ -520,3 +520,40 @@ def test_the_timeline_shows_the_gateways_stream_migrations(
     )
     text = html.unescape(event)
     assert "stream migrated" in text and lost in text and "(3 streams)" in text
+
+
+def test_the_endpoint_page_lists_its_batches_with_their_progress(
+    client: TestClient, plane: Server
+) -> None:
+    """Newest first, with status, counts and progress as the Batch API has
+    them; another endpoint's batches are not on the page."""
+    from inferd.control.batches.model import RequestState, Result
+
+    csrf = sign_in(client)
+    endpoint_id, other_id = create(client, csrf, "batched"), create(client, csrf, "other")
+    line = '{"custom_id": "q%d", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    content = "".join(line % i for i in range(4)).encode()
+
+    async def make(on: str, client_name: str = "") -> str:
+        file = await plane.batches.upload(on, "in.jsonl", "batch", content)
+        made = await plane.batches.create(
+            on, file.id, "/v1/chat/completions", "24h", None, client=client_name
+        )
+        return made.id
+
+    first = asyncio.run(make(endpoint_id))
+    second = asyncio.run(make(endpoint_id, "nightly-job"))
+    elsewhere = asyncio.run(make(other_id))
+    for idx, state in ((0, RequestState.DONE), (1, RequestState.DONE), (2, RequestState.FAILED)):
+        result = Result(idx, state, "{}")
+        assert asyncio.run(plane.batches.store.record_result(second, result, None))
+    page = client.get(f"/console/endpoints/{endpoint_id}").text
+    rows = re.findall(r'<tr data-testid="batch-row">(.*?)</tr>', page, re.S)
+    assert [re.search(r"<code>(batch_\w+)</code>", r).group(1) for r in rows] == [second, first]  # type: ignore[union-attr]
+    newest = rows[0]
+    assert re.search(r'data-testid="batch-completed">2<', newest)
+    assert re.search(r'data-testid="batch-failed">1<', newest)
+    assert re.search(r'data-testid="batch-total">4<', newest)
+    assert 'max="4" value="3"' in newest and "75%" in newest and "nightly-job" in newest
+    assert "access token" in rows[1] and 'value="0"' in rows[1]
+    assert elsewhere not in page

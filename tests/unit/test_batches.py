@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from inferd.api.replica import ReplicaUsageReport
+from inferd.control.accounts.meter_feed import counters_of
+from inferd.control.accounts.metering import LiveReplica, UsageMeter
 from inferd.control.batches.model import (
     STAMPS,
     WINDOW,
@@ -486,9 +489,6 @@ def test_a_request_run_again_after_a_failover_is_metered_once() -> None:
     is recorded, though the replica ran some twice (the first leader died
     with them in flight); interactive requests are metered from the
     replica's report as before."""
-    from inferd.api.replica import ReplicaUsageReport
-    from inferd.control.accounts.meter_feed import counters_of
-    from inferd.control.accounts.metering import LiveReplica, UsageMeter
 
     async def scenario() -> None:
         world = World()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -19,6 +20,7 @@ from inferd.console.security import Session
 from inferd.console.views import RowView
 from inferd.console.web import Web
 from inferd.control.accounts.roles import Action
+from inferd.control.batches.model import Batch, estimate
 from inferd.control.model import Endpoint as EndpointRow
 
 # Chart ranges: name -> (span, bucket), in seconds.
@@ -81,12 +83,22 @@ class EndpointPage(Pages):
             token=token,
             new_client_token=client_token.split("\n", 1) if client_token else None,
             client_tokens=await service.list(row.id) if service is not None else None,
+            batches=await self._batches(row),
             charts=self._charts(row, "hour"),
             range="hour",
             # The log panel comes filled, then follows the replicas' logs.
             tails=await self._last_lines(row),
             **self._context(session, row),
         )
+
+    async def _batches(self, row: EndpointRow) -> list[dict[str, Any]] | None:
+        """The endpoint's newest batches with their progress and estimated
+        end, as the API shows them (None: no Batch API here)."""
+        read = self.sources.batches
+        if read is None:
+            return None
+        now = datetime.now(UTC)
+        return [_batch_line(b, now) for b in await read(row.id)]
 
     async def live(self, request: Request, session: Session) -> Response:
         row = self.web.endpoint(session, request.path_params["id"])
@@ -126,3 +138,21 @@ class EndpointPage(Pages):
             else None
         )
         return self.web.render(request, session, "playground.html", model=model, **context)
+
+
+def _batch_line(batch: Batch, now: datetime) -> dict[str, Any]:
+    counts = batch.counts
+    done_at = estimate(batch, now).done_at
+    return {
+        "id": batch.id,
+        "status": batch.status.value,
+        "client": batch.client or "access token",
+        "created": batch.created_at.strftime("%Y-%m-%d %H:%M"),
+        "total": counts.total,
+        "completed": counts.completed,
+        "failed": counts.failed,
+        "finished": counts.finished,
+        "percent": 100 * counts.finished // counts.total if counts.total else 100,
+        "ends": None if done_at is None else done_at.strftime("%Y-%m-%d %H:%M"),
+        "final": batch.status.final,
+    }

@@ -42,6 +42,12 @@ logger = logging.getLogger(__name__)
 
 # Answers worth trying again later: the endpoint was busy or had no replica.
 RETRIED = frozenset({0, 429, 502, 503, 504})
+# The endpoint is up and busy (its slots taken by interactive work, or the
+# client's rate limit): the batch waits for capacity, however long, within
+# its window; it is never failed for it.
+BUSY = 429
+# The longest wait between two tries of a busy request.
+MAX_BUSY_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -219,11 +225,13 @@ class BatchRunner:
                 task.cancel()
 
     async def _one(self, batch: Batch, request: PendingRequest) -> None:
+        """Run one request until it has an answer to record: a busy answer
+        (429) is tried again for as long as the batch's window lasts (past
+        it the request is left pending, for the error file as expired);
+        others worth trying again, `max_attempts` times in all."""
         settings = self.settings
-        answer = Answer(0, b"")
-        for attempt in range(settings.max_attempts):
-            if attempt:
-                await self._sleep(settings.retry_seconds * 2 ** (attempt - 1))
+        failures = tries = 0
+        while True:
             try:
                 answer = await self._executor.run(batch, request.idx, request.body)
             except asyncio.CancelledError:
@@ -231,8 +239,17 @@ class BatchRunner:
             except Exception as exc:  # recorded as the request's failure if it lasts
                 logger.warning("batch %s request %d: %r", batch.id, request.idx, exc)
                 answer = Answer(0, str(exc).encode())
+            tries += 1
             if answer.status not in RETRIED:
                 break
+            if answer.status != BUSY:
+                failures += 1
+                if failures >= settings.max_attempts:
+                    break
+            wait = min(settings.retry_seconds * 2 ** min(tries - 1, 16), MAX_BUSY_WAIT_S)
+            if answer.status == BUSY and self._clock() >= batch.expires_at:
+                return
+            await self._sleep(wait)
         await self._store.record_result(batch.id, self._result(batch, request, answer), self._term)
 
     def _result(self, batch: Batch, request: PendingRequest, answer: Answer) -> Result:
