@@ -4,6 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SERVE_ARGS ?=
+# pytest-xdist workers for `make test`: two suit a 2-core, 24 GiB machine (each
+# worker may hold a few CPU vLLM replicas of about 3 GB).
+TEST_WORKERS ?= 2
 
 .PHONY: serve test lint bench setup results
 
@@ -19,7 +22,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models
 	$(PY) -m mypy
-	$(PY) -m pytest tests --reliability-report docs/reliability.md --durations=40
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --reliability-report docs/reliability.md --durations=40
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models

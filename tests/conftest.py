@@ -24,6 +24,46 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.support import require  # noqa: E402
 
+# Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`) the
+# unit of scheduling is a group. Each test file is one, so that its module
+# fixtures (a served endpoint, a reference vLLM server) are built once. Files
+# that share a machine-wide resource are one group, run by one worker: one Ray
+# cluster at a time (its head binds fixed ports), and one copy of the session
+# engines (a vLLM replica is about 3 GB; two workers each holding all three
+# shared engines beside their own endpoints would not fit in 24 GiB).
+SHARED_GROUPS = {
+    "ray_cluster": "ray",
+    "vllm_replica": "shared-engines",
+    "pooling_replica": "shared-engines",
+    "diffusers_replica": "shared-engines",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # one process runs everything: nothing to group
+        name_xdist_groups(items)
+
+
+def name_xdist_groups(items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` reads a test's group from its node id
+    (`path::test@group`). pytest-xdist 3.8 writes that suffix to a field that
+    pytest 9.2 no longer reads (`_nodeid`; the id is `_id` now), so groups
+    were silently ignored: the suffix is written here, for both."""
+    from _pytest.nodeid import coerce_node_id
+
+    fixtures_by_file: dict[str, set[str]] = {}
+    for item in items:
+        fixtures_by_file.setdefault(item.location[0], set()).update(
+            getattr(item, "fixturenames", ())
+        )
+    for item in items:
+        path = item.location[0]
+        shared = sorted({SHARED_GROUPS[f] for f in fixtures_by_file[path] if f in SHARED_GROUPS})
+        grouped = f"{item.nodeid}@{shared[0] if shared else Path(path).stem}"
+        item._nodeid = grouped  # type: ignore[attr-defined]
+        item._id = coerce_node_id(grouped)  # type: ignore[attr-defined]
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # `needs(...)` marks: skipped where a component is missing, failed under CI.
@@ -188,8 +228,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     collector = config.pluginmanager.get_plugin("reliability-report")
-    if collector is None or not collector.ordered():
-        return
+    if collector is None or collector.is_worker or not collector.ordered():
+        return  # a pytest-xdist worker hands its results to the controller, which writes
     import shlex
     import sys
 

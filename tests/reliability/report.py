@@ -53,6 +53,11 @@ def _first_paragraph(doc: str | None) -> str:
     return " ".join(paragraph.split())
 
 
+def _without_group(nodeid: str) -> str:
+    """The node id as collected: pytest-xdist's `loadgroup` adds `@group`."""
+    return nodeid.rsplit("@", 1)[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid
+
+
 def _item_number(item: pytest.Item) -> int | None:
     marker = item.get_closest_marker("reliability")
     if marker is None:
@@ -62,10 +67,18 @@ def _item_number(item: pytest.Item) -> int | None:
 
 
 class Collector:
-    """The pytest plugin: one `Row` per node id of a marked test."""
+    """The pytest plugin: one `Row` per node id of a marked test.
+
+    Under pytest-xdist (`make test` runs two workers) each worker collects
+    the marks and runs part of the tests; the controller sees every result
+    but collects nothing. So results are kept by node id wherever they
+    arrive, and each worker hands its rows to the controller when it ends
+    (`workeroutput`), where they are joined."""
 
     def __init__(self) -> None:
+        self.config: pytest.Config | None = None
         self.rows: dict[str, Row] = {}
+        self._results: dict[str, Row] = {}  # node id -> outcomes and seconds
         self._current: dict[str, str] = {}  # node id -> outcome of the test so far
         self._started = time.monotonic()
         self.wall_s = 0.0
@@ -74,15 +87,23 @@ class Collector:
         # then describe part of the list as if it were all of it.
         self.deselected_marked = 0
 
+    def pytest_configure(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @property
+    def is_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
+
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for order, item in enumerate(items):
             number = _item_number(item)
-            if number is None or item.nodeid in self.rows:
+            nodeid = _without_group(item.nodeid)
+            if number is None or nodeid in self.rows:
                 continue
             doc = getattr(getattr(item, "obj", None), "__doc__", None)
-            self.rows[item.nodeid] = Row(
+            self.rows[nodeid] = Row(
                 item=number,
-                test=re.sub(r"^tests/", "", item.nodeid),
+                test=re.sub(r"^tests/", "", nodeid),
                 checks=_first_paragraph(doc),
                 order=order,
             )
@@ -91,27 +112,53 @@ class Collector:
         self.deselected_marked += sum(_item_number(item) is not None for item in items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        row = self.rows.get(report.nodeid)
-        if row is None:
-            return
-        row.seconds += report.duration
-        outcome = self._current.get(report.nodeid, "passed")
+        nodeid = _without_group(report.nodeid)
+        result = self._results.setdefault(nodeid, Row(0, nodeid, "", 0))
+        result.seconds += report.duration
+        outcome = self._current.get(nodeid, "passed")
         if report.when == "setup":
             outcome = "passed"
         if report.failed:
             outcome = "error" if report.when != "call" else "failed"
         elif report.skipped and report.when in ("setup", "call"):
             outcome = "xfailed" if hasattr(report, "wasxfail") else "skipped"
-        self._current[report.nodeid] = outcome
+        self._current[nodeid] = outcome
         if report.when == "teardown":
-            row.outcomes.append(self._current.pop(report.nodeid))
+            result.outcomes.append(self._current.pop(nodeid))
 
     def pytest_sessionfinish(self, exitstatus: int) -> None:
         self.wall_s = time.monotonic() - self._started
         self.exit_status = int(exitstatus)
+        if self.is_worker:
+            output = self.config.workeroutput  # type: ignore[union-attr]
+            output["reliability_rows"] = [
+                (nodeid, row.item, row.test, row.checks, row.order)
+                for nodeid, row in self.rows.items()
+            ]
+            output["reliability_deselected"] = self.deselected_marked
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        """A worker ended: its rows join the controller's."""
+        output = getattr(node, "workeroutput", {})
+        for nodeid, item, test, checks, order in output.get("reliability_rows", []):
+            self.rows.setdefault(nodeid, Row(item=item, test=test, checks=checks, order=order))
+        # Every worker collects (and deselects) the whole suite alike.
+        self.deselected_marked = max(
+            self.deselected_marked, output.get("reliability_deselected", 0)
+        )
+
+    def _joined(self) -> list[Row]:
+        joined = []
+        for nodeid, row in self.rows.items():
+            result = self._results.get(nodeid)
+            if result is not None:
+                row.outcomes, row.seconds = result.outcomes, result.seconds
+            joined.append(row)
+        return joined
 
     def ordered(self) -> list[Row]:
-        ran = [row for row in self.rows.values() if row.outcomes]
+        ran = [row for row in self._joined() if row.outcomes]
         return sorted(ran, key=lambda r: (r.item, r.order))
 
     def why_not_written(self, whole_suite: bool) -> str | None:
@@ -123,7 +170,7 @@ class Collector:
             return "the run collected only part of tests/ (a path or node id was given)"
         if self.deselected_marked:
             return f"{self.deselected_marked} marked tests were deselected"
-        not_run = [row.test for row in self.rows.values() if not row.outcomes]
+        not_run = [row.test for row in self._joined() if not row.outcomes]
         if not_run:
             return f"{len(not_run)} marked tests did not run (first: {not_run[0]})"
         if not self.rows:

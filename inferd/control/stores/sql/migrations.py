@@ -11,7 +11,8 @@ where its DDL really differs.
 
 The two engines' histories began apart (PostgreSQL support started at the
 schema SQLite reached in its version 3): versions 1 to 6 and 8 are each
-engine's own steps, kept as released.
+engine's own steps, kept as released, written with the same tokens and
+sharing the statements both engines ran (at their own versions).
 """
 
 from __future__ import annotations
@@ -34,223 +35,115 @@ class Step:
 @dataclass(frozen=True)
 class Migration:
     version: int
-    name: str
-    statements: tuple[str, ...] = ()  # every engine's, with <type> tokens
+    name: str = ""  # of the statements every engine runs
+    statements: tuple[str, ...] = ()
     sqlite: Step | None = None  # an engine's own, where its DDL differs
     postgres: Step | None = None
 
     def step(self, engine: str, types: dict[str, str]) -> Step:
-        own: Step | None = getattr(self, engine)
-        if own is not None:
-            return own
+        """What `engine` runs, its `<type>` tokens filled in from `types`."""
+        step: Step = getattr(self, engine) or Step(self.name, self.statements)
         statements = []
-        for text in self.statements:
+        for text in step.statements:
             for token, ddl in types.items():
                 text = text.replace(f"<{token}>", ddl)
             statements.append(text)
-        return Step(self.name, tuple(statements))
+        return Step(step.name, tuple(statements))
 
 
-# --- SQLite's own history -----------------------------------------------------------------
+# --- statements both engines ran, at their own versions ----------------------------------------
 
-_SQLITE_ACCOUNTS = (
-    """
-    CREATE TABLE projects (
-        id         TEXT PRIMARY KEY,
-        created_at TEXT NOT NULL,
-        -- {"endpoints": int|null, "replicas": int|null, "gpus": {type: int}}
-        quota      TEXT NOT NULL DEFAULT '{}'
-    ) STRICT
-    """,
-    """
-    INSERT INTO projects (id, created_at)
-    VALUES ('default', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-    """,
-    """
-    CREATE TABLE users (
-        id         TEXT PRIMARY KEY,
-        created_at TEXT NOT NULL
-    ) STRICT
-    """,
-    """
-    CREATE TABLE memberships (
-        project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
-        user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
-        role       TEXT NOT NULL CHECK (role IN ('admin', 'developer', 'viewer')),
-        created_at TEXT NOT NULL,
-        PRIMARY KEY (project_id, user_id)
-    ) STRICT
-    """,
-    "CREATE INDEX memberships_by_user ON memberships (user_id)",
-    """
-    CREATE TABLE user_keys (
-        id           TEXT PRIMARY KEY,
-        user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
-        name         TEXT NOT NULL,
-        key_hash     BLOB NOT NULL UNIQUE,
-        hint         TEXT NOT NULL,
-        created_at   TEXT NOT NULL,
-        last_used_at TEXT,
-        revoked_at   TEXT
-    ) STRICT
-    """,
-    "CREATE INDEX user_keys_by_user ON user_keys (user_id)",
-    """
-    CREATE TABLE audit_log (
-        id         INTEGER PRIMARY KEY AUTOINCREMENT,
-        at         TEXT NOT NULL,
-        project_id TEXT,
-        actor      TEXT NOT NULL,
-        action     TEXT NOT NULL,
-        target     TEXT NOT NULL,
-        detail     TEXT NOT NULL
-    ) STRICT
-    """,
-    "CREATE INDEX audit_log_by_project ON audit_log (project_id, at)",
-    """
-    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
-    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
-    """,
-    """
-    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
-    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
-    """,
-    # No reference to endpoints: usage and its cost outlive a deleted endpoint.
-    """
-    CREATE TABLE usage_hourly (
-        endpoint_id       TEXT NOT NULL,
-        project_id        TEXT NOT NULL,
-        hour              TEXT NOT NULL,
+_KINDS_V1 = "'chat', 'image'"
+_PROJECT_ID = "project_id TEXT NOT NULL DEFAULT 'default'"
+
+
+def _endpoints(table: str, kinds: str, name: str, *more: str) -> str:
+    """The endpoints table as one version created it; `more`: the columns
+    and constraints after `generation`."""
+    tail = "".join(f",\n        {line}" for line in more)
+    return f"""
+    CREATE TABLE {table} (
+        id                TEXT PRIMARY KEY,
+        name              {name},
+        model_name        TEXT NOT NULL,
+        model_kind        TEXT NOT NULL CHECK (model_kind IN ({kinds})),
         gpu_type          TEXT NOT NULL,
-        gpu_count         INTEGER NOT NULL,
-        replica_seconds   REAL NOT NULL DEFAULT 0,
-        requests          INTEGER NOT NULL DEFAULT 0,
-        prompt_tokens     INTEGER NOT NULL DEFAULT 0,
-        completion_tokens INTEGER NOT NULL DEFAULT 0,
-        images            INTEGER NOT NULL DEFAULT 0,
-        cost              REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count)
-    ) STRICT
+        gpu_count         <int> NOT NULL CHECK (gpu_count >= 1),
+        location_name     TEXT NOT NULL,
+        min_replicas      <int> NOT NULL CHECK (min_replicas >= 0),
+        max_replicas      <int> NOT NULL CHECK (max_replicas >= 1
+                                                AND max_replicas >= min_replicas),
+        retention_seconds <int> NOT NULL CHECK (retention_seconds >= 0),
+        -- Price of one replica-hour, fixed when the GPU settings are chosen.
+        hourly_price      <real> NOT NULL CHECK (hourly_price >= 0),
+        currency          TEXT NOT NULL,
+        created_at        <time> NOT NULL,
+        updated_at        <time> NOT NULL,
+        -- Set when deletion starts; replicas drain while it is set.
+        deleting_at       <time>,
+        -- Bumped when the GPU settings change, so replicas of an older
+        -- generation can be replaced.
+        generation        <int> NOT NULL DEFAULT 1{tail}
+    ) <strict>
+    """
+
+
+def _rebuilt_endpoints(version: int, kinds: str) -> tuple[str, ...]:
+    """SQLite can neither drop a column's UNIQUE nor change a CHECK: the
+    table is rebuilt. `migrate` runs with foreign keys off, so dropping the
+    old table cascades nothing."""
+    table = f"endpoints_v{version}"
+    return (
+        _endpoints(table, kinds, "TEXT NOT NULL", _PROJECT_ID, "UNIQUE (project_id, name)"),
+        f"INSERT INTO {table} SELECT * FROM endpoints",
+        "DROP TABLE endpoints",
+        f"ALTER TABLE {table} RENAME TO endpoints",
+    )
+
+
+_TOKENS_AND_KEYS = (
+    """
+    CREATE TABLE endpoint_tokens (
+        id          <rowid>,
+        endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+        token_hash  <bytes> NOT NULL UNIQUE,
+        created_at  <time> NOT NULL,
+        revoked_at  <time>
+    ) <strict>
     """,
-    "CREATE INDEX usage_hourly_by_project ON usage_hourly (project_id, hour)",
+    # At most one active token per endpoint, enforced by the database.
+    """
+    CREATE UNIQUE INDEX endpoint_tokens_one_active
+        ON endpoint_tokens (endpoint_id) WHERE revoked_at IS NULL
+    """,
+    """
+    CREATE TABLE admin_keys (
+        id         <rowid>,
+        key_hash   <bytes> NOT NULL UNIQUE,
+        created_at <time> NOT NULL,
+        revoked_at <time>
+    ) <strict>
+    """,
 )
+_REPLICAS_BY_ENDPOINT = "CREATE INDEX replicas_by_endpoint ON replicas (endpoint_id)"
+# Which record changed, in commit order (SQLite's writers are serialised;
+# PostgreSQL's take one lock just before appending here), so that every
+# instance can follow the others' writes.
+_CHANGES = """
+    CREATE TABLE changes (
+        seq  <serial>,
+        kind TEXT NOT NULL,
+        key  TEXT NOT NULL
+    ) <strict>
+    """
+_META = """
+    CREATE TABLE meta (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) <strict>
+    """
 
-_S1 = Step(
-    "endpoints, endpoint tokens, admin keys, meta",
-    (
-        # STRICT: a wrong type is an error, not a silent conversion.
-        """
-        CREATE TABLE endpoints (
-            id                TEXT PRIMARY KEY,
-            name              TEXT NOT NULL UNIQUE,
-            model_name        TEXT NOT NULL,
-            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
-            gpu_type          TEXT NOT NULL,
-            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
-            location_name     TEXT NOT NULL,
-            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
-            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
-                                                      AND max_replicas >= min_replicas),
-            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
-            -- Price of one replica-hour, fixed when the GPU settings are chosen.
-            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
-            currency          TEXT NOT NULL,
-            created_at        TEXT NOT NULL,
-            updated_at        TEXT NOT NULL,
-            -- Set when deletion starts; replicas drain while it is set.
-            deleting_at       TEXT,
-            -- Bumped when the GPU settings change, so replicas of an older
-            -- generation can be replaced.
-            generation        INTEGER NOT NULL DEFAULT 1
-        ) STRICT
-        """,
-        """
-        CREATE TABLE endpoint_tokens (
-            id          INTEGER PRIMARY KEY,
-            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
-            token_hash  BLOB NOT NULL UNIQUE,
-            created_at  TEXT NOT NULL,
-            revoked_at  TEXT
-        ) STRICT
-        """,
-        # At most one active token per endpoint, enforced by the database.
-        """
-        CREATE UNIQUE INDEX endpoint_tokens_one_active
-            ON endpoint_tokens (endpoint_id) WHERE revoked_at IS NULL
-        """,
-        """
-        CREATE TABLE admin_keys (
-            id         INTEGER PRIMARY KEY,
-            key_hash   BLOB NOT NULL UNIQUE,
-            created_at TEXT NOT NULL,
-            revoked_at TEXT
-        ) STRICT
-        """,
-        """
-        CREATE TABLE meta (
-            key   TEXT PRIMARY KEY,
-            value TEXT NOT NULL
-        ) STRICT
-        """,
-    ),
-)
-
-_S2 = Step(
-    "replicas",
-    (
-        # What a restarted control plane needs to adopt replicas that kept
-        # running (pid, GPUs, secret digest) and to show their last state.
-        """
-        CREATE TABLE replicas (
-            id          TEXT PRIMARY KEY,
-            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
-            generation  INTEGER NOT NULL,
-            gpu_type    TEXT NOT NULL,
-            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
-            -- Physical GPU indices, comma-separated; empty on CPU.
-            gpu_ids     TEXT NOT NULL,
-            pid         INTEGER NOT NULL,
-            secret_hash BLOB NOT NULL,
-            status      TEXT NOT NULL,
-            reason      TEXT,
-            url         TEXT,
-            created_at  TEXT NOT NULL,
-            updated_at  TEXT NOT NULL
-        ) STRICT
-        """,
-        "CREATE INDEX replicas_by_endpoint ON replicas (endpoint_id)",
-    ),
-)
-
-_S3 = Step(
-    "projects, replica placement as data, change log",
-    (
-        # Every endpoint belongs to a project; existing ones to the default.
-        "ALTER TABLE endpoints ADD COLUMN project_id TEXT NOT NULL DEFAULT 'default'",
-        # Where a replica runs is the launcher's business: a node name and
-        # an opaque placement (JSON object of strings). The local launcher
-        # keeps its process id and GPU indices there.
-        "ALTER TABLE replicas ADD COLUMN node TEXT NOT NULL DEFAULT 'local'",
-        "ALTER TABLE replicas ADD COLUMN placement TEXT NOT NULL DEFAULT '{}'",
-        """
-        UPDATE replicas SET placement = json_object(
-            'pid', CAST(pid AS TEXT), 'gpu_ids', gpu_ids)
-        """,
-        "ALTER TABLE replicas DROP COLUMN pid",
-        "ALTER TABLE replicas DROP COLUMN gpu_ids",
-        # Which record changed, in commit order (writers are serialised), so
-        # that every process on this file can follow the others' writes.
-        """
-        CREATE TABLE changes (
-            seq  INTEGER PRIMARY KEY AUTOINCREMENT,
-            kind TEXT NOT NULL,
-            key  TEXT NOT NULL
-        ) STRICT
-        """,
-    ),
-)
-
-_S4 = Step(
+_MODELS = Step(
     "registered models, measured profiles",
     (
         # One JSON document per record (the documented fields of
@@ -260,372 +153,303 @@ _S4 = Step(
         CREATE TABLE registered_models (
             name       TEXT PRIMARY KEY,
             project_id TEXT,
-            document   TEXT NOT NULL,
-            created_at TEXT NOT NULL
-        ) STRICT
+            document   <json> NOT NULL,
+            created_at TEXT NOT NULL<seq>
+        ) <strict>
         """,
         """
         CREATE TABLE model_profiles (
             model_name  TEXT NOT NULL,
             gpu_type    TEXT NOT NULL,
-            gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
-            document    TEXT NOT NULL,
+            gpu_count   <int> NOT NULL CHECK (gpu_count >= 1),
+            document    <json> NOT NULL,
             measured_at TEXT NOT NULL,
             PRIMARY KEY (model_name, gpu_type, gpu_count)
-        ) STRICT
+        ) <strict>
         """,
     ),
 )
 
-_S5 = Step(
-    "accounts: projects, users, members, keys, audit log, usage; names unique per project",
-    (
-        *_SQLITE_ACCOUNTS,
-        # Endpoint names are unique within a project. SQLite cannot drop a
-        # column's UNIQUE, so the table is rebuilt; `migrate` runs with
-        # foreign keys off, so dropping the old table cascades nothing.
-        """
-        CREATE TABLE endpoints_v5 (
-            id                TEXT PRIMARY KEY,
-            name              TEXT NOT NULL,
-            model_name        TEXT NOT NULL,
-            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
-            gpu_type          TEXT NOT NULL,
-            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
-            location_name     TEXT NOT NULL,
-            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
-            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
-                                                      AND max_replicas >= min_replicas),
-            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
-            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
-            currency          TEXT NOT NULL,
-            created_at        TEXT NOT NULL,
-            updated_at        TEXT NOT NULL,
-            deleting_at       TEXT,
-            generation        INTEGER NOT NULL DEFAULT 1,
-            project_id        TEXT NOT NULL DEFAULT 'default',
-            UNIQUE (project_id, name)
-        ) STRICT
-        """,
-        "INSERT INTO endpoints_v5 SELECT * FROM endpoints",
-        "DROP TABLE endpoints",
-        "ALTER TABLE endpoints_v5 RENAME TO endpoints",
-    ),
-)
 
-_S6 = Step(
+def _accounts(append_only: tuple[str, ...], unique_per_project: tuple[str, ...]) -> Step:
+    """Projects, users, members, keys, audit log and usage, with each
+    engine's way of keeping the audit log append-only and of making endpoint
+    names unique per project."""
+    return Step(
+        "accounts: projects, users, members, keys, audit log, usage; names unique per project",
+        (
+            """
+            CREATE TABLE projects (
+                id         TEXT PRIMARY KEY,
+                created_at <time> NOT NULL,
+                -- {"endpoints": int|null, "replicas": int|null, "gpus": {type: int}}
+                quota      <json> NOT NULL DEFAULT '{}'
+            ) <strict>
+            """,
+            "INSERT INTO projects (id, created_at) VALUES ('default', <now>)",
+            """
+            CREATE TABLE users (
+                id         TEXT PRIMARY KEY,
+                created_at <time> NOT NULL
+            ) <strict>
+            """,
+            """
+            CREATE TABLE memberships (
+                project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
+                user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+                role       TEXT NOT NULL CHECK (role IN ('admin', 'developer', 'viewer')),
+                created_at <time> NOT NULL,
+                PRIMARY KEY (project_id, user_id)
+            ) <strict>
+            """,
+            "CREATE INDEX memberships_by_user ON memberships (user_id)",
+            """
+            CREATE TABLE user_keys (
+                id           TEXT PRIMARY KEY,
+                user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+                name         TEXT NOT NULL,
+                key_hash     <bytes> NOT NULL UNIQUE,
+                hint         TEXT NOT NULL,
+                created_at   <time> NOT NULL,
+                last_used_at <time>,
+                revoked_at   <time>
+            ) <strict>
+            """,
+            "CREATE INDEX user_keys_by_user ON user_keys (user_id)",
+            """
+            CREATE TABLE audit_log (
+                id         <serial>,
+                at         <time> NOT NULL,
+                project_id TEXT,
+                actor      TEXT NOT NULL,
+                action     TEXT NOT NULL,
+                target     TEXT NOT NULL,
+                detail     <json> NOT NULL
+            ) <strict>
+            """,
+            "CREATE INDEX audit_log_by_project ON audit_log (project_id, at)",
+            *append_only,
+            # No reference to endpoints: usage and its cost outlive a deleted endpoint.
+            """
+            CREATE TABLE usage_hourly (
+                endpoint_id       TEXT NOT NULL,
+                project_id        TEXT NOT NULL,
+                hour              <time> NOT NULL,
+                gpu_type          TEXT NOT NULL,
+                gpu_count         <int> NOT NULL,
+                replica_seconds   <real> NOT NULL DEFAULT 0,
+                requests          <int> NOT NULL DEFAULT 0,
+                prompt_tokens     <int> NOT NULL DEFAULT 0,
+                completion_tokens <int> NOT NULL DEFAULT 0,
+                images            <int> NOT NULL DEFAULT 0,
+                cost              <real> NOT NULL DEFAULT 0,
+                PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count)
+            ) <strict>
+            """,
+            "CREATE INDEX usage_hourly_by_project ON usage_hourly (project_id, hour)",
+            *unique_per_project,
+        ),
+    )
+
+
+_QUOTA_LIMIT = Step(
     "a project's quota limit, set by the operator; its own quota is set by its admins",
-    ("ALTER TABLE projects ADD COLUMN quota_limit TEXT NOT NULL DEFAULT '{}'",),
+    ("ALTER TABLE projects ADD COLUMN quota_limit <json> NOT NULL DEFAULT '{}'",),
 )
-
-_S8 = Step(
-    "endpoints of embedding and rerank models",
-    (
-        # SQLite cannot change a CHECK constraint: the table is rebuilt (as in
-        # version 5; `migrate` runs with foreign keys off).
-        """
-        CREATE TABLE endpoints_v8 (
-            id                TEXT PRIMARY KEY,
-            name              TEXT NOT NULL,
-            model_name        TEXT NOT NULL,
-            model_kind        TEXT NOT NULL
-                              CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank')),
-            gpu_type          TEXT NOT NULL,
-            gpu_count         INTEGER NOT NULL CHECK (gpu_count >= 1),
-            location_name     TEXT NOT NULL,
-            min_replicas      INTEGER NOT NULL CHECK (min_replicas >= 0),
-            max_replicas      INTEGER NOT NULL CHECK (max_replicas >= 1
-                                                      AND max_replicas >= min_replicas),
-            retention_seconds INTEGER NOT NULL CHECK (retention_seconds >= 0),
-            hourly_price      REAL NOT NULL CHECK (hourly_price >= 0),
-            currency          TEXT NOT NULL,
-            created_at        TEXT NOT NULL,
-            updated_at        TEXT NOT NULL,
-            deleting_at       TEXT,
-            generation        INTEGER NOT NULL DEFAULT 1,
-            project_id        TEXT NOT NULL DEFAULT 'default',
-            UNIQUE (project_id, name)
-        ) STRICT
-        """,
-        "INSERT INTO endpoints_v8 SELECT * FROM endpoints",
-        "DROP TABLE endpoints",
-        "ALTER TABLE endpoints_v8 RENAME TO endpoints",
-    ),
-)
+_MORE_KINDS = "endpoints of embedding and rerank models"
 
 
-# --- PostgreSQL's own history ---------------------------------------------------------------
-
-_POSTGRES_ACCOUNTS = (
-    """
-    CREATE TABLE projects (
-        id         TEXT PRIMARY KEY,
-        created_at TIMESTAMPTZ NOT NULL,
-        quota      JSONB NOT NULL DEFAULT '{}'
-    )
-    """,
-    "INSERT INTO projects (id, created_at) VALUES ('default', now())",
-    """
-    CREATE TABLE users (
-        id         TEXT PRIMARY KEY,
-        created_at TIMESTAMPTZ NOT NULL
-    )
-    """,
-    """
-    CREATE TABLE memberships (
-        project_id TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
-        user_id    TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
-        role       TEXT NOT NULL CHECK (role IN ('admin', 'developer', 'viewer')),
-        created_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (project_id, user_id)
-    )
-    """,
-    "CREATE INDEX memberships_by_user ON memberships (user_id)",
-    """
-    CREATE TABLE user_keys (
-        id           TEXT PRIMARY KEY,
-        user_id      TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
-        name         TEXT NOT NULL,
-        key_hash     BYTEA NOT NULL UNIQUE,
-        hint         TEXT NOT NULL,
-        created_at   TIMESTAMPTZ NOT NULL,
-        last_used_at TIMESTAMPTZ,
-        revoked_at   TIMESTAMPTZ
-    )
-    """,
-    "CREATE INDEX user_keys_by_user ON user_keys (user_id)",
-    """
-    CREATE TABLE audit_log (
-        id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        at         TIMESTAMPTZ NOT NULL,
-        project_id TEXT,
-        actor      TEXT NOT NULL,
-        action     TEXT NOT NULL,
-        target     TEXT NOT NULL,
-        detail     JSONB NOT NULL
-    )
-    """,
-    "CREATE INDEX audit_log_by_project ON audit_log (project_id, at)",
-    """
-    CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$
-    """,
-    """
-    CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
-    FOR EACH ROW EXECUTE FUNCTION audit_log_append_only()
-    """,
-    # No reference to endpoints: usage and its cost outlive a deleted endpoint.
-    """
-    CREATE TABLE usage_hourly (
-        endpoint_id       TEXT NOT NULL,
-        project_id        TEXT NOT NULL,
-        hour              TIMESTAMPTZ NOT NULL,
-        gpu_type          TEXT NOT NULL,
-        gpu_count         BIGINT NOT NULL,
-        replica_seconds   DOUBLE PRECISION NOT NULL DEFAULT 0,
-        requests          BIGINT NOT NULL DEFAULT 0,
-        prompt_tokens     BIGINT NOT NULL DEFAULT 0,
-        completion_tokens BIGINT NOT NULL DEFAULT 0,
-        images            BIGINT NOT NULL DEFAULT 0,
-        cost              DOUBLE PRECISION NOT NULL DEFAULT 0,
-        PRIMARY KEY (endpoint_id, hour, gpu_type, gpu_count)
-    )
-    """,
-    "CREATE INDEX usage_hourly_by_project ON usage_hourly (project_id, hour)",
-    # Endpoint names are unique within a project.
-    "ALTER TABLE endpoints DROP CONSTRAINT endpoints_name_key",
-    "ALTER TABLE endpoints ADD CONSTRAINT endpoints_name_key UNIQUE (project_id, name)",
-)
-
-_P1 = Step(
-    "endpoints, tokens, admin keys, replicas, change log, meta",
-    (
-        # Integers are BIGINT: the API bounds them to 64 bits, as SQLite stores them.
-        """
-        CREATE TABLE endpoints (
-            id                TEXT PRIMARY KEY,
-            name              TEXT NOT NULL,
-            model_name        TEXT NOT NULL,
-            model_kind        TEXT NOT NULL CHECK (model_kind IN ('chat', 'image')),
-            gpu_type          TEXT NOT NULL,
-            gpu_count         BIGINT NOT NULL CHECK (gpu_count >= 1),
-            location_name     TEXT NOT NULL,
-            min_replicas      BIGINT NOT NULL CHECK (min_replicas >= 0),
-            max_replicas      BIGINT NOT NULL CHECK (max_replicas >= 1
-                                                     AND max_replicas >= min_replicas),
-            retention_seconds BIGINT NOT NULL CHECK (retention_seconds >= 0),
-            hourly_price      DOUBLE PRECISION NOT NULL CHECK (hourly_price >= 0),
-            currency          TEXT NOT NULL,
-            created_at        TIMESTAMPTZ NOT NULL,
-            updated_at        TIMESTAMPTZ NOT NULL,
-            deleting_at       TIMESTAMPTZ,
-            generation        BIGINT NOT NULL DEFAULT 1,
-            project_id        TEXT NOT NULL DEFAULT 'default',
-            -- Creation order, for lists (oldest first).
-            seq               BIGINT GENERATED ALWAYS AS IDENTITY,
-            CONSTRAINT endpoints_name_key UNIQUE (name)
-        )
-        """,
-        """
-        CREATE TABLE endpoint_tokens (
-            id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
-            token_hash  BYTEA NOT NULL UNIQUE,
-            created_at  TIMESTAMPTZ NOT NULL,
-            revoked_at  TIMESTAMPTZ
-        )
-        """,
-        # At most one active token per endpoint, enforced by the database.
-        """
-        CREATE UNIQUE INDEX endpoint_tokens_one_active
-            ON endpoint_tokens (endpoint_id) WHERE revoked_at IS NULL
-        """,
-        """
-        CREATE TABLE admin_keys (
-            id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            key_hash   BYTEA NOT NULL UNIQUE,
-            created_at TIMESTAMPTZ NOT NULL,
-            revoked_at TIMESTAMPTZ
-        )
-        """,
-        """
-        CREATE TABLE replicas (
-            id          TEXT PRIMARY KEY,
-            endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
-            generation  BIGINT NOT NULL,
-            gpu_type    TEXT NOT NULL,
-            gpu_count   BIGINT NOT NULL CHECK (gpu_count >= 1),
-            secret_hash BYTEA NOT NULL,
-            status      TEXT NOT NULL,
-            created_at  TIMESTAMPTZ NOT NULL,
-            updated_at  TIMESTAMPTZ NOT NULL,
-            -- Where it runs, as the launcher describes it (opaque here).
-            node        TEXT NOT NULL,
-            placement   JSONB NOT NULL,
-            reason      TEXT,
-            url         TEXT,
-            seq         BIGINT GENERATED ALWAYS AS IDENTITY
-        )
-        """,
-        "CREATE INDEX replicas_by_endpoint ON replicas (endpoint_id)",
-        # Which record changed, in commit order (writers take one lock just
-        # before appending here), for followers that missed a NOTIFY.
-        """
-        CREATE TABLE changes (
-            seq  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            kind TEXT NOT NULL,
-            key  TEXT NOT NULL
-        )
-        """,
-        """
-        CREATE TABLE meta (
-            key   TEXT PRIMARY KEY,
-            value TEXT NOT NULL
-        )
-        """,
-    ),
-)
-
-_P2 = Step(
-    "registered models, measured profiles",
-    (
-        # One JSON document per record, as in SQLite's version 4.
-        """
-        CREATE TABLE registered_models (
-            name       TEXT PRIMARY KEY,
-            project_id TEXT,
-            document   JSONB NOT NULL,
-            created_at TEXT NOT NULL,
-            seq        BIGINT GENERATED ALWAYS AS IDENTITY
-        )
-        """,
-        """
-        CREATE TABLE model_profiles (
-            model_name  TEXT NOT NULL,
-            gpu_type    TEXT NOT NULL,
-            gpu_count   BIGINT NOT NULL CHECK (gpu_count >= 1),
-            document    JSONB NOT NULL,
-            measured_at TEXT NOT NULL,
-            PRIMARY KEY (model_name, gpu_type, gpu_count)
-        )
-        """,
-    ),
-)
-
-_P3 = Step(
-    "accounts: projects, users, members, keys, audit log, usage; names unique per project",
-    _POSTGRES_ACCOUNTS,
-)
-
-_P4 = Step(
-    "a project's quota limit, set by the operator; its own quota is set by its admins",
-    ("ALTER TABLE projects ADD COLUMN quota_limit JSONB NOT NULL DEFAULT '{}'",),
-)
-
-_P5 = Step(
-    "lists read a page at a time in the order of their identity columns",
-    (
-        "CREATE INDEX endpoints_by_seq ON endpoints (seq)",
-        "CREATE INDEX audit_log_by_project_id ON audit_log (project_id, id)",
-    ),
-)
-
-# IF NOT EXISTS: before this version the coordination created both tables
-# itself, on databases a cluster already ran on.
-
-_P6 = Step(
-    "the coordination of instances: the leader row and the gateways' load",
-    (
-        """
-        CREATE TABLE IF NOT EXISTS inferd_leader (
-            id           INTEGER PRIMARY KEY CHECK (id = 1),
-            term         BIGINT NOT NULL,
-            holder       TEXT,
-            since        TIMESTAMPTZ,
-            heartbeat_at TIMESTAMPTZ
-        )
-        """,
-        "INSERT INTO inferd_leader (id, term) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
-        # UNLOGGED: soft state, republished within an interval after a crash.
-        """
-        CREATE UNLOGGED TABLE IF NOT EXISTS inferd_gateway_load (
-            instance_id     TEXT NOT NULL,
-            endpoint_id     TEXT NOT NULL,
-            in_flight       INTEGER NOT NULL,
-            held            INTEGER NOT NULL,
-            last_request_at TIMESTAMPTZ,
-            reported_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-            PRIMARY KEY (instance_id, endpoint_id)
-        )
-        """,
-    ),
-)
-
-_P8 = Step(
-    "endpoints of embedding and rerank models",
-    (
-        "ALTER TABLE endpoints DROP CONSTRAINT endpoints_model_kind_check",
-        "ALTER TABLE endpoints ADD CONSTRAINT endpoints_model_kind_check"
-        " CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank'))",
-    ),
-)
-
-
-# --- one list -----------------------------------------------------------------------------------
+# --- the list -----------------------------------------------------------------------------------
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, _S1.name, sqlite=_S1, postgres=_P1),
-    Migration(2, _S2.name, sqlite=_S2, postgres=_P2),
-    Migration(3, _S3.name, sqlite=_S3, postgres=_P3),
-    Migration(4, _S4.name, sqlite=_S4, postgres=_P4),
-    Migration(5, _S5.name, sqlite=_S5, postgres=_P5),
-    Migration(6, _S6.name, sqlite=_S6, postgres=_P6),
+    Migration(
+        1,
+        sqlite=Step(
+            "endpoints, endpoint tokens, admin keys, meta",
+            (_endpoints("endpoints", _KINDS_V1, "TEXT NOT NULL UNIQUE"), *_TOKENS_AND_KEYS, _META),
+        ),
+        postgres=Step(
+            "endpoints, tokens, admin keys, replicas, change log, meta",
+            (
+                # Integers are BIGINT: the API bounds them to 64 bits, as SQLite stores them.
+                # `seq`: creation order, for lists (oldest first).
+                _endpoints(
+                    "endpoints",
+                    _KINDS_V1,
+                    "TEXT NOT NULL",
+                    _PROJECT_ID,
+                    "seq BIGINT GENERATED ALWAYS AS IDENTITY",
+                    "CONSTRAINT endpoints_name_key UNIQUE (name)",
+                ),
+                *_TOKENS_AND_KEYS,
+                """
+                CREATE TABLE replicas (
+                    id          TEXT PRIMARY KEY,
+                    endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+                    generation  BIGINT NOT NULL,
+                    gpu_type    TEXT NOT NULL,
+                    gpu_count   BIGINT NOT NULL CHECK (gpu_count >= 1),
+                    secret_hash BYTEA NOT NULL,
+                    status      TEXT NOT NULL,
+                    created_at  TIMESTAMPTZ NOT NULL,
+                    updated_at  TIMESTAMPTZ NOT NULL,
+                    -- Where it runs, as the launcher describes it (opaque here).
+                    node        TEXT NOT NULL,
+                    placement   JSONB NOT NULL,
+                    reason      TEXT,
+                    url         TEXT,
+                    seq         BIGINT GENERATED ALWAYS AS IDENTITY
+                )
+                """,
+                _REPLICAS_BY_ENDPOINT,
+                _CHANGES,
+                _META,
+            ),
+        ),
+    ),
+    Migration(
+        2,
+        sqlite=Step(
+            "replicas",
+            (
+                # What a restarted control plane needs to adopt replicas that
+                # kept running (pid, GPUs, secret digest) and to show their
+                # last state.
+                """
+                CREATE TABLE replicas (
+                    id          TEXT PRIMARY KEY,
+                    endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+                    generation  INTEGER NOT NULL,
+                    gpu_type    TEXT NOT NULL,
+                    gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 1),
+                    -- Physical GPU indices, comma-separated; empty on CPU.
+                    gpu_ids     TEXT NOT NULL,
+                    pid         INTEGER NOT NULL,
+                    secret_hash BLOB NOT NULL,
+                    status      TEXT NOT NULL,
+                    reason      TEXT,
+                    url         TEXT,
+                    created_at  TEXT NOT NULL,
+                    updated_at  TEXT NOT NULL
+                ) STRICT
+                """,
+                _REPLICAS_BY_ENDPOINT,
+            ),
+        ),
+        postgres=_MODELS,
+    ),
+    Migration(
+        3,
+        sqlite=Step(
+            "projects, replica placement as data, change log",
+            (
+                # Every endpoint belongs to a project; existing ones to the default.
+                f"ALTER TABLE endpoints ADD COLUMN {_PROJECT_ID}",
+                # Where a replica runs is the launcher's business: a node name
+                # and an opaque placement (JSON object of strings). The local
+                # launcher keeps its process id and GPU indices there.
+                "ALTER TABLE replicas ADD COLUMN node TEXT NOT NULL DEFAULT 'local'",
+                "ALTER TABLE replicas ADD COLUMN placement TEXT NOT NULL DEFAULT '{}'",
+                """
+                UPDATE replicas SET placement = json_object(
+                    'pid', CAST(pid AS TEXT), 'gpu_ids', gpu_ids)
+                """,
+                "ALTER TABLE replicas DROP COLUMN pid",
+                "ALTER TABLE replicas DROP COLUMN gpu_ids",
+                _CHANGES,
+            ),
+        ),
+        postgres=_accounts(
+            (
+                # The function's text is kept as released: PostgreSQL stores it
+                # as written, white space included.
+                "CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$"
+                "\n    BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$",
+                """
+                CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
+                FOR EACH ROW EXECUTE FUNCTION audit_log_append_only()
+                """,
+            ),
+            (
+                "ALTER TABLE endpoints DROP CONSTRAINT endpoints_name_key",
+                "ALTER TABLE endpoints ADD CONSTRAINT endpoints_name_key UNIQUE (project_id, name)",
+            ),
+        ),
+    ),
+    Migration(4, sqlite=_MODELS, postgres=_QUOTA_LIMIT),
+    Migration(
+        5,
+        sqlite=_accounts(
+            (
+                """
+                CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+                BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
+                """,
+                """
+                CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+                BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END
+                """,
+            ),
+            _rebuilt_endpoints(5, _KINDS_V1),
+        ),
+        postgres=Step(
+            "lists read a page at a time in the order of their identity columns",
+            (
+                "CREATE INDEX endpoints_by_seq ON endpoints (seq)",
+                "CREATE INDEX audit_log_by_project_id ON audit_log (project_id, id)",
+            ),
+        ),
+    ),
+    Migration(
+        6,
+        sqlite=_QUOTA_LIMIT,
+        # IF NOT EXISTS: before this version the coordination created both
+        # tables itself, on databases a cluster already ran on.
+        postgres=Step(
+            "the coordination of instances: the leader row and the gateways' load",
+            (
+                """
+                CREATE TABLE IF NOT EXISTS inferd_leader (
+                    id           INTEGER PRIMARY KEY CHECK (id = 1),
+                    term         BIGINT NOT NULL,
+                    holder       TEXT,
+                    since        TIMESTAMPTZ,
+                    heartbeat_at TIMESTAMPTZ
+                )
+                """,
+                "INSERT INTO inferd_leader (id, term) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+                # UNLOGGED: soft state, republished within an interval after a crash.
+                """
+                CREATE UNLOGGED TABLE IF NOT EXISTS inferd_gateway_load (
+                    instance_id     TEXT NOT NULL,
+                    endpoint_id     TEXT NOT NULL,
+                    in_flight       INTEGER NOT NULL,
+                    held            INTEGER NOT NULL,
+                    last_request_at TIMESTAMPTZ,
+                    reported_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+                    PRIMARY KEY (instance_id, endpoint_id)
+                )
+                """,
+            ),
+        ),
+    ),
     Migration(
         7,
         "a management key may be limited to one project (NULL: every project of its user)",
         ("ALTER TABLE user_keys ADD COLUMN project_id TEXT",),
     ),
-    Migration(8, _S8.name, sqlite=_S8, postgres=_P8),
+    Migration(
+        8,
+        sqlite=Step(_MORE_KINDS, _rebuilt_endpoints(8, "'chat', 'image', 'embedding', 'rerank'")),
+        postgres=Step(
+            _MORE_KINDS,
+            (
+                "ALTER TABLE endpoints DROP CONSTRAINT endpoints_model_kind_check",
+                "ALTER TABLE endpoints ADD CONSTRAINT endpoints_model_kind_check"
+                " CHECK (model_kind IN ('chat', 'image', 'embedding', 'rerank'))",
+            ),
+        ),
+    ),
     Migration(
         9,
         "an endpoint's engine settings",
@@ -644,8 +468,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             source      TEXT NOT NULL,
             rank        <int> NOT NULL CHECK (rank >= 1),
             base_model  TEXT,
-            created_at  <time> NOT NULL,
-            <seq>
+            created_at  <time> NOT NULL<seq>,
             PRIMARY KEY (endpoint_id, name)
         ) <strict>
         """,
@@ -689,8 +512,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             created_at  <time> NOT NULL,
             lines       <int> NOT NULL DEFAULT 0,
             batch_id    TEXT,
-            holds       TEXT,
-            <seq>
+            holds       TEXT<seq>,
             CHECK (holds IS NULL OR holds IN ('done', 'failed'))
         ) <strict>
         """,
@@ -727,8 +549,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             requests          <int> NOT NULL DEFAULT 0,
             prompt_tokens     <int> NOT NULL DEFAULT 0,
             completion_tokens <int> NOT NULL DEFAULT 0,
-            cost              <real> NOT NULL DEFAULT 0,
-            <seq>
+            cost              <real> NOT NULL DEFAULT 0<seq>,
             CHECK (status IN ('validating', 'in_progress', 'finalizing', 'completed',
                               'failed', 'expired', 'cancelling', 'cancelled'))
         ) <strict>
@@ -767,8 +588,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             created_at          <time> NOT NULL,
             weight              <real> NOT NULL CHECK (weight > 0),
             requests_per_minute <int> CHECK (requests_per_minute >= 1),
-            last_used_at        <time>,
-            <seq>
+            last_used_at        <time><seq>,
             PRIMARY KEY (endpoint_id, name)
         ) <strict>
         """,

@@ -44,9 +44,12 @@ QUOTA_LOCK_TIMEOUT: LiteralString = "SET LOCAL lock_timeout = '10s'"
 # leader's term cannot be issued while a deposed leader's write is under way.
 TERM_FOR_SHARE: LiteralString = "SELECT term FROM inferd_leader WHERE id = 1 FOR SHARE"
 
+_IDENTITY_KEY = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+# The migrations' <type> tokens (see the SQLite dialect's).
 DDL_TYPES = {
     "int": "BIGINT", "real": "DOUBLE PRECISION", "time": "TIMESTAMPTZ", "bytes": "BYTEA",
-    "json": "JSONB", "strict": "", "seq": "seq BIGINT GENERATED ALWAYS AS IDENTITY,",
+    "json": "JSONB", "strict": "", "seq": ", seq BIGINT GENERATED ALWAYS AS IDENTITY",
+    "rowid": _IDENTITY_KEY, "serial": _IDENTITY_KEY, "now": "now()",
 }  # fmt: skip
 
 _ENCODE: dict[str, Callable[[Any], Any]] = {"json": Jsonb}

@@ -34,9 +34,12 @@ logger = logging.getLogger(__name__)
 QUOTA_LOCK_TIMEOUT_S = 10.0
 MEMORY = ":memory:"
 
+# The migrations' <type> tokens. <rowid>: a key SQLite may reuse after the
+# newest row is deleted; <serial>: one it never reuses.
 DDL_TYPES = {
     "int": "INTEGER", "real": "REAL", "time": "TEXT", "bytes": "BLOB", "json": "TEXT",
-    "strict": "STRICT", "seq": "",
+    "strict": "STRICT", "seq": "", "rowid": "INTEGER PRIMARY KEY",
+    "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "now": "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
 }  # fmt: skip
 
 _ENCODE: dict[str, Callable[[Any], Any]] = {
