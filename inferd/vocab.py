@@ -69,6 +69,26 @@ class ReplicaStatus(str, enum.Enum):
         return frozenset({cls.STOPPED, cls.FAILED})
 
 
+# The way to a serving replica, in order: what `inferd endpoints wait` shows
+# and a streaming request held at zero is told (`replica_stage`).
+REPLICA_STAGES: tuple[str, ...] = ("starting", "building weights", "loading", "warming up", "ready")
+
+
+def replica_stage(status: str, reason: str | None) -> str:
+    """Where a replica is along `REPLICA_STAGES`, from its status and what it
+    says it is doing (a status reason: the replica's own words)."""
+    said = (reason or "").lower()
+    if status == ReplicaStatus.READY:
+        return "ready"
+    if said.startswith("warming up"):
+        return "warming up"
+    if "building or downloading" in said:
+        return "building weights"
+    if status == ReplicaStatus.LOADING:
+        return "loading"
+    return "starting"
+
+
 class EndpointStatus(str, enum.Enum):
     """Derived from an endpoint's settings and its replicas (never stored)."""
 

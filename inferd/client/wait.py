@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from inferd.vocab import REPLICA_STAGES, replica_stage
+
 # The way to a serving replica, in order; a bar shows how far along it is.
-STAGES: tuple[str, ...] = ("starting", "building weights", "loading", "warming up", "ready")
+STAGES = REPLICA_STAGES
 POLL_S = 1.0
 
 
@@ -44,17 +46,7 @@ class Stage:
 
 def _replica_stage(replica: Mapping[str, Any]) -> int:
     """How far one replica is along STAGES (an index)."""
-    status = replica.get("status")
-    reason = (replica.get("statusReason") or "").lower()
-    if status == "ready":
-        return STAGES.index("ready")
-    if reason.startswith("warming up"):
-        return STAGES.index("warming up")
-    if "building or downloading" in reason:
-        return STAGES.index("building weights")
-    if status == "loading":
-        return STAGES.index("loading")
-    return STAGES.index("starting")
+    return STAGES.index(replica_stage(replica.get("status") or "", replica.get("statusReason")))
 
 
 def stage_of(record: Mapping[str, Any]) -> Stage:

@@ -44,6 +44,7 @@ from inferd.gateway.auth import (
 )
 from inferd.gateway.directory import EndpointRoute, ReplicaDirectory, RoutableReplica
 from inferd.gateway.fairness import BYTES_PER_TOKEN, Claim
+from inferd.gateway.held_stream import STREAMING_ROUTES, HeldStream
 from inferd.gateway.hold import NO_SCALING, CapacitySignal, Dispatcher, endpoint_gone
 from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_KEY, grant_of
 from inferd.gateway.metrics import UNAUTHENTICATED
@@ -537,11 +538,7 @@ class Gateway:
         usage: UsageTail,
     ) -> int:
         settings = self.settings
-        dispatcher = self._dispatcher
-        metrics = self.metrics
         arrived = self.clock()
-        deadline = arrived + settings.max_hold_seconds
-        exclude: frozenset[str] = frozenset()
         affinity = NO_AFFINITY
         if prefix is not None:
             affinity = Affinity(
@@ -553,8 +550,61 @@ class Gateway:
         leg = None
         if route.label in MIGRATABLE_ROUTES and settings.migrates(ep.endpoint_id):
             leg = Leg(Transcript(settings.migration_max_transcript_bytes))
+        progress = None
+        if route.label in STREAMING_ROUTES:
+            stage = partial(self._waiting_for, ep.endpoint_id)
+            progress = HeldStream(body, send, self.clock, settings.hold_progress_seconds, stage)
+        try:
+            return await self._attempts(
+                ep, route, headers, body, prefix, send, claim, usage, arrived, affinity, leg,
+                progress,
+            )  # fmt: skip
+        except InferdError as exc:
+            if progress is None or not progress.committed:
+                raise
+            # The response went out as an event stream while it was held: the
+            # status cannot be sent any more, the error goes in-band.
+            await progress.fail(exc)
+            return exc.status
+        finally:
+            if progress is not None:
+                progress.cancel()
+
+    def _waiting_for(self, endpoint_id: str) -> str:
+        """What a held stream is told it waits for."""
+        if self.directory.ready_replicas(endpoint_id):
+            return "every replica busy"
+        return self.directory.coming_stage(endpoint_id) or "starting"
+
+    async def _attempts(
+        self,
+        ep: EndpointTraffic,
+        route: GatewayRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        prefix: RequestPrefix | None,
+        send: Send,
+        claim: Claim,
+        usage: UsageTail,
+        arrived: float,
+        affinity: Affinity,
+        leg: Leg | None,
+        progress: HeldStream | None,
+    ) -> int:
+        """Up to `max_attempts` tries on replicas (a failure before the first
+        byte is tried on another); a stream lost midway is migrated."""
+        settings = self.settings
+        dispatcher = self._dispatcher
+        metrics = self.metrics
+        deadline = arrived + settings.max_hold_seconds
+        exclude: frozenset[str] = frozenset()
+        on_hold = None if progress is None else progress.held
         for _ in range(settings.max_attempts):
-            replica = await dispatcher.acquire(ep, exclude, deadline, affinity, len(body), claim)
+            replica = await dispatcher.acquire(
+                ep, exclude, deadline, affinity, len(body), claim, on_hold
+            )
+            if progress is not None:
+                await progress.placed()
             rid = replica.replica_id
             if prefix is not None and prefix.blocks:
                 # Recorded before the answer: the next turn of a conversation
@@ -577,6 +627,7 @@ class Gateway:
                 # Before the slot is released: it goes by the counters
                 # corrected by what this answer served.
                 settle=partial(self._settle, ep, claim, usage, len(body)),
+                committed=progress is not None and progress.committed,
             )
             if isinstance(result, Broken):
                 assert leg is not None
@@ -612,9 +663,11 @@ class Gateway:
         send: Send,
         leg: Leg | None,
         settle: Callable[[], None] | None = None,
+        committed: bool = False,
     ) -> Relayed | Broken | Retry:
         """One attempt on the replica the dispatcher handed out; its slot is
-        given back however the attempt ends (after `settle`, when given)."""
+        given back however the attempt ends (after `settle`, when given).
+        `committed`: the client's response began while it was held."""
         rid = replica.replica_id
         self._replica_urls[rid] = replica.url
         try:
@@ -627,6 +680,7 @@ class Gateway:
                 body,
                 send,
                 leg,
+                committed,
             )
         finally:
             if settle is not None:

@@ -76,6 +76,13 @@ class ReplicaDirectory(Protocol):
         report on time."""
         ...
 
+    def coming_stage(self, endpoint_id: str) -> str | None:
+        """How far the endpoint's replica furthest on its way to ready is
+        ("starting", "building weights", "loading", "warming up": the words
+        of `inferd.vocab.REPLICA_STAGES`); None when none is on its way.
+        Told to a streaming request held at zero while it waits."""
+        ...
+
     async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
         """Return True as soon as the endpoint has a ready replica (at once if
         it has one now), False after `timeout` seconds."""

@@ -388,11 +388,15 @@ class Dispatcher:
         affinity: Affinity = NO_AFFINITY,
         size: int = 0,
         claim: Claim = INTERACTIVE_OWNER,
+        on_hold: Callable[[], None] | None = None,
     ) -> RoutableReplica:
         """A replica slot for one request (release it with `release`), at once
         or after holding; raises 429/503 past the bounds. `size`: the bytes of
         its body, which it holds while held; `claim`: whose request it is
-        (from `claim`), charged to that client when it gets its slot."""
+        (from `claim`), charged to that client when it gets its slot;
+        `on_hold()`: called once the request is admitted to the hold queue
+        while no replica is ready (not when it is refused, nor when it waits
+        only for a busy replica's slot)."""
         directory = self._directory
         held = self._state(ep)
         replicas = directory.ready_replicas(ep.endpoint_id)
@@ -429,7 +433,8 @@ class Dispatcher:
             self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
             raise self._refusal(ep, admission.status == 503, len(replicas))
-        return await self._hold(ep, exclude, deadline - now, affinity, cost, claim)
+        at_zero = on_hold if not replicas else None
+        return await self._hold(ep, exclude, deadline - now, affinity, cost, claim, at_zero)
 
     async def _hold(
         self,
@@ -439,6 +444,7 @@ class Dispatcher:
         affinity: Affinity,
         cost: int,
         claim: Claim,
+        on_hold: Callable[[], None] | None = None,
     ) -> RoutableReplica:
         loop = asyncio.get_running_loop()
         waiter = Waiter(loop.create_future(), exclude, affinity, cost, claim)
@@ -447,6 +453,8 @@ class Dispatcher:
         self.pump(ep)
         if not waiter.future.done():
             self._ensure_watcher(ep, held)
+            if on_hold is not None:
+                on_hold()
         timer = loop.call_later(max(0.0, timeout), self._expire, ep, waiter)
         try:
             return await waiter.future

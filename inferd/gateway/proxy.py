@@ -117,10 +117,13 @@ async def forward(
     body: bytes,
     send: Send,
     leg: Leg | None = None,
+    committed: bool = False,
 ) -> Retry | Relayed | Broken:
     """`leg`: the answer may be migrated: an event stream is relayed whole
     events at a time and kept, and its loss returns `Broken` instead of
-    ending the client's response."""
+    ending the client's response. `committed`: the client's response began
+    (200, an event stream) while the request was held: the replica's stream
+    continues it, and an error it answers instead goes in-band."""
     try:
         response = await upstream.send(base_url, method, path, headers, body)
     except UpstreamConnectError as exc:
@@ -147,7 +150,10 @@ async def forward(
             if status != 200 or not sse:
                 return Broken("continuation_refused", _error_text(first), status)
             return await _relay_events(response, first, send, leg, status)
-        await send({"type": "http.response.start", "status": status, "headers": relayed})
+        if not committed:
+            await send({"type": "http.response.start", "status": status, "headers": relayed})
+        elif status != 200 or not sse:
+            return await _error_in_band(response, first, status, send)
         if leg is not None and sse and status == 200:
             leg.started = True
             return await _relay_events(response, first, send, leg, status)
@@ -215,6 +221,44 @@ async def _relay_events(
         return Broken("connection_lost", "the stream ended before [DONE]", status)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return Relayed(status)
+
+
+async def _error_in_band(
+    response: UpstreamResponse, first: bytes, status: int, send: Send
+) -> Relayed:
+    """The replica answered an error (or no stream) to a request whose
+    response is already an event stream: its error ends the stream, as the
+    error event it would have had, its status only in the gateway's count."""
+    body = first
+    try:
+        while not response.complete and len(body) < _MAX_PEEK:
+            more = await response.next_chunk()
+            if not more:
+                break
+            body += more
+    except UpstreamError:
+        pass  # what arrived is told
+    await send({"type": "http.response.body", "body": _error_event(status, body),
+                "more_body": False})  # fmt: skip
+    # A 200 that is no stream is the replica's fault: counted as a broken answer.
+    return Relayed(status, broken=status == 200)
+
+
+def _error_event(status: int, body: bytes) -> bytes:
+    if status == 200:
+        return sse_error(
+            "The replica answered without an event stream; the response is incomplete.",
+            "server_error",
+            "upstream_failed",
+        )
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        error = None
+    if isinstance(error, dict):  # the replica's own error, as a stream ends with it
+        return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return sse_error(f"The replica answered {status}: {_error_text(body)}", kind, None)
 
 
 def _error_text(body: bytes) -> str:

@@ -34,6 +34,11 @@ class GatewaySettings:
     # How often a held request's endpoint is re-read from the directory, to
     # notice replicas that became ready while others are busy.
     hold_poll_seconds: float = 0.1
+    # A streaming chat or completion held while no replica is ready gets its
+    # response headers (200, text/event-stream) at once and an SSE comment
+    # line saying what it waits for this often, until a replica takes it
+    # (`inferd.gateway.held_stream`).
+    hold_progress_seconds: float = 5.0
     # Until a cold start has been observed for an endpoint, the Retry-After
     # of a request refused while it scales from zero uses this.
     cold_start_estimate_seconds: float = 10.0
@@ -97,8 +102,10 @@ class GatewaySettings:
             raise ValueError("the hold bounds must not be negative")
         if self.held_request_overhead_bytes < 0:
             raise ValueError("held_request_overhead_bytes must not be negative")
-        if self.max_hold_seconds <= 0 or self.hold_poll_seconds <= 0:
-            raise ValueError("max_hold_seconds and hold_poll_seconds must be positive")
+        if min(self.max_hold_seconds, self.hold_poll_seconds, self.hold_progress_seconds) <= 0:
+            raise ValueError(
+                "max_hold_seconds, hold_poll_seconds and hold_progress_seconds must be positive"
+            )
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.service_time_window < 1:

@@ -17,6 +17,8 @@ class StaticDirectory:
         self._endpoints: dict[str, EndpointRoute] = {}
         self._ready: dict[str, tuple[RoutableReplica, ...]] = {}
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        # endpoint id -> the stage its coming replica is at (set by tests).
+        self._coming: dict[str, str] = {}
         # What the gateway told the directory, in order.
         self.capacity_requests: list[str] = []
         self.unreachable: list[tuple[str, str]] = []
@@ -44,6 +46,13 @@ class StaticDirectory:
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
 
+    def set_coming(self, endpoint_id: str, stage: str | None) -> None:
+        """A replica of the endpoint on its way to ready, at `stage` (None: none)."""
+        if stage is None:
+            self._coming.pop(endpoint_id, None)
+        else:
+            self._coming[endpoint_id] = stage
+
     # -- ReplicaDirectory ---------------------------------------------------
 
     def endpoint(self, endpoint_id: str) -> EndpointRoute | None:
@@ -51,6 +60,9 @@ class StaticDirectory:
 
     def ready_replicas(self, endpoint_id: str) -> Sequence[RoutableReplica]:
         return self._ready.get(endpoint_id, ())
+
+    def coming_stage(self, endpoint_id: str) -> str | None:
+        return self._coming.get(endpoint_id)
 
     # -- CapacitySignal (what the control plane's ScaleSignals receive) -------
 

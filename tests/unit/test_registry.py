@@ -395,3 +395,19 @@ def test_bad_engine_figures_are_refused(load: dict[str, Any]) -> None:
 
     with pytest.raises(ValidationError):
         replica_report("r1", {"status": "ready", "load": load})
+
+
+def test_the_stage_of_a_replica_on_its_way_is_what_a_held_stream_is_told() -> None:
+    registry, _ = make(Clock())
+    assert registry.coming_stage("e1") is None  # nothing launched: scaled to zero
+    registry.add(replica("r1"))
+    registry.add(replica("r2"))
+    assert registry.coming_stage("e1") == "starting"
+    report(registry, "loading", "r1", reason="preparing m: building or downloading its weights")
+    assert registry.coming_stage("e1") == "building weights"
+    report(registry, "loading", "r2", reason="warming up: one request through the engine")
+    assert registry.coming_stage("e1") == "warming up"  # the furthest one
+    report(registry, "ready", "r2")
+    assert registry.coming_stage("e1") == "building weights"  # r1 is still on its way
+    report(registry, "ready", "r1")
+    assert registry.coming_stage("e1") is None and registry.coming_stage("e2") is None

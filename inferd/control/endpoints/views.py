@@ -118,5 +118,8 @@ class EndpointDirectory:
     def report_answered(self, replica_id: str) -> None:
         self._registry.report_answered(replica_id)
 
+    def coming_stage(self, endpoint_id: str) -> str | None:
+        return self._registry.coming_stage(endpoint_id)
+
     async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
         return await self._registry.wait_ready(endpoint_id, timeout)

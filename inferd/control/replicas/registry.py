@@ -61,7 +61,7 @@ from inferd.control.model import (
 from inferd.control.ports import ReplicaHandle, ReplicaStore
 from inferd.control.replicas.load import ReplicaCount
 from inferd.gateway.directory import RoutableReplica
-from inferd.vocab import ReplicaStatus
+from inferd.vocab import REPLICA_STAGES, ReplicaStatus, replica_stage
 
 logger = logging.getLogger(__name__)
 
@@ -722,6 +722,16 @@ class Registry:
             )
             for r in (responsive or routable)
         ]
+
+    def coming_stage(self, endpoint_id: str) -> str | None:
+        """The stage (`REPLICA_STAGES`) of the endpoint's replica furthest on
+        its way to ready; None when none is on its way."""
+        coming = [
+            replica_stage(r.status, r.reason)
+            for r in self._replicas.values()
+            if r.endpoint_id == endpoint_id and r.status in ReplicaStatus.coming_up()
+        ]
+        return max(coming, key=REPLICA_STAGES.index, default=None)
 
     def report_answered(self, replica_id: str) -> None:
         # A dict lookup and a write: this is on every request's path. A

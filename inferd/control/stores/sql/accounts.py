@@ -73,12 +73,8 @@ class Accounts(Repository):
         return await self._db.write(write)
 
     async def _insert(self, table: Table[Any], record: Any, exists: str) -> None:
-        try:
-            await self._account_write(table.insert, table.values(self._dialect, record))
-        except Violation as exc:
-            if exc.unique:
-                raise AlreadyExists(exists) from None
-            raise
+        values = table.values(self._dialect, record)
+        await self._write_new(lambda tx: tx.execute(table.insert, values), AlreadyExists(exists))
 
     async def _records(self, table: Table[Any], where: str, params: Sequence[Any]) -> list[Any]:
         rows = await self._db.rows(f"{table.select} {where}", params)

@@ -4,29 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inferd.control.model import Adapter, AdapterUsage, ChangeKind, DuplicateAdapter, EndpointGone
-from inferd.control.stores.sql.database import Repository, Tx, Violation
+from inferd.control.model import Adapter, AdapterUsage, ChangeKind, DuplicateAdapter
+from inferd.control.stores.sql.database import Repository, Tx
 from inferd.control.stores.sql.tables import ADAPTER_USAGE, ADAPTERS
 
 
 class Adapters(Repository):
     async def add_adapter(self, adapter: Adapter) -> None:
         def write(tx: Tx) -> None:
-            row = tx.one(
-                "SELECT deleting_at FROM endpoints WHERE id = ?" + self._dialect.for_share,
-                (adapter.endpoint_id,),
-            )
-            if row is None or row[0] is not None:
-                raise EndpointGone(adapter.endpoint_id)
+            self._live_endpoint(tx, adapter.endpoint_id)
             tx.execute(ADAPTERS.insert, ADAPTERS.values(self._dialect, adapter))
             tx.changed(ChangeKind.ADAPTER, adapter.endpoint_id)
 
-        try:
-            await self._db.write(write)
-        except Violation as exc:
-            if exc.unique:
-                raise DuplicateAdapter(adapter.name) from None
-            raise
+        await self._write_new(write, DuplicateAdapter(adapter.name))
 
     async def list_adapters(self, endpoint_id: str | None = None) -> list[Adapter]:
         where, params = (
@@ -37,16 +27,7 @@ class Adapters(Repository):
         return [ADAPTERS.record(self._dialect, r) for r in rows]
 
     async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
-        def write(tx: Tx) -> bool:
-            deleted = tx.count(
-                "DELETE FROM endpoint_adapters WHERE endpoint_id = ? AND name = ?",
-                (endpoint_id, name),
-            )
-            if deleted:
-                tx.changed(ChangeKind.ADAPTER, endpoint_id)
-            return deleted > 0
-
-        return await self._db.write(write)
+        return await self._delete_named("endpoint_adapters", ChangeKind.ADAPTER, endpoint_id, name)
 
     async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None:
         """Added to the stored sums (several instances' figures add up)."""

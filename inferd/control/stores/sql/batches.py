@@ -36,7 +36,7 @@ from inferd.control.batches.model import (
     StorageQuotaExceeded,
     may_move,
 )
-from inferd.control.model import EndpointGone, rfc3339
+from inferd.control.model import rfc3339
 from inferd.control.stores.sql.accounts import ADD_USAGE
 from inferd.control.stores.sql.database import Repository, Tx
 from inferd.control.stores.sql.tables import BATCH_FILES, BATCHES, USAGE
@@ -52,7 +52,7 @@ class Batches(Repository):
         quota of stored bytes, `EndpointGone` when the endpoint is not there."""
 
         def write(tx: Tx) -> None:
-            self._check_endpoint(tx, file.endpoint_id)
+            self._live_endpoint(tx, file.endpoint_id)
             # The project's row, locked: uploads of one project add up in turn.
             tx.one("SELECT id FROM projects WHERE id = ?" + self._dialect.for_update,
                    (file.project_id,))  # fmt: skip
@@ -67,14 +67,6 @@ class Batches(Repository):
             tx.many("INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)", chunks)
 
         await self._db.write(write)
-
-    def _check_endpoint(self, tx: Tx, endpoint_id: str) -> None:
-        row = tx.one(
-            "SELECT deleting_at FROM endpoints WHERE id = ?" + self._dialect.for_share,
-            (endpoint_id,),
-        )
-        if row is None or row[0] is not None:
-            raise EndpointGone(endpoint_id)
 
     def _bytes_used(self, tx: Tx, project_id: str) -> int:
         row = tx.one("SELECT COALESCE(SUM(bytes), 0) FROM batch_files WHERE project_id = ?",
@@ -124,7 +116,7 @@ class Batches(Repository):
         """The batch and one pending row per request, in one transaction."""
 
         def write(tx: Tx) -> None:
-            self._check_endpoint(tx, batch.endpoint_id)
+            self._live_endpoint(tx, batch.endpoint_id)
             tx.execute(BATCHES.insert, BATCHES.values(self._dialect, batch))
             encode = self._dialect.encode
             tx.many(

@@ -14,10 +14,9 @@ from inferd.control.model import (
     ChangeKind,
     ClientToken,
     DuplicateClientToken,
-    EndpointGone,
     TooManyClientTokens,
 )
-from inferd.control.stores.sql.database import Repository, Tx, Violation
+from inferd.control.stores.sql.database import Repository, Tx
 from inferd.control.stores.sql.tables import CLIENT_TOKENS, TIME
 
 _LIVE = " JOIN endpoints e ON e.id = t.endpoint_id WHERE e.deleting_at IS NULL"
@@ -30,12 +29,7 @@ class ClientTokens(Repository):
         has `limit` already (`TooManyClientTokens`)."""
 
         def write(tx: Tx) -> None:
-            row = tx.one(
-                "SELECT deleting_at FROM endpoints WHERE id = ?" + self._dialect.for_update,
-                (token.endpoint_id,),
-            )
-            if row is None or row[0] is not None:
-                raise EndpointGone(token.endpoint_id)
+            self._live_endpoint(tx, token.endpoint_id, exclusive=True)
             count = tx.one(
                 "SELECT count(*) FROM endpoint_client_tokens WHERE endpoint_id = ?",
                 (token.endpoint_id,),
@@ -45,14 +39,8 @@ class ClientTokens(Repository):
             tx.execute(CLIENT_TOKENS.insert, CLIENT_TOKENS.values(self._dialect, token))
             tx.changed(ChangeKind.TOKEN, token.endpoint_id)
 
-        try:
-            await self._db.write(write)
-        except Violation as exc:
-            # The key (endpoint, name); a digest collision of random tokens
-            # does not happen.
-            if exc.unique:
-                raise DuplicateClientToken(token.name) from None
-            raise
+        # The key (endpoint, name); a digest collision of random tokens does not happen.
+        await self._write_new(write, DuplicateClientToken(token.name))
 
     async def client_tokens(self, endpoint_id: str | None = None) -> list[ClientToken]:
         """The client tokens of one endpoint, or of every endpoint not being
@@ -68,16 +56,9 @@ class ClientTokens(Repository):
         return [CLIENT_TOKENS.record(self._dialect, r) for r in rows]
 
     async def delete_client_token(self, endpoint_id: str, name: str) -> bool:
-        def write(tx: Tx) -> bool:
-            deleted = tx.count(
-                "DELETE FROM endpoint_client_tokens WHERE endpoint_id = ? AND name = ?",
-                (endpoint_id, name),
-            )
-            if deleted:
-                tx.changed(ChangeKind.TOKEN, endpoint_id)
-            return deleted > 0
-
-        return await self._db.write(write)
+        return await self._delete_named(
+            "endpoint_client_tokens", ChangeKind.TOKEN, endpoint_id, name
+        )
 
     async def touch_client_tokens(self, last_used: Mapping[tuple[str, str], datetime]) -> None:
         """Record when each (endpoint id, name) was last used (never moved back)."""

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from inferd.control.model import Change, ChangeKind, StoreClosed, StoreError
+from inferd.control.model import Change, ChangeKind, EndpointGone, StoreClosed, StoreError
 from inferd.control.stores.feed import ChangeHub
 
 logger = logging.getLogger(__name__)
@@ -154,6 +154,39 @@ class Repository:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._dialect = db.dialect
+
+    def _live_endpoint(self, tx: Tx, endpoint_id: str, *, exclusive: bool = False) -> None:
+        """`EndpointGone` unless the endpoint is there and not being deleted;
+        its row stays locked (shared, or `exclusive`) until the write commits,
+        so that a deletion cannot start under it."""
+        lock = self._dialect.for_update if exclusive else self._dialect.for_share
+        row = tx.one("SELECT deleting_at FROM endpoints WHERE id = ?" + lock, (endpoint_id,))
+        if row is None or row[0] is not None:
+            raise EndpointGone(endpoint_id)
+
+    async def _write_new(self, write: Callable[[Tx], T], duplicate: Exception) -> T:
+        """`write`, or `duplicate` where a unique key refuses it."""
+        try:
+            return await self._db.write(write)
+        except Violation as exc:
+            if exc.unique:
+                raise duplicate from None
+            raise
+
+    async def _delete_named(
+        self, table: str, kind: ChangeKind, endpoint_id: str, name: str
+    ) -> bool:
+        """Delete an endpoint's row called `name` from `table`, a `kind` change of the endpoint."""
+
+        def write(tx: Tx) -> bool:
+            deleted = tx.count(
+                f"DELETE FROM {table} WHERE endpoint_id = ? AND name = ?", (endpoint_id, name)
+            )
+            if deleted:
+                tx.changed(kind, endpoint_id)
+            return deleted > 0
+
+        return await self._db.write(write)
 
 
 class Database:

@@ -5,9 +5,9 @@ records it in `schema_migrations`, so a crash leaves the schema at one
 version or the next; a database newer than this list is refused. To change
 the schema, append a `Migration` with the next version (never edit a
 released one). Its statements are the same text on every engine, with
-`<type>` tokens a dialect fills in (`<time>`: TEXT in SQLite, TIMESTAMPTZ
-in PostgreSQL; see `DDL_TYPES` in each dialect); an engine's own `Step` only
-where its DDL really differs.
+`<type>` tokens each engine fills in (`<time>`: TEXT in SQLite, TIMESTAMPTZ
+in PostgreSQL; see `DDL_TYPES`); an engine's own `Step` only where its DDL
+really differs.
 
 The two engines' histories began apart (PostgreSQL support started at the
 schema SQLite reached in its version 3): versions 1 to 6 and 8 are each
@@ -40,15 +40,34 @@ class Migration:
     sqlite: Step | None = None  # an engine's own, where its DDL differs
     postgres: Step | None = None
 
-    def step(self, engine: str, types: dict[str, str]) -> Step:
-        """What `engine` runs, its `<type>` tokens filled in from `types`."""
+    def step(self, engine: str) -> Step:
+        """What `engine` runs, its `<type>` tokens filled in."""
         step: Step = getattr(self, engine) or Step(self.name, self.statements)
         statements = []
         for text in step.statements:
-            for token, ddl in types.items():
+            for token, ddl in DDL_TYPES[engine].items():
                 text = text.replace(f"<{token}>", ddl)
             statements.append(text)
         return Step(step.name, tuple(statements))
+
+
+# Each engine's DDL for the tokens. <rowid>: a key SQLite may reuse after the
+# newest row is deleted; <serial>: one it never reuses; <seq>: PostgreSQL's
+# creation order (SQLite's rowid is one).
+_IDENTITY_KEY = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+DDL_TYPES = {
+    "sqlite": {
+        "int": "INTEGER", "real": "REAL", "time": "TEXT", "bytes": "BLOB", "json": "TEXT",
+        "strict": "STRICT", "seq": "", "rowid": "INTEGER PRIMARY KEY",
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "now": "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    },
+    "postgres": {
+        "int": "BIGINT", "real": "DOUBLE PRECISION", "time": "TIMESTAMPTZ", "bytes": "BYTEA",
+        "json": "JSONB", "strict": "", "seq": ", seq BIGINT GENERATED ALWAYS AS IDENTITY",
+        "rowid": _IDENTITY_KEY, "serial": _IDENTITY_KEY, "now": "now()",
+    },
+}  # fmt: skip
 
 
 # --- statements both engines ran, at their own versions ----------------------------------------
@@ -650,7 +669,7 @@ def migrate(dialect: Any, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
                 "SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)
             ).fetchone():
                 continue
-            step = migration.step(dialect.name, dialect.ddl)
+            step = migration.step(dialect.name)
             for statement in step.statements:
                 conn.execute(statement)  # constant DDL
             execute(

@@ -44,14 +44,6 @@ QUOTA_LOCK_TIMEOUT: LiteralString = "SET LOCAL lock_timeout = '10s'"
 # leader's term cannot be issued while a deposed leader's write is under way.
 TERM_FOR_SHARE: LiteralString = "SELECT term FROM inferd_leader WHERE id = 1 FOR SHARE"
 
-_IDENTITY_KEY = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
-# The migrations' <type> tokens (see the SQLite dialect's).
-DDL_TYPES = {
-    "int": "BIGINT", "real": "DOUBLE PRECISION", "time": "TIMESTAMPTZ", "bytes": "BYTEA",
-    "json": "JSONB", "strict": "", "seq": ", seq BIGINT GENERATED ALWAYS AS IDENTITY",
-    "rowid": _IDENTITY_KEY, "serial": _IDENTITY_KEY, "now": "now()",
-}  # fmt: skip
-
 _ENCODE: dict[str, Callable[[Any], Any]] = {"json": Jsonb}
 _DECODE: dict[str, Callable[[Any], Any]] = {
     "time": lambda value: value.astimezone(UTC),
@@ -88,7 +80,6 @@ class PostgresDialect(Codecs):
     private = False
     for_share = " FOR SHARE"
     for_update = " FOR UPDATE"
-    ddl = DDL_TYPES
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -34,14 +34,6 @@ logger = logging.getLogger(__name__)
 QUOTA_LOCK_TIMEOUT_S = 10.0
 MEMORY = ":memory:"
 
-# The migrations' <type> tokens. <rowid>: a key SQLite may reuse after the
-# newest row is deleted; <serial>: one it never reuses.
-DDL_TYPES = {
-    "int": "INTEGER", "real": "REAL", "time": "TEXT", "bytes": "BLOB", "json": "TEXT",
-    "strict": "STRICT", "seq": "", "rowid": "INTEGER PRIMARY KEY",
-    "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "now": "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-}  # fmt: skip
-
 _ENCODE: dict[str, Callable[[Any], Any]] = {
     "time": rfc3339,
     "json": lambda value: json.dumps(value, sort_keys=True),
@@ -59,7 +51,6 @@ class SqliteDialect(Codecs):
     workers = 1  # one connection; writes are serialised anyway
     for_share = ""
     for_update = ""  # BEGIN IMMEDIATE already holds the write lock
-    ddl = DDL_TYPES
 
     def __init__(self, path: Path | str) -> None:
         self.path = path
