@@ -22,7 +22,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models
 	$(PY) -m mypy
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --reliability-report docs/reliability.md --durations=40
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --reliability-report docs/reliability.md --durations=40
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models

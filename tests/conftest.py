@@ -39,30 +39,65 @@ SHARED_GROUPS = {
 }
 
 
+# The groups that took longest in a fresh-clone `make test` on 2 cores go
+# first (`--no-loadscope-reorder` keeps this order; xdist would otherwise
+# start the groups with the most tests first, and the README's one test of
+# seven minutes started last kept one worker busy while the other idled).
+LONGEST_GROUPS = ("shared-engines", "test_endpoint_e2e", "test_readme", "test_engine_death", "ray")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if hasattr(config, "workerinput"):  # one process runs everything: nothing to group
-        name_xdist_groups(items)
+        items[:] = grouped_for_xdist(items)
 
 
-def name_xdist_groups(items: list[pytest.Item]) -> None:
+def grouped_for_xdist(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items in groups (each named in its node id), longest groups first,
+    then the other groups that start real engines, then the quick ones."""
+    fixtures_by_file: dict[str, set[str]] = {}
+    for item in items:
+        path = file_of(item)
+        if path not in fixtures_by_file:
+            # Also the shared fixtures a file asks for by name
+            # (`request.getfixturevalue("ray_cluster")`).
+            source = item.path.read_text() if item.path.suffix == ".py" else ""
+            fixtures_by_file[path] = {f for f in SHARED_GROUPS if f in source}
+        fixtures_by_file[path].update(getattr(item, "fixturenames", ()))
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        path = file_of(item)
+        shared = sorted({SHARED_GROUPS[f] for f in fixtures_by_file[path] if f in SHARED_GROUPS})
+        group = shared[0] if shared else Path(path).stem
+        name_xdist_group(item, group)
+        groups.setdefault(group, []).append(item)
+
+    def rank(group: str) -> tuple[int, int]:
+        if group in LONGEST_GROUPS:
+            return (0, LONGEST_GROUPS.index(group))
+        starts_engines = any(item.get_closest_marker("slow") for item in groups[group])
+        return (1 if starts_engines else 2, 0)
+
+    ordered = sorted(groups, key=rank)  # stable: collection order within a rank
+    return [item for group in ordered for item in groups[group]]
+
+
+def file_of(item: pytest.Item) -> str:
+    """The test's file from its node id: `item.location` names the file that
+    defines the function, a plugin's for schemathesis' generated tests."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def name_xdist_group(item: pytest.Item, group: str) -> None:
     """`--dist loadgroup` reads a test's group from its node id
     (`path::test@group`). pytest-xdist 3.8 writes that suffix to a field that
     pytest 9.2 no longer reads (`_nodeid`; the id is `_id` now), so groups
     were silently ignored: the suffix is written here, for both."""
     from _pytest.nodeid import coerce_node_id
 
-    fixtures_by_file: dict[str, set[str]] = {}
-    for item in items:
-        fixtures_by_file.setdefault(item.location[0], set()).update(
-            getattr(item, "fixturenames", ())
-        )
-    for item in items:
-        path = item.location[0]
-        shared = sorted({SHARED_GROUPS[f] for f in fixtures_by_file[path] if f in SHARED_GROUPS})
-        grouped = f"{item.nodeid}@{shared[0] if shared else Path(path).stem}"
-        item._nodeid = grouped  # type: ignore[attr-defined]
-        item._id = coerce_node_id(grouped)  # type: ignore[attr-defined]
+    grouped = f"{item.nodeid}@{group}"
+    item._nodeid = grouped  # type: ignore[attr-defined]
+    item._id = coerce_node_id(grouped)  # type: ignore[attr-defined]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
