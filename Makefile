@@ -4,9 +4,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SERVE_ARGS ?=
-# pytest-xdist workers for `make test`: two suit a 2-core, 24 GiB machine (each
-# worker may hold a few CPU vLLM replicas of about 3 GB).
-TEST_WORKERS ?= 2
+# Serial by default. TEST_PARALLEL="-n 2 --dist loadgroup --no-loadscope-reorder" runs two
+# pytest-xdist workers (36 min against 61 on 2 cores), but test_fuzz's example count still
+# fails under them: not the default until that is understood.
+TEST_PARALLEL ?=
 
 .PHONY: serve test lint bench setup results
 
@@ -22,7 +23,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models
 	$(PY) -m mypy
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --reliability-report docs/reliability.md --durations=40
+	$(PY) -m pytest tests $(TEST_PARALLEL) --reliability-report docs/reliability.md --durations=40
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check inferd tests benchmarks models
