@@ -36,7 +36,7 @@ class RateLimitBuckets(Repository):
             levels = {}
             for key in sorted(spent):
                 admitted, per_minute = spent[key]
-                levels[key] = self._take(tx, key, admitted, per_minute, now)
+                levels[key] = self._take_from_bucket(tx, key, admitted, per_minute, now)
             tx.execute("DELETE FROM rate_limit_buckets WHERE at < ?", (now - IDLE_S,))
             return levels
 
@@ -44,7 +44,7 @@ class RateLimitBuckets(Repository):
             return {}
         return await self._db.write(write)
 
-    def _take(
+    def _take_from_bucket(
         self, tx: Tx, key: tuple[str, str], admitted: int, per_minute: int, now: float
     ) -> float:
         endpoint_id, client = key
