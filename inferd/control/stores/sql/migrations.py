@@ -647,6 +647,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         ),
     ),
+    Migration(
+        17,
+        "what each batch may do to its endpoint's replicas",
+        # 'wake' (wake it at zero, keep a replica up while it runs: what
+        # every batch did before) or 'running' (only replicas up anyway).
+        ("ALTER TABLE batches ADD COLUMN capacity TEXT NOT NULL DEFAULT 'wake'",),
+    ),
 )
 
 

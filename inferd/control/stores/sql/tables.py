@@ -25,7 +25,7 @@ from inferd.control.accounts.model import (
 )
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Role
-from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Counts, Usage
+from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Capacity, Counts, Usage
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
@@ -67,6 +67,7 @@ PLACEMENT = Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v
 QUOTA = Type("json", dump=Quota.to_dict, load=quota_from_plain)
 ROLE = Type("text", dump=lambda role: role.value, load=Role)
 ACTION = Type("text", dump=lambda action: action.value, load=AuditAction)
+CAPACITY = Type("text", dump=lambda capacity: capacity.value, load=Capacity)
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def _batch_row(batch: Batch) -> dict[str, Any]:
         "completed": batch.counts.completed, "failed": batch.counts.failed,
         "requests": batch.usage.requests, "prompt_tokens": batch.usage.prompt_tokens,
         "completion_tokens": batch.usage.completion_tokens, "cost": batch.usage.cost,
-        "client": batch.client,
+        "client": batch.client, "capacity": batch.capacity,
     }  # fmt: skip
 
 
@@ -272,5 +273,5 @@ BATCHES = Table("batches", (
     Column("output_file_id"), Column("error_file_id"), Column("errors", JSON_LIST),
     Column("total", INT), Column("completed", INT), Column("failed", INT),
     Column("requests", INT), Column("prompt_tokens", INT), Column("completion_tokens", INT),
-    Column("cost", REAL), Column("client"),
+    Column("cost", REAL), Column("client"), Column("capacity", CAPACITY),
 ), _batch, dump=_batch_row)  # fmt: skip
