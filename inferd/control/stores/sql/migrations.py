@@ -349,6 +349,15 @@ MIGRATIONS: tuple[Migration, ...] = (
     # whichever instance hears it again; NULL: heard lately.
     Migration(15, "a replica's unresponsive mark, for every instance's routing",
               ("ALTER TABLE replicas ADD COLUMN unresponsive_since <time>",)),
+    # One row per (endpoint, client) with a rate limit that was used lately:
+    # the bucket's level and when it was last refilled (epoch seconds). No
+    # key to the endpoint: rows idle for minutes are deleted, and a missing
+    # row is a full bucket.
+    Migration(16, "client tokens' rate-limit buckets, shared by every instance", (
+        """CREATE TABLE rate_limit_buckets (endpoint_id TEXT NOT NULL, client TEXT NOT NULL,
+            level <real> NOT NULL, at <real> NOT NULL,
+            PRIMARY KEY (endpoint_id, client)) <strict>""",
+    )),
 )
 # fmt: on
 
