@@ -358,6 +358,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             level <real> NOT NULL, at <real> NOT NULL,
             PRIMARY KEY (endpoint_id, client)) <strict>""",
     )),
+    # 'wake' (wake it at zero, keep a replica up while it runs: what every
+    # batch did before) or 'running' (only replicas up anyway).
+    Migration(17, "what each batch may do to its endpoint's replicas",
+              ("ALTER TABLE batches ADD COLUMN capacity TEXT NOT NULL DEFAULT 'wake'",)),
 )
 # fmt: on
 

@@ -26,7 +26,7 @@ from inferd.control.accounts.model import (
 )
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Role
-from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Counts, Usage
+from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Capacity, Counts, Usage
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
@@ -61,12 +61,12 @@ def quota_from_plain(data: Mapping[str, Any] | None) -> Quota:
 
 
 TEXT, INT, REAL, BYTES, TIME = Type("text"), Type("int"), Type("real"), Type("bytes"), Type("time")
-ROLE, ACTION, STATUS = (
-    Type("text", dump=lambda v: v.value, load=e) for e in (Role, AuditAction, BatchStatus)
+ROLE, ACTION, STATUS, CAPACITY = (
+    Type("text", dump=lambda v: v.value, load=e) for e in (Role, AuditAction, BatchStatus, Capacity)
 )
 TYPES = {
     "text": TEXT, "int": INT, "real": REAL, "bytes": BYTES, "time": TIME, "role": ROLE,
-    "action": ACTION, "status": STATUS,
+    "action": ACTION, "status": STATUS, "capacity": CAPACITY,
     "json": Type("json", dump=dict), "json_list": Type("json", dump=list),
     "engine": Type("text", dump=EngineSettings.to_json, load=EngineSettings.from_json),
     "placement": Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v.items()}),
@@ -229,6 +229,7 @@ BATCHES = Table("batches", columns("""id endpoint_id project_id url input_file_i
     created_at:time expires_at:time metadata:json times:times output_file_id error_file_id
     errors:json_list total:int=counts.total completed:int=counts.completed
     failed:int=counts.failed requests:int=usage.requests prompt_tokens:int=usage.prompt_tokens
-    completion_tokens:int=usage.completion_tokens cost:real=usage.cost client"""),
+    completion_tokens:int=usage.completion_tokens cost:real=usage.cost client
+    capacity:capacity"""),
     Batch, parts={"counts": Counts, "usage": Usage})
 # fmt: on
