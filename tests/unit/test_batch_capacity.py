@@ -34,6 +34,7 @@ from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.gateway.traffic import EndpointTraffic, TrafficSnapshot
 from inferd.http_errors import EXCEPTION_HANDLERS
+from inferd.server.batch_executor import GatewayExecutor
 from inferd.server.batch_routes import BatchRoutes
 from tests.records import T0, endpoint_row
 from tests.unit.test_batches import SETTINGS, FakeExecutor, World, final
@@ -370,3 +371,22 @@ def test_the_autoscaler_lets_an_endpoint_with_only_background_work_go_to_zero() 
     # An interactive request the replica serves from another gateway is load.
     more = MergedLoad(Local(ep), Reports({"r": 2}), clock=lambda: 500.0).load("ep")
     assert more.in_flight == 1
+
+
+def test_the_gateway_executor_runs_a_running_batch_as_background_work() -> None:
+    async def scenario() -> None:
+        gateway, directory, replica = _gateway(ready=False)
+        executor = GatewayExecutor(InProcessCaller(gateway))
+        running = Batch("batch_1", "ep", "p", "/v1/chat/completions", "file-1",
+                        BatchStatus.IN_PROGRESS, T0, T0, capacity=Capacity.RUNNING)  # fmt: skip
+        assert await executor.wait_ready(running, 0.0) is False
+        answer = await executor.run(running, 0, CHAT)
+        assert answer.status == 503 and directory.capacity_requests == []
+        directory.set_ready("ep", [R])
+        assert await executor.wait_ready(running, 0.0) is True
+        replica.gate.set()
+        assert (await executor.run(running, 1, CHAT)).status == 200
+        assert gateway.traffic("ep").last_request_at is None and replica.calls == 1
+        await gateway.shutdown()
+
+    asyncio.run(scenario())
