@@ -47,6 +47,7 @@ from inferd.control.accounts.metering import UsageMeter
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.plane import Accounts, EndpointPrices, ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
+from inferd.control.accounts.project_deletion import ProjectDeletion
 from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
@@ -81,6 +82,7 @@ from inferd.control.metrics.series_feed import AnsweredRequests, SeriesSampler
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
+from inferd.control.recommendations import RecommendationService
 from inferd.control.replicas.load import MergedLoad
 from inferd.control.replicas.reconciler import Reconciler
 from inferd.control.replicas.registry import Registry
@@ -202,6 +204,8 @@ class Server:
     # The Batch API: what its routes call, and the leader duty that runs batches.
     batches: BatchService
     batch_runner: BatchRunner
+    project_deletion: ProjectDeletion
+    recommendations: RecommendationService
     # Follows the replicas other instances record (None: nobody else does).
     mirror: ReplicaMirror | None = None
     # The control plane's own figures on /metrics (tokens per endpoint, the store's answer).
@@ -377,16 +381,22 @@ async def build(
         await endpoint_cache.load()
         # Registered models join the catalog before anything uses them.
         models = ModelService(
-            store, catalog, endpoint_cache.rows, roots=ModelRoots.parse(settings.model_roots)
+            store,
+            catalog,
+            endpoint_cache.rows,
+            roots=ModelRoots.parse(settings.model_roots),
+            projects=account_service,
         )
         await models.load()
+        # One guard for creates and project deletions: its lock is shared.
+        guard = ProjectGuard(store)
         service = EndpointService(
             store,
             endpoint_cache,
             catalog,
             verifier,
             account_service,
-            ProjectGuard(store),
+            guard,
             meter,
             models,
             public_url=settings.public_url,
@@ -398,13 +408,6 @@ async def build(
             signals=signals,
             capacity_of=launcher.capacity,
         )
-        adapters = AdapterService(
-            store,
-            service,
-            lambda name: catalog.models.get(name).source,
-            roots=ModelRoots.parse(settings.model_roots),
-        )
-        await adapters.load()
         accounts = Accounts(
             store,
             resolver,
@@ -414,7 +417,16 @@ async def build(
             adapter_usage_store=store,
             token_uses=verifier,
         )
-        client_tokens = ClientTokenService(store, service, verifier)
+        adapters = AdapterService(
+            store,
+            service,
+            lambda name: catalog.models.get(name).source,
+            account_service,
+            accounts.adapters,
+            roots=ModelRoots.parse(settings.model_roots),
+        )
+        await adapters.load()
+        client_tokens = ClientTokenService(store, service, verifier, account_service)
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service), adapters=accounts.adapters)
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
@@ -469,6 +481,10 @@ async def build(
         leader_duties=LeaderDutySet([flag, replica_duty, batch_runner]),
         batches=batches,
         batch_runner=batch_runner,
+        project_deletion=ProjectDeletion(account_service, guard, models.of_project),
+        recommendations=RecommendationService(
+            catalog, models, service.check_engine_settings, launcher.capacity
+        ),
         coordination=coordination,
         mirror=mirror,
         tokens=EndpointTokens(registry),

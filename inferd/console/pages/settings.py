@@ -51,7 +51,9 @@ class Settings(Pages):
         body, gpu_type, gpu_count = settings_from(row, request.query_params)
         price = row.hourly_price
         if (gpu_type, gpu_count) != (row.gpu_type, row.gpu_count):
-            rec = self.sources.recommendation(row.model_name, row.location_name)
+            rec = self.sources.recommendation(
+                row.model_name, row.location_name, row.engine_settings
+            )
             for opt in rec.options:
                 if (opt.gpu_type, opt.gpu_count) == (gpu_type, gpu_count):
                     price = opt.hourly_price

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -33,8 +33,8 @@ from inferd.control.accounts.metering import UsageMeter
 from inferd.control.accounts.model import DEFAULT_PROJECT, AuditAction
 from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.quota import EndpointShape
-from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
-from inferd.control.accounts.service import AccountService, project_missing
+from inferd.control.accounts.roles import Action, Principal, authorize, project_to_write
+from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.checks import check_scaling, model_not_usable, name_taken, not_found
 from inferd.control.endpoints.engine_checks import check_engine_settings, check_engine_settings_on
@@ -154,7 +154,7 @@ class EndpointService:
         self._cache = cache
         self.catalog = catalog
         self.verifier = verifier
-        self.accounts = accounts
+        self._accounts = accounts
         self._guard = guard
         self._meter = meter
         self._models = models
@@ -209,23 +209,6 @@ class EndpointService:
             for r in self._cache.rows()
             if principal.sees(r.project_id) and (project_id is None or r.project_id == project_id)
         ]
-
-    def target_project(self, principal: Principal, project_id: str | None) -> str:
-        """The project a create names, or the only one the principal may
-        create in (the operator's default: the default project)."""
-        if project_id is not None:
-            return project_id
-        if principal.operator:
-            return DEFAULT_PROJECT
-        writable = [p for p in principal.roles if principal.may(Action.WRITE, p)]
-        if len(writable) == 1:
-            return writable[0]
-        raise BadRequest(
-            "Name the project to create the endpoint in ('projectId'): "
-            f"you may create endpoints in {len(writable)} projects.",
-            param="projectId",
-            code="project_required",
-        )
 
     # --- records ---------------------------------------------------------------------------
 
@@ -416,8 +399,8 @@ class EndpointService:
         self, principal: Principal, req: CreateEndpointRequest, project_id: str | None
     ) -> tuple[dict[str, Any], str]:
         """The record and the plaintext token (which is never stored)."""
-        project_id = self.target_project(principal, project_id)
-        await self.accounts.project(principal, project_id)
+        project_id = project_to_write(principal, project_id)
+        await self._accounts.project(principal, project_id)
         authorize(
             principal,
             project_id,
@@ -446,7 +429,7 @@ class EndpointService:
             )
         self._signals.endpoint_changed(row.id)
         logger.info("created endpoint %s (%s) for %s", row.id, row.name, row.model_name)
-        await self.accounts.audit_event(
+        await self._accounts.audit_event(
             principal, AuditAction.ENDPOINT_CREATE, project_id, f"endpoint:{row.id}",
             name=req.name, modelName=row.model_name, gpuType=row.gpu_type,
             minReplicas=row.min_replicas, maxReplicas=row.max_replicas,
@@ -519,7 +502,7 @@ class EndpointService:
         if req.engineSettings is not None:
             # As asked: a null clears a setting, and the audit says so.
             changed["engineSettings"] = req.engineSettings.model_dump(exclude_unset=True)
-        await self.accounts.audit_event(
+        await self._accounts.audit_event(
             principal, AuditAction.ENDPOINT_UPDATE, project_id, f"endpoint:{row.id}", **changed
         )
         return self.record_of(row)
@@ -580,7 +563,7 @@ class EndpointService:
             # After the commit and before the answer: the old token fails from now on.
             self.verifier.set_active(endpoint_id, digest)
         logger.info("re-issued the access token of endpoint %s", endpoint_id)
-        await self.accounts.audit_event(
+        await self._accounts.audit_event(
             principal, AuditAction.TOKEN_REISSUE, row.project_id, f"endpoint:{row.id}"
         )
         return token
@@ -588,7 +571,7 @@ class EndpointService:
     async def delete(self, principal: Principal, endpoint_id: str) -> None:
         """Mark deleting (tokens stop working), drain replicas, then remove the row."""
         row = self.endpoint(principal, endpoint_id, Action.WRITE)
-        await self.accounts.audit_event(
+        await self._accounts.audit_event(
             principal, AuditAction.ENDPOINT_DELETE, row.project_id, f"endpoint:{row.id}",
             name=row.name,
         )  # fmt: skip
@@ -622,36 +605,3 @@ class EndpointService:
                 f"Endpoint '{endpoint_id}' is being deleted.", param="id", code="endpoint_deleting"
             )
         return row
-
-    # --- projects ----------------------------------------------------------------------------
-
-    async def delete_project(
-        self, principal: Principal, project_id: str, models_of: Callable[[str], Sequence[str]]
-    ) -> None:
-        """The operator deletes an empty project: refused while it has
-        endpoints (being deleted included) or registered models, under the
-        guard creates take, so none can appear meanwhile. Members lose it
-        at once; its audit entries and usage stay in the store."""
-        require_operator(principal, "delete projects")
-        if project_id == DEFAULT_PROJECT:
-            raise Conflict(
-                "The default project cannot be deleted.", param="id", code="project_is_default"
-            )
-        await self.accounts.project(principal, project_id)
-        store = self.accounts.store
-        async with self._guard.exclusive(project_id):
-            endpoints = await store.count_endpoints(project_id)
-            models = list(models_of(project_id))
-            if endpoints or models:
-                raise Conflict(
-                    f"Project '{project_id}' still has {endpoints} endpoint(s) and "
-                    f"{len(models)} registered model(s); delete them first.",
-                    param="id",
-                    code="project_not_empty",
-                )
-            if not await store.delete_project(project_id):
-                raise project_missing(project_id)
-        self.accounts.quotas.pop(project_id, None)
-        await self.accounts.audit_event(
-            principal, AuditAction.PROJECT_DELETE, project_id, f"project:{project_id}"
-        )
