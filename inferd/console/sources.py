@@ -31,7 +31,8 @@ from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.batches.model import Batch
 from inferd.control.endpoints.client_tokens import ClientTokenService
-from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.reads import EndpointReads
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model import Endpoint as EndpointRow
 from inferd.control.replicas.scale_events import ScaleEvent
@@ -141,7 +142,7 @@ AnyOption = GpuOption | WorkloadOption
 
 @dataclass
 class ConsoleSources:
-    endpoints: EndpointService
+    endpoints: EndpointReads
     usage: UsageReads
     accounts: AccountService
     catalog: Catalog
@@ -152,6 +153,11 @@ class ConsoleSources:
     cost_so_far: Callable[[str], float]
     # The project a registered model belongs to (None: global or catalog).
     model_owner: Callable[[str], str | None]
+    # The endpoint writes (None: a console that only reads, as its own
+    # unit tests build it).
+    endpoint_commands: EndpointCommands | None = None
+    # Where a new endpoint goes when the form names no location.
+    default_location: str = "local"
     series: EndpointSeries = field(default_factory=EndpointSeries)
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
@@ -224,6 +230,11 @@ class ConsoleSources:
             if (opt.gpu_type, opt.gpu_count) == (row.gpu_type, row.gpu_count):
                 return opt
         return None
+
+    def commands(self) -> EndpointCommands:
+        if self.endpoint_commands is None:
+            raise RuntimeError("this console was built without endpoint writes")
+        return self.endpoint_commands
 
     async def projects(self, principal: Principal) -> list[str]:
         return [p.id for p in await self.accounts.projects(principal)]

@@ -103,6 +103,11 @@ class RecommendationService:
             return recommend(model, self._catalog.gpus, location, engine_settings=settings)
         return self._models.recommend(model_name, work, location, engine_settings=settings)
 
+    async def capacity(self) -> Capacity:
+        """The machines replicas are placed on, by location and GPU type:
+        in all and free now (the launcher's)."""
+        return await self._capacity_of()
+
     async def totals(self) -> Totals:
         """(location, GPU type) -> CPU replica slots or GPUs of the machines
         the launcher places replicas on, in all (empty: none known)."""

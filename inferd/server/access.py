@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferd.control.accounts.principals import PrincipalResolver
 from inferd.control.accounts.roles import Action, Principal
 from inferd.control.accounts.service import AccountService
-from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.reads import EndpointReads
 from inferd.control.model_service import ModelService
 from inferd.errors import BadRequest
 from inferd.server.docs import Doc
@@ -74,7 +74,7 @@ class Routes:
 
 class AccessCheck:
     def __init__(
-        self, endpoints: EndpointService, accounts: AccountService, models: ModelService
+        self, endpoints: EndpointReads, accounts: AccountService, models: ModelService
     ) -> None:
         self.endpoints = endpoints
         self.accounts = accounts

@@ -161,7 +161,12 @@ def create_app(server: Server) -> Starlette:
     tables = [
         Routes(
             ManagementRoutes(
-                server.service, server.models, server.recommendations, settings.max_body_bytes
+                server.service,
+                server.endpoint_commands,
+                server.models,
+                server.recommendations,
+                server.catalog,
+                settings.max_body_bytes,
             ),
             management.OPERATIONS,
         ),

@@ -11,7 +11,7 @@ callback points at something that does not exist yet:
     -> reconciler (ScaleSignals; reads endpoints from the store; capped by
     the quotas; journals each change of desired replicas) -> the endpoints'
     copy -> registered models (refused deletion while the copy has a user)
-    -> project guard -> endpoint service (project checks, quotas, audit;
+    -> project guard -> endpoint reads and commands (project checks, quotas, audit;
     tells the reconciler; shows the registry's replicas) -> accounts (usage
     reads), meter feed (registry -> meter), series sampler (registry,
     gateway state, service) -> endpoint directory -> gateway (asks the
@@ -68,7 +68,8 @@ from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
-from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.reads import EndpointReads
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.endpoints.views import EndpointDirectory, ReplicaViews
 from inferd.control.launchers.inventory import (
@@ -189,7 +190,9 @@ class Server:
     journal: ScaleJournal
     endpoint_rows: FollowedEndpoints
     reconciler: Reconciler
-    service: EndpointService
+    # The endpoints: reads (this instance's copy, records, pages) and commands.
+    service: EndpointReads
+    endpoint_commands: EndpointCommands
     adapters: AdapterService
     client_tokens: ClientTokenService
     models: ModelService
@@ -390,23 +393,28 @@ async def build(
         await models.load()
         # One guard for creates and project deletions: its lock is shared.
         guard = ProjectGuard(store)
-        service = EndpointService(
+        service = EndpointReads(
+            store,
+            endpoint_cache,
+            catalog,
+            meter,
+            public_url=settings.public_url,
+            runtime_of=ReplicaViews(registry, reconciler),
+        )
+        endpoint_commands = EndpointCommands(
+            service,
             store,
             endpoint_cache,
             catalog,
             verifier,
             account_service,
             guard,
-            meter,
             models,
-            public_url=settings.public_url,
             default_location=settings.default_location,
             max_replicas_cap=settings.max_replicas_cap,
             max_endpoints=settings.max_endpoints,
-            runtime_of=ReplicaViews(registry, reconciler),
             drain=drain,
             signals=signals,
-            capacity_of=launcher.capacity,
         )
         accounts = Accounts(
             store,
@@ -446,7 +454,7 @@ async def build(
             store, service.find, settings.batches, utc_now, wake=batch_runner.wake
         )
         replica_duty = ReplicaDuty(
-            store, registry, launcher, reconciler, service, meter_feed, run_replicas
+            store, registry, launcher, reconciler, endpoint_commands, meter_feed, run_replicas
         )
         mirror = None
         if not coordination.ends_with_instance:
@@ -468,6 +476,7 @@ async def build(
         endpoint_rows=endpoint_rows,
         reconciler=reconciler,
         service=service,
+        endpoint_commands=endpoint_commands,
         adapters=adapters,
         client_tokens=client_tokens,
         models=models,
@@ -483,7 +492,7 @@ async def build(
         batch_runner=batch_runner,
         project_deletion=ProjectDeletion(account_service, guard, models.of_project),
         recommendations=RecommendationService(
-            catalog, models, service.check_engine_settings, launcher.capacity
+            catalog, models, endpoint_commands.check_engine_settings, launcher.capacity
         ),
         coordination=coordination,
         mirror=mirror,

@@ -79,6 +79,8 @@ def console_sources(server: Server) -> ConsoleSources:
     settings = server.settings
     return ConsoleSources(
         endpoints=server.service,
+        endpoint_commands=server.endpoint_commands,
+        default_location=settings.default_location,
         client_tokens=server.client_tokens,
         usage=accounts.usage,
         accounts=accounts.service,

@@ -26,7 +26,8 @@ from inferd.catalog import Catalog
 from inferd.catalog.models import KINDS as MODEL_KINDS
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.control.accounts.roles import Action, Principal
-from inferd.control.endpoints.service import EndpointService, render_json
+from inferd.control.endpoints.reads import EndpointReads, render_json
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.model import utc_now_text
 from inferd.control.model_service import ModelService
 from inferd.control.paging import EndpointFilter
@@ -54,16 +55,20 @@ _STATUSES = tuple(s.value for s in EndpointStatus)
 class ManagementRoutes:
     def __init__(
         self,
-        endpoints: EndpointService,
+        endpoints: EndpointReads,
+        commands: EndpointCommands,
         models: ModelService,
         recommendations: RecommendationService,
+        catalog: Catalog,
         max_body_bytes: int,
     ) -> None:
         self.endpoints = endpoints
+        self.commands = commands
         self.models = models
         self.recommender = recommendations
         self.max_body_bytes = max_body_bytes
-        self._gpu_types, self._locations = _catalog_documents(endpoints.catalog)
+        self._catalog = catalog
+        self._gpu_types, self._locations = _catalog_documents(catalog)
 
     # --- endpoints -------------------------------------------------------------------
 
@@ -93,7 +98,7 @@ class ManagementRoutes:
 
     async def create_endpoint(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateEndpointRequest, self.max_body_bytes)
-        record, token = await self.endpoints.create(principal, req, req.projectId)
+        record, token = await self.commands.create(principal, req, req.projectId)
         return JSONResponse({**record, "accessToken": token}, status_code=201)
 
     async def get_endpoint(self, request: Request, principal: Principal) -> Response:
@@ -103,14 +108,14 @@ class ManagementRoutes:
     async def update_endpoint(self, request: Request, principal: Principal) -> Response:
         endpoint_id = request.path_params["id"]
         req = await read_model(request, UpdateEndpointRequest, self.max_body_bytes)
-        return JSONResponse(await self.endpoints.update(principal, endpoint_id, req))
+        return JSONResponse(await self.commands.update(principal, endpoint_id, req))
 
     async def delete_endpoint(self, request: Request, principal: Principal) -> Response:
-        await self.endpoints.delete(principal, request.path_params["id"])
+        await self.commands.delete(principal, request.path_params["id"])
         return Response(status_code=204)
 
     async def reissue_token(self, request: Request, principal: Principal) -> Response:
-        token = await self.endpoints.reissue_token(principal, request.path_params["id"])
+        token = await self.commands.reissue_token(principal, request.path_params["id"])
         return JSONResponse({"accessToken": token})
 
     # --- catalog -----------------------------------------------------------------------
@@ -179,7 +184,7 @@ class ManagementRoutes:
         return JSONResponse(profile.to_dict(), status_code=201)
 
     async def list_gpu_types(self, request: Request, principal: Principal) -> Response:
-        live = _by_location(await self.endpoints.capacity_of())
+        live = _by_location(await self.recommender.capacity())
         data = [
             {**g, "capacity": {loc: types[g["name"]] for loc, types in live.items()
                                if g["name"] in types}}
@@ -188,9 +193,9 @@ class ManagementRoutes:
         return Response(render_json({"data": data}), media_type="application/json")
 
     async def list_locations(self, request: Request, principal: Principal) -> Response:
-        live = _by_location(await self.endpoints.capacity_of())
+        live = _by_location(await self.recommender.capacity())
         data = [{**loc, "capacity": live.get(loc["name"], {})} for loc in self._locations]
-        body = {"currency": self.endpoints.catalog.gpus.currency, "data": data}
+        body = {"currency": self._catalog.gpus.currency, "data": data}
         return Response(render_json(body), media_type="application/json")
 
     async def recommendations(self, request: Request, principal: Principal) -> Response:

@@ -76,6 +76,6 @@ class Settings(Pages):
         except ValidationError as exc:
             raise ConsoleError(400, human_errors(exc.errors())) from None
         assert session.principal is not None
-        await written(self.sources.endpoints.update(session.principal, row.id, req))
+        await written(self.sources.commands().update(session.principal, row.id, req))
         self._mark(row.id)
         return RedirectResponse(f"/console/endpoints/{row.id}#settings", status_code=303)
