@@ -4,10 +4,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SERVE_ARGS ?=
-# Serial by default. TEST_PARALLEL="-n 2 --dist loadgroup --no-loadscope-reorder" runs two
-# pytest-xdist workers (36 min against 61 on 2 cores), but test_fuzz's example count still
-# fails under them: not the default until that is understood.
-TEST_PARALLEL ?=
+# Two pytest-xdist workers, a test file (or the files sharing one engine or the
+# Ray cluster) per worker, longest first: 36 min against 61 serially on 2 cores
+# (tests/conftest.py). TEST_PARALLEL= runs serially.
+TEST_PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: serve test lint bench setup results
 

@@ -48,6 +48,7 @@ LONGEST_GROUPS = ("shared-engines", "test_endpoint_e2e", "test_readme", "test_en
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    give_generated_cases_their_own_ids(items)
     if hasattr(config, "workerinput"):  # one process runs everything: nothing to group
         items[:] = grouped_for_xdist(items)
 
@@ -88,16 +89,31 @@ def file_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+def give_generated_cases_their_own_ids(items: list[pytest.Item]) -> None:
+    """schemathesis names each generated case after its operation
+    (`test_x[GET /healthz]`), but pytest 9.2 builds a node id from the
+    function's name and its own parameters only, so all of a schema's cases
+    shared one id. pytest-xdist schedules by node id: under two workers it
+    ran one case of the 72 (and the test counting calls per operation
+    failed), and results keyed by id were merged. Each case's id is its name."""
+    for item in items:
+        if item.parent is not None and item.nodeid.rsplit("::", 1)[-1] != item.name:
+            set_node_id(item, f"{item.parent.nodeid}::{item.name}")
+
+
 def name_xdist_group(item: pytest.Item, group: str) -> None:
     """`--dist loadgroup` reads a test's group from its node id
-    (`path::test@group`). pytest-xdist 3.8 writes that suffix to a field that
-    pytest 9.2 no longer reads (`_nodeid`; the id is `_id` now), so groups
-    were silently ignored: the suffix is written here, for both."""
+    (`path::test@group`)."""
+    set_node_id(item, f"{item.nodeid}@{group}")
+
+
+def set_node_id(item: pytest.Item, nodeid: str) -> None:
+    """pytest-xdist 3.8 writes a node id to a field that pytest 9.2 no longer
+    reads (`_nodeid`; the id is `_id` now): both are written."""
     from _pytest.nodeid import coerce_node_id
 
-    grouped = f"{item.nodeid}@{group}"
-    item._nodeid = grouped  # type: ignore[attr-defined]
-    item._id = coerce_node_id(grouped)  # type: ignore[attr-defined]
+    item._nodeid = nodeid  # type: ignore[attr-defined]
+    item._id = coerce_node_id(nodeid)  # type: ignore[attr-defined]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -5,9 +5,11 @@ table-tested with an injected clock. `Dispatcher` applies them on the event
 loop: it hands out replica slots, queues what cannot go yet in arrival order,
 and releases held requests as slots free up or replicas become ready, by a
 fair share between the endpoint's clients (`inferd.gateway.fairness`; one
-client alone is first in, first out). A held request leaves the queue when
-it is placed, when its time is up (503) or when its client goes away;
-nothing stays behind.
+client alone is first in, first out). A full queue is shared fairly too: a
+newcomer takes the place of the newest request of the client most over its
+share (`inferd.gateway.hold_share`). A held request leaves the queue when
+it is placed, when its time is up (503), when it gives way to another
+client's (429) or when its client goes away; nothing stays behind.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, overload
 
 from inferd.errors import InferdError, NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import ReplicaDirectory, RoutableReplica
 from inferd.gateway.fairness import INTERACTIVE_OWNER, OWNER, Claim, FairShare, Picker
+from inferd.gateway.hold_share import Bounds, ClientHold, Room, make_room
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Choice, Outcome, Reason, choose_replica
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.traffic import EndpointTraffic
@@ -50,6 +53,8 @@ NO_SCALING: CapacitySignal = _NoScaling()
 _CAPACITY_REPEAT_S = 1.0
 MAX_RETRY_AFTER_S = 600
 _DEFAULT_SETTINGS = GatewaySettings()
+# The code of a 429 whose client holds more than its share of a full queue.
+OVER_SHARE = "hold_share_exceeded"
 
 
 class Verdict(enum.Enum):
@@ -205,12 +210,36 @@ class Waiter:
         self.claim = claim  # whose it is, for the fair release
 
 
+class _Costs(Sequence[int]):
+    """The bytes of one client's held requests, oldest first, read off its
+    queue without copying it (`make_room` reads a few from the end)."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: deque[Waiter]) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        if isinstance(index, slice):
+            return [w.cost for w in list(self._queue)[index]]
+        return self._queue[index].cost
+
+
 class _HeldRequests:
     """One endpoint's held requests and what the hold machinery remembers
     about it between requests."""
 
     __slots__ = (
+        "by_client",
         "bytes",
+        "client_bytes",
         "cold_start_s",
         "instance",
         "queue",
@@ -218,7 +247,6 @@ class _HeldRequests:
         "share",
         "traffic",
         "turn",
-        "waiting",
         "watcher",
     )
 
@@ -237,18 +265,22 @@ class _HeldRequests:
         # last cold start took (for an honest Retry-After).
         self.scale_requested_at: float | None = None
         self.cold_start_s: float | None = None
-        # The clients' virtual token counters, and how many requests each
-        # has held (a client with none is not waiting).
+        # The clients' virtual token counters; each waiting client's held
+        # requests in arrival order and their bytes (a client with none is
+        # not waiting, and not in these).
         self.share = FairShare()
-        self.waiting: dict[str, int] = {}
+        self.by_client: dict[str, deque[Waiter]] = {}
+        self.client_bytes: dict[str, int] = {}
 
     def add(self, waiter: Waiter) -> None:
         client = waiter.claim.client
-        held = self.waiting.get(client, 0)
-        if held == 0:
-            self.share.forget_idle(self.waiting)
-            self.share.started_waiting(client, self.waiting)
-        self.waiting[client] = held + 1
+        mine = self.by_client.get(client)
+        if mine is None:
+            self.share.forget_idle(self.by_client)
+            self.share.started_waiting(client, self.by_client)
+            mine = self.by_client[client] = deque()
+        mine.append(waiter)
+        self.client_bytes[client] = self.client_bytes.get(client, 0) + waiter.cost
         self.queue.append(waiter)
         self.traffic.held = len(self.queue)
         self.bytes += waiter.cost
@@ -261,20 +293,32 @@ class _HeldRequests:
         except ValueError:
             return
         client = waiter.claim.client
-        left = self.waiting.get(client, 1) - 1
-        if left > 0:
-            self.waiting[client] = left
-        else:
-            self.waiting.pop(client, None)
-            self.share.stopped_waiting(client)
+        mine = self.by_client.get(client)
+        if mine is not None:
+            mine.remove(waiter)
+            if mine:
+                self.client_bytes[client] -= waiter.cost
+            else:
+                del self.by_client[client]
+                self.client_bytes.pop(client, None)
+                self.share.stopped_waiting(client)
         self.traffic.held = len(self.queue)
         self.bytes -= waiter.cost
         self.traffic.held_bytes = self.bytes
         self.instance.total -= waiter.cost
 
+    def holds(self) -> dict[str, ClientHold]:
+        """Each waiting client's held requests, for `make_room` (weighted
+        as its newest request's claim says: a token's weight may change)."""
+        return {
+            client: ClientHold(queue[-1].claim.weight, _Costs(queue), self.client_bytes[client])
+            for client, queue in self.by_client.items()
+        }
+
     def clear(self) -> None:
         self.queue.clear()
-        self.waiting.clear()
+        self.by_client.clear()
+        self.client_bytes.clear()
         self.traffic.held = 0
         self.instance.total -= self.bytes
         self.bytes = 0
@@ -432,7 +476,12 @@ class Dispatcher:
                 held.scale_requested_at = now
             self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
-            raise self._refusal(ep, admission.status == 503, len(replicas))
+            room = self._make_room(held, claim, cost)
+            if not room.admitted:
+                if room.over_share:
+                    raise self._over_share(ep, len(replicas), arriving=True)
+                raise self._refusal(ep, admission.status == 503, len(replicas))
+            self._give_way(ep, held, room, len(replicas))
         at_zero = on_hold if not replicas else None
         return await self._hold(ep, exclude, deadline - now, affinity, cost, claim, at_zero)
 
@@ -468,6 +517,57 @@ class Dispatcher:
         finally:
             timer.cancel()
             held.discard(waiter)
+
+    def _make_room(self, held: _HeldRequests, claim: Claim, cost: int) -> Room:
+        """Whose held requests give way to this one in a full queue (none
+        when it is refused)."""
+        settings = self._settings
+        per_endpoint = settings.max_held_bytes_per_endpoint
+        instance_left = settings.max_held_bytes - self._held_bytes.total
+        bounds = Bounds(
+            max_count=settings.max_held_requests,
+            free_count=settings.max_held_requests - len(held.queue),
+            max_bytes=per_endpoint,
+            free_bytes=min(per_endpoint - held.bytes, instance_left),
+        )
+        return make_room(held.holds(), claim.client, claim.weight, cost, bounds)
+
+    def _give_way(self, ep: EndpointTraffic, held: _HeldRequests, room: Room, ready: int) -> None:
+        """Refuse the newest held requests `room` names (429, answered at
+        once: their clients are over their share of the queue)."""
+        assert room.evict is not None
+        for client, count in room.evict.items():
+            for waiter in list(held.by_client[client])[-count:]:
+                held.discard(waiter)
+                if not waiter.future.done():
+                    waiter.future.set_exception(self._over_share(ep, ready, arriving=False))
+                logger.info(
+                    "endpoint %s: a held request of client %r gave way to another client's "
+                    "(the hold queue is full and that client held more than its share)",
+                    ep.endpoint_id, client or "owner",
+                )  # fmt: skip
+
+    def _over_share(self, ep: EndpointTraffic, ready: int, *, arriving: bool) -> InferdError:
+        held = self._state(ep)
+        seconds = retry_after(
+            scaling=False,
+            ahead=len(held.queue) + 1,
+            slots=max(1, ready) * self._cap,
+            mean_service_s=ep.mean_service_time(),
+            cold_start_s=0.0,
+            scaling_for_s=0.0,
+        )
+        message = (
+            "This endpoint's waiting queue is full and this client token holds at least its "
+            "share of it; retry later."
+            if arriving
+            else "This endpoint's waiting queue is full and this client token held more than "
+            "its share of it: this request, its newest held one, made room for another "
+            "client's; retry later."
+        )
+        error = TooManyRequests(message, code=OVER_SHARE, retry_after=seconds)
+        ep.refused[OVER_SHARE] = ep.refused.get(OVER_SHARE, 0) + 1
+        return error
 
     def _expire(self, ep: EndpointTraffic, waiter: Waiter) -> None:
         if waiter.future.done():

@@ -22,7 +22,7 @@ UNAUTHENTICATED = "unauthenticated"
 # The `client` label of requests made with the endpoint owner's token.
 OWNER_LABEL = "owner"
 # The hold queue's refusals, by the error code the client gets.
-REFUSAL_REASONS = ("overloaded", "scaling_up", "hold_timeout")
+REFUSAL_REASONS = ("overloaded", "scaling_up", "hold_timeout", "hold_share_exceeded")
 
 # Called with (endpoint, status, seconds) for every answered request of an
 # authenticated endpoint.
@@ -65,7 +65,8 @@ class _TrafficCollector(Collector):
             "inferd_gateway_refused_requests",
             "Requests the hold queue refused, by the error code the client got: "
             "overloaded (429: at capacity, queue full), scaling_up (503: starting a "
-            "replica, queue full), hold_timeout (503: no replica in time).",
+            "replica, queue full), hold_timeout (503: no replica in time), "
+            "hold_share_exceeded (429: queue full and the client holds more than its share).",
             labels=["endpoint", "reason"],
         )
         for ep in list(self._endpoints()):

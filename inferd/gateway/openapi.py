@@ -36,7 +36,8 @@ _ERRORS = {
     404: "The endpoint no longer exists, or the requested `model` is not the endpoint's.",
     409: "A request with this request id is already running.",
     413: "Request body over the limit (answered before the body is read).",
-    429: "Every replica is at its in-flight bound and the endpoint's waiting queue is full.",
+    429: "Every replica is at its in-flight bound and the endpoint's waiting queue is full, "
+    "or this client token holds more than its share of that queue, or its rate limit is reached.",
     500: "The replica failed while answering.",
     503: "No replica could take the request in time: the waiting queue is full while a "
     "replica starts, the wait timed out, or the endpoint is being deleted.",

@@ -25,7 +25,8 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd.control.endpoints.tokens import new_endpoint_token
+from inferd.control.endpoints.tokens import hash_token, new_endpoint_token
+from inferd.control.model import ClientToken, utc_now
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 from inferd.gateway.settings import GatewaySettings
@@ -50,7 +51,11 @@ TOKENS = {eid: new_endpoint_token() for eid in (CHAT_EP, OTHER_EP, IMAGE_EP)}
 
 
 def auth(endpoint_id: str = CHAT_EP) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKENS[endpoint_id]}"}
+    return bearer(TOKENS[endpoint_id])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def chat(max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
@@ -525,6 +530,51 @@ def test_queue_full_while_busy_is_429_and_while_scaling_503(
     gw.directory.set_ready(CHAT_EP, [replica_of(replicas[0], "r-a")])
     holder.join(30)
     assert results[-1] == 200
+
+
+def test_a_full_queue_makes_room_for_another_client_token(
+    serve: Callable[..., GatewayServer], replicas: list[ReplicaHandle]
+) -> None:
+    """The owner's token floods the hold queue; a client token's request
+    still gets in: the flood's newest held request is answered 429 with
+    Retry-After in its place, the flood's next one is refused, and every
+    request admitted is answered."""
+    settings = GatewaySettings(max_in_flight_per_replica=1, max_held_requests=3)
+    gw = serve(settings, chat_replicas=[replica_of(replicas[0], "r-a")])
+    light = new_endpoint_token()
+    token = ClientToken(CHAT_EP, "light", hash_token(light), "infd_ep_...", utc_now())
+    gw.call(lambda: gw.gateway.verifier.set_clients(CHAT_EP, [token]))
+    results: dict[str, httpx.Response] = {}
+
+    def call(name: str, tokens: int = 4, headers: dict[str, str] | None = None) -> None:
+        results[name] = httpx.post(
+            gw.url() + CHAT, json=chat(tokens), headers=headers or auth(), timeout=30
+        )
+
+    # The first holds the only slot for 3 s (10 ms a token): time for the rest.
+    threads = [threading.Thread(target=call, args=("busy", 300))]
+    threads[0].start()
+    wait_until(lambda: gw.gateway.traffic(CHAT_EP).in_flight == 1, HANG_S)
+    for n in range(3):
+        threads.append(threading.Thread(target=call, args=(f"flood-{n}",)))
+        threads[-1].start()
+        wait_until(lambda n=n: gw.gateway.traffic(CHAT_EP).held == n + 1, HANG_S)
+    threads.append(threading.Thread(target=call, args=("light", 4, bearer(light))))
+    threads[-1].start()
+    wait_until(lambda: "flood-2" in results, HANG_S)
+    displaced = results["flood-2"]
+    assert displaced.status_code == 429, displaced.text
+    assert displaced.json()["error"]["code"] == "hold_share_exceeded"
+    assert int(displaced.headers["retry-after"]) >= 1
+    refused = httpx.post(gw.url() + CHAT, json=chat(), headers=auth())
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "hold_share_exceeded"
+    for thread in threads:
+        thread.join(30)
+    statuses = {name: r.status_code for name, r in results.items()}
+    assert statuses == {"busy": 200, "flood-0": 200, "flood-1": 200, "flood-2": 429, "light": 200}
+    snapshot = gw.gateway.traffic(CHAT_EP)
+    assert snapshot.held == 0 and snapshot.in_flight == 0
 
 
 def test_hold_times_out_with_503_and_retry_after(serve: Callable[..., GatewayServer]) -> None:

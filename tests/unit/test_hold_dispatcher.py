@@ -13,7 +13,7 @@ import pytest
 
 from inferd.errors import NotFound, ServiceUnavailable, TooManyRequests
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
-from inferd.gateway.hold import Dispatcher
+from inferd.gateway.hold import OVER_SHARE, Dispatcher
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.gateway.traffic import EndpointTraffic
@@ -197,6 +197,46 @@ def test_queue_full_is_429_when_busy_and_503_when_scaling() -> None:
         # service time observed yet).
         assert later.value.retry_after == 8
         waiting.cancel()
+        await dispatcher.close()
+
+    run(scenario())
+
+
+def test_a_full_queue_makes_room_for_another_client_by_refusing_the_floods_newest() -> None:
+    """Scaling from zero, a queue of 4 full of one client's requests: another
+    client's request is held in place of the flood's newest, which is
+    answered 429 at once (not dropped); the flood's next is refused. The
+    counts and bytes held follow, and the rest are released in turn."""
+
+    async def scenario() -> None:
+        dispatcher, ep, directory, clock = setup(
+            [], held_request_overhead_bytes=10, max_in_flight_per_replica=4
+        )
+
+        def request(client: str) -> asyncio.Future[RoutableReplica]:
+            claim = dispatcher.claim(ep, client, 1.0, False, 90)
+            return asyncio.ensure_future(
+                dispatcher.acquire(ep, NONE, clock() + 60, size=90, claim=claim)
+            )
+
+        flood = [request("flood") for _ in range(4)]
+        await turns()
+        assert ep.held == 4 and dispatcher.held_bytes(EP) == 400
+        light = request("light")
+        await turns()
+        with pytest.raises(TooManyRequests) as displaced:
+            await flood[-1]
+        assert displaced.value.code == OVER_SHARE and "made room" in displaced.value.message
+        assert displaced.value.retry_after is not None and displaced.value.retry_after >= 1
+        assert ep.held == 4 and dispatcher.held_bytes(EP) == 400 and not light.done()
+        with pytest.raises(TooManyRequests) as refused:  # 3 against 1: still over its share
+            claim = dispatcher.claim(ep, "flood", 1.0, False, 90)
+            await dispatcher.acquire(ep, NONE, clock() + 60, size=90, claim=claim)
+        assert refused.value.code == OVER_SHARE and "holds at least" in refused.value.message
+        assert ep.refused[OVER_SHARE] == 2
+        directory.set_ready(EP, [A])
+        assert {r.replica_id for r in await asyncio.gather(light, *flood[:3])} == {"a"}
+        assert ep.held == 0 and dispatcher.held_bytes() == 0
         await dispatcher.close()
 
     run(scenario())
