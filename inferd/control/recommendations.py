@@ -114,13 +114,6 @@ class RecommendationService:
         capacity = await self._capacity_of()
         return {(k.location, k.gpu_type): n for k, n in capacity.total.items()}
 
-    def visible_models(self, principal: Principal) -> list[ModelSpec]:
-        """The models the principal may know of: global and catalog ones and
-        those of its projects (never another project's)."""
-        return [
-            m for m in self._catalog.models.all() if self._models.seen_by(m.name, principal.sees)
-        ]
-
     def _visible_model(self, principal: Principal, model_name: str) -> ModelSpec:
         # Another project's model is answered as an unknown name.
         if not self._models.seen_by(model_name, principal.sees):

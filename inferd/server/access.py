@@ -42,7 +42,7 @@ class Target(str, Enum):
     PROJECT = "project"  # path {id}: a project
     USER = "user"  # path {userId}: the caller, or a user of a project the caller administers
     NEW_ENDPOINT = "new-endpoint"  # the project is in the body; the service checks it
-    NEW_MODEL = "new-model"  # the project is in the body; the handler checks it
+    NEW_MODEL = "new-model"  # the project is in the body; the model service checks it
     # path {name}: a model; a registered one of a project is checked like an
     # endpoint, a global or catalog one is read by all, changed by the operator
     MODEL = "model"
