@@ -2,8 +2,9 @@
 after, in one run: leave-one-source-out and leave-one-GPU-out median error,
 and how often each figure's error band holds its held-out error.
 
-"Before" is another commit's code (default: main before the step-time fixes
-and bands of docs/recommendation.md), unpacked with `git archive` into a
+"Before" is other commits' code (default: main before the step-time fixes
+and bands of docs/recommendation.md, and main before the last model step),
+each unpacked with `git archive` into a
 temporary directory; "after" is this tree. Each side runs in its own Python
 process with its own `inferd` on the path and is asked about two datasets:
 its own `published.yaml`, and this tree's (the figures "before" never saw;
@@ -15,7 +16,7 @@ inside. Before: the median held-out error of the figures of its GPU
 generation and precision (its rule: a 50% band by construction). After: the
 80% split-conformal band of `inferd.catalog.bands`.
 
-    python benchmarks/recommendation_accuracy.py [--before REF]
+    python benchmarks/recommendation_accuracy.py [--before REF ...]
 
 CPU only, about a minute on 2 cores.
 """
@@ -36,8 +37,10 @@ from results_format import goal, table
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = Path("inferd/catalog/data/published.yaml")
-# main before issue 33's work (TTFT floor, additive prefill, engine factors, bands).
-BEFORE = "2d2ceec"
+# main before issue 33's work (TTFT floor, additive prefill, engine factors,
+# bands), and main before the step that stopped counting the input embedding
+# table as a read of every decode step.
+BEFORE = ("2d2ceec", "f58b045")
 LOSO_GOAL, SOURCE_GOAL, LOGO_GOAL, COVERAGE_GOAL = 0.10, 0.25, 0.15, 0.75
 
 # Runs inside each side's tree: prints one JSON object.
@@ -154,22 +157,27 @@ def _goal(name: str, target: float, figure: float, why: str, least: bool = False
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", default=BEFORE, help="the commit measured as before")
+    parser.add_argument(
+        "--before", action="append", help=f"a commit measured as before (default: {BEFORE})"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    befores = args.before or list(BEFORE)
+    runs: dict[str, dict[str, Any]] = {}
+    left_out: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before"
-        before.mkdir()
-        archive = subprocess.run(
-            ["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True
-        )
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-        new_rows, left_out = readable(before, ROOT / PUBLISHED, Path(tmp) / "all.yaml")
-        runs = {
-            "before, its own figures": side(before, before / PUBLISHED),
-            "before, every figure it can model": side(before, new_rows),
-            "after": side(ROOT, ROOT / PUBLISHED),
-        }
+        for ref in befores:
+            before = Path(tmp) / ref
+            before.mkdir()
+            archive = subprocess.run(
+                ["git", "archive", ref], cwd=ROOT, capture_output=True, check=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+            new_rows, left_out[ref] = readable(before, ROOT / PUBLISHED, Path(tmp) / f"{ref}.yaml")
+            if (before / PUBLISHED).read_text() != (ROOT / PUBLISHED).read_text():
+                runs[f"before ({ref}), its own figures"] = side(before, before / PUBLISHED)
+            runs[f"before ({ref}), every figure it can model"] = side(before, new_rows)
+        runs["after"] = side(ROOT, ROOT / PUBLISHED)
     regimes = sorted({k for r in runs.values() for k in r["coverage"]})
     gpus = sorted({g for r in runs.values() for g in r["byGpu"]})
     rows = []
@@ -201,8 +209,12 @@ def main() -> int:
         goals.append(_goal(f"80% band coverage, {k}", COVERAGE_GOAL, inside / n, why, least=True))
     report = {
         "title": "Recommendation accuracy on figures it was not fitted to",
-        "workload": f"published figures: before at {args.before}, after this tree; "
-        f"{left_out} of this tree's figures are of a scenario the before code cannot model",
+        "workload": "published figures: before at "
+        + ", ".join(
+            f"{ref} ({n} of this tree's figures of a scenario its code cannot model)"
+            for ref, n in left_out.items()
+        )
+        + ", after this tree",
         "tables": [
             table("Leave-one-source-out", list(rows[0]), rows),
             table("Leave-one-GPU-out median error", ["run", *gpus], gpu_rows),

@@ -21,14 +21,16 @@ from inferd.catalog import load_catalog
 from inferd.catalog.bands import COVERAGE, MIN_FIGURES
 from inferd.catalog.fit import (
     FITTED,
+    GPU_HELD_OUT_GOAL,
     MEDIAN_ERROR_GOAL,
     SOURCE_ERROR_GOAL,
     context,
+    fit,
     fitted_document,
     published,
     reload,
 )
-from inferd.catalog.perfmodel import PRIOR
+from inferd.catalog.perfmodel import PRIOR, Precision, weight_bytes, weight_read_bytes
 from inferd.catalog.workload import (
     ChatWorkload,
     ImageWorkload,
@@ -103,6 +105,8 @@ def render_doc(doc: dict[str, Any]) -> str:
         "predicts its figures. Rebuilt by `python scripts/recommendation_table.py`;",
         "`tests/unit/test_calibration.py` holds the errors to the goal and these",
         "files to the script.",
+        "",
+        *render_before_after(doc),
         "",
         "## The parameters",
         "",
@@ -209,23 +213,10 @@ def render_doc(doc: dict[str, Any]) -> str:
         "API-server cost: GPUStack's 64 ms for 233-token prompts is four times the",
         "model's.",
         "",
-        "Where the goal is not met, and why:",
+        *goal_notes(doc),
         "",
-        *[
-            f"- **{gpu} held out**: {err:.0%} (goal 15%): the other GPU type of its "
-            "generation measured other precisions and engines (the L4 vLLM 16-bit, the "
-            "L40S TensorRT-LLM FP8), so neither carries the other's efficiencies over well."
-            for gpu, err in doc["gpuHeldOutMedianAbsError"].items()
-            if err > 0.15
-        ],
-        f"- **Leave-one-source-out median {doc['overallMedianAbsError']:.1%}** (goal 10%; "
-        "`benchmarks/recommendation_accuracy.py` measures main's code beside this one): the",
-        "  sources furthest off held out are "
-        + ", ".join(
-            f"{key} ({err:.0%})"
-            for key, err in sorted(doc["sourceMedianAbsError"].items(), key=lambda kv: -kv[1])[:3]
-        )
-        + ".",
+        "Other misses, and why:",
+        "",
         "- **inferd's own H100 SDXL figures** are the only Hopper image measurements;",
         "  held out, Hopper's image efficiency is carried over from its LLM compute",
         "  efficiency at Ampere's image-to-LLM ratio "
@@ -280,6 +271,94 @@ def render_doc(doc: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# Before and after measured in one run (each side's code fitted and held out
+# in its own process): benchmarks/recommendation_accuracy.py.
+ACCURACY = ROOT / "benchmarks" / "results" / "recommendation_accuracy.json"
+
+
+def accuracy_run() -> dict[str, Any]:
+    return dict(json.loads(ACCURACY.read_text()))
+
+
+def accuracy_is_stale(doc: dict[str, Any]) -> bool:
+    """Whether the committed before/after run measured other code or figures
+    than these: its "after" is this tree's fit, so its figures must be this
+    fit's (to the rounding `fitted.json` keeps)."""
+    after = accuracy_run()["runs"]["after"]
+    same = round(after["loso"], 4) == doc["overallMedianAbsError"] and all(
+        round(err, 4) == doc["gpuHeldOutMedianAbsError"][gpu] for gpu, err in after["byGpu"].items()
+    )
+    return not same or after["figures"] != doc["rows"]
+
+
+def render_before_after(doc: dict[str, Any]) -> list[str]:
+    run = accuracy_run()
+    lines = [
+        "## Before and after",
+        "",
+        f"One run of `{run['command']}` ({run['date'][:10]}, at {run['commit'][:7]};",
+        "each side's code fitted to the figures and held out source by source and",
+        'GPU type by GPU type in its own process; "every figure it can model": this',
+        "tree's `published.yaml`, less rows of a scenario that code does not know).",
+    ]
+    for t in run["tables"]:
+        cols = t["columns"]
+        lines += ["", f"{t['title']}:", "", "| " + " | ".join(cols) + " |",
+                  "|" + " --- |" * len(cols)]  # fmt: skip
+        lines += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in t["rows"]]
+    if accuracy_is_stale(doc):
+        lines += ["", "**Stale**: the after run above is not this fit; rerun the benchmark."]
+    return lines
+
+
+def goal_notes(doc: dict[str, Any]) -> list[str]:
+    """The goals against this fit, and what the last model step changed."""
+    dataset = published()
+    ctx = context(load_catalog(), dataset)
+    table_share = {
+        name: 1 - weight_read_bytes(arch, prec) / weight_bytes(arch, prec)
+        for name, prec in (("qwen2.5-7b", Precision("bf16")), ("llama-2-7b", Precision("fp8")))
+        for arch in [dataset.architectures[name]]
+    }
+    without_l4 = fit([r for r in dataset.rows if r.gpu != "L4"], ctx)
+    ada_without_l4 = without_l4["bandwidthEfficiency.ada"]
+    loso = doc["overallMedianAbsError"]
+    worst = sorted(doc["sourceMedianAbsError"].items(), key=lambda kv: -kv[1])[:3]
+    by_gpu = doc["gpuHeldOutMedianAbsError"]
+    missed_gpus = {g: e for g, e in by_gpu.items() if e > GPU_HELD_OUT_GOAL}
+    loso_met = "met" if loso <= MEDIAN_ERROR_GOAL else "**not met**"
+    lines = [
+        "Goals: leave-one-source-out median "
+        f"{loso:.1%} (goal {MEDIAN_ERROR_GOAL:.0%}: {loso_met}); "
+        "every GPU type held out within "
+        f"{max(doc['gpuHeldOutMedianAbsError'].values()):.1%} (goal {GPU_HELD_OUT_GOAL:.0%}: "
+        f"{'met' if not missed_gpus else '**not met** for ' + ', '.join(missed_gpus)}); "
+        "the sources furthest off held out are "
+        + ", ".join(f"{key} ({err:.0%})" for key, err in worst)
+        + f" (goal {SOURCE_ERROR_GOAL:.0%} each).",
+        "",
+        "What moved L4 held out and the median (before and after: the table above):",
+        "a decode step was taken to read every weight, the input embedding table",
+        "too, but the step looks up only its tokens' rows of that table",
+        "(`perfmodel.weight_read_bytes`; a tied table is the LM head's matrix and",
+        f"is still read). That is {table_share['qwen2.5-7b']:.0%} of Qwen2.5-7B's bytes "
+        f"(the L4's figures) but {table_share['llama-2-7b']:.0%} of",
+        "LLaMA 2 7B's in FP8 (the L40S's), so the L4's decode was overcounted more than",
+        "the L40S's. With the L4 held out, Ada's bandwidth efficiency still comes",
+        f"from the L40S's TensorRT-LLM FP8 figures alone ({ada_without_l4:.2f}, against "
+        f"{doc['parameters']['bandwidthEfficiency.ada']:.2f}",
+        "with the L4's): that gap, a different engine, precision and memory",
+        "configuration on the same generation, is what L4 held out still misses by.",
+        "The same reasoning for compute (a",
+        "lookup computes nothing; a prompt's LM head runs for its last token only)",
+        "is not in the model: with it the median was 10.5% and H100 held out 15.2%",
+        "(measured on this dataset when this step was made), because Hopper's",
+        "compute efficiency is set by GPUStack's H100 prefill runs (about 30% of",
+        "the bf16 peak), which fewer FLOPs per prompt token push further off.",
+    ]
+    return lines
 
 
 def render_bands(doc: dict[str, Any]) -> list[str]:
@@ -387,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         for page in example_pages():
             if replace_examples(page.read_text(), examples) != page.read_text():
                 stale.append(page)
+        if accuracy_is_stale(doc):
+            print(f"{ACCURACY} is stale: run python benchmarks/recommendation_accuracy.py "
+                  "(then python benchmarks/report.py)", file=sys.stderr)  # fmt: skip
+            stale.append(ACCURACY)
         for path in stale:
             print(f"{path} is stale: run python scripts/recommendation_table.py", file=sys.stderr)
         return 1 if stale else 0
@@ -398,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     for page in pages:
         page.write_text(replace_examples(page.read_text(), examples))
     print(f"wrote {FITTED}, {DOC}, {', '.join(map(str, pages))}")
+    if accuracy_is_stale(doc):
+        print(f"{ACCURACY} is stale: run python benchmarks/recommendation_accuracy.py, "
+              "then this script again", file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -4,8 +4,10 @@ fitted to published measurements (`inferd.catalog.fit`).
 
 One step of a chat engine runs the decode of every sequence in flight plus,
 with chunked prefill, some prompt tokens of waiting requests. It reads the
-weights once and each decoding sequence's KV cache, and computes 2 x
-parameters FLOPs per token plus attention. Its time is the slower of
+weights once (all but the input embedding table, of which a step looks up
+only its tokens' rows: `weight_read_bytes`) and each decoding sequence's KV
+cache, and computes 2 x parameters FLOPs per token plus attention. Its time
+is the slower of
 
     bytes read / (peak bandwidth x bandwidthEfficiency[generation]
                   x weightOnlyBandwidthFactor for AWQ/GPTQ weights)
@@ -249,6 +251,17 @@ def weight_bytes(arch: ChatArchitecture, precision: Precision) -> float:
     return quantized * precision.weight_bits / 8 + embeddings * 2
 
 
+def weight_read_bytes(arch: ChatArchitecture, precision: Precision) -> float:
+    """Weight bytes one engine step reads: all of them but the input
+    embedding table, which is a lookup of the step's tokens' rows, not a
+    read of the table. Where the embeddings are tied, the LM head reads that
+    same table in full, so nothing is left out."""
+    if arch.tie_word_embeddings:
+        return weight_bytes(arch, precision)
+    element = 4 if precision.weights == "fp32" else 2  # embeddings stay 16-bit when quantized
+    return weight_bytes(arch, precision) - arch.vocab_size * arch.hidden_size * element
+
+
 def kv_bytes_per_token(arch: ChatArchitecture, precision: Precision, count: int = 1) -> float:
     replication = max(1.0, count / arch.kv_heads)
     return 2 * arch.layers * arch.kv_heads * arch.head_dim * precision.kv_bytes * replication
@@ -331,7 +344,7 @@ def step_time(
     kv = kv_bytes_per_token(arch, precision, count)
     # Decode attention reads the cache through the engine's kernels.
     attention_read = decoding * context * kv / params.values.get(ACTIVE_ATTENTION, 1.0)
-    bytes_read = weight_bytes(arch, precision) + attention_read + prefill_tokens * kv
+    bytes_read = weight_read_bytes(arch, precision) + attention_read + prefill_tokens * kv
     attention = 4 * arch.layers * arch.attention_heads * arch.head_dim
     flops = (decoding + prefill_tokens) * 2 * arch.parameters + attention * (
         decoding * context + prefill_tokens * prefill_context

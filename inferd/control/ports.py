@@ -100,6 +100,17 @@ class TokenStore(Protocol):
         ...
 
 
+class RateLimitStore(Protocol):
+    async def exchange_rate_spend(
+        self, spent: Mapping[tuple[str, str], tuple[int, int]], now: float
+    ) -> dict[tuple[str, str], float]:
+        """Client tokens' rate-limit buckets shared by every instance: take
+        what this instance admitted per (endpoint id, client) since its last
+        exchange (`(admitted, requests per minute)`), refilled to `now`
+        (epoch seconds), and return each bucket's level (below zero: debt)."""
+        ...
+
+
 class AdminKeyStore(Protocol):
     async def admin_key_hashes(self) -> list[bytes]:
         """Digests of the admin keys not revoked, oldest first."""
@@ -197,6 +208,7 @@ class ChangeFeed(Protocol):
 class Store(
     EndpointStore,
     TokenStore,
+    RateLimitStore,
     AdminKeyStore,
     ReplicaStore,
     AdapterStore,

@@ -52,7 +52,12 @@ from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
 from inferd.gateway.proxy import Broken, Leg, Relayed, Retry, forward, with_call_key
-from inferd.gateway.ratelimit import RateLimits, retry_after_seconds
+from inferd.gateway.ratelimit import (
+    RateLimitExchange,
+    RateLimits,
+    SharedBuckets,
+    retry_after_seconds,
+)
 from inferd.gateway.route_doc import RouteDoc
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
@@ -260,6 +265,7 @@ class Gateway:
         signals: CapacitySignal = NO_SCALING,
         state: GatewayState | None = None,
         on_migration: Callable[[str, str], None] | None = None,
+        shared_limits: SharedBuckets | None = None,
     ) -> None:
         """`clock`: monotonic seconds; `TrafficSnapshot` times are its values.
         `upstream`: the HTTP client to replicas; by default the lean pool
@@ -270,7 +276,9 @@ class Gateway:
         what the control plane reads of this gateway (built first; see
         `inferd.gateway.state`); `upstream` is ignored when it is given.
         `on_migration(endpoint_id, text)`: told of each stream continued on
-        another replica (the console's timeline).
+        another replica (the console's timeline). `shared_limits`: where
+        client tokens' rate limits are shared with the other instances (the
+        store); None: this instance counts alone.
 
         Everything here runs on the server's event loop: call `traffic()`,
         `abort_replica()` and `forget_endpoint()` from it too."""
@@ -286,8 +294,11 @@ class Gateway:
         self._book = self.state.book
         self._replica_urls = self.state.replica_urls
         self._dispatcher = Dispatcher(directory, self.settings, clock, signals)
-        # Client tokens' rate limits, counted by this instance.
+        # Client tokens' rate limits, shared with the other instances.
         self.rate_limits = RateLimits(clock)
+        self._limit_exchange = (
+            RateLimitExchange(self.rate_limits, shared_limits) if shared_limits else None
+        )
         self._on_migration = on_migration or _ignore
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
@@ -299,10 +310,15 @@ class Gateway:
     # -- lifecycle and what the control plane reads -----------------------
 
     async def startup(self) -> None:
-        """Nothing to open: connections to replicas are made on first use."""
+        """Start sharing rate limits; nothing to open: connections to
+        replicas are made on first use."""
+        if self._limit_exchange is not None:
+            self._limit_exchange.start()
 
     async def shutdown(self) -> None:
         """Answer held requests with 503 and close the connections."""
+        if self._limit_exchange is not None:
+            await self._limit_exchange.stop()
         await self._dispatcher.close()
         await self.upstream.aclose()
 
@@ -376,6 +392,12 @@ class Gateway:
                 # Metered by the batch store when its result is recorded.
                 headers.append(BATCH_REQUEST)
             if who.requests_per_minute is not None:
+                if self._limit_exchange is not None and not self.rate_limits.known(
+                    endpoint_id, who.client
+                ):
+                    await self._limit_exchange.learn(
+                        endpoint_id, who.client, who.requests_per_minute
+                    )
                 if grant is None:
                     self._rate_limit(endpoint_id, who, who.requests_per_minute)
                 else:  # in-process work waits its turn rather than failing

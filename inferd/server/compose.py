@@ -445,6 +445,7 @@ async def build(
             signals=signals,
             state=gateway_state,
             on_migration=journal.record_migration,
+            shared_limits=store,
         )
         # Batches run on the leader, each request through this gateway.
         batch_runner = BatchRunner(

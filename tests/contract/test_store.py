@@ -748,6 +748,28 @@ def test_client_tokens_belong_to_their_endpoint_and_reach_the_feed(opener: Opene
     run(body, opener())
 
 
+@pytest.mark.parametrize("kind", SHARED)
+def test_two_instances_take_from_one_rate_limit_bucket_and_lose_no_admission(
+    opener: Opener,
+) -> None:
+    """Two writers exchanging at once (each its own key order) neither lose
+    an admission nor deadlock; the bucket refills and goes below zero."""
+    now = 1_800_000_000.0
+    keys = [("ep", "a"), ("ep", "b")]
+
+    async def body(first: Store, second: Store) -> None:
+        async def exchange(store: Store, n: int) -> None:
+            await store.exchange_rate_spend({k: (1, 60) for k in keys[:: 1 - 2 * (n % 2)]}, now)
+
+        await asyncio.gather(*(exchange((first, second)[n % 2], n) for n in range(30)))
+        levels = await second.exchange_rate_spend({k: (0, 60) for k in keys}, now)
+        assert levels == {k: pytest.approx(30.0) for k in keys}
+        later = await first.exchange_rate_spend({keys[0]: (50, 60)}, now + 10)
+        assert later == {keys[0]: pytest.approx(30 + 10 - 50)}
+
+    run(body, opener(), opener())
+
+
 def test_a_batch_keeps_its_client_and_meters_each_result_once(opener: Opener) -> None:
     """The client that created a batch round-trips; a request's usage is
     added to its endpoint's hour with its result, and a second result for

@@ -12,12 +12,18 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from inferd.control.endpoints.tokens import TokenVerifier, is_well_formed, new_endpoint_token
 from inferd.control.fakes import FakeLauncher
 from inferd.control.stores.sql.store import SqliteStore
+from inferd.gateway.app import Gateway, gateway_routes
+from inferd.gateway.directory import EndpointRoute
+from inferd.gateway.static import StaticDirectory
+from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server.app import create_app
 from inferd.server.compose import Server, build
 from inferd.settings import load_settings
@@ -211,6 +217,49 @@ def test_a_revocation_reaches_another_instance_following_the_store(api: Api) -> 
 
     before, after, _ = asyncio.run(other_instance())
     assert before and not after
+
+
+def test_a_rate_limit_holds_across_two_instances_on_the_same_store(api: Api) -> None:
+    """A client that used its minute's worth on this instance is refused on
+    another one following the same database (before, each instance counted
+    alone: two instances let twice the limit through)."""
+    eid = endpoint(api)["id"]
+    token = api.ok(
+        "POST", f"/endpoints/{eid}/tokens", json={"name": "roamer", "requestsPerMinute": 6}
+    )["token"]
+    assert [api.models(eid, token).status_code for _ in range(6)] == [200] * 6
+    assert api.models(eid, token).status_code == 429
+    store = api.plane.store
+    assert isinstance(store, SqliteStore)
+
+    async def other_instance() -> list[httpx.Response]:
+        other = SqliteStore.open(store.path)
+        verifier = TokenVerifier(other)
+        await verifier.load()
+        directory = StaticDirectory()
+        directory.add_endpoint(EndpointRoute(eid, "chat", "tiny-chat"), [])
+        gateway = Gateway(directory, verifier, shared_limits=other)
+        await gateway.startup()
+        app = Starlette(routes=gateway_routes(gateway), exception_handlers=EXCEPTION_HANDLERS)
+        try:
+            # This instance tells the store what it admitted within a second.
+            for _ in range(250):
+                shared = await other.exchange_rate_spend({(eid, "roamer"): (0, 6)}, time.time())
+                if shared[(eid, "roamer")] < 1:
+                    break
+                await asyncio.sleep(0.02)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+                url = f"/endpoints/{eid}/openai/v1/models"
+                return [await client.get(url, headers=bearer(token)) for _ in range(2)]
+        finally:
+            await gateway.shutdown()
+            await other.close()
+
+    answers = asyncio.run(other_instance())
+    assert [a.status_code for a in answers] == [429, 429], answers[0].text
+    assert answers[0].json()["error"]["code"] == "rate_limited"
+    assert int(answers[0].headers["retry-after"]) >= 1
 
 
 def test_the_cli_creates_lists_and_revokes(

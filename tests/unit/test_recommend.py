@@ -122,11 +122,12 @@ def test_70b_on_one_h100_says_why(catalog: Catalog) -> None:
 
 
 def test_70b_four_h100_estimate(catalog: Catalog) -> None:
-    # Step reads 141.107 GB of weights + 16 x 2048 x 327,680 B = 10.737 GB of KV
-    # = 151.844 GB at 4 x 3350 GB/s x 0.75 x 0.9^2 (NVLink, two doublings) = 8140.4 GB/s
-    # -> 18.653 ms; compute (16 x 141.2 GFLOP at 4 x 989 x 0.5 x 0.81 TFLOP/s) is
-    # 1.41 ms; + 3 ms overhead -> 21.653 ms per step -> 16 / 0.021653 = 738.9 tokens/s.
-    # Cost: 4 x 2.99 USD/h / (3600 x 738.9) x 1e6 = 4.496 USD per million tokens.
+    # Step reads 141.107 GB of weights less the input embedding table (a lookup:
+    # 128,256 x 8,192 x 2 B = 2.101 GB) + 16 x 2048 x 327,680 B = 10.737 GB of KV
+    # = 149.743 GB at 4 x 3350 GB/s x 0.75 x 0.9^2 (NVLink, two doublings) = 8140.5 GB/s
+    # -> 18.395 ms; compute (16 x 141.2 GFLOP at 4 x 989 x 0.5 x 0.81 TFLOP/s) is
+    # 1.41 ms; + 3 ms overhead -> 21.395 ms per step -> 16 / 0.021395 = 747.8 tokens/s.
+    # Cost: 4 x 2.99 USD/h / (3600 x 747.8) x 1e6 = 4.442 USD per million tokens.
     rec = recommend(
         catalog.models.get("llama-3.1-70b-instruct"),
         catalog.gpus,
@@ -136,8 +137,8 @@ def test_70b_four_h100_estimate(catalog: Catalog) -> None:
     )
     (option,) = rec.options
     assert option.hourly_price == pytest.approx(4 * 2.99)
-    assert option.est_output_tokens_per_s == pytest.approx(738.9, rel=1e-3)
-    assert option.cost_per_million_tokens == pytest.approx(4.496, rel=1e-3)
+    assert option.est_output_tokens_per_s == pytest.approx(747.8, rel=1e-3)
+    assert option.cost_per_million_tokens == pytest.approx(4.442, rel=1e-3)
     assert "memory-bandwidth-bound" in option.reasons[1]
 
 
@@ -210,15 +211,16 @@ def test_ranking_by_cost_on_a_hand_made_table() -> None:
     # Concurrency 10, context capped at the model's 1000 tokens:
     #   memory, 1 GPU: 20 + 0.08 KV + (1.5 + 0.4) = 21.98 GB; 2 GPUs: 23.48 GB.
     #   small x 1 has 14.4 GB usable: rejected; small x 2 has 28.8: fits.
-    # Decode step reads 20 GB + 10 x 500 x 8,000 B = 20.04 GB (compute, 200.2 GFLOP
+    # Decode step reads 20 GB less the input embedding table (a lookup: 1000 x
+    # 1000 x 2 B = 0.002 GB) + 10 x 500 x 8,000 B = 20.038 GB (compute, 200.2 GFLOP
     # at 50 TFLOP/s = 4 ms, never binds), then + 3 ms:
-    #   fast x1: 20.04/1500 = 13.36 ms -> 16.36 ms -> 611.25 tok/s -> 1.5/h: 0.6817 /1M
-    #   slow x1: 53.44 ms -> 56.44 -> 177.18 tok/s -> 0.5/h: 0.7839
-    #   small x2: 20.04/(2 x 750 x 0.9) = 14.84 ms -> 17.84 -> 560.40 -> 1.6/h: 0.7931
-    #   mid x1: 26.72 ms -> 29.72 -> 336.47 -> 1.0/h: 0.8256
-    #   fast x2: 7.42 ms -> 10.42 -> 959.49 -> 3.0/h: 0.8685
-    #   slow x2: 29.69 ms -> 32.69 -> 305.91 -> 1.0/h: 0.9080
-    #   mid x2: 14.84 ms -> 17.84 -> 560.40 -> 2.0/h: 0.9913
+    #   fast x1: 20.038/1500 = 13.36 ms -> 16.36 ms -> 611.30 tok/s -> 1.5/h: 0.6816 /1M
+    #   slow x1: 53.43 ms -> 56.43 -> 177.20 tok/s -> 0.5/h: 0.7838
+    #   small x2: 20.038/(2 x 750 x 0.9) = 14.84 ms -> 17.84 -> 560.45 -> 1.6/h: 0.7930
+    #   mid x1: 26.72 ms -> 29.72 -> 336.50 -> 1.0/h: 0.8255
+    #   fast x2: 7.42 ms -> 10.42 -> 959.56 -> 3.0/h: 0.8685
+    #   slow x2: 29.69 ms -> 32.69 -> 305.94 -> 1.0/h: 0.9079
+    #   mid x2: 14.84 ms -> 17.84 -> 560.45 -> 2.0/h: 0.9913
     rec = recommend(ROUND_CHAT, TABLE, "here", concurrency=10)
     ranked = [(o.gpu_type, o.gpu_count) for o in rec.options]
     assert ranked == [
@@ -232,9 +234,9 @@ def test_ranking_by_cost_on_a_hand_made_table() -> None:
     ]
     costs = [o.cost_per_million_tokens for o in rec.options]
     assert costs == pytest.approx(
-        [0.6817, 0.7839, 0.7931, 0.8256, 0.8685, 0.9080, 0.9913], abs=1e-4
+        [0.6816, 0.7838, 0.7930, 0.8255, 0.8685, 0.9079, 0.9913], abs=1e-4
     )
-    assert rec.options[0].est_output_tokens_per_s == pytest.approx(611.25, rel=1e-4)
+    assert rec.options[0].est_output_tokens_per_s == pytest.approx(611.30, rel=1e-4)
     assert [(o.gpu_type, o.gpu_count) for o in rec.rejected] == [("small", 1)]
     assert rec.rejected[0].reasons == (
         "needs 22.0 GB (weights 20.0 GB + KV cache 0.1 GB + overhead 1.9 GB); "

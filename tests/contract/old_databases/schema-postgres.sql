@@ -256,6 +256,12 @@ CREATE TABLE public.projects (
     quota jsonb DEFAULT '{}'::jsonb NOT NULL,
     quota_limit jsonb DEFAULT '{}'::jsonb NOT NULL
 );
+CREATE TABLE public.rate_limit_buckets (
+    endpoint_id text NOT NULL,
+    client text NOT NULL,
+    level double precision NOT NULL,
+    at double precision NOT NULL
+);
 CREATE TABLE public.registered_models (
     name text NOT NULL,
     project_id text,
@@ -374,6 +380,8 @@ ALTER TABLE ONLY public.model_profiles
     ADD CONSTRAINT model_profiles_pkey PRIMARY KEY (model_name, gpu_type, gpu_count);
 ALTER TABLE ONLY public.projects
     ADD CONSTRAINT projects_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.rate_limit_buckets
+    ADD CONSTRAINT rate_limit_buckets_pkey PRIMARY KEY (endpoint_id, client);
 ALTER TABLE ONLY public.registered_models
     ADD CONSTRAINT registered_models_pkey PRIMARY KEY (name);
 ALTER TABLE ONLY public.replicas
@@ -438,3 +446,4 @@ version (12, "the Batch API: files, batches and each request's result")
 version (13, "named client tokens of endpoints, beside the owner's token")
 version (14, 'the client token that created each batch')
 version (15, "a replica's unresponsive mark, for every instance's routing")
+version (16, "client tokens' rate-limit buckets, shared by every instance")

@@ -628,6 +628,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         # by whichever instance hears it again; NULL: heard lately.
         ("ALTER TABLE replicas ADD COLUMN unresponsive_since <time>",),
     ),
+    Migration(
+        16,
+        "client tokens' rate-limit buckets, shared by every instance",
+        # One row per (endpoint, client) with a rate limit that was used
+        # lately: the bucket's level and when it was last refilled (epoch
+        # seconds). No key to the endpoint: rows idle for minutes are
+        # deleted, and a missing row is a full bucket.
+        (
+            """
+        CREATE TABLE rate_limit_buckets (
+            endpoint_id TEXT NOT NULL,
+            client      TEXT NOT NULL,
+            level       <real> NOT NULL,
+            at          <real> NOT NULL,
+            PRIMARY KEY (endpoint_id, client)
+        ) <strict>
+        """,
+        ),
+    ),
 )
 
 

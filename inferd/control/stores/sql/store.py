@@ -21,11 +21,22 @@ from inferd.control.stores.sql.client_tokens import ClientTokens
 from inferd.control.stores.sql.database import Database, Row
 from inferd.control.stores.sql.endpoints import Endpoints
 from inferd.control.stores.sql.models import Models
+from inferd.control.stores.sql.rate_limits import RateLimitBuckets
 from inferd.control.stores.sql.replicas import Replicas
 from inferd.control.stores.sql.sqlite_dialect import MEMORY, SqliteDialect
 
 
-class SqlStore(Endpoints, ClientTokens, Replicas, Adapters, Models, Accounts, AdminKeys, Batches):
+class SqlStore(
+    Endpoints,
+    ClientTokens,
+    RateLimitBuckets,
+    Replicas,
+    Adapters,
+    Models,
+    Accounts,
+    AdminKeys,
+    Batches,
+):
     """Everything the control plane keeps, in one database."""
 
     def __init__(self, db: Database) -> None:
