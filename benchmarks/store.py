@@ -9,8 +9,11 @@ commit before the change); each measurement runs in its own process,
 before and after alternating, `--rounds` times each; a figure is the median
 over its rounds.
 
-    git worktree add /tmp/inferd-before <commit>
+    git worktree add --detach /tmp/inferd-before <commit>
     .venv/bin/python benchmarks/store.py --before /tmp/inferd-before [--endpoints 1000] [--rounds 3]
+
+On the project's shared 2-core machine the figures move with the others'
+load (stated with each result); compare before and after within one run.
 """
 
 from __future__ import annotations
@@ -195,7 +198,9 @@ def summarise(
     return {
         "title": "Store: endpoint calls and reconcile cost, before and after",
         "workload": f"{args.endpoints} endpoints, {args.calls} gets/patches/deletes, "
-        f"{args.rounds} rounds alternating before/after, one process per run",
+        f"{args.rounds} rounds alternating before/after, one process per run; before: "
+        f"{_commit(trees.get('before')) or 'none'}; a shared machine under the others' load "
+        "(the load average above), so the ratios matter, not the absolute figures",
         "tables": [
             table("Endpoint calls, one at a time (median of rounds)", columns, rows),
             table(
@@ -206,8 +211,17 @@ def summarise(
         ],
         "goals": goals,
         "before": str(trees.get("before") or ""),
+        "before_commit": _commit(trees.get("before")),
         "runs": [{"engine": e, "code": n, "figures": f} for (e, n), fs in runs.items() for f in fs],
     }
+
+
+def _commit(checkout: Path | None) -> str:
+    if checkout is None:
+        return ""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    return done.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -192,6 +192,22 @@ def render_doc(doc: dict[str, Any]) -> str:
         "runs (other engines). L4 FP8 and INT4 have no figure and carry over from",
         "the L40S's FP8 and Ampere's INT4; **Ada images** have none and keep the prior.",
         "",
+        "**L4 latency figures looked at and not used.** inference-bench's TTFT (p50",
+        "76 ms at concurrency 1 for its stated ~1,800-token prompts): prefilling",
+        "1,800 tokens through Qwen2.5-7B is 27 TFLOP, 227 ms at the L4's full bf16",
+        "peak, so those prompts hit vLLM's prefix cache (on by default in the V1",
+        "engine; the padding is likely shared) and the figure is not a prefill",
+        "time; its throughput rows may carry some of that saving too. ai.wmx.dev's",
+        "TTFT p50 (27 ms at concurrency 1 rising to 135 ms at 32) and ITL p50",
+        "(5.1 to 7.1 ms) for Qwen2.5-0.5B: added to the fit, the leave-one-source-out",
+        "median went to 17% and inference-bench held out to 51%; with a per-request",
+        "API-server cost and per-engine step overheads as parameters, 12.7%, L4",
+        "held out 24% (measured when this step was made). The model has no host",
+        "side: TTFT that grows fivefold while the GPU step grows 1.4x is the API",
+        "server on a 4-vCPU host, and a 5.1 ms step for a 1 GB model is a smaller",
+        "step overhead (vLLM 0.23) than the CI and GPUStack figures show (about",
+        "2.7 ms). Both are named here as the next assumptions to fix, not fudged.",
+        "",
         "**Figures added where the model had few** (time to first token of long",
         "prompts at low concurrency, FP8 70B with a current engine): NVIDIA NIM 1.8.0's",
         "Llama-3.3-70B table on 2 x H100 (fp8, TP 2; 5,000-token prompts at",
@@ -273,6 +289,7 @@ def render_doc(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+COVERAGE_GOAL = 0.75  # of an 80% band, in every regime
 # Before and after measured in one run (each side's code fitted and held out
 # in its own process): benchmarks/recommendation_accuracy.py.
 ACCURACY = ROOT / "benchmarks" / "results" / "recommendation_accuracy.json"
@@ -329,6 +346,13 @@ def goal_notes(doc: dict[str, Any]) -> list[str]:
     by_gpu = doc["gpuHeldOutMedianAbsError"]
     missed_gpus = {g: e for g, e in by_gpu.items() if e > GPU_HELD_OUT_GOAL}
     loso_met = "met" if loso <= MEDIAN_ERROR_GOAL else "**not met**"
+    by_source = doc["bandCoverage"]["sourceHeldOut"]
+    ttft = [r for r in dataset.rows if r.regime == "ttft"]
+    ttft_h100 = sum(1 for r in ttft if r.gpu == "H100-80GB")
+    cov_met = all(v["coverage"] >= COVERAGE_GOAL for v in by_source.values())
+    gpu_short = {
+        k: v for k, v in doc["bandCoverage"]["gpuHeldOut"].items() if v["coverage"] < COVERAGE_GOAL
+    }
     lines = [
         "Goals: leave-one-source-out median "
         f"{loso:.1%} (goal {MEDIAN_ERROR_GOAL:.0%}: {loso_met}); "
@@ -337,7 +361,19 @@ def goal_notes(doc: dict[str, Any]) -> list[str]:
         f"{'met' if not missed_gpus else '**not met** for ' + ', '.join(missed_gpus)}); "
         "the sources furthest off held out are "
         + ", ".join(f"{key} ({err:.0%})" for key, err in worst)
-        + f" (goal {SOURCE_ERROR_GOAL:.0%} each).",
+        + f" (goal {SOURCE_ERROR_GOAL:.0%} each); band coverage, source held out: "
+        + ", ".join(f"{k} {v['coverage']:.0%}" for k, v in by_source.items())
+        + f" (goal {COVERAGE_GOAL:.0%} each: {'met' if cov_met else '**not met**'}). "
+        "With the GPU type held out instead, "
+        + (
+            ", ".join(f"{k} {v['coverage']:.0%}" for k, v in gpu_short.items())
+            + f" fall short: {ttft_h100} of the {len(ttft)} TTFT figures are an H100's, so "
+            "with the H100 held out its TTFT bands rest on "
+            f"{len(ttft) - ttft_h100} figures of other GPUs, and the only Hopper image "
+            "figures are inferd's own."
+            if gpu_short
+            else "every regime meets it too."
+        ),
         "",
         "What moved L4 held out and the median (before and after: the table above):",
         "a decode step was taken to read every weight, the input embedding table",

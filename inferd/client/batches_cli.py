@@ -61,10 +61,23 @@ class BatchClient:
             ).json()
         return result
 
-    def create(self, file_id: str, endpoint: str, metadata: Mapping[str, str]) -> dict[str, Any]:
-        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+    def create(
+        self,
+        file_id: str,
+        endpoint: str,
+        metadata: Mapping[str, str],
+        capacity: str | None = None,
+    ) -> dict[str, Any]:
+        """`capacity`: inferd's field (None: the server's default, `wake`)."""
+        body: dict[str, Any] = {
+            "input_file_id": file_id,
+            "endpoint": endpoint,
+            "completion_window": "24h",
+        }
         if metadata:
-            body["metadata"] = dict(metadata)  # type: ignore[assignment]
+            body["metadata"] = dict(metadata)
+        if capacity is not None:
+            body["capacity"] = capacity
         result: dict[str, Any] = self._call("POST", "/batches", json=body).json()
         return result
 
@@ -136,6 +149,7 @@ def _show(batch: Mapping[str, Any]) -> None:
         ("id", batch["id"]),
         ("status", batch["status"]),
         ("endpoint", batch["endpoint"]),
+        ("capacity", batch.get("capacity", "-")),
         ("requests", f"{counts.get('total')} total, {counts.get('completed')} completed, "
                      f"{counts.get('failed')} failed"),
         ("tokens", f"{usage.get('input_tokens', 0)} in, {usage.get('output_tokens', 0)} out"),
@@ -172,6 +186,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="the route every line is for",
     )
     create.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    create.add_argument(
+        "--capacity",
+        choices=["wake", "running"],
+        help="wake (default): the batch may wake the endpoint at zero and keep a replica up "
+        "while it runs; running: it runs only while a replica is up for other reasons",
+    )
     create.add_argument("--wait", action="store_true", help="show progress until it ends")
     create.set_defaults(func=_command(_create))
 
@@ -233,7 +253,7 @@ def _create(client: BatchClient, args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    batch = client.create(uploaded["id"], args.endpoint, metadata)
+    batch = client.create(uploaded["id"], args.endpoint, metadata, args.capacity)
     if args.wait:
         batch = watch(client, batch["id"])
     _print(batch, args)

@@ -412,15 +412,18 @@ class Gateway:
             prefix = self._prefix(endpoint, route, body)
             if prefix is not None and prefix.adapter is not None:
                 headers.append((ADAPTER_SOURCE, adapter_source(endpoint, prefix.adapter)))
+            # Work that must neither wake the endpoint nor keep it up (a
+            # `running` batch's): no activity, no load, never held at zero.
+            background = grant is not None and grant.background
             ep = self._book.endpoint(endpoint_id)
-            ep.arrived(self.clock())
-            claim = self._dispatcher.claim(ep, who.client, who.weight, batch, len(body))
+            ep.arrived(self.clock(), background)
+            claim = self._dispatcher.claim(ep, who.client, who.weight, batch, len(body), background)
             try:
                 status = await self._serve(
                     ep, route, headers, body, prefix, receive, send, claim, usage
                 )
             finally:
-                ep.ended(self.clock())
+                ep.ended(self.clock(), background)
         except InferdError as exc:
             status = exc.status
             await self._send_error(exc, scope, receive, send)
@@ -664,6 +667,7 @@ class Gateway:
                 # corrected by what this answer served.
                 settle=partial(self._settle, ep, claim, usage, len(body)),
                 committed=progress is not None and progress.committed,
+                background=claim.background,
             )
             if isinstance(result, Broken):
                 assert leg is not None
@@ -700,10 +704,12 @@ class Gateway:
         leg: Leg | None,
         settle: Callable[[], None] | None = None,
         committed: bool = False,
+        background: bool = False,
     ) -> Relayed | Broken | Retry:
         """One attempt on the replica the dispatcher handed out; its slot is
         given back however the attempt ends (after `settle`, when given).
-        `committed`: the client's response began while it was held."""
+        `committed`: the client's response began while it was held;
+        `background`: the request's `Claim.background`."""
         rid = replica.replica_id
         self._replica_urls[rid] = replica.url
         try:
@@ -721,7 +727,7 @@ class Gateway:
         finally:
             if settle is not None:
                 settle()
-            self._dispatcher.release(ep, rid)
+            self._dispatcher.release(ep, rid, background)
             if rid not in ep.in_flight:
                 self._replica_urls.pop(rid, None)
 
@@ -841,7 +847,9 @@ class Gateway:
             notes = _REQUEST.get()
             if notes is not None:
                 notes.attempt(rid, 0.0, self.settings.routing_policy.value, affinity)
-            result = await self._forward_to(ep, replica, route, headers, body, send, leg)
+            result = await self._forward_to(
+                ep, replica, route, headers, body, send, leg, background=claim.background
+            )
             if isinstance(result, Relayed):
                 ep.finished(self.clock() - begun)
                 self.directory.report_answered(rid)

@@ -37,6 +37,11 @@ class InProcessCaller:
         """The gateway route of an OpenAI path (`/v1/chat/completions`)."""
         return self._routes[("POST", f"/{COMPAT_FAMILY}{url}")]
 
+    async def wait_ready(self, endpoint_id: str, timeout: float) -> bool:
+        """Whether the endpoint has a ready replica (waiting up to `timeout`
+        seconds for one); asks for none."""
+        return await self._gateway.directory.wait_ready(endpoint_id, timeout)
+
     async def post(self, grant: InProcessGrant, url: str, body: bytes, request_id: str) -> Reply:
         route = self.route(url)
         endpoint_id = grant.endpoint_id

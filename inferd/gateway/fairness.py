@@ -53,6 +53,9 @@ class Claim:
     weight: float = 1.0
     batch: bool = False
     cost: float = 0.0  # tokens charged when it is released (an estimate)
+    # Runs only on replicas up for other reasons (`inferd.gateway.inprocess`):
+    # never held for a replica to start, and no load to the autoscaler.
+    background: bool = False
 
 
 INTERACTIVE_OWNER = Claim()

@@ -10,6 +10,9 @@ newcomer takes the place of the newest request of the client most over its
 share (`inferd.gateway.hold_share`). A held request leaves the queue when
 it is placed, when its time is up (503), when it gives way to another
 client's (429) or when its client goes away; nothing stays behind.
+A background request (`Claim.background`) is never held for a replica to
+start: while none is ready it is refused at once (503 `no_ready_replica`)
+and no capacity is asked for.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ MAX_RETRY_AFTER_S = 600
 _DEFAULT_SETTINGS = GatewaySettings()
 # The code of a 429 whose client holds more than its share of a full queue.
 OVER_SHARE = "hold_share_exceeded"
+# A background request refused while no replica is ready: nothing is started
+# for it, so no estimate is better than a poll's.
+UNREADY_RETRY_AFTER_S = 5
 
 
 class Verdict(enum.Enum):
@@ -283,6 +289,7 @@ class _HeldRequests:
         self.client_bytes[client] = self.client_bytes.get(client, 0) + waiter.cost
         self.queue.append(waiter)
         self.traffic.held = len(self.queue)
+        self.traffic.background_held += waiter.claim.background
         self.bytes += waiter.cost
         self.traffic.held_bytes = self.bytes
         self.instance.total += waiter.cost
@@ -303,6 +310,7 @@ class _HeldRequests:
                 self.client_bytes.pop(client, None)
                 self.share.stopped_waiting(client)
         self.traffic.held = len(self.queue)
+        self.traffic.background_held -= waiter.claim.background
         self.bytes -= waiter.cost
         self.traffic.held_bytes = self.bytes
         self.instance.total -= waiter.cost
@@ -320,6 +328,7 @@ class _HeldRequests:
         self.by_client.clear()
         self.client_bytes.clear()
         self.traffic.held = 0
+        self.traffic.background_held = 0
         self.instance.total -= self.bytes
         self.bytes = 0
         self.traffic.held_bytes = 0
@@ -444,6 +453,8 @@ class Dispatcher:
         directory = self._directory
         held = self._state(ep)
         replicas = directory.ready_replicas(ep.endpoint_id)
+        if claim.background and not replicas:
+            raise self._not_woken(ep)
         if held.scale_requested_at is not None and replicas:
             self._cold_start_done(held)
         choice = self.choose(replicas, ep, held.turn, exclude, affinity, claim.batch)
@@ -462,7 +473,7 @@ class Dispatcher:
             assert choice.replica is not None
             held.turn += 1
             held.share.charge(claim, claim.cost)
-            ep.reserve(choice.replica.replica_id)
+            ep.reserve(choice.replica.replica_id, claim.background)
             ep.routed_by(choice.reason)
             return choice.replica
         if self._closed:
@@ -474,7 +485,8 @@ class Dispatcher:
                 raise nowhere
             if held.scale_requested_at is None and not replicas:
                 held.scale_requested_at = now
-            self._signals.capacity_wanted(ep.endpoint_id)
+            if not claim.background:
+                self._signals.capacity_wanted(ep.endpoint_id)
         if admission.verdict is Verdict.REFUSE:
             room = self._make_room(held, claim, cost)
             if not room.admitted:
@@ -512,7 +524,7 @@ class Dispatcher:
             # the same instant, give it back.
             future = waiter.future
             if future.done() and not future.cancelled() and future.exception() is None:
-                self.release(ep, future.result().replica_id)
+                self.release(ep, future.result().replica_id, claim.background)
             raise
         finally:
             timer.cancel()
@@ -578,22 +590,28 @@ class Dispatcher:
         waiter.future.set_exception(error)
 
     def claim(
-        self, ep: EndpointTraffic, client: str, weight: float, batch: bool, body_bytes: int
+        self,
+        ep: EndpointTraffic,
+        client: str,
+        weight: float,
+        batch: bool,
+        body_bytes: int,
+        background: bool = False,
     ) -> Claim:
         """A request's claim, with the tokens it will be charged when it gets
         its slot (an estimate; `settle` corrects it)."""
         if not self._settings.fair_queuing:
             client, weight = OWNER, 1.0  # every client one: first in, first out
         share = self._state(ep).share
-        return Claim(client, weight, batch, share.estimate(client, body_bytes))
+        return Claim(client, weight, batch, share.estimate(client, body_bytes), background)
 
     def settle(self, ep: EndpointTraffic, claim: Claim, prompt: int, completion: int) -> None:
         """A request's answer reported its usage (before `release`, so that
         the slot it frees goes by the corrected counters)."""
         self._state(ep).share.settle(claim, prompt, completion)
 
-    def release(self, ep: EndpointTraffic, replica_id: str) -> None:
-        ep.unreserve(replica_id)
+    def release(self, ep: EndpointTraffic, replica_id: str, background: bool = False) -> None:
+        ep.unreserve(replica_id, background)
         if self.held(ep.endpoint_id):
             self.pump(ep)
 
@@ -627,7 +645,7 @@ class Dispatcher:
             if waiter.future.done():  # cancelled in this very loop turn
                 continue
             held.share.charge(waiter.claim, waiter.claim.cost)
-            ep.reserve(placement.replica.replica_id)
+            ep.reserve(placement.replica.replica_id, waiter.claim.background)
             ep.routed_by(placement.reason)
             waiter.future.set_result(placement.replica)
 
@@ -661,6 +679,12 @@ class Dispatcher:
                         break
                     await asyncio.sleep(poll)
                     continue
+                # No replica is ready (the endpoint scaled down while they
+                # waited for a busy one's slot): background requests do not
+                # wait for one to start, nor ask for it.
+                self._fail_background(ep, held)
+                if not held.queue:
+                    break
                 now = self._clock()
                 if now - asked >= _CAPACITY_REPEAT_S:
                     asked = now
@@ -673,6 +697,23 @@ class Dispatcher:
             logger.exception("hold watcher for endpoint %s failed", ep.endpoint_id)
         finally:
             held.watcher = None
+
+    def _fail_background(self, ep: EndpointTraffic, held: _HeldRequests) -> None:
+        for waiter in [w for w in held.queue if w.claim.background]:
+            held.discard(waiter)
+            if not waiter.future.done():
+                waiter.future.set_exception(self._not_woken(ep))
+
+    def _not_woken(self, ep: EndpointTraffic) -> InferdError:
+        """The answer to a background request while no replica is ready."""
+        code = "no_ready_replica"
+        ep.refused[code] = ep.refused.get(code, 0) + 1
+        return ServiceUnavailable(
+            "No replica of this endpoint is ready, and this request runs only on a replica "
+            "that is up for other reasons (it does not wake the endpoint); retry later.",
+            code=code,
+            retry_after=UNREADY_RETRY_AFTER_S,
+        )
 
     def _fail_held(self, held: _HeldRequests, error: InferdError) -> None:
         for waiter in list(held.queue):

@@ -12,7 +12,12 @@ builds the scope of a request from the wire and never copies keys into it:
   one of the endpoint's tokens, which are kept only as hashes). The gateway
   takes it in place of a token for that endpoint alone, as the client whose
   token it stands for: that client's share, rate limit and usage (a client
-  token revoked since is refused, as the token itself would be).
+  token revoked since is refused, as the token itself would be). A grant
+  marked `background` (a batch created with `capacity: running`) runs only
+  on replicas that are up for other reasons: refused at once (503
+  `no_ready_replica`) while none is ready, so it wakes none, and left out of
+  the load the autoscaler reads (`inferd.gateway.traffic`), so it keeps none
+  up.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class InProcessGrant:
     why: str
     # Whose token it stands for: OWNER ("") or a client token's name.
     client: str = OWNER
+    # Only on replicas up anyway: it neither wakes the endpoint nor keeps it up.
+    background: bool = False
 
 
 def granted(scope: Any, endpoint_id: str) -> bool:

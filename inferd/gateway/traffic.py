@@ -21,14 +21,20 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrafficSnapshot:
     endpoint_id: str
-    # Requests forwarded and not yet finished, in all and per replica id.
+    # What the autoscaler reads as the endpoint's load. Background requests
+    # (`Claim.background`: a `running` batch's) are not in it: they run on
+    # replicas that are up anyway and must not keep one up.
+    # Requests forwarded and not yet finished, background ones left out.
     in_flight: int
+    # Per replica id, every request (background ones too): what a replica's
+    # own report of its in-flight requests is compared with.
     in_flight_by_replica: Mapping[str, int]
-    # Requests waiting in the gateway for a replica (scale from zero or busy).
+    # Requests waiting in the gateway for a replica (scale from zero or
+    # busy), background ones left out.
     held: int
     # Clock value of the last authenticated request's arrival, or of its end
-    # once answered (whichever is later); None if none arrived since the
-    # gateway started.
+    # once answered (whichever is later), background ones left out; None if
+    # none arrived since the gateway started.
     last_request_at: float | None
     # Recent times from forwarding to the last byte, oldest first (seconds).
     service_times: tuple[float, ...]
@@ -41,6 +47,8 @@ class EndpointTraffic:
     machinery (`inferd.gateway.hold`), which reports their count."""
 
     __slots__ = (
+        "background_held",
+        "background_in_flight",
         "endpoint_id",
         "held",
         "held_bytes",
@@ -60,6 +68,10 @@ class EndpointTraffic:
         # Requests held waiting for a replica: a count the hold machinery
         # keeps current (it owns the requests themselves).
         self.held = 0
+        # Of the held and the in-flight ones, how many are background
+        # requests (in the counts above; left out of the snapshot's load).
+        self.background_held = 0
+        self.background_in_flight = 0
         # What they hold (bodies plus a fixed cost each), against the bound.
         self.held_bytes = 0
         self.last_request_at: float | None = None
@@ -72,27 +84,33 @@ class EndpointTraffic:
         # client got (overloaded, scaling_up, hold_timeout).
         self.refused: dict[str, int] = {}
 
-    def arrived(self, now: float) -> None:
-        self.last_request_at = now
+    def arrived(self, now: float, background: bool = False) -> None:
+        # A background request is no activity: it must not keep a replica
+        # past the retention period.
+        if not background:
+            self.last_request_at = now
         self.requests_total += 1
 
-    def ended(self, now: float) -> None:
+    def ended(self, now: float, background: bool = False) -> None:
         # Idle counts from the end of the last request: one that was held
         # while a replica loaded, or that streamed for minutes, must not
         # leave its replica past retention the moment it ends.
-        self.last_request_at = now
+        if not background:
+            self.last_request_at = now
 
-    def reserve(self, replica_id: str) -> None:
+    def reserve(self, replica_id: str, background: bool = False) -> None:
         self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
         self.in_flight_total += 1
+        self.background_in_flight += background
 
-    def unreserve(self, replica_id: str) -> None:
+    def unreserve(self, replica_id: str, background: bool = False) -> None:
         left = self.in_flight.get(replica_id, 0) - 1
         if left > 0:
             self.in_flight[replica_id] = left
         else:
             self.in_flight.pop(replica_id, None)
         self.in_flight_total -= 1
+        self.background_in_flight -= background
 
     def routed_by(self, reason: Reason | None) -> None:
         if reason is not None:
@@ -112,9 +130,9 @@ class EndpointTraffic:
     def snapshot(self) -> TrafficSnapshot:
         return TrafficSnapshot(
             endpoint_id=self.endpoint_id,
-            in_flight=self.in_flight_total,
+            in_flight=self.in_flight_total - self.background_in_flight,
             in_flight_by_replica=MappingProxyType(dict(self.in_flight)),
-            held=self.held,
+            held=self.held - self.background_held,
             last_request_at=self.last_request_at,
             service_times=tuple(self.service_times),
             requests_total=self.requests_total,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from inferd.control.batches.model import BATCH_URLS, COMPLETION_WINDOW, STAMPS
+from inferd.control.batches.model import BATCH_URLS, COMPLETION_WINDOW, STAMPS, Capacity
 from inferd.gateway.openapi import SECURITY_SCHEME
 from inferd.server.batch_routes import BASE, BATCH_ID, MAX_LIST
 
@@ -94,6 +94,7 @@ SCHEMAS: dict[str, Any] = {
             },
             "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
             "usage": {"type": "object"},
+            "capacity": {"$ref": _REF.format(model="BatchCapacity")},
             "cost": {"type": "number", "description": "inferd's: the usage at the batch price."},
             "estimated_completion_at": {
                 **_NULLABLE_INT,
@@ -125,7 +126,17 @@ SCHEMAS: dict[str, Any] = {
                 "propertyNames": {"maxLength": 64},
                 "additionalProperties": {"type": "string", "maxLength": 512},
             },
+            "capacity": {"$ref": _REF.format(model="BatchCapacity")},
         },
+    },
+    "BatchCapacity": {
+        "type": "string",
+        "enum": [c.value for c in Capacity],
+        "default": Capacity.WAKE.value,
+        "description": "inferd's: 'wake' (the default) lets the batch wake the endpoint at "
+        "zero and keep a replica up while it runs, within maxReplicas; 'running' runs it only "
+        "on replicas that are up for other reasons (its requests wait while none is ready, "
+        "and keep none up).",
     },
 }
 

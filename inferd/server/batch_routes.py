@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import Message
 
 from inferd import COMPAT_FAMILY
-from inferd.control.batches.model import estimate
+from inferd.control.batches.model import Capacity, estimate
 from inferd.control.batches.service import BatchService
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from inferd.gateway.auth import Caller, TokenCheck, caller, unauthorized
@@ -128,6 +128,7 @@ class BatchRoutes:
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("metadata must be an object of strings.", param="metadata")
+        capacity = _capacity(body.get("capacity"))
         batch = await self.service.create(
             endpoint_id,
             body["input_file_id"],
@@ -135,6 +136,7 @@ class BatchRoutes:
             body["completion_window"],
             metadata,
             client=who.client,
+            capacity=capacity,
         )
         return JSONResponse(batch.to_openai())
 
@@ -191,6 +193,21 @@ class BatchRoutes:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _capacity(value: Any) -> Capacity:
+    """inferd's `capacity` field of a new batch (the `openai` client sends
+    it in `extra_body`); absent or null: `wake`."""
+    if value is None:
+        return Capacity.WAKE
+    if isinstance(value, str) and value in Capacity._value2member_map_:
+        return Capacity(value)
+    choices = " or ".join(f"'{c.value}'" for c in Capacity)
+    raise BadRequest(
+        f"capacity must be {choices}: 'wake' lets the batch wake the endpoint and keep a "
+        "replica up, 'running' runs it only on replicas that are up anyway.",
+        param="capacity",
+    )
 
 
 def _by_method(handlers: dict[str, Handler]) -> Handler:

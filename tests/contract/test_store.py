@@ -26,7 +26,15 @@ from inferd.catalog.registered import (
     RegisteredModel,
 )
 from inferd.control.batches.jsonl import parse_batch_file
-from inferd.control.batches.model import WINDOW, Batch, BatchStatus, Counts, RequestState, Result
+from inferd.control.batches.model import (
+    WINDOW,
+    Batch,
+    BatchStatus,
+    Capacity,
+    Counts,
+    RequestState,
+    Result,
+)
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
@@ -771,7 +779,8 @@ def test_two_instances_take_from_one_rate_limit_bucket_and_lose_no_admission(
 
 
 def test_a_batch_keeps_its_client_and_meters_each_result_once(opener: Opener) -> None:
-    """The client that created a batch round-trips; a request's usage is
+    """The client that created a batch and its capacity setting round-trip
+    (through a move too); a request's usage is
     added to its endpoint's hour with its result, and a second result for
     the same request (a re-run after a failover) is refused and adds none."""
 
@@ -782,9 +791,14 @@ def test_a_batch_keeps_its_client_and_meters_each_result_once(opener: Opener) ->
         batch = Batch(
             "batch_" + "0" * 24, ep.id, ep.project_id, "/v1/chat/completions", "file-x",
             BatchStatus.VALIDATING, T0, T0 + WINDOW, counts=Counts(total=1), client="app",
+            capacity=Capacity.RUNNING,
         )  # fmt: skip
         await store.create_batch(batch, parse_batch_file(line, 10))
         assert await store.get_batch(batch.id) == batch  # every field round-trips
+        moved = await store.move_batch(
+            batch.id, (BatchStatus.VALIDATING,), BatchStatus.IN_PROGRESS, T0, None
+        )
+        assert moved is not None and moved.capacity is Capacity.RUNNING
         done = Result(0, RequestState.DONE, "{}", 5, 7, 0.0, T0)
         assert await store.record_result(batch.id, done, None) is True
         assert await store.record_result(batch.id, done, None) is False

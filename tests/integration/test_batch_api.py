@@ -85,12 +85,15 @@ def test_the_openai_client_uploads_creates_lists_and_cancels(
         endpoint="/v1/chat/completions",
         completion_window="24h",
         metadata={"job": "nightly"},
+        extra_body={"capacity": "running"},  # inferd's field, as the client sends one
     )
     assert batch.status in ("validating", "in_progress")
+    assert batch.to_dict()["capacity"] == "running"
     assert batch.request_counts is not None and batch.request_counts.total == 3
     assert batch.metadata == {"job": "nightly"}
     got = oai.batches.retrieve(batch.id)
     assert got.id == batch.id and got.input_file_id == uploaded.id
+    assert got.to_dict()["capacity"] == "running"
     assert [b.id for b in oai.batches.list(limit=5).data] == [batch.id]
     cancelled = oai.batches.cancel(batch.id)
     assert cancelled.status in ("cancelling", "cancelled")

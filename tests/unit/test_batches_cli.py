@@ -1,14 +1,17 @@
-"""`inferd batches`: the progress line, and `--wait` drawing it until the end."""
+"""`inferd batches`: the progress line, `--wait` drawing it until the end,
+and `create --capacity`."""
 
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
+import httpx
 import pytest
 
 from inferd.cli import build_parser
-from inferd.client.batches_cli import progress_line, watch
+from inferd.client.batches_cli import BatchClient, progress_line, watch
 
 
 def batch(status: str, total: int, done: int, failed: int = 0, eta: int | None = None) -> Any:
@@ -61,3 +64,24 @@ def test_the_cli_has_the_batch_commands() -> None:
     assert args.wait and args.metadata == ["a=b"] and str(args.file) == "in.jsonl"
     for action in (["list"], ["get", "b", "--watch"], ["cancel", "b"], ["results", "b"]):
         assert callable(parser.parse_args(["batches", *action]).func)
+
+
+def test_create_takes_the_capacity_setting_and_sends_it_only_when_given() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["batches", "create", "in.jsonl"]).capacity is None
+    args = parser.parse_args(["batches", "create", "in.jsonl", "--capacity", "running"])
+    assert args.capacity == "running"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["batches", "create", "in.jsonl", "--capacity", "sometimes"])
+    sent: list[dict[str, Any]] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"id": "batch_1", "capacity": "running"})
+
+    client = BatchClient("http://ep", "t")
+    client._http = httpx.Client(base_url=client.base, transport=httpx.MockTransport(server))
+    client.create("file-1", "/v1/chat/completions", {}, "running")
+    client.create("file-1", "/v1/chat/completions", {})
+    client.close()
+    assert [body.get("capacity") for body in sent] == ["running", None]

@@ -175,7 +175,7 @@ def test_a_version_3_or_4_database_migrates_to_accounts(tmp_path: Path, version:
     store = SqliteStore.open(path)
 
     async def check() -> None:
-        assert await store.schema_version() == latest_version() == 16
+        assert await store.schema_version() == latest_version() == 17
         (endpoint,) = await store.list_endpoints()
         assert (endpoint.name, endpoint.project_id) == ("old", "default")
         # Endpoints from before engine settings run with the server's defaults.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from inferd.control.stores.sql.database import Repository
+from inferd.control.stores.sql.repository import Repository
 from inferd.control.stores.sql.store import SqlStore
 
 

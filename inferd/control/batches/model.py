@@ -70,6 +70,21 @@ class BatchStatus(str, Enum):
         return self not in BatchStatus.running()
 
 
+class Capacity(str, Enum):
+    """What a batch may do to its endpoint's replicas (inferd's `capacity`
+    field of a batch). Either way it stays within the endpoint's bounds
+    (`maxReplicas`) and takes only the capacity interactive traffic leaves."""
+
+    # Like any request: it wakes an endpoint at zero, and its requests are
+    # the endpoint's load (they keep a replica up while they run, and may
+    # ask for more).
+    WAKE = "wake"
+    # Only on replicas that are up for other reasons: it wakes none, and its
+    # requests are no load to the autoscaler (they keep no replica up); while
+    # none is ready its requests wait, pending, within the batch's window.
+    RUNNING = "running"
+
+
 class RequestState(str, Enum):
     PENDING = "pending"
     DONE = "done"  # a 2xx answer: the output file
@@ -186,6 +201,7 @@ class Batch:
     # endpoint owner's; else a client token's name): its requests run as
     # that client, with its share, rate limit and usage.
     client: str = ""
+    capacity: Capacity = Capacity.WAKE
 
     def to_openai(self, estimate: Estimate | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -213,7 +229,9 @@ class Batch:
         for stamp in STAMPS.values():
             at = self.times.get(stamp)
             body[stamp] = None if at is None else _epoch(at)
-        # inferd's own: the cost at the batch price, and when it should end.
+        # inferd's own: what it may do to the endpoint's replicas, the cost
+        # at the batch price, and when it should end.
+        body["capacity"] = self.capacity.value
         body["cost"] = round(self.usage.cost, 6)
         body["estimated_completion_at"] = (
             None if estimate is None or estimate.done_at is None else _epoch(estimate.done_at)

@@ -11,7 +11,10 @@ result and is run again by the next (at-least-once execution,
 exactly-once results).
 
 Each request goes through the gateway in-process (`Executor`), at the
-lowest priority, `concurrency` of a batch at a time.
+lowest priority, `concurrency` of a batch at a time. A batch whose
+`capacity` is `running` sends none while its endpoint has no ready replica
+(it wakes none): its requests wait, pending, until one is up for other
+reasons or the window passes.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from inferd.control.batches.model import (
     Batch,
     BatchSettings,
     BatchStatus,
+    Capacity,
     PendingRequest,
     RequestState,
     Result,
@@ -60,6 +64,12 @@ class Answer:
 class Executor(Protocol):
     async def run(self, batch: Batch, idx: int, body: bytes) -> Answer:
         """Send one request of `batch` to its endpoint; the answer."""
+        ...
+
+    async def wait_ready(self, batch: Batch, timeout: float) -> bool:
+        """Whether `batch`'s endpoint has a ready replica: True at once if
+        it has one, else as soon as one is ready, False after `timeout`
+        seconds. Asks for none."""
         ...
 
 
@@ -231,7 +241,10 @@ class BatchRunner:
         others worth trying again, `max_attempts` times in all."""
         settings = self.settings
         failures = tries = 0
+        idle_only = batch.capacity is Capacity.RUNNING
         while True:
+            if idle_only and not await self._until_ready(batch):
+                return  # the window passed with no replica up: expired with the rest
             try:
                 answer = await self._executor.run(batch, request.idx, request.body)
             except asyncio.CancelledError:
@@ -242,6 +255,10 @@ class BatchRunner:
             tries += 1
             if answer.status not in RETRIED:
                 break
+            if idle_only and not await self._executor.wait_ready(batch, 0.0):
+                # The endpoint scaled down under it (or its replica failed):
+                # not the request's failure; it runs when one is up again.
+                continue
             if answer.status != BUSY:
                 failures += 1
                 if failures >= settings.max_attempts:
@@ -251,6 +268,14 @@ class BatchRunner:
                 return
             await self._sleep(wait)
         await self._store.record_result(batch.id, self._result(batch, request, answer), self._term)
+
+    async def _until_ready(self, batch: Batch) -> bool:
+        """Until `batch`'s endpoint has a ready replica (True), or its window
+        passed (False)."""
+        while not await self._executor.wait_ready(batch, self.settings.poll_seconds):
+            if self._clock() >= batch.expires_at:
+                return False
+        return True
 
     def _result(self, batch: Batch, request: PendingRequest, answer: Answer) -> Result:
         ok = 200 <= answer.status < 300

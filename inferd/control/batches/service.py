@@ -23,6 +23,7 @@ from inferd.control.batches.model import (
     BatchFile,
     BatchSettings,
     BatchStatus,
+    Capacity,
     Counts,
     RequestState,
     StorageQuotaExceeded,
@@ -151,9 +152,11 @@ class BatchService:
         completion_window: str,
         metadata: Mapping[str, str] | None,
         client: str = "",
+        capacity: Capacity = Capacity.WAKE,
     ) -> Batch:
         """`client`: whose token asks ("": the owner's); the batch's
-        requests run as that client."""
+        requests run as that client. `capacity`: whether it may wake the
+        endpoint and keep a replica up (`Capacity`)."""
         endpoint = self._live(endpoint_id)
         kind = BATCH_URLS.get(url)
         if kind is None:
@@ -209,6 +212,7 @@ class BatchService:
             metadata=metadata,
             counts=Counts(total=len(lines)),
             client=client,
+            capacity=capacity,
         )
         try:
             await self.store.create_batch(batch, lines)

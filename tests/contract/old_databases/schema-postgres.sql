@@ -103,6 +103,7 @@ CREATE TABLE public.batches (
     cost double precision DEFAULT 0 NOT NULL,
     seq bigint NOT NULL,
     client text DEFAULT ''::text NOT NULL,
+    capacity text DEFAULT 'wake'::text NOT NULL,
     CONSTRAINT batches_status_check CHECK ((status = ANY (ARRAY['validating'::text, 'in_progress'::text, 'finalizing'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'cancelling'::text, 'cancelled'::text])))
 );
 ALTER TABLE public.batches ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
@@ -447,3 +448,4 @@ version (13, "named client tokens of endpoints, beside the owner's token")
 version (14, 'the client token that created each batch')
 version (15, "a replica's unresponsive mark, for every instance's routing")
 version (16, "client tokens' rate-limit buckets, shared by every instance")
+version (17, "what each batch may do to its endpoint's replicas")

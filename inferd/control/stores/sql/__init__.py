@@ -2,4 +2,5 @@
 per engine (`sqlite_dialect.py`, `postgres_dialect.py`), the tables described
 once (`tables.py`), one list of migrations (`migrations.py`), and a
 repository per aggregate (endpoints and tokens, replicas, adapters, models,
-accounts, admin keys) that `store.py` puts together."""
+accounts, admin keys, batches; what they share: `repository.py`) that
+`store.py` puts together."""

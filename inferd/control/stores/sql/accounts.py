@@ -31,66 +31,39 @@ from inferd.control.accounts.model import (
 from inferd.control.accounts.ports import AlreadyExists
 from inferd.control.accounts.quota import Quota
 from inferd.control.model import ChangeKind
-from inferd.control.stores.sql.database import Repository, Tx, Violation
+from inferd.control.stores.sql.database import Tx, Violation
+from inferd.control.stores.sql.repository import Repository
 from inferd.control.stores.sql.tables import (
     AUDIT_LOG,
     MEMBERSHIPS,
     PROJECTS,
-    TIME,
     USAGE,
     USER_KEYS,
     USERS,
-    Table,
 )
 
-_USAGE_SUMS = ", ".join(
-    f"{c} = usage_hourly.{c} + excluded.{c}"
-    for c in ("replica_seconds", "requests", "prompt_tokens", "completion_tokens", "images", "cost")
-)
+_SUMMED = ("replica_seconds", "requests", "prompt_tokens", "completion_tokens", "images", "cost")
 # One delta added to its hourly row (made when absent).
-ADD_USAGE = (
-    USAGE.insert
-    + f" ON CONFLICT (endpoint_id, hour, gpu_type, gpu_count) DO UPDATE SET {_USAGE_SUMS}"
-)
+ADD_USAGE = USAGE.upsert(("endpoint_id", "hour", "gpu_type", "gpu_count"), added=_SUMMED)
+_PUT_MEMBERSHIP = MEMBERSHIPS.upsert(("project_id", "user_id"), replaced=("role",))
 
 
 class Accounts(Repository):
-    def _account_time(self, at: datetime | None) -> Any:
-        return None if at is None else self._dialect.encode(TIME.storage, at)
-
-    async def _account_write(
-        self, statement: str, params: Sequence[Any], change: str | None = None
-    ) -> int:
-        """One statement; `change`: the account change other instances must
-        hear of (their principal and quota caches)."""
-
-        def write(tx: Tx) -> int:
-            count = tx.count(statement, params)
-            if change is not None and count:
-                tx.changed(ChangeKind.ACCOUNT, change)
-            return count
-
-        return await self._db.write(write)
-
-    async def _insert(self, table: Table[Any], record: Any, exists: str) -> None:
-        values = table.values(self._dialect, record)
-        await self._write_new(lambda tx: tx.execute(table.insert, values), AlreadyExists(exists))
-
-    async def _records(self, table: Table[Any], where: str, params: Sequence[Any]) -> list[Any]:
-        rows = await self._db.rows(f"{table.select} {where}", params)
-        return [table.record(self._dialect, r) for r in rows]
+    async def _account_write(self, statement: str, params: Sequence[Any], change: str) -> int:
+        """One statement; `change`: what other instances must drop from their
+        principal and quota caches."""
+        return await self._change(statement, params, ChangeKind.ACCOUNT, change)
 
     # --- projects ------------------------------------------------------------------------
 
     async def create_project(self, project: Project) -> None:
-        await self._insert(PROJECTS, project, project.id)
+        await self._add(PROJECTS, project, None, duplicate=AlreadyExists(project.id))
 
     async def get_project(self, project_id: str) -> Project | None:
-        found = await self._records(PROJECTS, "WHERE id = ?", (project_id,))
-        return found[0] if found else None
+        return await self._find_one(PROJECTS, "WHERE id = ?", (project_id,))
 
     async def list_projects(self) -> list[Project]:
-        return await self._records(PROJECTS, "ORDER BY id", ())
+        return await self._find(PROJECTS, "ORDER BY id")
 
     async def delete_project(self, project_id: str) -> bool:
         # Memberships go with it (ON DELETE CASCADE); audit and usage stay.
@@ -109,27 +82,23 @@ class Accounts(Repository):
         return await self._account_write(statement, params, f"project:{project_id}") > 0
 
     def quota_lock(self, project_id: str) -> AbstractAsyncContextManager[None]:
-        return self._dialect.quota_lock(project_id)  # type: ignore[attr-defined]
+        return self._dialect.quota_lock(project_id)
 
     # --- users and memberships ---------------------------------------------------------------
 
     async def create_user(self, user: User) -> None:
-        await self._insert(USERS, user, user.id)
+        await self._add(USERS, user, None, duplicate=AlreadyExists(user.id))
 
     async def get_user(self, user_id: str) -> User | None:
-        found = await self._records(USERS, "WHERE id = ?", (user_id,))
-        return found[0] if found else None
+        return await self._find_one(USERS, "WHERE id = ?", (user_id,))
 
     async def list_users(self) -> list[User]:
-        return await self._records(USERS, "ORDER BY id", ())
+        return await self._find(USERS, "ORDER BY id")
 
     async def put_membership(self, membership: Membership) -> None:
-        statement = MEMBERSHIPS.insert + (
-            " ON CONFLICT (project_id, user_id) DO UPDATE SET role = excluded.role"
-        )
         values = MEMBERSHIPS.values(self._dialect, membership)
         try:
-            await self._account_write(statement, values, f"user:{membership.user_id}")
+            await self._account_write(_PUT_MEMBERSHIP, values, f"user:{membership.user_id}")
         except Violation:
             raise KeyError((membership.project_id, membership.user_id)) from None
 
@@ -144,64 +113,45 @@ class Accounts(Repository):
         where, params = "WHERE project_id = ?", [project_id]
         if after is not None:
             where, params = where + " AND user_id > ?", [*params, after]
-        return await self._records(
+        return await self._find(
             MEMBERSHIPS, where + " ORDER BY user_id" + _limit(limit, params), params
         )
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
-        return await self._records(MEMBERSHIPS, "WHERE user_id = ? ORDER BY project_id", (user_id,))
+        return await self._find(MEMBERSHIPS, "WHERE user_id = ? ORDER BY project_id", (user_id,))
 
     # --- keys ------------------------------------------------------------------------------
 
     async def add_key(self, key: UserKey) -> None:
-        def write(tx: Tx) -> None:
+        def check(tx: Tx) -> None:
             if tx.one("SELECT 1 FROM users WHERE id = ?", (key.user_id,)) is None:
                 raise KeyError(key.user_id)
-            tx.execute(USER_KEYS.insert, USER_KEYS.values(self._dialect, key))
 
         try:
-            await self._db.write(write)
-        except Violation as exc:
-            if exc.unique:
-                raise AlreadyExists(key.id) from None
+            await self._add(USER_KEYS, key, None, duplicate=AlreadyExists(key.id), check=check)
+        except Violation:
             raise KeyError(key.user_id) from None
 
     async def keys_of(
-        self,
-        user_id: str,
-        *,
-        after: tuple[datetime, str] | None = None,
-        limit: int | None = None,
+        self, user_id: str, *, after: tuple[datetime, str] | None = None, limit: int | None = None
     ) -> list[UserKey]:
         where, params = "WHERE user_id = ?", [user_id]
         if after is not None:
             where += " AND (created_at > ? OR (created_at = ? AND id > ?))"
-            params += [self._account_time(after[0]), self._account_time(after[0]), after[1]]
+            params += [self._time(after[0]), self._time(after[0]), after[1]]
         order = " ORDER BY created_at, id" + _limit(limit, params)
-        return await self._records(USER_KEYS, where + order, params)
+        return await self._find(USER_KEYS, where + order, params)
 
     async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
-        found = await self._records(USER_KEYS, "WHERE key_hash = ?", (key_hash,))
-        return found[0] if found else None
+        return await self._find_one(USER_KEYS, "WHERE key_hash = ?", (key_hash,))
 
     async def revoke_key(self, key_id: str, at: datetime) -> bool:
         statement = "UPDATE user_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"
-        return (
-            await self._account_write(statement, (self._account_time(at), key_id), f"key:{key_id}")
-            > 0
-        )
+        return await self._account_write(statement, (self._time(at), key_id), f"key:{key_id}") > 0
 
     async def touch_keys(self, last_used: Mapping[str, datetime]) -> None:
-        rows = [
-            (self._account_time(at), key_id, self._account_time(at))
-            for key_id, at in last_used.items()
-        ]
-        if rows:
-            await self._db.write(lambda tx: tx.many(
-                "UPDATE user_keys SET last_used_at = ?"
-                " WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)",
-                rows,
-            ))  # fmt: skip
+        rows = [(self._time(at), key_id) for key_id, at in last_used.items()]
+        await self._touch("user_keys", "id = ?", rows)
 
     # --- audit log --------------------------------------------------------------------------
 
@@ -216,16 +166,11 @@ class Accounts(Repository):
         return replace(entry, id=await self._db.write(write))
 
     async def audit(
-        self,
-        project_id: str | None,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        actions: Sequence[AuditAction] = (),
-        limit: int = 1000,
+        self, project_id: str | None, *, since: datetime | None = None,
+        until: datetime | None = None, actions: Sequence[AuditAction] = (), limit: int = 1000,
         after: int | None = None,
-    ) -> list[AuditEntry]:
-        where, params = _since_until("at", self._account_time(since), self._account_time(until))
+    ) -> list[AuditEntry]:  # fmt: skip
+        where, params = _since_until("at", self._time(since), self._time(until))
         if project_id is not None:
             where, params = where + " AND project_id = ?", [*params, project_id]
         if actions:
@@ -233,72 +178,50 @@ class Accounts(Repository):
             params += [a.value for a in actions]
         if after is not None:
             where, params = where + " AND id > ?", [*params, after]
-        return await self._records(
-            AUDIT_LOG, where + " ORDER BY id" + _limit(limit, params), params
-        )
+        return await self._find(AUDIT_LOG, where + " ORDER BY id" + _limit(limit, params), params)
 
     # --- usage --------------------------------------------------------------------------------
 
     async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
-        if not deltas:
-            return
-        values = [USAGE.values(self._dialect, d) for d in deltas]
-        await self._db.write(lambda tx: tx.many(ADD_USAGE, values))
+        if deltas:
+            values = [USAGE.values(self._dialect, d) for d in deltas]
+            await self._db.write(lambda tx: tx.many(ADD_USAGE, values))
 
     def _usage_where(
         self, endpoint_id: str | None, project_id: str | None,
         since: datetime | None, until: datetime | None,
     ) -> tuple[str, list[Any]]:  # fmt: skip
-        where, params = _since_until("hour", self._account_time(since), self._account_time(until))
+        where, params = _since_until("hour", self._time(since), self._time(until))
         for column, value in (("endpoint_id", endpoint_id), ("project_id", project_id)):
             if value is not None:
                 where, params = where + f" AND {column} = ?", [*params, value]
         return where, params
 
     async def usage(
-        self,
-        *,
-        endpoint_id: str | None = None,
-        project_id: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        after: UsageKey | None = None,
-        limit: int | None = None,
-    ) -> list[UsageRow]:
+        self, *, endpoint_id: str | None = None, project_id: str | None = None,
+        since: datetime | None = None, until: datetime | None = None,
+        after: UsageKey | None = None, limit: int | None = None,
+    ) -> list[UsageRow]:  # fmt: skip
         where, params = self._usage_where(endpoint_id, project_id, since, until)
         if after is not None:
             where += " AND (hour, endpoint_id, gpu_type, gpu_count) > (?, ?, ?, ?)"
-            params += [self._account_time(after[0]), *after[1:]]
+            params += [self._time(after[0]), *after[1:]]
         order = " ORDER BY hour, endpoint_id, gpu_type, gpu_count" + _limit(limit, params)
-        return await self._records(USAGE, where + order, params)
+        return await self._find(USAGE, where + order, params)
 
     async def usage_totals(
-        self,
-        *,
-        endpoint_id: str | None = None,
-        project_id: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> UsageTotals:
+        self, *, endpoint_id: str | None = None, project_id: str | None = None,
+        since: datetime | None = None, until: datetime | None = None,
+    ) -> UsageTotals:  # fmt: skip
         where, params = self._usage_where(endpoint_id, project_id, since, until)
-        sums = ", ".join(
-            f"COALESCE(SUM({c}), 0)"
-            for c in (
-                "replica_seconds",
-                "requests",
-                "prompt_tokens",
-                "completion_tokens",
-                "images",
-                "cost",
-            )
-        )
+        sums = ", ".join(f"COALESCE(SUM({c}), 0)" for c in _SUMMED)
         r = (await self._db.rows(f"SELECT {sums} FROM usage_hourly {where}", params))[0]
         return UsageTotals(float(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
         rows = await self._db.rows(
             "SELECT endpoint_id, SUM(cost) FROM usage_hourly WHERE hour >= ? GROUP BY endpoint_id",
-            (self._account_time(since),),
+            (self._time(since),),
         )
         return {r[0]: float(r[1]) for r in rows}
 

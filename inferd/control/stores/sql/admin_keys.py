@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from inferd.control.model import ChangeKind
-from inferd.control.stores.sql.database import Repository, Tx
+from inferd.control.stores.sql.database import Tx
+from inferd.control.stores.sql.repository import Repository
 from inferd.control.stores.sql.tables import TIME
 
 

@@ -36,9 +36,9 @@ from inferd.control.batches.model import (
     StorageQuotaExceeded,
     may_move,
 )
-from inferd.control.model import rfc3339
 from inferd.control.stores.sql.accounts import ADD_USAGE
-from inferd.control.stores.sql.database import Repository, Tx
+from inferd.control.stores.sql.database import Tx
+from inferd.control.stores.sql.repository import Repository
 from inferd.control.stores.sql.tables import BATCH_FILES, BATCHES, USAGE
 
 CHUNK_BYTES = 1 << 20
@@ -77,15 +77,11 @@ class Batches(Repository):
         return await self._db.read(lambda tx: self._bytes_used(tx, project_id))
 
     async def get_file(self, file_id: str) -> BatchFile | None:
-        rows = await self._db.rows(f"{BATCH_FILES.select} WHERE id = ?", (file_id,))
-        return BATCH_FILES.record(self._dialect, rows[0]) if rows else None
+        return await self._find_one(BATCH_FILES, "WHERE id = ?", (file_id,))
 
     async def list_files(self, endpoint_id: str) -> list[BatchFile]:
-        order = self._dialect.position("batch_files")
-        rows = await self._db.rows(
-            f"{BATCH_FILES.select} WHERE endpoint_id = ? ORDER BY {order} DESC", (endpoint_id,)
-        )
-        return [BATCH_FILES.record(self._dialect, r) for r in rows]
+        where = self._ordered(BATCH_FILES, "WHERE endpoint_id = ?", desc=True)
+        return await self._find(BATCH_FILES, where, (endpoint_id,))
 
     async def file_chunk(self, file_id: str, seq: int) -> bytes | None:
         rows = await self._db.rows(
@@ -130,8 +126,7 @@ class Batches(Repository):
         await self._db.write(write)
 
     async def get_batch(self, batch_id: str) -> Batch | None:
-        rows = await self._db.rows(f"{BATCHES.select} WHERE id = ?", (batch_id,))
-        return BATCHES.record(self._dialect, rows[0]) if rows else None
+        return await self._find_one(BATCHES, "WHERE id = ?", (batch_id,))
 
     async def list_batches(self, endpoint_id: str, after: str | None, limit: int) -> list[Batch]:
         """Newest first; `after`: a batch id, the last of the previous page."""
@@ -140,20 +135,14 @@ class Batches(Repository):
         if after is not None:
             where += f" AND {order} < (SELECT {order} FROM batches WHERE id = ?)"
             params.append(after)
-        rows = await self._db.rows(
-            f"{BATCHES.select} WHERE {where} ORDER BY {order} DESC LIMIT ?", (*params, limit)
-        )
-        return [BATCHES.record(self._dialect, r) for r in rows]
+        where = self._ordered(BATCHES, f"WHERE {where}", desc=True) + " LIMIT ?"
+        return await self._find(BATCHES, where, (*params, limit))
 
     async def running_batches(self) -> list[Batch]:
         """Every batch the leader still has to work on, oldest first."""
         marks = ", ".join("?" for _ in BatchStatus.running())
-        order = self._dialect.position("batches")
-        rows = await self._db.rows(
-            f"{BATCHES.select} WHERE status IN ({marks}) ORDER BY {order}",
-            tuple(s.value for s in BatchStatus.running()),
-        )
-        return [BATCHES.record(self._dialect, r) for r in rows]
+        where = self._ordered(BATCHES, f"WHERE status IN ({marks})")
+        return await self._find(BATCHES, where, tuple(s.value for s in BatchStatus.running()))
 
     async def pending_requests(self, batch_id: str, after: int, limit: int) -> list[PendingRequest]:
         rows = await self._db.rows(
@@ -236,8 +225,7 @@ class Batches(Repository):
                 raise ValueError(f"a batch never moves from {expected} to {to.value}")
             if batch.status not in expected:
                 return None
-            times = {name: rfc3339(when) for name, when in batch.times.items()}
-            times.setdefault(STAMPS[to], rfc3339(at))
+            times = {STAMPS[to]: at, **batch.times}
             extra, params = "", list[Any]()
             if to in (BatchStatus.COMPLETED, BatchStatus.CANCELLED, BatchStatus.EXPIRED):
                 extra, params = self._output_files(tx, batch, at)

@@ -16,12 +16,13 @@ import asyncio
 import functools
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, TypeVar
 
-from inferd.control.model import Change, ChangeKind, EndpointGone, StoreClosed, StoreError
+from inferd.control.model import Change, ChangeKind, StoreClosed, StoreError
 from inferd.control.stores.feed import ChangeHub
 
 logger = logging.getLogger(__name__)
@@ -51,10 +52,15 @@ class Violation(StoreError):
         )
 
 
-class Codecs:
-    """How a dialect writes and reads each storage kind (absent: as is)."""
+class Dialect(ABC):
+    """What differs between the engines (`sqlite_dialect`, `postgres_dialect`);
+    the defaults are an engine's that needs nothing done there."""
 
-    encoders: dict[str, Callable[[Any], Any]]
+    name: str
+    workers: int
+    private: bool  # no other process writes: commits publish their own changes
+    for_share = for_update = ""  # the row locks a SELECT may take
+    encoders: dict[str, Callable[[Any], Any]]  # by storage kind (absent: as is)
     decoders: dict[str, Callable[[Any], Any]]
 
     def encode(self, storage: str, value: Any) -> Any:
@@ -64,49 +70,49 @@ class Codecs:
     def decoder(self, storage: str) -> Callable[[Any], Any] | None:
         return self.decoders.get(storage)
 
-
-class Dialect(Protocol):
-    """What differs between the engines (see `sqlite_dialect`, `postgres_dialect`)."""
-
-    name: str
-    workers: int
-    # Where no other process writes: commits publish their own changes.
-    private: bool
-    for_share: str
-    for_update: str
-
     def sql(self, text: str) -> Any:
         """`text` written with `?` placeholders, in the driver's form."""
-        ...
+        return text
 
+    def fence(self, conn: Any, term: int | None) -> None:
+        """Raise `Deposed` unless `term` is the leader's (None: any instance's write)."""
+        return None
+
+    def before_log(self, conn: Any) -> None:
+        return None  # (what orders the change log's appends, where needed)
+
+    def after_log(self, conn: Any, last_seq: int) -> None:
+        return None  # (what tells the followers, where they are not poked)
+
+    @abstractmethod
     def connection(self, write: bool) -> AbstractContextManager[Any]:
         """A connection in a transaction (for a write: an exclusive one),
-        committed on exit; driver errors mapped to `Violation` and
-        `StoreUnavailable`."""
-        ...
+        committed on exit; driver errors as `Violation`, `StoreUnavailable`."""
 
-    def encode(self, storage: str, value: Any) -> Any: ...
-    def decoder(self, storage: str) -> Callable[[Any], Any] | None: ...
+    @abstractmethod
+    def migrating(self) -> AbstractContextManager[Any]:
+        """One migration's transaction, exclusive across processes."""
+
+    @abstractmethod
     def position(self, table: str) -> str:
         """The column that orders a table's rows by insertion."""
-        ...
 
+    @abstractmethod
     def starts_with(self, column: str, prefix: str) -> tuple[str, list[Any]]: ...
-    def fence(self, conn: Any, term: int | None) -> None:
-        """Raise `Deposed` when `term` is no longer the leader's (None: a
-        write any instance may make)."""
-        ...
-
-    def before_log(self, conn: Any) -> None: ...
-    def after_log(self, conn: Any, last_seq: int) -> None: ...
+    @abstractmethod
     def follow(
         self, stop: threading.Event, poke: threading.Event, read: Callable[[Any], None]
     ) -> None:
         """Call `read(conn)` on a reading connection until `stop`: at once,
         after each `poke` or notification, and every POLL_INTERVAL_S."""
-        ...
 
+    @abstractmethod
+    def quota_lock(self, project_id: str) -> AbstractAsyncContextManager[None]:
+        """Serialises a project's quota checks across instances."""
+
+    @abstractmethod
     def describe(self) -> str: ...
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -146,47 +152,6 @@ class Tx:
 
     def fence(self, term: int | None) -> None:
         self.dialect.fence(self.conn, term)
-
-
-class Repository:
-    """A store's part over the one `Database` (each implements one port)."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        self._dialect = db.dialect
-
-    def _live_endpoint(self, tx: Tx, endpoint_id: str, *, exclusive: bool = False) -> None:
-        """`EndpointGone` unless the endpoint is there and not being deleted;
-        its row stays locked (shared, or `exclusive`) until the write commits,
-        so that a deletion cannot start under it."""
-        lock = self._dialect.for_update if exclusive else self._dialect.for_share
-        row = tx.one("SELECT deleting_at FROM endpoints WHERE id = ?" + lock, (endpoint_id,))
-        if row is None or row[0] is not None:
-            raise EndpointGone(endpoint_id)
-
-    async def _write_new(self, write: Callable[[Tx], T], duplicate: Exception) -> T:
-        """`write`, or `duplicate` where a unique key refuses it."""
-        try:
-            return await self._db.write(write)
-        except Violation as exc:
-            if exc.unique:
-                raise duplicate from None
-            raise
-
-    async def _delete_named(
-        self, table: str, kind: ChangeKind, endpoint_id: str, name: str
-    ) -> bool:
-        """Delete an endpoint's row called `name` from `table`, a `kind` change of the endpoint."""
-
-        def write(tx: Tx) -> bool:
-            deleted = tx.count(
-                f"DELETE FROM {table} WHERE endpoint_id = ? AND name = ?", (endpoint_id, name)
-            )
-            if deleted:
-                tx.changed(kind, endpoint_id)
-            return deleted > 0
-
-        return await self._db.write(write)
 
 
 class Database:

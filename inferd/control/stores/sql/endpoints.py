@@ -1,32 +1,42 @@
-"""Endpoints and their tokens (`EndpointStore`, `TokenStore`, and the
-quota's reads of a project's endpoints)."""
+"""Endpoints and their tokens (`EndpointStore`, `TokenStore`, the quota's
+reads of a project's endpoints), and their named client tokens
+(`ClientTokenStore`): digests only. Every client token write says
+`ChangeKind.TOKEN` for the endpoint, as a re-issued owner token does, so
+each instance's token cache re-reads that endpoint's tokens and a revoked
+one stops working everywhere."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from inferd.control.accounts.quota import EndpointShape
-from inferd.control.model import ChangeKind, DuplicateName, Endpoint, EndpointChanges, EndpointGone
+from inferd.control.model import (
+    ChangeKind,
+    ClientToken,
+    DuplicateClientToken,
+    DuplicateName,
+    Endpoint,
+    EndpointChanges,
+    EndpointGone,
+    TooManyClientTokens,
+)
 from inferd.control.paging import EndpointFilter, Page, page_of
-from inferd.control.stores.sql.database import Repository, Tx, Violation
-from inferd.control.stores.sql.tables import ENDPOINTS, TIME
+from inferd.control.stores.sql.database import Tx, Violation
+from inferd.control.stores.sql.repository import Repository
+from inferd.control.stores.sql.tables import CLIENT_TOKENS, ENDPOINTS
 
 _ACTIVE_TOKENS = (
     "SELECT t.endpoint_id, t.token_hash FROM endpoint_tokens t"
     " JOIN endpoints e ON e.id = t.endpoint_id"
     " WHERE t.revoked_at IS NULL AND e.deleting_at IS NULL"
 )
+_LIVE = " JOIN endpoints e ON e.id = t.endpoint_id WHERE e.deleting_at IS NULL"
 _ADD_TOKEN = "INSERT INTO endpoint_tokens (endpoint_id, token_hash, created_at) VALUES (?, ?, ?)"
 
 
 class Endpoints(Repository):
-    def _time(self, at: datetime) -> Any:
-        return self._dialect.encode(TIME.storage, at)
-
-    def _endpoint(self, row: Any) -> Endpoint:
-        return ENDPOINTS.record(self._dialect, row)
-
     async def insert_endpoint(self, endpoint: Endpoint, token_hash: bytes) -> None:
         def write(tx: Tx) -> None:
             tx.execute(ENDPOINTS.insert, ENDPOINTS.values(self._dialect, endpoint))
@@ -42,14 +52,10 @@ class Endpoints(Repository):
             raise
 
     async def get_endpoint(self, endpoint_id: str) -> Endpoint | None:
-        rows = await self._db.rows(ENDPOINTS.select + " WHERE id = ?", (endpoint_id,))
-        return self._endpoint(rows[0]) if rows else None
+        return await self._find_one(ENDPOINTS, "WHERE id = ?", (endpoint_id,))
 
     async def list_endpoints(self) -> list[Endpoint]:
-        order = self._dialect.position("endpoints")
-        return [
-            self._endpoint(r) for r in await self._db.rows(f"{ENDPOINTS.select} ORDER BY {order}")
-        ]
+        return await self._find(ENDPOINTS, self._ordered(ENDPOINTS))
 
     async def page_endpoint_ids(
         self, where: EndpointFilter, after: int | None, limit: int
@@ -124,7 +130,7 @@ class Endpoints(Repository):
                 raise EndpointGone(endpoint_id)
             for kind in kinds:
                 tx.changed(kind, endpoint_id)
-            return self._endpoint(row)
+            return ENDPOINTS.record(self._dialect, row)
 
         return await self._db.write(write)
 
@@ -146,13 +152,7 @@ class Endpoints(Repository):
 
     async def replace_token(self, endpoint_id: str, token_hash: bytes, at: datetime) -> None:
         def write(tx: Tx) -> None:
-            exists = tx.one(
-                "SELECT 1 FROM endpoints WHERE id = ? AND deleting_at IS NULL"
-                + self._dialect.for_update,
-                (endpoint_id,),
-            )
-            if exists is None:
-                raise EndpointGone(endpoint_id)
+            self._live_endpoint(tx, endpoint_id, exclusive=True)
             tx.execute(
                 "UPDATE endpoint_tokens SET revoked_at = ?"
                 " WHERE endpoint_id = ? AND revoked_at IS NULL",
@@ -169,3 +169,55 @@ class Endpoints(Repository):
     async def active_token_hash(self, endpoint_id: str) -> bytes | None:
         rows = await self._db.rows(_ACTIVE_TOKENS + " AND t.endpoint_id = ?", (endpoint_id,))
         return bytes(rows[0][1]) if rows else None
+
+
+class ClientTokens(Repository):
+    async def add_client_token(self, token: ClientToken, *, limit: int) -> None:
+        """Store it, unless the endpoint is gone or being deleted
+        (`EndpointGone`), has one of that name (`DuplicateClientToken`) or
+        has `limit` already (`TooManyClientTokens`)."""
+
+        def check(tx: Tx) -> None:
+            self._live_endpoint(tx, token.endpoint_id, exclusive=True)
+            count = tx.one(
+                "SELECT count(*) FROM endpoint_client_tokens WHERE endpoint_id = ?",
+                (token.endpoint_id,),
+            )
+            if count is not None and int(count[0]) >= limit:
+                raise TooManyClientTokens(token.endpoint_id)
+
+        # The key (endpoint, name); a digest collision of random tokens does not happen.
+        duplicate = DuplicateClientToken(token.name)
+        await self._add(
+            CLIENT_TOKENS,
+            token,
+            ChangeKind.TOKEN,
+            token.endpoint_id,
+            duplicate=duplicate,
+            check=check,
+        )
+
+    async def client_tokens(self, endpoint_id: str | None = None) -> list[ClientToken]:
+        """The client tokens of one endpoint, or of every endpoint not being
+        deleted, oldest first."""
+        columns = ", ".join(f"t.{c.name}" for c in CLIENT_TOKENS.columns)
+        query = f"SELECT {columns} FROM endpoint_client_tokens t{_LIVE}"
+        params: tuple[str, ...] = ()
+        if endpoint_id is not None:
+            query += " AND t.endpoint_id = ?"
+            params = (endpoint_id,)
+        order = self._dialect.position("endpoint_client_tokens")
+        rows = await self._db.rows(f"{query} ORDER BY t.{order}", params)
+        return [CLIENT_TOKENS.record(self._dialect, r) for r in rows]
+
+    async def delete_client_token(self, endpoint_id: str, name: str) -> bool:
+        return await self._delete_named(
+            "endpoint_client_tokens", ChangeKind.TOKEN, endpoint_id, name
+        )
+
+    async def touch_client_tokens(self, last_used: Mapping[tuple[str, str], datetime]) -> None:
+        """Record when each (endpoint id, name) was last used (never moved back)."""
+        rows = [
+            (self._time(at), endpoint_id, name) for (endpoint_id, name), at in last_used.items()
+        ]
+        await self._touch("endpoint_client_tokens", "endpoint_id = ? AND name = ?", rows)

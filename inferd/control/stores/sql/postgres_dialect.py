@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from inferd.control.model import Deposed, StoreUnavailable, fence_allows
-from inferd.control.stores.sql.database import POLL_INTERVAL_S, Codecs, Violation
+from inferd.control.stores.sql.database import POLL_INTERVAL_S, Dialect, Violation
 from inferd.control.stores.sql.migrations import migrate
 from inferd.redact import redact_url
 
@@ -73,7 +73,7 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-class PostgresDialect(Codecs):
+class PostgresDialect(Dialect):
     encoders, decoders = _ENCODE, _DECODE
     name = "postgres"
     workers = POOL_SIZE

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from inferd.control.stores.sql.database import Repository, Tx
+from inferd.control.stores.sql.database import Tx
+from inferd.control.stores.sql.repository import Repository
 
 # A bucket untouched this long has refilled whatever limit it has (at most
 # a minute's worth): its row can go.

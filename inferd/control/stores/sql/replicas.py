@@ -7,8 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from inferd.control.model import ChangeKind, EndpointGone, ReplicaRecord
-from inferd.control.stores.sql.database import Repository, Tx, Violation
-from inferd.control.stores.sql.tables import REPLICAS, TIME
+from inferd.control.stores.sql.database import Tx, Violation
+from inferd.control.stores.sql.repository import Repository
+from inferd.control.stores.sql.tables import REPLICAS
 
 
 class Replicas(Repository):
@@ -26,46 +27,23 @@ class Replicas(Repository):
             raise
 
     async def update_replica(
-        self,
-        replica_id: str,
-        *,
-        status: str,
-        reason: str | None,
-        url: str | None,
-        at: datetime,
-        unresponsive_since: datetime | None = None,
-        term: int | None = None,
-    ) -> None:
-        encode = self._dialect.encode
-        marked = None if unresponsive_since is None else encode(TIME.storage, unresponsive_since)
-        params = (status, reason, url, marked, encode(TIME.storage, at), replica_id)
-        await self._replica_write(
+        self, replica_id: str, *, status: str, reason: str | None, url: str | None, at: datetime,
+        unresponsive_since: datetime | None = None, term: int | None = None,
+    ) -> None:  # fmt: skip
+        """No-op if the replica is not stored (as `delete_replica`)."""
+        await self._change(
             "UPDATE replicas SET status = ?, reason = ?, url = ?, unresponsive_since = ?,"
             " updated_at = ? WHERE id = ?",
-            params, replica_id, term,
+            (status, reason, url, self._time(unresponsive_since), self._time(at), replica_id),
+            ChangeKind.REPLICA, replica_id, term=term,
         )  # fmt: skip
 
     async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
-        await self._replica_write(
-            "DELETE FROM replicas WHERE id = ?", (replica_id,), replica_id, term
-        )
-
-    async def _replica_write(
-        self, statement: str, params: tuple[object, ...], replica_id: str, term: int | None
-    ) -> None:
-        """No-op if the replica is not stored."""
-
-        def write(tx: Tx) -> None:
-            tx.fence(term)
-            if tx.count(statement, params):
-                tx.changed(ChangeKind.REPLICA, replica_id)
-
-        await self._db.write(write)
+        statement = "DELETE FROM replicas WHERE id = ?"
+        await self._change(statement, (replica_id,), ChangeKind.REPLICA, replica_id, term=term)
 
     async def confirm_term(self, term: int) -> None:
         await self._db.read(lambda tx: tx.fence(term))
 
     async def list_replicas(self) -> list[ReplicaRecord]:
-        order = self._dialect.position("replicas")
-        rows = await self._db.rows(f"{REPLICAS.select} ORDER BY {order}")
-        return [REPLICAS.record(self._dialect, r) for r in rows]
+        return await self._find(REPLICAS, self._ordered(REPLICAS))

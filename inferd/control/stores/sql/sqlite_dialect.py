@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.control.model import StoreError, StoreUnavailable, parse_rfc3339, rfc3339
-from inferd.control.stores.sql.database import POLL_INTERVAL_S, Codecs, Violation
+from inferd.control.stores.sql.database import POLL_INTERVAL_S, Dialect, Violation
 from inferd.control.stores.sql.migrations import migrate
 
 logger = logging.getLogger(__name__)
@@ -45,12 +45,13 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
 }
 
 
-class SqliteDialect(Codecs):
+class SqliteDialect(Dialect):
+    # No row locks: BEGIN IMMEDIATE already holds the write lock; writers
+    # commit in the order they log, and the watcher is poked after the commit.
     encoders, decoders = _ENCODE, _DECODE
     name = "sqlite"
     workers = 1  # one connection; writes are serialised anyway
-    for_share = ""
-    for_update = ""  # BEGIN IMMEDIATE already holds the write lock
+    # Instances on one SQLite file elect no leader: no term to fence.
 
     def __init__(self, path: Path | str) -> None:
         self.path = path
@@ -88,9 +89,6 @@ class SqliteDialect(Codecs):
             with contextlib.suppress(OSError):
                 Path(path).chmod(0o600)  # holds token digests: nobody else's to read
         return dialect
-
-    def sql(self, text: str) -> str:
-        return text
 
     @contextlib.contextmanager
     def connection(self, write: bool) -> Iterator[sqlite3.Connection]:
@@ -135,15 +133,6 @@ class SqliteDialect(Codecs):
     def starts_with(self, column: str, prefix: str) -> tuple[str, list[Any]]:
         # Not LIKE: it is case-insensitive in SQLite and treats % and _ as wildcards.
         return f"substr({column}, 1, ?) = ?", [len(prefix), prefix]
-
-    def fence(self, conn: Any, term: int | None) -> None:
-        return None  # instances on one SQLite file do not elect a leader
-
-    def before_log(self, conn: Any) -> None:
-        return None  # BEGIN IMMEDIATE: writers commit in the order they log
-
-    def after_log(self, conn: Any, last_seq: int) -> None:
-        return None  # the watcher is poked after the commit
 
     def follow(
         self, stop: threading.Event, poke: threading.Event, read: Callable[[Any], None]

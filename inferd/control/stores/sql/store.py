@@ -17,9 +17,8 @@ from inferd.control.stores.sql.accounts import Accounts
 from inferd.control.stores.sql.adapters import Adapters
 from inferd.control.stores.sql.admin_keys import AdminKeys
 from inferd.control.stores.sql.batches import Batches
-from inferd.control.stores.sql.client_tokens import ClientTokens
 from inferd.control.stores.sql.database import Database, Row
-from inferd.control.stores.sql.endpoints import Endpoints
+from inferd.control.stores.sql.endpoints import ClientTokens, Endpoints
 from inferd.control.stores.sql.models import Models
 from inferd.control.stores.sql.rate_limits import RateLimitBuckets
 from inferd.control.stores.sql.replicas import Replicas
@@ -39,9 +38,6 @@ class SqlStore(
 ):
     """Everything the control plane keeps, in one database."""
 
-    def __init__(self, db: Database) -> None:
-        super().__init__(db)
-
     def describe(self) -> str:
         """Where the state lives, for people (no password)."""
         return self._db.describe()
@@ -60,16 +56,6 @@ class SqlStore(
         self._db.close_sync()
 
 
-def open_sqlite(path: Path | str) -> Database:
-    return Database(SqliteDialect.open(path))
-
-
-def open_postgres(url: str) -> Database:
-    from inferd.control.stores.sql.postgres_dialect import PostgresDialect
-
-    return Database(PostgresDialect.open(url))
-
-
 class SqliteStore(SqlStore):
     """A SQLite file: the embedded default."""
 
@@ -79,7 +65,7 @@ class SqliteStore(SqlStore):
 
     @classmethod
     def open(cls, path: Path | str) -> SqliteStore:
-        return cls(open_sqlite(path), Path(path))
+        return cls(Database(SqliteDialect.open(path)), Path(path))
 
     def pragma(self, name: str) -> object:
         return self._sqlite.pragma(name)
@@ -106,15 +92,16 @@ class MemoryStore(SqlStore):
     that went away (every call raises `StoreUnavailable` until cleared)."""
 
     def __init__(self) -> None:
-        super().__init__(open_sqlite(MEMORY))
+        self._sqlite = SqliteDialect.open(MEMORY)
+        super().__init__(Database(self._sqlite))
 
     @property
     def unavailable(self) -> bool:
-        return bool(getattr(self._dialect, "unavailable", False))
+        return self._sqlite.unavailable
 
     @unavailable.setter
     def unavailable(self, value: bool) -> None:
-        self._dialect.unavailable = value  # type: ignore[attr-defined]
+        self._sqlite.unavailable = value
 
 
 class PostgresStore(SqlStore):
@@ -122,4 +109,6 @@ class PostgresStore(SqlStore):
 
     @classmethod
     def open(cls, url: str) -> PostgresStore:
-        return cls(open_postgres(url))
+        from inferd.control.stores.sql.postgres_dialect import PostgresDialect
+
+        return cls(Database(PostgresDialect.open(url)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from inferd.api.engine_settings import EngineSettings
@@ -25,7 +26,7 @@ from inferd.control.accounts.model import (
 )
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Role
-from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Counts, Usage
+from inferd.control.batches.model import Batch, BatchFile, BatchStatus, Capacity, Counts, Usage
 from inferd.control.model import (
     Adapter,
     AdapterUsage,
@@ -60,29 +61,54 @@ def quota_from_plain(data: Mapping[str, Any] | None) -> Quota:
 
 
 TEXT, INT, REAL, BYTES, TIME = Type("text"), Type("int"), Type("real"), Type("bytes"), Type("time")
-JSON = Type("json", dump=dict)
-JSON_LIST = Type("json", dump=list)
-ENGINE = Type("text", dump=EngineSettings.to_json, load=EngineSettings.from_json)
-PLACEMENT = Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v.items()})
-QUOTA = Type("json", dump=Quota.to_dict, load=quota_from_plain)
-ROLE = Type("text", dump=lambda role: role.value, load=Role)
-ACTION = Type("text", dump=lambda action: action.value, load=AuditAction)
+ROLE, ACTION, STATUS, CAPACITY = (
+    Type("text", dump=lambda v: v.value, load=e) for e in (Role, AuditAction, BatchStatus, Capacity)
+)
+TYPES = {
+    "text": TEXT, "int": INT, "real": REAL, "bytes": BYTES, "time": TIME, "role": ROLE,
+    "action": ACTION, "status": STATUS, "capacity": CAPACITY,
+    "json": Type("json", dump=dict), "json_list": Type("json", dump=list),
+    "engine": Type("text", dump=EngineSettings.to_json, load=EngineSettings.from_json),
+    "placement": Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v.items()}),
+    "quota": Type("json", dump=Quota.to_dict, load=quota_from_plain),
+    # A batch's times by name, a JSON object of RFC 3339 strings.
+    "times": Type("json", dump=lambda times: {name: rfc3339(at) for name, at in times.items()},
+                  load=lambda times: {name: parse_rfc3339(at) for name, at in times.items()}),
+    # The whole record as its JSON document (the column's field: `*`).
+    "document": Type("json", dump=lambda record: record.to_dict()),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Column:
     name: str
     type: Type = TEXT
-    field: str = ""  # the record's attribute, where it is named otherwise
+    # The record's attribute where it is named otherwise: `part.attribute`
+    # (a part of the record, see `Table`), or `*`: the record itself.
+    field: str = ""
 
     @property
     def attribute(self) -> str:
-        return self.field or self.name
+        return self.name if self.field in ("", "*") else self.field
+
+    def getter(self) -> Callable[[Any], Any]:
+        return (lambda record: record) if self.field == "*" else attrgetter(self.attribute)
+
+
+def columns(spec: str) -> tuple[Column, ...]:
+    """Columns written `name`, `name:type` (a key of `TYPES`) or
+    `name:type=field`, white space apart."""
+    found = []
+    for word in spec.split():
+        word, _, field = word.partition("=")
+        name, _, type_ = word.partition(":")
+        found.append(Column(name, TYPES[type_ or "text"], field))
+    return tuple(found)
 
 
 class Table(Generic[R]):
-    """`record(**values)` builds a record from a row (or `load(values)`);
-    `dump(record)` gives the values of a row (default: its attributes)."""
+    """`record(**values)` builds a record from a row, `parts` its parts (by
+    name, for the columns whose field is `part.attribute`)."""
 
     def __init__(
         self,
@@ -90,22 +116,31 @@ class Table(Generic[R]):
         columns: tuple[Column, ...],
         record: Callable[..., R],
         *,
-        dump: Callable[[R], Mapping[str, Any]] | None = None,
         generated: tuple[str, ...] = (),
+        parts: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.name = name
         self.columns = columns
         self._record = record
-        self._dump = dump
+        self._parts = parts or {}
         self._by_name = {c.name: c for c in columns}
         self.names = ", ".join(c.name for c in columns)
         self.select = f"SELECT {self.names} FROM {name}"
-        written = [c.name for c in columns if c.name not in generated]
-        self._written = [self._by_name[n] for n in written]
-        self.insert = (
-            f"INSERT INTO {name} ({', '.join(written)}) VALUES ({', '.join('?' for _ in written)})"
+        written = [c for c in columns if c.name not in generated]
+        self._written = [(c.name, c.getter()) for c in written]
+        self.insert = f"INSERT INTO {name} ({', '.join(c.name for c in written)})" + (
+            f" VALUES ({', '.join('?' for _ in written)})"
         )
         self._decoders: dict[str, list[tuple[str, Callable[[Any], Any] | None]]] = {}
+
+    def upsert(
+        self, key: tuple[str, ...], *, added: tuple[str, ...] = (), replaced: tuple[str, ...] = ()
+    ) -> str:
+        """`insert`, or where a row of `key` is there already: the `added`
+        columns added to its own, the `replaced` ones set."""
+        sets = [f"{c} = {self.name}.{c} + excluded.{c}" for c in added]
+        sets += [f"{c} = excluded.{c}" for c in replaced]
+        return f"{self.insert} ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(sets)}"
 
     def encode(self, dialect: Dialect, column: str, value: Any) -> Any:
         """A value of `column` as the engine stores it (also for a WHERE)."""
@@ -118,12 +153,7 @@ class Table(Generic[R]):
 
     def values(self, dialect: Dialect, record: R) -> tuple[Any, ...]:
         """The parameters of `insert` for `record`."""
-        if self._dump is not None:
-            plain = self._dump(record)
-            return tuple(self.encode(dialect, c.name, plain[c.name]) for c in self._written)
-        return tuple(
-            self.encode(dialect, c.name, getattr(record, c.attribute)) for c in self._written
-        )
+        return tuple(self.encode(dialect, name, get(record)) for name, get in self._written)
 
     def record(self, dialect: Dialect, row: Row) -> R:
         decoders = self._decoders.get(dialect.name)
@@ -136,6 +166,11 @@ class Table(Generic[R]):
             attribute: value if decode is None or value is None else decode(value)
             for (attribute, decode), value in zip(decoders, row, strict=True)
         }
+        for part, build in self._parts.items():
+            prefix = f"{part}."
+            fields = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
+            values = {k: v for k, v in values.items() if not k.startswith(prefix)}
+            values[part] = build(**fields)
         return self._record(**values)
 
 
@@ -147,130 +182,54 @@ def _composed(
     return lambda value: then(first(value))
 
 
-_ENDPOINT_COLUMNS = (
-    Column("id"), Column("name"), Column("model_name"), Column("model_kind"),
-    Column("gpu_type"), Column("gpu_count", INT), Column("location_name"),
-    Column("min_replicas", INT), Column("max_replicas", INT), Column("retention_seconds", INT),
-    Column("hourly_price", REAL), Column("currency"), Column("created_at", TIME),
-    Column("updated_at", TIME), Column("deleting_at", TIME), Column("generation", INT),
-    Column("project_id"), Column("engine_settings", ENGINE),
-)  # fmt: skip
+# fmt: off
+_ENDPOINT_COLUMNS = columns("""id name model_name model_kind gpu_type gpu_count:int location_name
+    min_replicas:int max_replicas:int retention_seconds:int hourly_price:real currency
+    created_at:time updated_at:time deleting_at:time generation:int project_id
+    engine_settings:engine""")
 ENDPOINTS = Table("endpoints", _ENDPOINT_COLUMNS, Endpoint)
-
-REPLICAS = Table("replicas", (
-    Column("id"), Column("endpoint_id"), Column("generation", INT), Column("gpu_type"),
-    Column("gpu_count", INT), Column("secret_hash", BYTES), Column("status"),
-    Column("created_at", TIME), Column("updated_at", TIME), Column("node"),
-    Column("placement", PLACEMENT), Column("reason"), Column("url"),
-    Column("unresponsive_since", TIME),
-), ReplicaRecord)  # fmt: skip
-
-ADAPTERS = Table("endpoint_adapters", (
-    Column("endpoint_id"), Column("name"), Column("source"), Column("rank", INT),
-    Column("base_model"), Column("created_at", TIME),
-), Adapter)  # fmt: skip
-
-CLIENT_TOKENS = Table("endpoint_client_tokens", (
-    Column("endpoint_id"), Column("name"), Column("token_hash", BYTES), Column("hint"),
-    Column("created_at", TIME), Column("weight", REAL), Column("requests_per_minute", INT),
-    Column("last_used_at", TIME),
-), ClientToken)  # fmt: skip
-
-ADAPTER_USAGE = Table("adapter_usage_hourly", (
-    Column("endpoint_id"), Column("adapter"), Column("hour", TIME), Column("requests", INT),
-    Column("prompt_tokens", INT), Column("completion_tokens", INT),
-), AdapterUsage)  # fmt: skip
+REPLICAS = Table("replicas", columns("""id endpoint_id generation:int gpu_type gpu_count:int
+    secret_hash:bytes status created_at:time updated_at:time node placement:placement reason url
+    unresponsive_since:time"""), ReplicaRecord)
+ADAPTERS = Table("endpoint_adapters", columns(
+    "endpoint_id name source rank:int base_model created_at:time"), Adapter)
+CLIENT_TOKENS = Table("endpoint_client_tokens", columns("""endpoint_id name token_hash:bytes hint
+    created_at:time weight:real requests_per_minute:int last_used_at:time"""), ClientToken)
+ADAPTER_USAGE = Table("adapter_usage_hourly", columns("""endpoint_id adapter hour:time
+    requests:int prompt_tokens:int completion_tokens:int"""), AdapterUsage)
 
 # One JSON document per record (the documented fields of the API), so that
 # a newly derived fact needs no migration.
-MODELS = Table("registered_models", (
-    Column("name"), Column("project_id"), Column("document", JSON), Column("created_at"),
-), lambda document, **_: RegisteredModel.from_dict(document),
-   dump=lambda m: {"name": m.name, "project_id": m.project_id, "document": m.to_dict(),
-                   "created_at": m.created_at})  # fmt: skip
+MODELS = Table("registered_models", columns("name project_id document:document=* created_at"),
+               lambda document, **_: RegisteredModel.from_dict(document))
+PROFILES = Table("model_profiles", columns(
+    "model_name gpu_type gpu_count:int document:document=* measured_at"),
+    lambda document, **_: MeasuredProfile.from_dict(document))
 
-PROFILES = Table("model_profiles", (
-    Column("model_name"), Column("gpu_type"), Column("gpu_count", INT),
-    Column("document", JSON), Column("measured_at"),
-), lambda document, **_: MeasuredProfile.from_dict(document),
-   dump=lambda p: {"model_name": p.model_name, "gpu_type": p.gpu_type,
-                   "gpu_count": p.gpu_count, "document": p.to_dict(),
-                   "measured_at": p.measured_at})  # fmt: skip
-
-PROJECTS = Table("projects", (
-    Column("id"), Column("created_at", TIME), Column("quota", QUOTA),
-    Column("quota_limit", QUOTA, field="limit"),
-), Project)  # fmt: skip
-
-USERS = Table("users", (Column("id"), Column("created_at", TIME)), User)
-
-MEMBERSHIPS = Table("memberships", (
-    Column("project_id"), Column("user_id"), Column("role", ROLE), Column("created_at", TIME),
-), Membership)  # fmt: skip
-
-USER_KEYS = Table("user_keys", (
-    Column("id"), Column("user_id"), Column("name"), Column("key_hash", BYTES), Column("hint"),
-    Column("created_at", TIME), Column("last_used_at", TIME), Column("revoked_at", TIME),
-    Column("project_id"),
-), UserKey)  # fmt: skip
-
-AUDIT_LOG = Table("audit_log", (
-    Column("id", INT), Column("at", TIME), Column("project_id"), Column("actor"),
-    Column("action", ACTION), Column("target"), Column("detail", JSON),
-), AuditEntry, generated=("id",))  # fmt: skip
-
-USAGE = Table("usage_hourly", (
-    Column("endpoint_id"), Column("project_id"), Column("hour", TIME), Column("gpu_type"),
-    Column("gpu_count", INT), Column("replica_seconds", REAL), Column("requests", INT),
-    Column("prompt_tokens", INT), Column("completion_tokens", INT), Column("images", INT),
-    Column("cost", REAL),
-), UsageRow)  # fmt: skip
+PROJECTS = Table("projects", columns("id created_at:time quota:quota quota_limit:quota=limit"),
+                 Project)
+USERS = Table("users", columns("id created_at:time"), User)
+MEMBERSHIPS = Table("memberships", columns("project_id user_id role:role created_at:time"),
+                    Membership)
+USER_KEYS = Table("user_keys", columns("""id user_id name key_hash:bytes hint created_at:time
+    last_used_at:time revoked_at:time project_id"""), UserKey)
+AUDIT_LOG = Table("audit_log", columns(
+    "id:int at:time project_id actor action:action target detail:json"), AuditEntry,
+    generated=("id",))
+USAGE = Table("usage_hourly", columns("""endpoint_id project_id hour:time gpu_type gpu_count:int
+    replica_seconds:real requests:int prompt_tokens:int completion_tokens:int images:int
+    cost:real"""), UsageRow)
 
 # The Batch API (`inferd.control.batches`). A file's content is kept in
 # chunks (`batch_file_chunks`), a batch's requests and results one row each
 # (`batch_requests`, read by the repository itself).
-BATCH_FILES = Table("batch_files", (
-    Column("id"), Column("endpoint_id"), Column("project_id"), Column("purpose"),
-    Column("filename"), Column("bytes", INT), Column("created_at", TIME), Column("lines", INT),
-    Column("batch_id"), Column("holds"),
-), BatchFile)  # fmt: skip
-
-
-def _batch(
-    *, status: str, times: dict[str, str], total: int, completed: int, failed: int,
-    requests: int, prompt_tokens: int, completion_tokens: int, cost: float, **rest: Any,
-) -> Batch:  # fmt: skip
-    return Batch(
-        status=BatchStatus(status),
-        times={name: parse_rfc3339(at) for name, at in times.items()},
-        counts=Counts(total, completed, failed),
-        usage=Usage(requests, prompt_tokens, completion_tokens, cost),
-        **rest,
-    )
-
-
-def _batch_row(batch: Batch) -> dict[str, Any]:
-    return {
-        "id": batch.id, "endpoint_id": batch.endpoint_id, "project_id": batch.project_id,
-        "url": batch.url, "input_file_id": batch.input_file_id, "status": batch.status.value,
-        "created_at": batch.created_at, "expires_at": batch.expires_at,
-        "metadata": batch.metadata,
-        "times": {name: rfc3339(at) for name, at in batch.times.items()},
-        "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
-        "errors": batch.errors, "total": batch.counts.total,
-        "completed": batch.counts.completed, "failed": batch.counts.failed,
-        "requests": batch.usage.requests, "prompt_tokens": batch.usage.prompt_tokens,
-        "completion_tokens": batch.usage.completion_tokens, "cost": batch.usage.cost,
-        "client": batch.client,
-    }  # fmt: skip
-
-
-BATCHES = Table("batches", (
-    Column("id"), Column("endpoint_id"), Column("project_id"), Column("url"),
-    Column("input_file_id"), Column("status"), Column("created_at", TIME),
-    Column("expires_at", TIME), Column("metadata", JSON), Column("times", JSON),
-    Column("output_file_id"), Column("error_file_id"), Column("errors", JSON_LIST),
-    Column("total", INT), Column("completed", INT), Column("failed", INT),
-    Column("requests", INT), Column("prompt_tokens", INT), Column("completion_tokens", INT),
-    Column("cost", REAL), Column("client"),
-), _batch, dump=_batch_row)  # fmt: skip
+BATCH_FILES = Table("batch_files", columns("""id endpoint_id project_id purpose filename
+    bytes:int created_at:time lines:int batch_id holds"""), BatchFile)
+BATCHES = Table("batches", columns("""id endpoint_id project_id url input_file_id status:status
+    created_at:time expires_at:time metadata:json times:times output_file_id error_file_id
+    errors:json_list total:int=counts.total completed:int=counts.completed
+    failed:int=counts.failed requests:int=usage.requests prompt_tokens:int=usage.prompt_tokens
+    completion_tokens:int=usage.completion_tokens cost:real=usage.cost client
+    capacity:capacity"""),
+    Batch, parts={"counts": Counts, "usage": Usage})
+# fmt: on
