@@ -18,7 +18,8 @@ generation and precision (its rule: a 50% band by construction). After: the
 
     python benchmarks/recommendation_accuracy.py [--before REF ...]
 
-CPU only, about a minute on 2 cores.
+CPU only: about two minutes on 2 shared cores (three sides, each refitted
+per source and per GPU type).
 """
 
 from __future__ import annotations

@@ -22,7 +22,13 @@ UNAUTHENTICATED = "unauthenticated"
 # The `client` label of requests made with the endpoint owner's token.
 OWNER_LABEL = "owner"
 # The hold queue's refusals, by the error code the client gets.
-REFUSAL_REASONS = ("overloaded", "scaling_up", "hold_timeout", "hold_share_exceeded")
+REFUSAL_REASONS = (
+    "overloaded",
+    "scaling_up",
+    "hold_timeout",
+    "hold_share_exceeded",
+    "no_ready_replica",
+)
 
 # Called with (endpoint, status, seconds) for every answered request of an
 # authenticated endpoint.
@@ -66,7 +72,9 @@ class _TrafficCollector(Collector):
             "Requests the hold queue refused, by the error code the client got: "
             "overloaded (429: at capacity, queue full), scaling_up (503: starting a "
             "replica, queue full), hold_timeout (503: no replica in time), "
-            "hold_share_exceeded (429: queue full and the client holds more than its share).",
+            "hold_share_exceeded (429: queue full and the client holds more than its share), "
+            "no_ready_replica (503: a batch that does not wake the endpoint, with no "
+            "replica ready).",
             labels=["endpoint", "reason"],
         )
         for ep in list(self._endpoints()):

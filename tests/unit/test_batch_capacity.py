@@ -276,6 +276,7 @@ def test_a_background_request_never_wakes_the_endpoint() -> None:
         assert reply.status == 503
         assert json.loads(reply.body)["error"]["code"] == "no_ready_replica"
         assert directory.capacity_requests == [] and replica.calls == 0
+        assert gateway.state.book.endpoint("ep").refused == {"no_ready_replica": 1}
         traffic = gateway.traffic("ep")
         assert (traffic.held, traffic.in_flight, traffic.last_request_at) == (0, 0, None)
         # A `wake` batch's request, the same otherwise, asks for a replica.
