@@ -83,7 +83,7 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
     plane.service.runtime_of = lambda endpoint_id: runtimes.get(endpoint_id, EndpointRuntime())
     try:
         for i in range(endpoints):
-            await plane.service.create(
+            await plane.endpoint_commands.create(
                 OPERATOR,
                 CreateEndpointRequest(
                     name=f"ep-{i:05d}", modelName="tiny-chat", locationName="local", maxReplicas=2

@@ -138,7 +138,7 @@ async def _populate(state_dir: str, count: int) -> tuple[list[dict[str, Any]], s
                 minReplicas=i % 2,
                 maxReplicas=2,
             )
-            await plane.service.create(OPERATOR, req, None)
+            await plane.endpoint_commands.create(OPERATOR, req, None)
         records = [plane.service.record(row.id) for row in plane.service.rows()]
         return records, created.plaintext
     finally:

@@ -3,7 +3,7 @@ module per feature in `inferd.console.pages`, over the shared request
 plumbing of `inferd.console.web`.
 
 Route functions do HTTP only: read the form, call the service layer (the
-same `EndpointService` the REST API calls), render a template. Pages that
+same endpoint reads and commands the REST API calls), render a template. Pages that
 change something check the principal's role on the server, whatever the
 page showed.
 """

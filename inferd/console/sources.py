@@ -31,7 +31,8 @@ from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
 from inferd.control.batches.model import Batch
 from inferd.control.endpoints.client_tokens import ClientTokenService
-from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.reads import EndpointReads
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model import Endpoint as EndpointRow
 from inferd.control.replicas.scale_events import ScaleEvent
@@ -131,15 +132,17 @@ def rejected_groups(rejected: Sequence[AnyOption]) -> list[RejectedGroup]:
 # service, or an image a minute. Stated on the page.
 CONSOLE_CHAT_WORKLOAD = ChatWorkload(1.0, 1000, 200)
 CONSOLE_IMAGE_WORKLOAD = ImageWorkload(1.0)
-# (model, workload, location, engine settings) -> the service's answer.
-Recommender = Callable[[str, Workload, str, EngineSettings | None], WorkloadRecommendation]
 AnyRecommendation = Recommendation | WorkloadRecommendation
+# (model, workload, location, engine settings) -> the recommendation
+# service's answer (`RecommendationService.estimate`; workload None: the
+# fixed-concurrency ranking).
+Recommender = Callable[[str, Workload | None, str, EngineSettings | None], AnyRecommendation]
 AnyOption = GpuOption | WorkloadOption
 
 
 @dataclass
 class ConsoleSources:
-    endpoints: EndpointService
+    endpoints: EndpointReads
     usage: UsageReads
     accounts: AccountService
     catalog: Catalog
@@ -150,6 +153,11 @@ class ConsoleSources:
     cost_so_far: Callable[[str], float]
     # The project a registered model belongs to (None: global or catalog).
     model_owner: Callable[[str], str | None]
+    # The endpoint writes (None: a console that only reads, as its own
+    # unit tests build it).
+    endpoint_commands: EndpointCommands | None = None
+    # Where a new endpoint goes when the form names no location.
+    default_location: str = "local"
     series: EndpointSeries = field(default_factory=EndpointSeries)
     scale_events: Callable[[str], Sequence[ScaleEvent]] = _no_events
     replicas: Callable[[str], Sequence[ReplicaLine]] = _no_replicas
@@ -161,41 +169,46 @@ class ConsoleSources:
     batches: Callable[[str], Awaitable[Sequence[Batch]]] | None = None
     # The end of a replica's log, read through its launcher (None: none).
     replica_log: Callable[[str, int], Awaitable[str | None]] = _no_log
-    # The model service's `recommend` (the API's: measured profiles, engine
-    # settings); None: `recommend_for_workload` on the catalog alone.
+    # The API's recommendation service (measured profiles, engine settings);
+    # None: the recommender on the catalog alone (the console's own tests).
     recommender: Recommender | None = None
     # (location, GPU type) -> CPU replica slots or GPUs of the machines the
     # launcher places replicas on, in all (the API's recommendations are
     # held to them); empty: no machines known.
     capacity: Callable[[], Awaitable[Totals]] = _no_machines
-    _pooling: dict[tuple[str, str], Recommendation] = field(default_factory=dict)
 
     def recommendation(
         self, model_name: str, location: str, engine_settings: EngineSettings | None = None
     ) -> AnyRecommendation:
-        """What the API answers for the model at the console's workload
-        (`recommend_for_workload`, through the model service). Embedders and
+        """What the API answers for the model at the console's workload,
+        sized with `engine_settings` (an endpoint's own). Embedders and
         cross-encoders have no chat or image workload: their options are the
         fixed-concurrency ranking the API gives without one."""
         model = self.catalog.models.get(model_name)
-        if model.kind in POOLING_KINDS:
-            key = (model_name, location)
-            if key not in self._pooling:  # the catalog does not change while serving
-                self._pooling[key] = recommend(model, self.catalog.gpus, location)
-            return self._pooling[key]
-        work = CONSOLE_IMAGE_WORKLOAD if model.kind == ModelKind.IMAGE else CONSOLE_CHAT_WORKLOAD
+        work: Workload | None = None
+        if model.kind not in POOLING_KINDS:
+            image = model.kind == ModelKind.IMAGE
+            work = CONSOLE_IMAGE_WORKLOAD if image else CONSOLE_CHAT_WORKLOAD
         if self.recommender is not None:
             return self.recommender(model_name, work, location, engine_settings)
+        if work is None:
+            return recommend(model, self.catalog.gpus, location, engine_settings=engine_settings)
         return recommend_for_workload(
             model, self.catalog.gpus, work, location, engine_settings=engine_settings
         )
 
-    def placeable(self, model_name: str, location: str, totals: Totals) -> AnyRecommendation:
+    def placeable(
+        self,
+        model_name: str,
+        location: str,
+        totals: Totals,
+        engine_settings: EngineSettings | None = None,
+    ) -> AnyRecommendation:
         """`recommendation`, held to the machines replicas are placed on as
         the API's answer is (`totals`: `capacity()`): an option needing more
         CPU replica slots or GPUs than a known location holds is rejected,
         saying what it needs and what there is."""
-        rec = self.recommendation(model_name, location)
+        rec = self.recommendation(model_name, location, engine_settings)
         return held_to_capacity(rec, totals)
 
     def models_for(self, principal: Principal) -> list[ModelSpec]:
@@ -217,6 +230,11 @@ class ConsoleSources:
             if (opt.gpu_type, opt.gpu_count) == (row.gpu_type, row.gpu_count):
                 return opt
         return None
+
+    def commands(self) -> EndpointCommands:
+        if self.endpoint_commands is None:
+            raise RuntimeError("this console was built without endpoint writes")
+        return self.endpoint_commands
 
     async def projects(self, principal: Principal) -> list[str]:
         return [p.id for p in await self.accounts.projects(principal)]

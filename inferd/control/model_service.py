@@ -1,6 +1,10 @@
 """Registered models and measured profiles: register, list, read, delete,
 record a benchmark, recommend for a workload.
 
+Each write takes the principal and authorizes it here: a project's model is
+acted on by the project's roles (another project's is answered as unknown),
+a global or catalog one is read by all and changed by the operator.
+
 A registered model joins the in-memory catalog, so endpoint placement and
 the recommender treat it like a catalog model; the store is the record that
 survives a restart (`load` puts them back). Writes are serialised by one
@@ -35,6 +39,13 @@ from inferd.catalog.roots import ModelRoots, is_local_path
 from inferd.catalog.sources import parse_source, read_model_files
 from inferd.catalog.support import EngineSupport
 from inferd.catalog.workload import Workload, WorkloadRecommendation, recommend_for_workload
+from inferd.control.accounts.roles import (
+    Action,
+    Principal,
+    authorize,
+    project_to_write,
+    require_operator,
+)
 from inferd.control.follow import follow
 from inferd.control.model import Change, ChangeKind, Endpoint, utc_now_text
 from inferd.errors import BadRequest, Conflict, NotFound
@@ -46,6 +57,23 @@ def model_missing(name: str) -> NotFound:
 
 class ModelAndProfileStore(ModelStore, ProfileStore, Protocol):
     pass
+
+
+class Projects(Protocol):
+    """`AccountService.project`: the project, if the principal may act in it."""
+
+    async def project(self, principal: Principal, project_id: str, action: Action) -> object: ...
+
+
+class NoProjects:
+    """A model service without projects (global models only): every
+    project is unknown."""
+
+    async def project(self, principal: Principal, project_id: str, action: Action) -> object:
+        raise NotFound(f"No project '{project_id}'.", param="projectId", code="project_not_found")
+
+
+NO_PROJECTS = NoProjects()
 
 
 def _models_used_by(endpoint: Endpoint) -> tuple[str, ...]:
@@ -67,8 +95,10 @@ class ModelService:
         offline: bool | None = None,
         clock: Callable[[], str] = utc_now_text,
         roots: ModelRoots | None = None,
+        projects: Projects = NO_PROJECTS,
     ) -> None:
         self._store = store
+        self._projects = projects
         self.catalog = catalog
         self._endpoints = endpoints
         self._support = support or EngineSupport()
@@ -172,6 +202,18 @@ class ModelService:
             raise model_missing(name)
         return None
 
+    def authorize(
+        self, principal: Principal, name: str, action: Action, what: str = "change a global model"
+    ) -> None:
+        """404 for an unknown model or another project's; a global or
+        catalog model is read by all and changed only by the operator
+        (`what`: the refusal's words for the change)."""
+        project_id = self.project_of(name)
+        if project_id is not None:
+            authorize(principal, project_id, action, hidden=model_missing(name))
+        elif action is not Action.READ:
+            require_operator(principal, what)
+
     def profiles(self) -> list[MeasuredProfile]:
         return list(self._profiles.values())
 
@@ -212,13 +254,17 @@ class ModelService:
             description=req.description,
         )
 
-    async def register(
-        self, req: RegisterModelRequest, project_id: str | None = None, *, operator: bool = True
-    ) -> dict[str, Any]:
-        """`project_id` None: a global model (the operator's). A caller who is
-        not the operator registers a local directory only below the
-        project's model roots, checked before the disk is looked at."""
-        if not operator and is_local_path(req.source):
+    async def register(self, principal: Principal, req: RegisterModelRequest) -> dict[str, Any]:
+        """Without `projectId`, the operator's model is global and a user's
+        belongs to the one project it may write in. A caller who is not the
+        operator registers a local directory only below the project's model
+        roots, checked before the disk is looked at."""
+        project_id = req.projectId
+        if project_id is None and not principal.operator:
+            project_id = project_to_write(principal, None)
+        if project_id is not None:
+            await self._projects.project(principal, project_id, Action.WRITE)
+        if not principal.operator and is_local_path(req.source):
             self.roots.check(req.source, project_id)
         try:
             # File reads, maybe the Hub, and vLLM's registry: off the event loop.
@@ -248,7 +294,8 @@ class ModelService:
             self._registered[model.name] = model
         return model.to_dict()
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, principal: Principal, name: str) -> None:
+        self.authorize(principal, name, Action.WRITE)
         async with self._lock:
             if name not in self._registered:
                 if name in self.catalog.models:
@@ -277,7 +324,8 @@ class ModelService:
             self.catalog.models.remove(name)
             del self._registered[name]
 
-    async def record_profile(self, profile: MeasuredProfile) -> None:
+    async def record_profile(self, principal: Principal, profile: MeasuredProfile) -> None:
+        self.authorize(principal, profile.model_name, Action.WRITE)
         if profile.model_name not in self.catalog.models:
             raise NotFound(
                 f"No model named '{profile.model_name}'.", param="name", code="model_not_found"

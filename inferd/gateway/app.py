@@ -14,7 +14,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -34,6 +34,7 @@ from inferd.errors import (
     PayloadTooLarge,
     TooManyRequests,
 )
+from inferd.gateway import route_doc as docs
 from inferd.gateway.affinity import PrefixTable, RequestPrefix, request_prefix, requested_model
 from inferd.gateway.auth import (
     WWW_AUTHENTICATE,
@@ -57,6 +58,7 @@ from inferd.gateway.ratelimit import (
     SharedBuckets,
     retry_after_seconds,
 )
+from inferd.gateway.route_doc import RouteDoc
 from inferd.gateway.routing import NO_AFFINITY, Affinity, Policy
 from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.state import GatewayState
@@ -102,6 +104,8 @@ class GatewayRoute:
     label: str  # metrics route label: chat | completions | images | embeddings | ...
     # Model kinds it serves ("chat", or several: "embedding rerank"); None: any.
     kind: str | None
+    # What the OpenAPI document says of it (`inferd.gateway.openapi`).
+    doc: RouteDoc = field(kw_only=True)
 
 
 CHAT = f"/{COMPAT_FAMILY}/v1/chat/completions"
@@ -109,40 +113,50 @@ COMPLETIONS = f"/{COMPAT_FAMILY}/v1/completions"
 RESPONSES = f"/{COMPAT_FAMILY}/v1/responses"
 # Anthropic's client posts to {base_url}/v1/messages: the endpoint URL is its base.
 MESSAGES = "/v1/messages"
+IMAGES = "/v1/images/generations"
+OPENAI_IMAGES = f"/{COMPAT_FAMILY}/v1/images/generations"
 ROUTES = (
-    GatewayRoute(CHAT, CHAT, "POST", "chat", "chat"),
-    GatewayRoute(COMPLETIONS, COMPLETIONS, "POST", "completions", "chat"),
-    GatewayRoute(RESPONSES, RESPONSES, "POST", "responses", "chat"),
-    GatewayRoute(MESSAGES, MESSAGES, "POST", "messages", "chat"),
-    GatewayRoute("/v1/images/generations", "/v1/images/generations", "POST", "images", "image"),
-    GatewayRoute("/images/generations", "/v1/images/generations", "POST", "images", "image"),
-    GatewayRoute(
-        f"/{COMPAT_FAMILY}/v1/images/generations",
-        f"/{COMPAT_FAMILY}/v1/images/generations",
-        "POST",
-        "images",
-        "image",
-    ),
-    GatewayRoute(
-        f"/{COMPAT_FAMILY}/v1/models", f"/{COMPAT_FAMILY}/v1/models", "GET", "models", None
-    ),
+    GatewayRoute(CHAT, CHAT, "POST", "chat", "chat",
+                 doc=RouteDoc("createChatCompletion", docs.CHAT)),
+    GatewayRoute(COMPLETIONS, COMPLETIONS, "POST", "completions", "chat",
+                 doc=RouteDoc("createCompletion", docs.COMPLETIONS)),
+    GatewayRoute(RESPONSES, RESPONSES, "POST", "responses", "chat",
+                 doc=RouteDoc("createResponse", docs.RESPONSES)),
+    GatewayRoute(MESSAGES, MESSAGES, "POST", "messages", "chat",
+                 doc=RouteDoc("createMessage", docs.MESSAGES)),
+    GatewayRoute(IMAGES, IMAGES, "POST", "images", "image",
+                 doc=RouteDoc("createImage", docs.IMAGES)),
+    GatewayRoute("/images/generations", IMAGES, "POST", "images", "image",
+                 doc=RouteDoc("createImageFromEndpointBase", docs.IMAGES)),
+    GatewayRoute(OPENAI_IMAGES, OPENAI_IMAGES, "POST", "images", "image",
+                 doc=RouteDoc("createImageOpenAIBase", docs.IMAGES)),
+    GatewayRoute(f"/{COMPAT_FAMILY}/v1/models", f"/{COMPAT_FAMILY}/v1/models", "GET", "models",
+                 None, doc=RouteDoc("listEndpointModels", docs.MODELS)),
     # Pooling models, on vLLM's server's paths (the openai client posts
     # embeddings under its base URL; Jina's and Cohere's rerank clients to
     # /v1/rerank and /v2/rerank).
     *(
-        GatewayRoute(path, path, "POST", "embeddings", "embedding")
-        for path in (f"/{COMPAT_FAMILY}/v1/embeddings", "/v1/embeddings")
+        GatewayRoute(path, path, "POST", "embeddings", "embedding",
+                     doc=RouteDoc(operation_id, docs.EMBEDDINGS))
+        for path, operation_id in (
+            (f"/{COMPAT_FAMILY}/v1/embeddings", "createEmbedding"),
+            ("/v1/embeddings", "createEmbeddingFromEndpointBase"),
+        )
     ),
     # vLLM scores pairs with a cross-encoder, or with an embedder (cosine).
     *(
-        GatewayRoute(path, path, "POST", "score", "embedding rerank")
-        for path in ("/score", "/v1/score")
+        GatewayRoute(path, path, "POST", "score", "embedding rerank",
+                     doc=RouteDoc(operation_id, docs.SCORE))
+        for path, operation_id in (("/score", "score"), ("/v1/score", "scoreV1"))
     ),
     *(
-        GatewayRoute(path, path, "POST", "rerank", "embedding rerank")
-        for path in ("/rerank", "/v1/rerank", "/v2/rerank")
+        GatewayRoute(path, path, "POST", "rerank", "embedding rerank",
+                     doc=RouteDoc(operation_id, docs.RERANK))
+        for path, operation_id in (
+            ("/rerank", "rerank"), ("/v1/rerank", "rerankV1"), ("/v2/rerank", "rerankV2"),
+        )
     ),
-)
+)  # fmt: skip
 PREFIX = "/endpoints/{endpoint_id}"
 # Routes whose streams are continued on another replica when theirs is lost.
 MIGRATABLE_ROUTES = frozenset({"chat", "completions"})

@@ -2,7 +2,10 @@
 server's document (`paths` and `components` are disjoint from the management
 API's, except `ErrorBody`/`ErrorDetail`, which are the same model).
 
-Request bodies come from the replica's wire models; the gateway passes them
+Each route's operation is generated from the doc it carries in the route
+table (`inferd.gateway.app.ROUTES`, `inferd.gateway.route_doc`), as the
+management API's is from its `Operation`s. Request bodies come from the
+replica's wire models; the gateway passes them
 through unparsed, and the replica answers 400 for what they refuse. Every
 status either can answer is listed with its schema, so schemathesis can hold
 the pair to it.
@@ -18,6 +21,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from inferd.api import management, openai
 from inferd.gateway.app import PREFIX, ROUTES, GatewayRoute
+from inferd.gateway.route_doc import OwnShape, VllmShape
 
 _REF = "#/components/schemas/{model}"
 SECURITY_SCHEME = "endpointToken"
@@ -183,85 +187,43 @@ def _error(status: int) -> dict[str, Any]:
     return _json("ErrorBody", _ERRORS[status], headers)
 
 
-_SUMMARIES = {
-    "chat": "Chat completion (OpenAI-compatible)",
-    "images": "Image generation (OpenAI-compatible)",
-    "models": "The model this endpoint serves",
-    "completions": "Text completion (OpenAI-compatible, answered by vLLM's serving code)",
-    "embeddings": "Embeddings (OpenAI-compatible, answered by vLLM's serving code)",
-    "score": "Relevance scores of text pairs (vLLM's score API)",
-    "rerank": "Documents ranked by relevance to a query (vLLM's rerank API, Jina/Cohere shape)",
-    "responses": "A response (OpenAI's Responses API, answered by vLLM's serving code; "
-    "not stored: `store`, `previous_response_id` and `background` are refused)",
-    "messages": "A message (Anthropic's Messages API, answered by vLLM's serving code; "
-    "the token as `x-api-key` or a bearer token)",
-}
-_OPERATION_IDS = {
-    "/openai/v1/chat/completions": "createChatCompletion",
-    "/v1/images/generations": "createImage",
-    "/images/generations": "createImageFromEndpointBase",
-    "/openai/v1/images/generations": "createImageOpenAIBase",
-    "/openai/v1/models": "listEndpointModels",
-    "/openai/v1/completions": "createCompletion",
-    "/openai/v1/embeddings": "createEmbedding",
-    "/v1/embeddings": "createEmbeddingFromEndpointBase",
-    "/score": "score",
-    "/v1/score": "scoreV1",
-    "/rerank": "rerank",
-    "/v1/rerank": "rerankV1",
-    "/v2/rerank": "rerankV2",
-    "/openai/v1/responses": "createResponse",
-    "/v1/messages": "createMessage",
-}
+def _answers(shape: OwnShape | VllmShape) -> dict[str, Any]:
+    """The 200 answer (JSON, and server-sent events where the route streams)."""
+    if isinstance(shape, VllmShape):
+        content: dict[str, Any] = {
+            "application/json": {"schema": {"type": "object", "description": shape.answer}}
+        }
+        if shape.streams:
+            content["text/event-stream"] = {"schema": {"type": "string"}}
+        return {"description": f"vLLM's {shape.answer}.", "content": content}
+    if shape.stream is None:
+        return _json(shape.answer, shape.description)
+    return {
+        "description": shape.description,
+        "content": {
+            "application/json": {"schema": {"$ref": _REF.format(model=shape.answer)}},
+            "text/event-stream": {"schema": {"$ref": _REF.format(model=shape.stream)}},
+        },
+    }
 
-# Routes answered by vLLM's own serving code: their request and answer are
-# vLLM's protocol models (its server's OpenAPI document describes them).
-_VLLM_SHAPES = {
-    "completions": ("CompletionRequest", "CompletionResponse"),
-    "embeddings": ("EmbeddingRequest", "EmbeddingResponse"),
-    "score": ("ScoreRequest", "ScoreResponse"),
-    "rerank": ("RerankRequest", "RerankResponse"),
-    "responses": ("ResponsesRequest", "ResponsesResponse"),
-    "messages": ("AnthropicMessagesRequest", "AnthropicMessagesResponse"),
-}
+
+def _request_schema(shape: OwnShape | VllmShape) -> dict[str, Any] | None:
+    if isinstance(shape, VllmShape):
+        return {"type": "object", "description": f"vLLM's {shape.request}."}
+    if shape.request is None:
+        return None
+    return {"$ref": _REF.format(model=shape.request)}
 
 
 def _operation(route: GatewayRoute) -> dict[str, Any]:
-    responses: dict[str, Any]
-    if route.label == "chat":
-        responses = {
-            "200": {
-                "description": "The completion; with `stream: true`, server-sent events "
-                "passed through as the replica produces them.",
-                "content": {
-                    "application/json": {"schema": {"$ref": _REF.format(model="ChatCompletion")}},
-                    "text/event-stream": {
-                        "schema": {"$ref": _REF.format(model="ChatCompletionStreamEvent")}
-                    },
-                },
-            }
-        }
-        errors: tuple[int, ...] = (400, 401, 404, 409, 413, 429, 500, 503)
-    elif route.label in _VLLM_SHAPES:
-        request_name, answer_name = _VLLM_SHAPES[route.label]
-        content: dict[str, Any] = {
-            "application/json": {"schema": {"type": "object", "description": answer_name}}
-        }
-        if route.label in ("completions", "responses", "messages"):
-            content["text/event-stream"] = {"schema": {"type": "string"}}
-        responses = {"200": {"description": f"vLLM's {answer_name}.", "content": content}}
-        errors = (400, 401, 404, 413, 429, 500, 503)
-    elif route.label == "images":
-        responses = {"200": _json("ImagesResponse", "The generated images.")}
-        errors = (400, 401, 404, 413, 429, 500, 503)
-    else:
-        responses = {"200": _json("InferenceModelList", "One model: the endpoint's.")}
-        errors = (401, 404, 429, 503)
-    for status in errors:
+    """The route's operation, from the doc it carries in the route table."""
+    shape = route.doc.about.shape
+    responses: dict[str, Any] = {"200": _answers(shape)}
+    for status in shape.errors:
         responses[str(status)] = _error(status)
     op: dict[str, Any] = {
-        "operationId": _OPERATION_IDS[route.path],
-        "summary": _SUMMARIES[route.label],
+        "operationId": route.doc.operation_id,
+        "summary": route.doc.about.summary,
         "tags": ["inference"],
         "parameters": [
             {
@@ -275,22 +237,9 @@ def _operation(route: GatewayRoute) -> dict[str, Any]:
         "responses": responses,
         "security": [{SECURITY_SCHEME: []}],
     }
-    if route.label in _VLLM_SHAPES:
-        request_name = _VLLM_SHAPES[route.label][0]
-        op["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {"type": "object", "description": f"vLLM's {request_name}."}
-                }
-            },
-        }
-    if route.label in ("chat", "images"):
-        model = "ChatCompletionRequest" if route.label == "chat" else "ImageGenerationRequest"
-        op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": _REF.format(model=model)}}},
-        }
+    request = _request_schema(shape)
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
     return op
 
 

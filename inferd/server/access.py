@@ -26,10 +26,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.control.accounts.principals import PrincipalResolver
-from inferd.control.accounts.roles import Action, Principal, authorize, require_operator
-from inferd.control.accounts.service import AccountService, project_missing
-from inferd.control.endpoints.service import EndpointService
-from inferd.control.model_service import ModelService, model_missing
+from inferd.control.accounts.roles import Action, Principal
+from inferd.control.accounts.service import AccountService
+from inferd.control.endpoints.reads import EndpointReads
+from inferd.control.model_service import ModelService
 from inferd.errors import BadRequest
 from inferd.server.docs import Doc
 
@@ -42,7 +42,7 @@ class Target(str, Enum):
     PROJECT = "project"  # path {id}: a project
     USER = "user"  # path {userId}: the caller, or a user of a project the caller administers
     NEW_ENDPOINT = "new-endpoint"  # the project is in the body; the service checks it
-    NEW_MODEL = "new-model"  # the project is in the body; the handler checks it
+    NEW_MODEL = "new-model"  # the project is in the body; the model service checks it
     # path {name}: a model; a registered one of a project is checked like an
     # endpoint, a global or catalog one is read by all, changed by the operator
     MODEL = "model"
@@ -74,31 +74,29 @@ class Routes:
 
 class AccessCheck:
     def __init__(
-        self, endpoints: EndpointService, accounts: AccountService, models: ModelService
+        self, endpoints: EndpointReads, accounts: AccountService, models: ModelService
     ) -> None:
         self.endpoints = endpoints
         self.accounts = accounts
         self.models = models
 
     async def check(self, op: Operation, principal: Principal, request: Request) -> None:
+        """Each target's own service authorizes (the same check its
+        operations make), before the body is read: a caller who may not act
+        learns nothing from validation."""
         params = request.path_params
         if op.target is Target.ENDPOINT:
             self.endpoints.endpoint(principal, params["id"], op.action)
         elif op.target is Target.PROJECT:
-            project_id = params["id"]
-            await self.accounts.project(principal, project_id)
-            authorize(principal, project_id, op.action, hidden=project_missing(project_id))
+            await self.accounts.project(principal, params["id"], op.action)
         elif op.target is Target.USER:
             await self.accounts.user_scope(principal, params["userId"])
         elif op.target is Target.MODEL:
-            name = params["name"]
-            project_id = self.models.project_of(name)
-            if project_id is not None:
-                authorize(principal, project_id, op.action, hidden=model_missing(name))
-            elif op.action is not Action.READ:
-                require_operator(principal, f"{op.method} a global model")
+            self.models.authorize(
+                principal, params["name"], op.action, f"{op.method} a global model"
+            )
         elif op.target is Target.OPERATOR:
-            require_operator(principal, f"{op.method} /inference{op.path}")
+            self.accounts.operator_only(principal, f"{op.method} /inference{op.path}")
 
 
 def principal_of(request: Request) -> Principal:

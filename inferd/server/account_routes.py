@@ -5,7 +5,7 @@ account service with the caller's principal, map the result."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
 from typing import Any
 
@@ -31,11 +31,11 @@ from inferd.control.accounts.model import (
     User,
     rfc3339,
 )
+from inferd.control.accounts.project_deletion import ProjectDeletion
 from inferd.control.accounts.quota import Quota
 from inferd.control.accounts.roles import Action, Principal, Role
 from inferd.control.accounts.service import AccountService, CreatedKey, key_info
 from inferd.control.accounts.usage_reads import UsageReads
-from inferd.control.endpoints.service import EndpointService
 from inferd.control.paging import page_of
 from inferd.errors import BadRequest
 from inferd.http import read_model
@@ -195,19 +195,15 @@ class AccountRoutes:
     def __init__(
         self,
         accounts: AccountService,
-        endpoints: EndpointService,
+        deletion: ProjectDeletion,
         usage: UsageReads,
         currency: Callable[[], str],
         max_body_bytes: int,
-        models_of: Callable[[str], Sequence[str]],
         gpu_types: Callable[[], Collection[str]],
     ) -> None:
         self.accounts = accounts
-        self.endpoints = endpoints
+        self.deletion = deletion
         self.usage = usage
-        # Names of the models registered in a project (a project with some
-        # is not deleted).
-        self.models_of = models_of
         self.currency = currency
         self.max_body_bytes = max_body_bytes
         self.gpu_types = gpu_types
@@ -244,7 +240,7 @@ class AccountRoutes:
         return JSONResponse(project_info(project, principal))
 
     async def delete_project(self, request: Request, principal: Principal) -> Response:
-        await self.endpoints.delete_project(principal, request.path_params["id"], self.models_of)
+        await self.deletion.delete(principal, request.path_params["id"])
         return Response(status_code=204)
 
     # Each quota is read where it is written: the same shape as the PUT's body.

@@ -4,7 +4,9 @@
 key, checked per operation by `inferd.server.access`), the gateway
 (endpoint tokens), the registry's report route (replica secrets), `/metrics`,
 `/healthz`, `/openapi.json` and the web console at `/console`; its lifespan
-starts and stops the server in the serving event loop. Nothing is constructed here.
+starts and stops the server in the serving event loop. Only HTTP objects (the
+routes objects, the access check, the console) are constructed here: every
+service they call is built in `compose`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from inferd.http_errors import EXCEPTION_HANDLERS
 from inferd.server import account_routes, adapter_routes, client_token_routes, management
 from inferd.server.access import AccessCheck, Operation, ResolvePrincipal, Routes, build_routes
 from inferd.server.account_routes import AccountRoutes
-from inferd.server.adapter_routes import AdapterRoutes, AdapterUsageReads
+from inferd.server.adapter_routes import AdapterRoutes
 from inferd.server.batch_openapi import batch_openapi
 from inferd.server.batch_routes import BatchRoutes
 from inferd.server.client_token_routes import ClientTokenRoutes
@@ -158,30 +160,31 @@ def create_app(server: Server) -> Starlette:
     accounts = server.accounts
     tables = [
         Routes(
-            ManagementRoutes(server.service, server.models, settings.max_body_bytes),
+            ManagementRoutes(
+                server.service,
+                server.endpoint_commands,
+                server.models,
+                server.recommendations,
+                server.catalog,
+                settings.max_body_bytes,
+            ),
             management.OPERATIONS,
         ),
         Routes(
-            AdapterRoutes(
-                server.adapters,
-                accounts.service,
-                settings.max_body_bytes,
-                AdapterUsageReads(server.store, accounts.adapters),
-            ),
+            AdapterRoutes(server.adapters, settings.max_body_bytes),
             adapter_routes.OPERATIONS,
         ),
         Routes(
-            ClientTokenRoutes(server.client_tokens, accounts.service, settings.max_body_bytes),
+            ClientTokenRoutes(server.client_tokens, settings.max_body_bytes),
             client_token_routes.OPERATIONS,
         ),
         Routes(
             AccountRoutes(
                 accounts.service,
-                server.service,
+                server.project_deletion,
                 accounts.usage,
                 lambda: server.catalog.gpus.currency,
                 settings.max_body_bytes,
-                server.models.of_project,
                 lambda: server.catalog.gpus.gpu_types.keys(),
             ),
             account_routes.OPERATIONS,

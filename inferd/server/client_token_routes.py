@@ -13,9 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from inferd.api import management as wire
 from inferd.api.management import CreateClientTokenRequest
-from inferd.control.accounts.model import AuditAction
 from inferd.control.accounts.roles import Action, Principal
-from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.client_tokens import ClientTokenService, client_token_record
 from inferd.http import read_model
 from inferd.server.access import Operation, Target
@@ -23,41 +21,28 @@ from inferd.server.docs import Doc, ok
 
 
 class ClientTokenRoutes:
-    def __init__(
-        self, tokens: ClientTokenService, accounts: AccountService, max_body_bytes: int
-    ) -> None:
+    def __init__(self, tokens: ClientTokenService, max_body_bytes: int) -> None:
         self.tokens = tokens
-        self.accounts = accounts
         self.max_body_bytes = max_body_bytes
 
     async def list_tokens(self, request: Request, principal: Principal) -> Response:
-        return JSONResponse({"data": await self.tokens.list(request.path_params["id"])})
+        tokens = await self.tokens.list(principal, request.path_params["id"])
+        return JSONResponse({"data": tokens})
 
     async def get_token(self, request: Request, principal: Principal) -> Response:
         params = request.path_params
-        return JSONResponse(await self.tokens.get(params["id"], params["name"]))
+        return JSONResponse(await self.tokens.get(principal, params["id"], params["name"]))
 
     async def create(self, request: Request, principal: Principal) -> Response:
         endpoint_id = request.path_params["id"]
         req = await read_model(request, CreateClientTokenRequest, self.max_body_bytes)
-        record, token = await self.tokens.create(endpoint_id, req)
-        await self._audit(principal, AuditAction.CLIENT_TOKEN_CREATE, endpoint_id, record.name)
+        record, token = await self.tokens.create(principal, endpoint_id, req)
         return JSONResponse({**client_token_record(record), "token": token}, status_code=201)
 
     async def revoke(self, request: Request, principal: Principal) -> Response:
         params = request.path_params
-        await self.tokens.revoke(params["id"], params["name"])
-        await self._audit(principal, AuditAction.CLIENT_TOKEN_REVOKE, params["id"], params["name"])
+        await self.tokens.revoke(principal, params["id"], params["name"])
         return Response(status_code=204)
-
-    async def _audit(
-        self, principal: Principal, action: AuditAction, endpoint_id: str, name: str
-    ) -> None:
-        row = self.tokens.endpoint(endpoint_id)
-        if row is not None:
-            await self.accounts.audit_event(
-                principal, action, row.project_id, f"endpoint:{endpoint_id}", token=name
-            )
 
 
 # --- the route table ------------------------------------------------------------------

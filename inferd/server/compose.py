@@ -11,7 +11,7 @@ callback points at something that does not exist yet:
     -> reconciler (ScaleSignals; reads endpoints from the store; capped by
     the quotas; journals each change of desired replicas) -> the endpoints'
     copy -> registered models (refused deletion while the copy has a user)
-    -> project guard -> endpoint service (project checks, quotas, audit;
+    -> project guard -> endpoint reads and commands (project checks, quotas, audit;
     tells the reconciler; shows the registry's replicas) -> accounts (usage
     reads), meter feed (registry -> meter), series sampler (registry,
     gateway state, service) -> endpoint directory -> gateway (asks the
@@ -47,6 +47,7 @@ from inferd.control.accounts.metering import UsageMeter
 from inferd.control.accounts.model import utc_now
 from inferd.control.accounts.plane import Accounts, EndpointPrices, ProjectQuotaCap
 from inferd.control.accounts.principals import PrincipalResolver
+from inferd.control.accounts.project_deletion import ProjectDeletion
 from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.service import AccountService
 from inferd.control.accounts.usage_reads import UsageReads
@@ -67,7 +68,8 @@ from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.endpoints.cache import EndpointCache
 from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
-from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.reads import EndpointReads
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.endpoints.views import EndpointDirectory, ReplicaViews
 from inferd.control.launchers.inventory import (
@@ -81,6 +83,7 @@ from inferd.control.metrics.series_feed import AnsweredRequests, SeriesSampler
 from inferd.control.metrics.timeseries import EndpointSeries
 from inferd.control.model_service import ModelService
 from inferd.control.ports import Launcher, Store
+from inferd.control.recommendations import RecommendationService
 from inferd.control.replicas.load import MergedLoad
 from inferd.control.replicas.reconciler import Reconciler
 from inferd.control.replicas.registry import Registry
@@ -187,7 +190,9 @@ class Server:
     journal: ScaleJournal
     endpoint_rows: FollowedEndpoints
     reconciler: Reconciler
-    service: EndpointService
+    # The endpoints: reads (this instance's copy, records, pages) and commands.
+    service: EndpointReads
+    endpoint_commands: EndpointCommands
     adapters: AdapterService
     client_tokens: ClientTokenService
     models: ModelService
@@ -202,6 +207,8 @@ class Server:
     # The Batch API: what its routes call, and the leader duty that runs batches.
     batches: BatchService
     batch_runner: BatchRunner
+    project_deletion: ProjectDeletion
+    recommendations: RecommendationService
     # Follows the replicas other instances record (None: nobody else does).
     mirror: ReplicaMirror | None = None
     # The control plane's own figures on /metrics (tokens per endpoint, the store's answer).
@@ -377,34 +384,38 @@ async def build(
         await endpoint_cache.load()
         # Registered models join the catalog before anything uses them.
         models = ModelService(
-            store, catalog, endpoint_cache.rows, roots=ModelRoots.parse(settings.model_roots)
+            store,
+            catalog,
+            endpoint_cache.rows,
+            roots=ModelRoots.parse(settings.model_roots),
+            projects=account_service,
         )
         await models.load()
-        service = EndpointService(
+        # One guard for creates and project deletions: its lock is shared.
+        guard = ProjectGuard(store)
+        service = EndpointReads(
+            store,
+            endpoint_cache,
+            catalog,
+            meter,
+            public_url=settings.public_url,
+            runtime_of=ReplicaViews(registry, reconciler),
+        )
+        endpoint_commands = EndpointCommands(
+            service,
             store,
             endpoint_cache,
             catalog,
             verifier,
             account_service,
-            ProjectGuard(store),
-            meter,
+            guard,
             models,
-            public_url=settings.public_url,
             default_location=settings.default_location,
             max_replicas_cap=settings.max_replicas_cap,
             max_endpoints=settings.max_endpoints,
-            runtime_of=ReplicaViews(registry, reconciler),
             drain=drain,
             signals=signals,
-            capacity_of=launcher.capacity,
         )
-        adapters = AdapterService(
-            store,
-            service,
-            lambda name: catalog.models.get(name).source,
-            roots=ModelRoots.parse(settings.model_roots),
-        )
-        await adapters.load()
         accounts = Accounts(
             store,
             resolver,
@@ -414,7 +425,16 @@ async def build(
             adapter_usage_store=store,
             token_uses=verifier,
         )
-        client_tokens = ClientTokenService(store, service, verifier)
+        adapters = AdapterService(
+            store,
+            service,
+            lambda name: catalog.models.get(name).source,
+            account_service,
+            accounts.adapters,
+            roots=ModelRoots.parse(settings.model_roots),
+        )
+        await adapters.load()
+        client_tokens = ClientTokenService(store, service, verifier, account_service)
         meter_feed = MeterFeed(meter, registry, EndpointPrices(service), adapters=accounts.adapters)
         sampler = SeriesSampler(series, registry, gateway_state, service.endpoint_ids)
         gateway = Gateway(
@@ -435,7 +455,7 @@ async def build(
             store, service.find, settings.batches, utc_now, wake=batch_runner.wake
         )
         replica_duty = ReplicaDuty(
-            store, registry, launcher, reconciler, service, meter_feed, run_replicas
+            store, registry, launcher, reconciler, endpoint_commands, meter_feed, run_replicas
         )
         mirror = None
         if not coordination.ends_with_instance:
@@ -457,6 +477,7 @@ async def build(
         endpoint_rows=endpoint_rows,
         reconciler=reconciler,
         service=service,
+        endpoint_commands=endpoint_commands,
         adapters=adapters,
         client_tokens=client_tokens,
         models=models,
@@ -470,6 +491,10 @@ async def build(
         leader_duties=LeaderDutySet([flag, replica_duty, batch_runner]),
         batches=batches,
         batch_runner=batch_runner,
+        project_deletion=ProjectDeletion(account_service, guard, models.of_project),
+        recommendations=RecommendationService(
+            catalog, models, endpoint_commands.check_engine_settings, launcher.capacity
+        ),
         coordination=coordination,
         mirror=mirror,
         tokens=EndpointTokens(registry),

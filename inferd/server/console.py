@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inferd.catalog.capacity_fit import Totals
 from inferd.console.app import Console
 from inferd.console.sources import BATCHES_SHOWN, AdapterLine, ConsoleSources, ReplicaLine
 from inferd.control.accounts.adapter_metering import AdapterMeter
@@ -80,6 +79,8 @@ def console_sources(server: Server) -> ConsoleSources:
     settings = server.settings
     return ConsoleSources(
         endpoints=server.service,
+        endpoint_commands=server.endpoint_commands,
+        default_location=settings.default_location,
         client_tokens=server.client_tokens,
         usage=accounts.usage,
         accounts=accounts.service,
@@ -89,11 +90,10 @@ def console_sources(server: Server) -> ConsoleSources:
         public_url=settings.public_url,
         cost_so_far=accounts.meter.cost_so_far,
         model_owner=server.models.owner_of,
-        # The API's recommendation: the same service, measured profiles included.
-        recommender=lambda name, work, location, settings: server.models.recommend(
-            name, work, location, engine_settings=settings
-        ),
-        capacity=lambda: _capacity_totals(server),
+        # The API's recommendation service: measured profiles and engine
+        # settings included, held to the same machines.
+        recommender=server.recommendations.estimate,
+        capacity=server.recommendations.totals,
         series=server.series,
         scale_events=server.journal.of_endpoint,
         replicas=ReplicaLines(server.registry),
@@ -102,12 +102,6 @@ def console_sources(server: Server) -> ConsoleSources:
         # Read where each replica runs (this machine, or its Ray node).
         replica_log=server.launcher.log_tail,
     )
-
-
-async def _capacity_totals(server: Server) -> Totals:
-    """The launcher's machines as the API holds recommendations to them."""
-    capacity = await server.service.capacity_of()
-    return {(k.location, k.gpu_type): n for k, n in capacity.total.items()}
 
 
 def build_console(server: Server) -> Console:

@@ -6,8 +6,6 @@ in the one error shape), call the service, map the result to a response.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -20,28 +18,23 @@ from inferd.api.management import (
     GpuTypeInfo,
     LocationInfo,
     ModelInfo,
-    RecommendationInfo,
     RecordProfileRequest,
     RegisterModelRequest,
     UpdateEndpointRequest,
 )
-from inferd.catalog import Catalog, recommend
-from inferd.catalog.capacity_fit import within_capacity
+from inferd.catalog import Catalog
 from inferd.catalog.models import KINDS as MODEL_KINDS
-from inferd.catalog.models import CatalogError, parse_size
-from inferd.catalog.pooling_workload import PoolingWorkload, size_pooling
-from inferd.catalog.recommend import POOLING_KINDS
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
-from inferd.catalog.workload import ChatWorkload, ImageWorkload, Workload
-from inferd.control.accounts.roles import Action, Principal, authorize
-from inferd.control.accounts.service import project_missing
-from inferd.control.endpoints.service import EndpointService, render_json
+from inferd.control.accounts.roles import Action, Principal
+from inferd.control.endpoints.reads import EndpointReads, render_json
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.model import utc_now_text
 from inferd.control.model_service import ModelService
 from inferd.control.paging import EndpointFilter
 from inferd.control.ports import Capacity
+from inferd.control.recommendations import RecommendationService
 from inferd.errors import BadRequest
-from inferd.http import read_model, validate
+from inferd.http import read_model
 from inferd.server.access import Operation, Target
 from inferd.server.docs import Answer, Doc, Param, ok
 from inferd.server.paging import (
@@ -54,7 +47,7 @@ from inferd.server.paging import (
     read_key_page,
     read_page,
 )
-from inferd.vocab import EndpointStatus, ModelKind
+from inferd.vocab import EndpointStatus
 
 _STATUSES = tuple(s.value for s in EndpointStatus)
 
@@ -62,14 +55,20 @@ _STATUSES = tuple(s.value for s in EndpointStatus)
 class ManagementRoutes:
     def __init__(
         self,
-        endpoints: EndpointService,
+        endpoints: EndpointReads,
+        commands: EndpointCommands,
         models: ModelService,
+        recommendations: RecommendationService,
+        catalog: Catalog,
         max_body_bytes: int,
     ) -> None:
         self.endpoints = endpoints
+        self.commands = commands
         self.models = models
+        self.recommender = recommendations
         self.max_body_bytes = max_body_bytes
-        self._gpu_types, self._locations = _catalog_documents(endpoints.catalog)
+        self._catalog = catalog
+        self._gpu_types, self._locations = _catalog_documents(catalog)
 
     # --- endpoints -------------------------------------------------------------------
 
@@ -99,7 +98,7 @@ class ManagementRoutes:
 
     async def create_endpoint(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, CreateEndpointRequest, self.max_body_bytes)
-        record, token = await self.endpoints.create(principal, req, req.projectId)
+        record, token = await self.commands.create(principal, req, req.projectId)
         return JSONResponse({**record, "accessToken": token}, status_code=201)
 
     async def get_endpoint(self, request: Request, principal: Principal) -> Response:
@@ -109,14 +108,14 @@ class ManagementRoutes:
     async def update_endpoint(self, request: Request, principal: Principal) -> Response:
         endpoint_id = request.path_params["id"]
         req = await read_model(request, UpdateEndpointRequest, self.max_body_bytes)
-        return JSONResponse(await self.endpoints.update(principal, endpoint_id, req))
+        return JSONResponse(await self.commands.update(principal, endpoint_id, req))
 
     async def delete_endpoint(self, request: Request, principal: Principal) -> Response:
-        await self.endpoints.delete(principal, request.path_params["id"])
+        await self.commands.delete(principal, request.path_params["id"])
         return Response(status_code=204)
 
     async def reissue_token(self, request: Request, principal: Principal) -> Response:
-        token = await self.endpoints.reissue_token(principal, request.path_params["id"])
+        token = await self.commands.reissue_token(principal, request.path_params["id"])
         return JSONResponse({"accessToken": token})
 
     # --- catalog -----------------------------------------------------------------------
@@ -149,22 +148,14 @@ class ManagementRoutes:
 
     async def register_model(self, request: Request, principal: Principal) -> Response:
         req = await read_model(request, RegisterModelRequest, self.max_body_bytes)
-        project_id = req.projectId
-        if project_id is None and not principal.operator:
-            # A user's model belongs to a project (the operator's, without
-            # one, is global).
-            project_id = self.endpoints.target_project(principal, None)
-        if project_id is not None:
-            await self.endpoints.accounts.project(principal, project_id)
-            authorize(principal, project_id, Action.WRITE, hidden=project_missing(project_id))
-        registered = await self.models.register(req, project_id, operator=principal.operator)
+        registered = await self.models.register(principal, req)
         return JSONResponse(_model_info(registered), status_code=201)
 
     async def get_model(self, request: Request, principal: Principal) -> Response:
         return JSONResponse(_model_info(self.models.describe(request.path_params["name"])))
 
     async def delete_model(self, request: Request, principal: Principal) -> Response:
-        await self.models.delete(request.path_params["name"])
+        await self.models.delete(principal, request.path_params["name"])
         return Response(status_code=204)
 
     async def list_profiles(self, request: Request, principal: Principal) -> Response:
@@ -189,11 +180,11 @@ class ManagementRoutes:
             points=tuple(ProfilePoint.from_dict(p.model_dump()) for p in req.points),
             measured_at=utc_now_text(),
         )
-        await self.models.record_profile(profile)
+        await self.models.record_profile(principal, profile)
         return JSONResponse(profile.to_dict(), status_code=201)
 
     async def list_gpu_types(self, request: Request, principal: Principal) -> Response:
-        live = _by_location(await self.endpoints.capacity_of())
+        live = _by_location(await self.recommender.capacity())
         data = [
             {**g, "capacity": {loc: types[g["name"]] for loc, types in live.items()
                                if g["name"] in types}}
@@ -202,9 +193,9 @@ class ManagementRoutes:
         return Response(render_json({"data": data}), media_type="application/json")
 
     async def list_locations(self, request: Request, principal: Principal) -> Response:
-        live = _by_location(await self.endpoints.capacity_of())
+        live = _by_location(await self.recommender.capacity())
         data = [{**loc, "capacity": live.get(loc["name"], {})} for loc in self._locations]
-        body = {"currency": self.endpoints.catalog.gpus.currency, "data": data}
+        body = {"currency": self._catalog.gpus.currency, "data": data}
         return Response(render_json(body), media_type="application/json")
 
     async def recommendations(self, request: Request, principal: Principal) -> Response:
@@ -216,147 +207,21 @@ class ManagementRoutes:
                 param="modelName",
                 code="missing_required_parameter",
             )
-        catalog = self.endpoints.catalog
-        # Another project's model is answered as an unknown name.
-        if not self.models.seen_by(model_name, principal.sees):
-            raise BadRequest(
-                f"Unknown model '{model_name}'.", param="modelName", code="model_not_found"
-            )
-        location = params.get("locationName")  # absent: every location; "" is invalid
-        if location is not None and location not in catalog.gpus.locations:
-            raise BadRequest(
-                f"Unknown location '{location}'.", param="locationName", code="location_not_found"
-            )
-        model = catalog.models.get(model_name)
-        # Sized as an endpoint with these engine settings would run it.
-        settings = validate(EngineSettings, sizing_from_query(params))
         try:
-            self.endpoints.check_engine_settings(model_name, settings)
-        except BadRequest as exc:  # named as the query parameter it is here
-            exc.param = (exc.param or "").removeprefix("engineSettings.") or None
+            # locationName absent: every location ("" is invalid).
+            body = await self.recommender.answer(
+                principal, model_name, params.get("locationName"), sizing_from_query(params), params
+            )
+        except BadRequest as exc:  # a setting is named as the query parameter it is here
+            if exc.param is not None and exc.param.startswith("engineSettings."):
+                exc.param = exc.param.removeprefix("engineSettings.")
             raise
-        # Held to the machines replicas are placed on, where the launcher knows them.
-        capacity = await self.endpoints.capacity_of()
-        totals = {(k.location, k.gpu_type): n for k, n in capacity.total.items()}
-        if model.kind in POOLING_KINDS:
-            pooling = pooling_workload_from_query(params)
-            if pooling is not None:
-                try:
-                    sized_pooling = size_pooling(model, catalog.gpus, pooling, location)
-                except ValueError as exc:
-                    raise BadRequest(f"{exc}.", code="invalid_value") from None
-                return JSONResponse(within_capacity(sized_pooling, totals))
-        work = workload_from_query(params, model.kind)
-        if work is None:
-            rec = recommend(model, catalog.gpus, location, engine_settings=settings)
-            body = RecommendationInfo.model_validate(rec.to_dict()).model_dump(mode="json")
-            return JSONResponse(within_capacity(body, totals))
-        try:
-            sized = self.models.recommend(model_name, work, location, engine_settings=settings)
-        except ValueError as exc:  # a workload the model cannot take
-            raise BadRequest(f"{exc}.", param="modelName", code="invalid_value") from None
-        return JSONResponse(within_capacity(sized.to_dict(), totals))
+        return JSONResponse(body)
 
 
 def _model_info(data: dict[str, Any]) -> dict[str, Any]:
     """Exactly the documented fields of a model."""
     return ModelInfo.model_validate(data).model_dump(mode="json")
-
-
-_CHAT_PARAMS = ("requestsPerSecond", "promptTokens", "outputTokens", "ttftP95Ms", "tpotP95Ms")
-_IMAGE_PARAMS = ("imagesPerMinute", "size", "steps", "secondsPerImageP95")
-
-
-def _number(params: Mapping[str, str], name: str, *, integer: bool = False) -> float | None:
-    raw = params.get(name)
-    if raw is None:
-        return None
-    try:
-        value = float(int(raw)) if integer else float(raw)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise BadRequest(f"'{name}' must be {kind}.", param=name, code="invalid_value") from None
-    if not math.isfinite(value) or value <= 0 or value > 1e9:
-        raise BadRequest(f"'{name}' must be positive.", param=name, code="invalid_value")
-    return value
-
-
-_POOLING_PARAMS = ("requestsPerSecond", "promptTokens", "inputsPerRequest")
-
-
-def pooling_workload_from_query(params: Mapping[str, str]) -> PoolingWorkload | None:
-    """An embedding or rerank load (requests/s x tokens per input; nothing
-    decoded), or None (the fixed-batch ranking)."""
-    given = [p for p in (*_CHAT_PARAMS, *_IMAGE_PARAMS, *_POOLING_PARAMS) if p in params]
-    if not given:
-        return None
-    wrong = [p for p in given if p not in _POOLING_PARAMS]
-    if wrong:
-        raise BadRequest(
-            f"'{wrong[0]}' does not apply to an embedding or rerank model (it decodes "
-            "nothing): give requestsPerSecond and promptTokens (tokens per input).",
-            param=wrong[0],
-            code="invalid_value",
-        )
-    for name in _POOLING_PARAMS[:2]:
-        if name not in params:
-            raise BadRequest(
-                f"A workload needs '{name}' (with 'requestsPerSecond').",
-                param=name,
-                code="missing_required_parameter",
-            )
-    return PoolingWorkload(
-        requests_per_s=_number(params, "requestsPerSecond") or 0.0,
-        tokens_per_input=int(_number(params, "promptTokens", integer=True) or 0),
-        inputs_per_request=int(_number(params, "inputsPerRequest", integer=True) or 1),
-    )
-
-
-def workload_from_query(params: Mapping[str, str], kind: str) -> Workload | None:
-    """The workload named by the query, or None (the fixed-concurrency ranking)."""
-    given = [p for p in (*_CHAT_PARAMS, *_IMAGE_PARAMS) if p in params]
-    if not given:
-        return None
-    needed: tuple[str, ...]
-    if kind == ModelKind.CHAT:
-        wrong = [p for p in given if p in _IMAGE_PARAMS]
-        lead, needed = "requestsPerSecond", _CHAT_PARAMS[:3]
-    else:
-        wrong = [p for p in given if p in _CHAT_PARAMS]
-        lead, needed = "imagesPerMinute", _IMAGE_PARAMS[:1]
-    if wrong:
-        raise BadRequest(
-            f"'{wrong[0]}' does not apply to a {kind} model.", param=wrong[0], code="invalid_value"
-        )
-    for name in needed:
-        if name not in params:
-            raise BadRequest(
-                f"A workload needs '{name}' (with '{lead}').",
-                param=name,
-                code="missing_required_parameter",
-            )
-    if kind == ModelKind.CHAT:
-        ttft, tpot = _number(params, "ttftP95Ms"), _number(params, "tpotP95Ms")
-        return ChatWorkload(
-            requests_per_s=_number(params, "requestsPerSecond") or 0.0,
-            prompt_tokens=int(_number(params, "promptTokens", integer=True) or 0),
-            output_tokens=int(_number(params, "outputTokens", integer=True) or 0),
-            ttft_p95_s=None if ttft is None else ttft / 1000,
-            tpot_p95_s=None if tpot is None else tpot / 1000,
-        )
-    size = None
-    if "size" in params:
-        try:
-            size = parse_size(params["size"], "size")
-        except CatalogError as exc:
-            raise BadRequest(str(exc), param="size", code="invalid_value") from None
-    steps = _number(params, "steps", integer=True)
-    return ImageWorkload(
-        images_per_minute=_number(params, "imagesPerMinute") or 0.0,
-        size=size,
-        steps=None if steps is None else int(steps),
-        seconds_per_image_p95=_number(params, "secondsPerImageP95"),
-    )
 
 
 def _by_location(capacity: Capacity) -> dict[str, dict[str, dict[str, int]]]:

@@ -527,7 +527,7 @@ def test_the_endpoint_page_lists_its_batches_with_their_progress(
 ) -> None:
     """Newest first, with status, counts and progress as the Batch API has
     them; another endpoint's batches are not on the page."""
-    from inferd.control.batches.model import RequestState, Result
+    from inferd.control.batches.model import Capacity, RequestState, Result
 
     csrf = sign_in(client)
     endpoint_id, other_id = create(client, csrf, "batched"), create(client, csrf, "other")
@@ -535,9 +535,12 @@ def test_the_endpoint_page_lists_its_batches_with_their_progress(
     content = "".join(line % i for i in range(4)).encode()
 
     async def make(on: str, client_name: str = "") -> str:
+        # `running`: this plane's replicas never become ready, so the
+        # leader's batch runner sends none of these requests (it would
+        # otherwise record their failures beside the results written below).
         file = await plane.batches.upload(on, "in.jsonl", "batch", content)
         made = await plane.batches.create(
-            on, file.id, "/v1/chat/completions", "24h", None, client=client_name
+            on, file.id, "/v1/chat/completions", "24h", None, client_name, Capacity.RUNNING
         )
         return made.id
 

@@ -58,7 +58,9 @@ class FakeExecutor:
         self.delay = delay
         self.calls: list[str] = []
         self.answers: dict[str, list[int]] = {}
+        self.codes: dict[int, str] = {}  # an error status's `error.code`
         self.gate: asyncio.Event | None = None
+        self.ready = True  # whether the endpoint has a ready replica
 
     async def run(self, batch: Batch, idx: int, body: bytes) -> Answer:
         who = json.loads(body)["user"]
@@ -69,9 +71,13 @@ class FakeExecutor:
         statuses = self.answers.get(who, [])
         status = statuses.pop(0) if statuses else 200
         if status != 200:
-            return Answer(status, json.dumps({"error": {"message": "no"}}).encode(), f"id-{who}")
+            error = {"message": "no", "code": self.codes.get(status)}
+            return Answer(status, json.dumps({"error": error}).encode(), f"id-{who}")
         usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
         return Answer(200, json.dumps({"echo": who, "usage": usage}).encode(), f"id-{who}")
+
+    async def wait_ready(self, batch: Batch, timeout: float) -> bool:
+        return self.ready
 
 
 def jsonl(n: int, url: str = "/v1/chat/completions") -> bytes:
@@ -239,6 +245,32 @@ def test_a_request_busy_past_its_attempts_fails_with_the_last_answer() -> None:
         assert batch.counts == Counts(1, 0, 1) and executor.calls == ["c0", "c0"]
         errors = await world.output(ep.id, batch.error_file_id)
         assert errors[0]["response"]["status_code"] == 503
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_held_past_the_hold_timeout_is_busy_only_while_a_replica_is_up(ready: bool) -> None:
+    """A 503 `hold_timeout` while the endpoint has a ready replica means its
+    slots stayed taken by interactive work: tried again like a 429, past
+    `max_attempts`. With no replica up it is a failure like any 503."""
+
+    async def scenario() -> None:
+        world = World(replace(SETTINGS, max_attempts=2))
+        ep = await world.endpoint()
+        created = await world.batch(ep, 1)
+        executor = FakeExecutor()
+        executor.answers = {"c0": [503, 503, 503, 200]}
+        executor.codes = {503: "hold_timeout"}
+        executor.ready = ready
+        runner = world.runner(executor)
+        await runner.start(1)
+        batch = await final(world, created.id)
+        await runner.stop()
+        if ready:
+            assert batch.counts == Counts(1, 1, 0) and executor.calls == ["c0"] * 4
+        else:
+            assert batch.counts == Counts(1, 0, 1) and executor.calls == ["c0"] * 2
 
     asyncio.run(scenario())
 

@@ -102,3 +102,39 @@ def test_control_subpackages_form_no_import_loop() -> None:
 def test_the_loop_finder_finds_loops() -> None:
     assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert loops({"a": {"b"}, "b": set()}) == []
+
+
+# The HTTP layer: routes, the route table's access check, the app and the
+# console's pages. They parse, call a service and render; the services
+# authorize, audit and read the stores (docs/application-layer.md).
+HTTP_MODULES = (
+    *(INFERD / "server").glob("*_routes.py"),
+    *(INFERD / "server" / name for name in ("management.py", "access.py", "app.py", "console.py")),
+    *(INFERD / "console").rglob("*.py"),
+)
+DECIDES_IN_HTTP = re.compile(
+    r"(?<![.\w])(authorize|require_operator)\("  # the role check itself (a service's is fine)
+    r"|\baudit_event\("  # writing the audit log
+    r"|\.store\b"  # reaching a store through a service
+    r"|^from inferd\.control\.stores\b"
+    r"|^from inferd\.control\.(accounts\.)?ports import .*\w+Store\b"
+)
+
+
+def test_routes_and_console_pages_are_http_only() -> None:
+    found = [
+        f"{path.relative_to(INFERD.parent)}:{n}: {line.strip()}"
+        for path in sorted(HTTP_MODULES)
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if DECIDES_IN_HTTP.search(line)
+    ]
+    assert found == []
+
+
+def test_the_http_rule_finds_what_it_is_for() -> None:
+    assert DECIDES_IN_HTTP.search("authorize(principal, project_id, Action.WRITE, hidden=x)")
+    assert DECIDES_IN_HTTP.search("await self.accounts.audit_event(principal, action, p, t)")
+    assert DECIDES_IN_HTTP.search("stored = await self.usage.store.adapter_usage(e, n)")
+    assert DECIDES_IN_HTTP.search("from inferd.control.ports import AdapterStore")
+    assert not DECIDES_IN_HTTP.search("self.models.authorize(principal, name, op.action)")
+    assert not DECIDES_IN_HTTP.search("from inferd.control.ports import Capacity")

@@ -14,6 +14,7 @@ from inferd.api.management import RegisterModelRequest
 from inferd.catalog import load_catalog
 from inferd.catalog.registered import MeasuredProfile, ProfilePoint
 from inferd.catalog.support import EngineSupport
+from inferd.control.accounts.roles import OPERATOR
 from inferd.control.model_service import ModelService
 from inferd.control.stores.memory import MemoryStore
 from inferd.errors import BadRequest, Conflict
@@ -51,24 +52,24 @@ def test_a_second_instance_follows_registrations(tmp_path: Path) -> None:
         await reader.load()
         following = asyncio.ensure_future(reader.follow(feed))
 
-        await writer.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
+        await writer.register(OPERATOR, RegisterModelRequest(source=str(tmp_path), name="mine"))
         await settle(lambda: "mine" in reader.catalog.models)
         assert reader.describe("mine")["architecture"]["kvHeads"] == 2
         assert reader.catalog.models.get("mine").source == resolved
 
         profile = MeasuredProfile("mine", "L4", 1, "chat", 10, 10,
                                   (ProfilePoint(1, 4, 50.0, 0.1, 0.02),), "2026-11-23")  # fmt: skip
-        await writer.record_profile(profile)
+        await writer.record_profile(OPERATOR, profile)
         await settle(lambda: reader.profiles() == [profile])
 
         with pytest.raises(Conflict, match="already exists"):
-            await writer.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
+            await writer.register(OPERATOR, RegisterModelRequest(source=str(tmp_path), name="mine"))
         with pytest.raises(Conflict, match="catalog model"):
-            await writer.delete("tiny-chat")
+            await writer.delete(OPERATOR, "tiny-chat")
         with pytest.raises(BadRequest, match="not in vLLM's model registry"):
-            await writer.register(RegisterModelRequest(source=str(other), name="other"))
+            await writer.register(OPERATOR, RegisterModelRequest(source=str(other), name="other"))
 
-        await writer.delete("mine")
+        await writer.delete(OPERATOR, "mine")
         await settle(lambda: "mine" not in reader.catalog.models)
         await store.close()
         await following
@@ -103,7 +104,7 @@ def test_a_reload_in_flight_does_not_undo_a_registration(tmp_path: Path) -> None
         reload = asyncio.ensure_future(models.load())
         await asyncio.sleep(0)
         register = asyncio.ensure_future(
-            models.register(RegisterModelRequest(source=str(tmp_path), name="mine"))
+            models.register(OPERATOR, RegisterModelRequest(source=str(tmp_path), name="mine"))
         )
         # Without the lock around the reload's read, the registration
         # finishes meanwhile (its file reads run in a thread); with it, it
@@ -115,6 +116,6 @@ def test_a_reload_in_flight_does_not_undo_a_registration(tmp_path: Path) -> None
         store.release.set()
         await asyncio.gather(reload, register)
         assert models.describe("mine")["name"] == "mine"
-        await models.delete("mine")  # the answer that was a 404
+        await models.delete(OPERATOR, "mine")  # the answer that was a 404
 
     asyncio.run(body())

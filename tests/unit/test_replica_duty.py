@@ -59,7 +59,7 @@ def _duty(tmp_path: Path, store: MemoryStore, launcher: FakeLauncher) -> tuple[R
         server.registry,
         launcher,
         server.reconciler,
-        server.service,
+        server.endpoint_commands,
         server.meter_feed,
     )
     return duty, server

@@ -6,6 +6,7 @@ drained by yielding to the loop."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
@@ -18,8 +19,9 @@ from inferd.control.accounts.project_guard import ProjectGuard
 from inferd.control.accounts.roles import OPERATOR
 from inferd.control.accounts.service import AccountService
 from inferd.control.endpoints.cache import EndpointCache
+from inferd.control.endpoints.reads import EndpointReads
 from inferd.control.endpoints.records import EndpointRuntime, ReplicaStatus, ReplicaView
-from inferd.control.endpoints.service import EndpointService
+from inferd.control.endpoints.service import EndpointCommands
 from inferd.control.endpoints.tokens import TokenVerifier
 from inferd.control.model import StoreUnavailable
 from inferd.control.model_service import ModelService
@@ -30,23 +32,34 @@ from tests.support import eventually
 CATALOG = load_catalog()
 
 
-async def service(store: MemoryStore) -> EndpointService:
+@dataclass(frozen=True)
+class Endpoints:
+    """The reads and the commands over one copy, as `compose` builds them."""
+
+    reads: EndpointReads
+    commands: EndpointCommands
+    verifier: TokenVerifier
+
+
+async def service(store: MemoryStore) -> Endpoints:
     accounts = AccountService(store, PrincipalResolver(store, lambda key: False), utc_now)
     await accounts.ensure_default_project()
     cache = EndpointCache(store)
-    return EndpointService(
+    verifier = TokenVerifier(store)
+    reads = EndpointReads(store, cache, CATALOG, UsageMeter(), public_url="http://inferd.test")
+    commands = EndpointCommands(
+        reads,
         store,
         cache,
         CATALOG,
-        TokenVerifier(store),
+        verifier,
         accounts,
         ProjectGuard(store),
-        UsageMeter(),
         ModelService(store, CATALOG, cache.rows),
-        public_url="http://inferd.test",
         default_location="local",
         max_replicas_cap=4,
     )
+    return Endpoints(reads, commands, verifier)
 
 
 settle = eventually
@@ -57,34 +70,34 @@ def test_a_second_service_on_the_same_store_follows_the_first() -> None:
         store = MemoryStore()
         writer, reader = await service(store), await service(store)
         feeds = [store.changes(), store.changes()]
-        await reader.load()
+        await reader.reads.load()
         await reader.verifier.load()
         following = [
-            asyncio.ensure_future(reader.follow(feeds[0])),
+            asyncio.ensure_future(reader.reads.follow(feeds[0])),
             asyncio.ensure_future(reader.verifier.follow(feeds[1])),
         ]
 
-        record, token = await writer.create(
+        record, token = await writer.commands.create(
             OPERATOR,
             CreateEndpointRequest(name="shared", modelName="tiny-chat", minReplicas=0),
             None,
         )
         endpoint_id = record["id"]
-        await settle(lambda: reader.find(endpoint_id) is not None)
-        assert reader.find_by_name("shared") is not None
+        await settle(lambda: reader.reads.find(endpoint_id) is not None)
+        assert reader.reads.find_by_name("shared") is not None
         await settle(lambda: reader.verifier.verify(endpoint_id, token))
 
-        await writer.update(OPERATOR, endpoint_id, UpdateEndpointRequest(maxReplicas=3))
-        await settle(lambda: reader.row(endpoint_id).max_replicas == 3)
-        assert reader.record(endpoint_id)["maxReplicas"] == 3
+        await writer.commands.update(OPERATOR, endpoint_id, UpdateEndpointRequest(maxReplicas=3))
+        await settle(lambda: reader.reads.row(endpoint_id).max_replicas == 3)
+        assert reader.reads.record(endpoint_id)["maxReplicas"] == 3
 
-        new_token = await writer.reissue_token(OPERATOR, endpoint_id)
+        new_token = await writer.commands.reissue_token(OPERATOR, endpoint_id)
         await settle(lambda: reader.verifier.verify(endpoint_id, new_token))
         assert not reader.verifier.verify(endpoint_id, token)
 
-        await writer.delete(OPERATOR, endpoint_id)
-        await settle(lambda: reader.find(endpoint_id) is None)
-        assert reader.find_by_name("shared") is None
+        await writer.commands.delete(OPERATOR, endpoint_id)
+        await settle(lambda: reader.reads.find(endpoint_id) is None)
+        assert reader.reads.find_by_name("shared") is None
         assert not reader.verifier.verify(endpoint_id, new_token)
 
         await store.close()
@@ -97,26 +110,28 @@ def test_store_away_writes_refused_reads_served_then_back() -> None:
     async def body() -> None:
         store = MemoryStore()
         svc = await service(store)
-        record, _ = await svc.create(
+        record, _ = await svc.commands.create(
             OPERATOR, CreateEndpointRequest(name="kept", modelName="tiny-chat"), None
         )
 
         store.unavailable = True
-        assert svc.record(record["id"])["name"] == "kept"
-        assert svc.get_json(OPERATOR, record["id"]).startswith(b'{"id":')
+        assert svc.reads.record(record["id"])["name"] == "kept"
+        assert svc.reads.get_json(OPERATOR, record["id"]).startswith(b'{"id":')
         with pytest.raises(StoreUnavailable) as refused:
-            await svc.create(
+            await svc.commands.create(
                 OPERATOR, CreateEndpointRequest(name="later", modelName="tiny-chat"), None
             )
         assert refused.value.status == 503 and "Retry-After" in refused.value.headers()
         with pytest.raises(StoreUnavailable):
-            await svc.update(OPERATOR, record["id"], UpdateEndpointRequest(maxReplicas=2))
+            await svc.commands.update(OPERATOR, record["id"], UpdateEndpointRequest(maxReplicas=2))
         # Nothing half-applied in memory either.
-        assert svc.record(record["id"])["maxReplicas"] == 1
-        assert svc.find_by_name("later") is None
+        assert svc.reads.record(record["id"])["maxReplicas"] == 1
+        assert svc.reads.find_by_name("later") is None
 
         store.unavailable = False
-        await svc.create(OPERATOR, CreateEndpointRequest(name="later", modelName="tiny-chat"), None)
+        await svc.commands.create(
+            OPERATOR, CreateEndpointRequest(name="later", modelName="tiny-chat"), None
+        )
         assert [e.name for e in await store.list_endpoints()] == ["kept", "later"]
 
     asyncio.run(body())
@@ -128,18 +143,18 @@ def test_the_lists_status_filter_says_what_the_record_says() -> None:
 
     async def body() -> None:
         svc = await service(MemoryStore())
-        record, _ = await svc.create(
+        record, _ = await svc.commands.create(
             OPERATOR, CreateEndpointRequest(name="back", modelName="tiny-chat", minReplicas=1), None
         )
         lost = EndpointRuntime(
             (ReplicaView(1, ReplicaStatus.FAILED, reason="node lost"),),
             replacing="replacing lost replica r-1: node lost",
         )
-        svc.runtime_of = lambda endpoint_id: lost
-        assert svc.record(record["id"])["status"] == "initializing"
-        found, _ = await svc.page_json(OPERATOR, EndpointFilter(), "initializing", None, 10)
+        svc.reads.runtime_of = lambda endpoint_id: lost
+        assert svc.reads.record(record["id"])["status"] == "initializing"
+        found, _ = await svc.reads.page_json(OPERATOR, EndpointFilter(), "initializing", None, 10)
         assert found.startswith(b'{"id":"' + record["id"].encode())
-        missed, _ = await svc.page_json(OPERATOR, EndpointFilter(), "failed", None, 10)
+        missed, _ = await svc.reads.page_json(OPERATOR, EndpointFilter(), "failed", None, 10)
         assert missed == b""
 
     asyncio.run(body())
@@ -161,12 +176,12 @@ def test_a_create_places_the_endpoint_once(monkeypatch: pytest.MonkeyPatch) -> N
 
     async def body() -> None:
         svc = await service(MemoryStore())
-        record, _ = await svc.create(
+        record, _ = await svc.commands.create(
             OPERATOR, CreateEndpointRequest(name="once", modelName="tiny-chat"), None
         )
         assert calls == ["recommend"]
         assert (record["gpuType"], record["projectId"]) == (
-            svc.row(record["id"]).gpu_type,
+            svc.reads.row(record["id"]).gpu_type,
             "default",
         )
 

@@ -12,9 +12,7 @@ from inferd.api.management import CreateClientTokenRequest
 from inferd.console.pages.base import Pages, written
 from inferd.console.security import Session
 from inferd.console.web import ConsoleError
-from inferd.control.accounts.model import AuditAction
 from inferd.control.endpoints.client_tokens import ClientTokenService
-from inferd.control.model import Endpoint
 from inferd.errors import InferdError
 from inferd.http import validate
 
@@ -43,17 +41,16 @@ class ClientTokens(Pages):
             raise ConsoleError(400, f"The client token was not created: {exc.message}") from None
         except ValueError:
             raise ConsoleError(400, "The weight and the rate limit are numbers.") from None
-        service = self._service()
-        record, token = await written(service.create(row.id, req))
-        await self._audit(session, AuditAction.CLIENT_TOKEN_CREATE, row, record.name)
+        assert session.principal is not None
+        record, token = await written(self._service().create(session.principal, row.id, req))
         session.reveal[f"client:{row.id}"] = f"{record.name}\n{token}"
         return RedirectResponse(f"/console/endpoints/{row.id}#client-tokens", status_code=303)
 
     async def revoke(self, request: Request, session: Session) -> Response:
         row = self.web.changeable(session, request.path_params["id"])
         name = request.path_params["name"]
-        await written(self._service().revoke(row.id, name))
-        await self._audit(session, AuditAction.CLIENT_TOKEN_REVOKE, row, name)
+        assert session.principal is not None
+        await written(self._service().revoke(session.principal, row.id, name))
         return RedirectResponse(f"/console/endpoints/{row.id}#client-tokens", status_code=303)
 
     def _service(self) -> ClientTokenService:
@@ -61,9 +58,3 @@ class ClientTokens(Pages):
         if service is None:
             raise ConsoleError(404, "Client tokens are not available on this server.")
         return service
-
-    async def _audit(self, session: Session, action: AuditAction, row: Endpoint, name: str) -> None:
-        assert session.principal is not None
-        await self.sources.accounts.audit_event(
-            session.principal, action, row.project_id, f"endpoint:{row.id}", token=name
-        )

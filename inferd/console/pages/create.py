@@ -44,7 +44,7 @@ class Create(Pages):
         catalog = self.sources.catalog
         models = self.sources.models_for(session.principal)
         if location not in catalog.gpus.locations:
-            location = self.sources.endpoints.default_location
+            location = self.sources.default_location
         totals = await self.sources.capacity()
         if model not in {m.name for m in models}:
             # The first model that fits somewhere here, not one that cannot run.
@@ -113,7 +113,7 @@ class Create(Pages):
         try:
             req = CreateEndpointRequest.model_validate(body)
             project = str(form.get("project") or "") or None
-            record, token = await self.sources.endpoints.create(session.principal, req, project)
+            record, token = await self.sources.commands().create(session.principal, req, project)
         except ValidationError as exc:
             error = human_errors(exc.errors())
             return await self._failed(request, session, form, error)

@@ -30,6 +30,6 @@ class Delete(Pages):
                 400, f"Type the endpoint's name ({row.name}) to confirm; nothing was deleted."
             )
         assert session.principal is not None
-        await written(self.sources.endpoints.delete(session.principal, row.id))
+        await written(self.sources.commands().delete(session.principal, row.id))
         self._mark(row.id)
         return RedirectResponse("/console/endpoints", status_code=303)

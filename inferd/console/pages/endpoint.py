@@ -54,7 +54,9 @@ class EndpointPage(Pages):
         record = self.sources.endpoints.record(row.id)
         gpu_choices = []
         if row.model_name in self.sources.catalog.models:
-            rec = self.sources.recommendation(row.model_name, row.location_name)
+            rec = self.sources.recommendation(
+                row.model_name, row.location_name, row.engine_settings
+            )
             gpu_choices = list(rec.options)
         return {
             "row": row,
@@ -76,13 +78,15 @@ class EndpointPage(Pages):
         # A client token just created: its name and the token, shown once.
         client_token = session.take_reveal(f"client:{row.id}")
         service = self.sources.client_tokens
+        assert session.principal is not None
+        tokens = None if service is None else await service.list(session.principal, row.id)
         return self.web.render(
             request,
             session,
             "endpoint.html",
             token=token,
             new_client_token=client_token.split("\n", 1) if client_token else None,
-            client_tokens=await service.list(row.id) if service is not None else None,
+            client_tokens=tokens,
             batches=await self._batches(row),
             charts=self._charts(row, "hour"),
             range="hour",

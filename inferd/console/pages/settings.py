@@ -51,7 +51,9 @@ class Settings(Pages):
         body, gpu_type, gpu_count = settings_from(row, request.query_params)
         price = row.hourly_price
         if (gpu_type, gpu_count) != (row.gpu_type, row.gpu_count):
-            rec = self.sources.recommendation(row.model_name, row.location_name)
+            rec = self.sources.recommendation(
+                row.model_name, row.location_name, row.engine_settings
+            )
             for opt in rec.options:
                 if (opt.gpu_type, opt.gpu_count) == (gpu_type, gpu_count):
                     price = opt.hourly_price
@@ -74,6 +76,6 @@ class Settings(Pages):
         except ValidationError as exc:
             raise ConsoleError(400, human_errors(exc.errors())) from None
         assert session.principal is not None
-        await written(self.sources.endpoints.update(session.principal, row.id, req))
+        await written(self.sources.commands().update(session.principal, row.id, req))
         self._mark(row.id)
         return RedirectResponse(f"/console/endpoints/{row.id}#settings", status_code=303)

@@ -26,6 +26,6 @@ class Token(Pages):
     async def reissue(self, request: Request, session: Session) -> Response:
         row = self.web.changeable(session, request.path_params["id"])
         assert session.principal is not None
-        token = await written(self.sources.endpoints.reissue_token(session.principal, row.id))
+        token = await written(self.sources.commands().reissue_token(session.principal, row.id))
         session.reveal[row.id] = token
         return RedirectResponse(f"/console/endpoints/{row.id}", status_code=303)

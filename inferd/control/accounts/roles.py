@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from inferd.errors import Forbidden, NotFound
+from inferd.control.model import DEFAULT_PROJECT
+from inferd.errors import BadRequest, Forbidden, NotFound
 
 
 class Role(str, Enum):
@@ -91,6 +92,24 @@ def authorize(principal: Principal, project_id: str, action: Action, *, hidden: 
             f"Your role '{role.value}' in project '{project_id}' may not {_VERBS[action]}.",
             code="insufficient_role",
         )
+
+
+def project_to_write(principal: Principal, project_id: str | None) -> str:
+    """The project a create names, or the only one the principal may
+    create in (the operator's default: the default project)."""
+    if project_id is not None:
+        return project_id
+    if principal.operator:
+        return DEFAULT_PROJECT
+    writable = [p for p in principal.roles if principal.may(Action.WRITE, p)]
+    if len(writable) == 1:
+        return writable[0]
+    raise BadRequest(
+        "Name the project to create the endpoint in ('projectId'): "
+        f"you may create endpoints in {len(writable)} projects.",
+        param="projectId",
+        code="project_required",
+    )
 
 
 def require_operator(principal: Principal, what: str) -> None:

@@ -131,6 +131,10 @@ class AccountService:
     async def load_quotas(self) -> None:
         self.quotas = {p.id: p.quota_in_force for p in await self.store.list_projects()}
 
+    def forget_quota(self, project_id: str) -> None:
+        """A deleted project's quota no longer caps anything."""
+        self.quotas.pop(project_id, None)
+
     async def ensure_default_project(self) -> None:
         if await self.store.get_project(DEFAULT_PROJECT) is None:
             # Another instance may make it first.
@@ -151,12 +155,20 @@ class AccountService:
 
     # --- projects ----------------------------------------------------------------------
 
-    async def project(self, principal: Principal, project_id: str) -> Project:
+    async def project(
+        self, principal: Principal, project_id: str, action: Action = Action.READ
+    ) -> Project:
+        """The project, if `principal` may do `action` in it (another
+        project is answered as one that does not exist)."""
         project = await self.store.get_project(project_id)
         if project is None:
             raise project_missing(project_id)
-        authorize(principal, project_id, Action.READ, hidden=project_missing(project_id))
+        authorize(principal, project_id, action, hidden=project_missing(project_id))
         return project
+
+    def operator_only(self, principal: Principal, what: str) -> None:
+        """403 unless the operator key acts (`what`: the refusal's words)."""
+        require_operator(principal, what)
 
     async def projects(self, principal: Principal) -> list[Project]:
         return [p for p in await self.store.list_projects() if principal.sees(p.id)]

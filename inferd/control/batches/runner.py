@@ -50,6 +50,10 @@ RETRIED = frozenset({0, 429, 502, 503, 504})
 # client's rate limit): the batch waits for capacity, however long, within
 # its window; it is never failed for it.
 BUSY = 429
+# A request held past the gateway's hold timeout: busy too when a replica is
+# up (its slots stayed taken by interactive work all that time), a failure
+# when none is (the endpoint could not start one).
+HELD_TOO_LONG = (503, "hold_timeout")
 # The longest wait between two tries of a busy request.
 MAX_BUSY_WAIT_S = 30.0
 
@@ -259,15 +263,24 @@ class BatchRunner:
                 # The endpoint scaled down under it (or its replica failed):
                 # not the request's failure; it runs when one is up again.
                 continue
-            if answer.status != BUSY:
+            busy = await self._busy(batch, answer)
+            if not busy:
                 failures += 1
                 if failures >= settings.max_attempts:
                     break
             wait = min(settings.retry_seconds * 2 ** min(tries - 1, 16), MAX_BUSY_WAIT_S)
-            if answer.status == BUSY and self._clock() >= batch.expires_at:
+            if busy and self._clock() >= batch.expires_at:
                 return
             await self._sleep(wait)
         await self._store.record_result(batch.id, self._result(batch, request, answer), self._term)
+
+    async def _busy(self, batch: Batch, answer: Answer) -> bool:
+        """Whether `answer` says the endpoint is up but its capacity taken."""
+        if answer.status == BUSY:
+            return True
+        if (answer.status, error_code(answer.body)) == HELD_TOO_LONG:
+            return await self._executor.wait_ready(batch, 0.0)
+        return False
 
     async def _until_ready(self, batch: Batch) -> bool:
         """Until `batch`'s endpoint has a ready replica (True), or its window
@@ -309,6 +322,15 @@ class BatchRunner:
         await self._store.move_batch(
             batch.id, (BatchStatus.IN_PROGRESS,), BatchStatus.EXPIRED, self._clock(), self._term
         )
+
+
+def error_code(body: bytes) -> str | None:
+    """The `error.code` of an error answer (None for anything else)."""
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
 
 
 def usage_of(body: bytes) -> tuple[int, int]:

@@ -11,14 +11,11 @@ one code path. One contract suite runs against both adapters
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from inferd.control.cluster.loadshare import LocalLoad
 from inferd.control.model import Deposed as Deposed  # raised by the stores too: defined below them
-from inferd.control.ports import LoadSample
 
 
 class LeaderDuties(Protocol):
@@ -42,8 +39,11 @@ class LeaderInfo:
 
 
 class Coordination(Protocol):
-    @property
-    def instance_id(self) -> str: ...
+    """What the rest of the control plane calls, and nothing more: join and
+    leave, the term that fences this instance's writes, a wake-up for the
+    leader, and the health line. How an adapter shares load (`Postgres`'s
+    load rows, fed by constructor callbacks) and confirms a term are its own
+    (the contract suite checks them on both adapters)."""
 
     @property
     def ends_with_instance(self) -> bool:
@@ -58,10 +58,6 @@ class Coordination(Protocol):
         None while it does not lead."""
         ...
 
-    def leader(self) -> LeaderInfo:
-        """Who leads, as far as this instance knows now."""
-        ...
-
     async def start(self, duties: LeaderDuties) -> None:
         """Join: publish this gateway's load, take part in the election.
         `duties` are started with the term each time this instance is
@@ -74,22 +70,9 @@ class Coordination(Protocol):
         it, so another instance takes over at once. Idempotent."""
         ...
 
-    async def publish_load(self, loads: Sequence[LocalLoad]) -> None:
-        """Tell the leader this gateway's load (rows that changed or carry load)."""
-        ...
-
-    async def remote_load(self) -> list[LoadSample]:
-        """The other instances' load as samples on this process's clock."""
-        ...
-
     def wake(self, endpoint_id: str) -> None:
         """A request is held with no replica ready: wake the leader's
         reconciler wherever it runs. Never waits (the gateway's path)."""
-        ...
-
-    async def confirm(self, term: int) -> None:
-        """Raises `Deposed` when `term` is not the current leader term: for
-        a leader's acts that are not store writes."""
         ...
 
     def health(self) -> dict[str, Any]:

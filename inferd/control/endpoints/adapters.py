@@ -11,6 +11,10 @@ replica: replicas load adapters on demand, when a request names one
 The gateway reads adapters on every request that names one, so they are
 served from an in-memory copy, loaded at start and kept fresh from the
 store's change feed (another instance's registrations included).
+
+The management operations take the principal: an adapter belongs to its
+endpoint's project, authorized as the endpoint is (another project's is a
+404), and each change is audited here.
 """
 
 from __future__ import annotations
@@ -33,9 +37,13 @@ from inferd.catalog.adapters import (
 )
 from inferd.catalog.resolve import BUILTIN_PREFIX, ModelUnavailable, resolve_source
 from inferd.catalog.roots import ModelRoots
+from inferd.control.accounts.adapter_metering import AdapterMeter, merge_adapter_usage
+from inferd.control.accounts.model import AuditAction
+from inferd.control.accounts.roles import Action, Principal
 from inferd.control.follow import follow
 from inferd.control.model import (
     Adapter,
+    AdapterUsage,
     Change,
     ChangeKind,
     DuplicateAdapter,
@@ -69,6 +77,23 @@ def adapter_record(adapter: Adapter) -> dict[str, Any]:
 class EndpointRows(Protocol):
     def find(self, endpoint_id: str) -> Endpoint | None: ...
 
+    def endpoint(self, principal: Principal, endpoint_id: str, action: Action) -> Endpoint:
+        """The endpoint, if `principal` may do `action` on it (404, 403)."""
+        ...
+
+
+class Audit(Protocol):
+    """`AccountService.audit_event`."""
+
+    async def audit_event(
+        self,
+        principal: Principal,
+        action: AuditAction,
+        project_id: str | None,
+        target: str,
+        **detail: object,
+    ) -> None: ...
+
 
 # A model name -> the source its replicas load (a catalog entry's `source`).
 BaseSource = Callable[[str], str]
@@ -80,17 +105,22 @@ class AdapterService:
         store: AdapterStore,
         endpoints: EndpointRows,
         base_source: BaseSource,
+        audit: Audit,
+        meter: AdapterMeter,
         *,
         roots: ModelRoots | None = None,
         cache_dir: Path | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         """`base_source`: where an endpoint's base model comes from (read
-        here for its weights' names and shapes); `cache_dir`: where built-in
+        here for its weights' names and shapes); `meter`: the usage this
+        instance counted and has not written yet; `cache_dir`: where built-in
         tiny models are built."""
         self._store = store
         self._endpoints = endpoints
         self._base_source = base_source
+        self._audit = audit
+        self._meter = meter
         self._roots = roots or ModelRoots()
         self._cache_dir = cache_dir
         self._clock = clock
@@ -136,10 +166,7 @@ class AdapterService:
             self._by_endpoint.pop(endpoint_id, None)
             self._sources.pop(endpoint_id, None)
 
-    # --- reads (memory only) -------------------------------------------------------------
-
-    def endpoint(self, endpoint_id: str) -> Endpoint | None:
-        return self._endpoints.find(endpoint_id)
+    # --- the serving side's reads (memory only) -----------------------------------------
 
     def of(self, endpoint_id: str) -> Mapping[str, Adapter]:
         """The endpoint's adapters by name (empty when it has none)."""
@@ -149,7 +176,25 @@ class AdapterService:
         """Name -> source of the endpoint's adapters (the gateway's view)."""
         return self._sources.get(endpoint_id, NO_SOURCES)
 
-    def get(self, endpoint_id: str, name: str) -> Adapter:
+    # --- a principal's reads -----------------------------------------------------------
+
+    def listed(self, principal: Principal, endpoint_id: str) -> list[Adapter]:
+        """Every adapter of the endpoint, oldest first."""
+        self._endpoints.endpoint(principal, endpoint_id, Action.READ)
+        return list(self.of(endpoint_id).values())
+
+    def get(self, principal: Principal, endpoint_id: str, name: str) -> Adapter:
+        self._endpoints.endpoint(principal, endpoint_id, Action.READ)
+        return self._named(endpoint_id, name)
+
+    async def usage(self, principal: Principal, endpoint_id: str, name: str) -> list[AdapterUsage]:
+        """Hourly requests and tokens of one adapter (stored, plus what this
+        instance has not written yet). Kept after the adapter is removed."""
+        self._endpoints.endpoint(principal, endpoint_id, Action.READ)
+        stored = await self._store.adapter_usage(endpoint_id, name)
+        return merge_adapter_usage(stored, self._meter.pending(endpoint_id, name))
+
+    def _named(self, endpoint_id: str, name: str) -> Adapter:
         adapter = self.of(endpoint_id).get(name)
         if adapter is None:
             raise NotFound(
@@ -162,11 +207,34 @@ class AdapterService:
     # --- writes ----------------------------------------------------------------------------
 
     async def register(
-        self, endpoint_id: str, req: RegisterAdapterRequest, *, operator: bool = True
+        self, principal: Principal, endpoint_id: str, req: RegisterAdapterRequest
     ) -> Adapter:
         """A caller who is not the operator registers a directory only below
         the project's model roots (as a model), checked before the disk is
         looked at."""
+        self._endpoints.endpoint(principal, endpoint_id, Action.WRITE)
+        adapter = await self._register(endpoint_id, req, operator=principal.operator)
+        await self._audited(principal, AuditAction.ADAPTER_ADD, endpoint_id, adapter.name)
+        return adapter
+
+    async def remove(self, principal: Principal, endpoint_id: str, name: str) -> None:
+        self._endpoints.endpoint(principal, endpoint_id, Action.WRITE)
+        await self._remove(endpoint_id, name)
+        await self._audited(principal, AuditAction.ADAPTER_REMOVE, endpoint_id, name)
+
+    async def _audited(
+        self, principal: Principal, action: AuditAction, endpoint_id: str, name: str
+    ) -> None:
+        # The row as it is now: an endpoint deleted meanwhile has no project to audit in.
+        row = self._endpoints.find(endpoint_id)
+        if row is not None:
+            await self._audit.audit_event(
+                principal, action, row.project_id, f"endpoint:{endpoint_id}", adapter=name
+            )
+
+    async def _register(
+        self, endpoint_id: str, req: RegisterAdapterRequest, *, operator: bool
+    ) -> Adapter:
         row = self._writable(endpoint_id)
         if row.max_loras == 0:
             raise BadRequest(
@@ -216,8 +284,8 @@ class AdapterService:
         logger.info("endpoint %s: adapter %s registered (%s)", endpoint_id, req.name, source)
         return adapter
 
-    async def remove(self, endpoint_id: str, name: str) -> None:
-        self.get(endpoint_id, name)
+    async def _remove(self, endpoint_id: str, name: str) -> None:
+        self._named(endpoint_id, name)
         async with self._lock:
             if not await self._store.delete_adapter(endpoint_id, name):
                 raise NotFound(

@@ -8,6 +8,10 @@ a re-issued owner token): a revoked token fails everywhere at once. The
 owner's token is untouched by all of this (the contract's "Request Access
 Token" still issues a new one and revokes the old).
 
+Each operation takes the principal: listing is a read of the endpoint,
+creating and revoking are writes (as re-issuing the owner's token is), and
+both are audited here.
+
 A token carries a weight (its share of the endpoint at capacity, see
 `inferd.gateway.fairness`) and an optional rate limit (`inferd.gateway.ratelimit`).
 """
@@ -20,6 +24,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from inferd.api.management import CreateClientTokenRequest
+from inferd.control.accounts.model import AuditAction
+from inferd.control.accounts.roles import Action, Principal
+from inferd.control.endpoints.adapters import Audit
 from inferd.control.endpoints.checks import not_found
 from inferd.control.endpoints.tokens import (
     TokenVerifier,
@@ -49,8 +56,10 @@ RESERVED_NAMES = frozenset({"owner"})
 
 
 class EndpointRows(Protocol):
-    def row(self, endpoint_id: str) -> Endpoint:
-        """The endpoint (404 when absent)."""
+    def find(self, endpoint_id: str) -> Endpoint | None: ...
+
+    def endpoint(self, principal: Principal, endpoint_id: str, action: Action) -> Endpoint:
+        """The endpoint, if `principal` may do `action` on it (404, 403)."""
         ...
 
 
@@ -74,17 +83,20 @@ class ClientTokenService:
         store: TokenStore,
         endpoints: EndpointRows,
         verifier: TokenVerifier,
+        audit: Audit,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._store = store
         self._endpoints = endpoints
         self._verifier = verifier
+        self._audit = audit
         self._clock = clock
 
     async def create(
-        self, endpoint_id: str, req: CreateClientTokenRequest
+        self, principal: Principal, endpoint_id: str, req: CreateClientTokenRequest
     ) -> tuple[ClientToken, str]:
         """The token as stored and the token itself (shown once)."""
+        self._endpoints.endpoint(principal, endpoint_id, Action.WRITE)
         if req.name in RESERVED_NAMES:
             raise BadRequest(
                 f"'{req.name}' names the endpoint's own token; choose another name.",
@@ -121,41 +133,49 @@ class ClientTokenService:
             ) from None
         await self._refresh(endpoint_id)
         logger.info("created client token %r of endpoint %s", req.name, endpoint_id)
+        await self._audited(principal, AuditAction.CLIENT_TOKEN_CREATE, endpoint_id, req.name)
         return record, token
 
-    async def list(self, endpoint_id: str) -> list[dict[str, Any]]:
-        self._endpoints.row(endpoint_id)
+    async def list(self, principal: Principal, endpoint_id: str) -> list[dict[str, Any]]:
+        self._endpoints.endpoint(principal, endpoint_id, Action.READ)
         tokens = await self._store.client_tokens(endpoint_id)
         return [
             client_token_record(t, self._verifier.pending_last_used(endpoint_id, t.name))
             for t in tokens
         ]
 
-    async def get(self, endpoint_id: str, name: str) -> dict[str, Any]:
-        for token in await self.list(endpoint_id):
+    async def get(self, principal: Principal, endpoint_id: str, name: str) -> dict[str, Any]:
+        for token in await self.list(principal, endpoint_id):
             if token["name"] == name:
                 return token
         raise _no_token(endpoint_id, name)
 
-    async def revoke(self, endpoint_id: str, name: str) -> None:
-        self._endpoints.row(endpoint_id)
+    async def revoke(self, principal: Principal, endpoint_id: str, name: str) -> None:
+        self._endpoints.endpoint(principal, endpoint_id, Action.WRITE)
         if not await self._store.delete_client_token(endpoint_id, name):
             raise _no_token(endpoint_id, name)
         # After the commit and before the answer: it fails here from now on.
         await self._refresh(endpoint_id)
         logger.info("revoked client token %r of endpoint %s", name, endpoint_id)
+        await self._audited(principal, AuditAction.CLIENT_TOKEN_REVOKE, endpoint_id, name)
+
+    async def _audited(
+        self, principal: Principal, action: AuditAction, endpoint_id: str, name: str
+    ) -> None:
+        # The row as it is now: an endpoint deleted meanwhile has no project to audit in.
+        row = self._endpoints.find(endpoint_id)
+        if row is not None:
+            await self._audit.audit_event(
+                principal, action, row.project_id, f"endpoint:{endpoint_id}", token=name
+            )
 
     async def _refresh(self, endpoint_id: str) -> None:
         self._verifier.set_clients(endpoint_id, await self._store.client_tokens(endpoint_id))
 
-    def endpoint(self, endpoint_id: str) -> Endpoint | None:
-        try:
-            return self._endpoints.row(endpoint_id)
-        except NotFound:
-            return None
-
     def _writable(self, endpoint_id: str) -> Endpoint:
-        row = self._endpoints.row(endpoint_id)
+        row = self._endpoints.find(endpoint_id)
+        if row is None:
+            raise not_found(endpoint_id)
         if row.deleting_at is not None:
             raise Conflict(
                 f"Endpoint '{endpoint_id}' is being deleted.", param="id", code="endpoint_deleting"

@@ -27,8 +27,9 @@ class Repository:
         return [table.record(self._dialect, row) for row in rows]
 
     async def _find_one(self, table: Table[R], where: str, params: Sequence[Any]) -> R | None:
-        found = await self._find(table, where, params)
-        return found[0] if found else None
+        # Not through `_find`: one coroutine less on the hottest read.
+        rows = await self._db.rows(f"{table.select} {where}", params)
+        return table.record(self._dialect, rows[0]) if rows else None
 
     def _ordered(self, table: Table[Any], where: str = "", *, desc: bool = False) -> str:
         """`where` and the ORDER BY of insertion (`desc`: newest first)."""
