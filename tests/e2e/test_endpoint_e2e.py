@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -159,6 +160,30 @@ def test_chat_endpoint_lifecycle(any_store_serve: ServeHandle) -> None:
     )
     assert {c.choices[0].index for c in pieces if c.choices} == {0, 1, 2, 3}
     assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 12
+
+    # The agents' APIs through the endpoint URL, each with its own client:
+    # OpenAI's Responses API and Anthropic's Messages API (vLLM's serving code).
+    response = client.responses.create(
+        model="tiny-chat", input="Hello!", max_output_tokens=4, temperature=0
+    )
+    assert response.usage is not None and response.usage.output_tokens > 0
+    kinds = [
+        event.type
+        for event in client.responses.create(
+            model="tiny-chat", input="Stream, please.", max_output_tokens=4, stream=True
+        )
+    ]
+    assert kinds[0] == "response.created", kinds
+    assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    messages = anthropic.Anthropic(
+        base_url=created["url"], api_key=token, max_retries=0, timeout=300
+    )
+    hello = [{"role": "user", "content": "Hello!"}]
+    message = messages.messages.create(model="tiny-chat", max_tokens=4, messages=hello)  # type: ignore[arg-type]
+    assert message.type == "message" and message.usage.output_tokens > 0
+    with messages.messages.stream(model="tiny-chat", max_tokens=4, messages=hello) as streamed:  # type: ignore[arg-type]
+        assert isinstance("".join(streamed.text_stream), str)
+        assert streamed.get_final_message().usage.output_tokens > 0
 
     # The record matches what runs.
     record = serve.record(endpoint_id)
