@@ -12,7 +12,8 @@ endpoint on every ring.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from inferd.aio import wait_event
 
 
 class Wakeup:
@@ -43,5 +44,4 @@ class Wakeup:
 
     async def wait(self, timeout: float) -> None:
         """Until rung, or `timeout` seconds."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+        await wait_event(self._event, timeout)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from starlette.types import Send
 
+from inferd.aio import wait_event
 from inferd.api.openai import sse_error
 from inferd.errors import InferdError
 
@@ -112,11 +113,8 @@ class HeldStream:
         while True:
             line = waiting_line(self._stage(), self._clock() - self._arrived)
             await self._send({"type": "http.response.body", "body": line, "more_body": True})
-            try:
-                await asyncio.wait_for(stop.wait(), self._interval)
+            if await wait_event(stop, self._interval):
                 return
-            except TimeoutError:
-                continue
 
     async def placed(self) -> None:
         """The request got its replica (or its hold ended): no more lines.

@@ -8,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
+from inferd.aio import wait_event
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
 
 
@@ -88,11 +89,7 @@ class StaticDirectory:
         try:
             if self._ready.get(endpoint_id):
                 return True
-            try:
-                await asyncio.wait_for(waiter[1].wait(), timeout)
-            except TimeoutError:
-                return False
-            return True
+            return await wait_event(waiter[1], timeout)
         finally:
             with self._lock:
                 self._waiters.get(endpoint_id, set()).discard(waiter)

@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from inferd.aio import wait_event
 from inferd.api.replica import ReplicaReport
 
 logger = logging.getLogger(__name__)
@@ -181,8 +182,7 @@ class StatusReporter:
                     and time.monotonic() - self._last_success > self._orphan_timeout
                 ):
                     self._orphan(f"registry unreachable for {self._orphan_timeout:.0f}s")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._interval)
+                await wait_event(self._wake, self._interval)
             for snapshot in self._take_pending():
                 await self.report_now(snapshot)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from inferd.aio import wait_event
 from inferd.errors import ServiceUnavailable
 from inferd.vocab import ReplicaStatus
 
@@ -85,8 +86,4 @@ class ReplicaState:
             self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
+        return await wait_event(self._idle, timeout)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from inferd.aio import wait_event
 from inferd.control.batches.model import (
     Batch,
     BatchSettings,
@@ -131,8 +132,7 @@ class BatchRunner:
                 raise
             except Exception:
                 logger.exception("reading the unfinished batches failed; trying again")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), self.settings.poll_seconds)
+            await wait_event(self._wakeup, self.settings.poll_seconds)
 
     async def look_once(self) -> None:
         """Start a task for each unfinished batch that has none; tell the

@@ -32,6 +32,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+from inferd.aio import wait_event
 from inferd.control.cluster.lease import (
     NOT_LEADING,
     LeaseSettings,
@@ -465,8 +466,7 @@ class Postgres:
                 await self._lose(f"{type(exc).__name__}: {exc}")
                 delay = self.settings.retry_s
             if delay:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                await wait_event(self._stopping, delay)
 
     async def _store_ready(self) -> bool:
         if not self._unproven or self._ready is None:

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inferd.aio import wait_event
 from inferd.api.engine_settings import EngineSettings
 from inferd.control.model import Deposed, ReplicaFailure, ReplicaRecord, rfc3339, utc_now
 from inferd.control.ports import (
@@ -799,8 +800,7 @@ class Reconciler:
                 killed = True
                 for replica_id in remaining:
                     await self._kill(replica_id)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(ended.wait(), max(left, 0) if not killed else None)
+            await wait_event(ended, max(left, 0) if not killed else None)
         # Under the lock: a tick's store writes in progress must not see
         # the same replicas go (each would delete them, the second fails).
         async with self._tick_lock:

@@ -40,7 +40,6 @@ instance while it did not lead.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -48,6 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from inferd.aio import wait_event
 from inferd.api.replica import ReplicaReport
 from inferd.control.model import (
     Deposed,
@@ -752,6 +752,5 @@ class Registry:
         if self.ready_replicas(endpoint_id):
             return True
         event = self._ready_events.setdefault(endpoint_id, asyncio.Event())
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+        await wait_event(event, timeout)
         return bool(self.ready_replicas(endpoint_id))
