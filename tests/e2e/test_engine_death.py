@@ -61,6 +61,14 @@ def test_sigkill_of_the_engine_core_fails_the_replica(tiny_chat_dir: Any) -> Non
     )
     try:
         replica.wait_ready(timeout=300)
+        # The replica answers before its reporter (its own thread, every
+        # 0.5 s) has told the registry; under a loaded machine that report
+        # can come seconds later. The kill must come after it for the
+        # ready -> failed transition to be what is checked.
+        deadline = time.monotonic() + 60
+        while "ready" not in registry.statuses():
+            assert time.monotonic() < deadline, registry.statuses()
+            time.sleep(0.1)
         core = engine_core_pid(replica.pid)
         outcomes: list[str] = []
         streams = [
