@@ -3,13 +3,17 @@
 OpenAI server at the same load.
 
     .venv/bin/python benchmarks/overload.py [--duration-s 60 --concurrency 16,64,256
-        --max-tokens 128 --modes stream,non-stream]
+        --max-tokens 128 --modes stream,non-stream --ray]
 
 - inferd: `inferd serve` (a real process, its own state directory, default
   health settings) with an endpoint of tiny-chat, minReplicas = maxReplicas =
   1; requests go to the endpoint's URL with its token. The server's record
   is read every second during the load: a replica replaced (its id changed,
   a replica failure recorded) or marked unresponsive is counted.
+- inferd-ray (`--ray`): the same through a second `inferd serve` whose
+  launcher is Ray (`ray.cluster_utils.Cluster` on this machine, one worker
+  node with one CPU slot): the replica runs in a Ray actor, so "dead" is the
+  actor's process, not a local child.
 - vllm-server: `python -m vllm.entrypoints.openai.api_server` with the
   engine arguments inferd's vLLM engine uses for that replica,
   VLLM_CPU_KVCACHE_SPACE=1.
@@ -64,6 +68,7 @@ from common import (
 from results_format import goal, not_measured, table
 
 from inferd.testing import ServeHandle, free_port
+from inferd.testing.cluster import NODE_IP, FakeNode, LocalCluster, start_cluster
 
 MODEL = "tiny-chat"
 FIRST_TOKEN_LIMIT_S = 2.0
@@ -242,13 +247,42 @@ class RecordWatch:
             self.failures.add(f"{failure['replicaId']}: {failure['reason']}")
 
 
-def start_endpoint(serve: ServeHandle) -> tuple[str, str, dict[str, str]]:
-    created = serve.create_endpoint(name="overload", modelName=MODEL, minReplicas=1, maxReplicas=1)
+def start_endpoint(serve: ServeHandle, **placement: str) -> tuple[str, str, dict[str, str]]:
+    created = serve.create_endpoint(
+        name="overload", modelName=MODEL, minReplicas=1, maxReplicas=1, **placement
+    )
     serve.wait_record(
         created["id"], lambda r: r["status"] == "running" and r["currentReplicas"] == 1, 900, 0.5
     )
     url = f"{created['url']}/openai/v1/chat/completions"
     return created["id"], url, {"Authorization": f"Bearer {created['accessToken']}"}
+
+
+RAY_LOCATION = "us-east"
+
+
+def start_ray_serve(work: Path) -> tuple[LocalCluster, ServeHandle]:
+    """A local Ray cluster (a head that takes no work, one node with one CPU
+    slot) and an `inferd serve` that launches its replicas there."""
+    cluster = start_cluster({"east-a": FakeNode(RAY_LOCATION, "H100-80GB", 1, 1)}, connect=False)
+    handle = ServeHandle(
+        work / "serve-ray",
+        settings={
+            "replica_args": "--device cpu --cpu-kv-cache-gib 1",
+            "launcher": "ray",
+            "ray_address": cluster.address,
+            "ray_namespace": "inferd-bench-overload",
+            "ray_node_ip_address": NODE_IP,
+            "replica_start_timeout_seconds": "900",
+        },
+    )
+    handle.env.update(cluster.env())
+    try:
+        handle.start(timeout=120)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster, handle
 
 
 def main() -> int:
@@ -260,6 +294,7 @@ def main() -> int:
     parser.add_argument("--modes", default="stream,non-stream")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--skip-vllm", action="store_true", help="inferd only")
+    parser.add_argument("--ray", action="store_true", help="also inferd on the Ray launcher")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -274,11 +309,21 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-overload-"))
     reference = None
     serve = ServeHandle(work / "serve", settings={"replica_args": "--cpu-kv-cache-gib 1"})
+    cluster: LocalCluster | None = None
+    ray_serve: ServeHandle | None = None
     runs: list[LoadRun] = []
     try:
         serve.start()
         endpoint_id, endpoint_url, headers = start_endpoint(serve)
         targets: dict[str, tuple[str, dict[str, str]]] = {"inferd": (endpoint_url, headers)}
+        watched = {"inferd": (serve, endpoint_id)}
+        if args.ray:
+            cluster, ray_serve = start_ray_serve(work)
+            ray_id, ray_url, ray_headers = start_endpoint(
+                ray_serve, locationName=RAY_LOCATION, gpuType="cpu"
+            )
+            targets["inferd-ray"] = (ray_url, ray_headers)
+            watched["inferd-ray"] = (ray_serve, ray_id)
         if not args.skip_vllm:
             vllm_port = free_port()
             reference = start_vllm_server(
@@ -299,8 +344,8 @@ def main() -> int:
                 for side, (url, side_headers) in targets.items():
                     run = LoadRun(side, mode, concurrency, args.duration_s)
                     run.load_before = load_average()
-                    if side == "inferd":
-                        with RecordWatch(serve, endpoint_id) as watch:
+                    if side in watched:
+                        with RecordWatch(*watched[side]) as watch:
                             asyncio.run(closed_loop(run, url, side_headers, args.max_tokens))
                         run.replacements = len(watch.ids) - 1 + len(watch.failures)
                         run.unresponsive_seen = len(watch.unresponsive)
@@ -319,8 +364,14 @@ def main() -> int:
                         flush=True,
                     )
         serve_log = (serve.out_path.read_text(errors="replace")).splitlines()
+        if ray_serve is not None:
+            serve_log += ray_serve.out_path.read_text(errors="replace").splitlines()
     finally:
         serve.cleanup()
+        if ray_serve is not None:
+            ray_serve.cleanup()
+        if cluster is not None:
+            cluster.shutdown()
         if reference is not None:
             stop_process_group(reference)
     # The raw rows first: a run this long is not lost to a report that fails.
@@ -443,13 +494,28 @@ def write(
                     f"{mode} not run (a scaled-down run)",
                 )
             )
-    goals.append(
-        not_measured(
-            "the same on the Ray launcher",
-            "0 replacements, 0 errors",
-            "not run: this benchmark drives the local launcher only",
+    ray_rows = [r for r in rows if r["side"] == "inferd-ray"]
+    if ray_rows:
+        ray_replacements = sum(r["replacements"] or 0 for r in ray_rows)
+        ray_errors = sum(r["errors"] for r in ray_rows)
+        ray_complete = len(ray_rows) == len(levels) * len(modes)
+        goals.append(
+            goal(
+                f"the same on the Ray launcher: replacements and errors at {where}",
+                "0 replacements, 0 errors",
+                f"{ray_replacements} replacements, {ray_errors} errors",
+                ray_replacements == 0 and ray_errors == 0 and ray_complete,
+                "" if ray_replacements == ray_errors == 0 else "replaced or failed under load",
+            )
         )
-    )
+    else:
+        goals.append(
+            not_measured(
+                "the same on the Ray launcher",
+                "0 replacements, 0 errors",
+                "not run: run with --ray",
+            )
+        )
     print_table(
         "highest concurrency at which no request waited > 2 s for its first token",
         summary,
