@@ -157,10 +157,6 @@ class Endpoints(Repository):
 
 class ClientTokens(Repository):
     async def add_client_token(self, token: ClientToken, *, limit: int) -> None:
-        """Store it, unless the endpoint is gone or being deleted
-        (`EndpointGone`), has one of that name (`DuplicateClientToken`) or
-        has `limit` already (`TooManyClientTokens`)."""
-
         def check(tx: Tx) -> None:
             self._live_endpoint(tx, token.endpoint_id, exclusive=True)
             count = tx.one(
@@ -182,8 +178,6 @@ class ClientTokens(Repository):
         )
 
     async def client_tokens(self, endpoint_id: str | None = None) -> list[ClientToken]:
-        """The client tokens of one endpoint, or of every endpoint not being
-        deleted, oldest first."""
         where = Where(_OF_LIVE_ENDPOINT).add("endpoint_id = ?", endpoint_id)
         return await self._find(CLIENT_TOKENS, where)
 
@@ -192,5 +186,4 @@ class ClientTokens(Repository):
         return await self._delete(CLIENT_TOKENS, endpoint_id, name, kind=kind, change=endpoint_id)
 
     async def touch_client_tokens(self, last_used: Mapping[tuple[str, str], datetime]) -> None:
-        """Record when each (endpoint id, name) was last used (never moved back)."""
         await self._touch(CLIENT_TOKENS, last_used)

@@ -60,13 +60,11 @@ def quota_from_plain(data: Mapping[str, Any] | None) -> Quota:
     )
 
 
-TEXT, INT, REAL, BYTES, TIME = Type("text"), Type("int"), Type("real"), Type("bytes"), Type("time")
-ROLE, ACTION, STATUS, CAPACITY = (
-    Type("text", dump=lambda v: v.value, load=e) for e in (Role, AuditAction, BatchStatus, Capacity)
-)
+_ENUMS = {"role": Role, "action": AuditAction, "status": BatchStatus, "capacity": Capacity}
 TYPES = {
-    "text": TEXT, "int": INT, "real": REAL, "bytes": BYTES, "time": TIME, "role": ROLE,
-    "action": ACTION, "status": STATUS, "capacity": CAPACITY,
+    **{storage: Type(storage) for storage in ("text", "int", "real", "bytes", "time")},
+    # Enumerations, stored by value.
+    **{name: Type("text", dump=lambda v: v.value, load=enum) for name, enum in _ENUMS.items()},
     "json": Type("json", dump=dict), "json_list": Type("json", dump=list),
     "engine": Type("text", dump=EngineSettings.to_json, load=EngineSettings.from_json),
     "placement": Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v.items()}),
@@ -82,7 +80,7 @@ TYPES = {
 @dataclass(frozen=True)
 class Column:
     name: str
-    type: Type = TEXT
+    type: Type
     # The record's attribute where it is named otherwise: `part.attribute`
     # (a part of the record, see `Table`), or `*`: the record itself.
     field: str = ""
@@ -163,7 +161,7 @@ class Table(Generic[R]):
         decoders = self._decoders.get(dialect.name)
         if decoders is None:
             decoders = self._decoders[dialect.name] = [
-                (c.attribute, _composed(dialect.decoder(c.type.storage), c.type.load))
+                (c.attribute, _composed(dialect.decoders.get(c.type.storage), c.type.load))
                 for c in self.columns
             ]
         values = {
