@@ -32,7 +32,7 @@ from inferd.control.accounts.ports import AlreadyExists
 from inferd.control.accounts.quota import Quota
 from inferd.control.model import ChangeKind
 from inferd.control.stores.sql.database import Tx, Violation
-from inferd.control.stores.sql.repository import Repository
+from inferd.control.stores.sql.repository import Repository, Where
 from inferd.control.stores.sql.tables import (
     AUDIT_LOG,
     MEMBERSHIPS,
@@ -44,8 +44,9 @@ from inferd.control.stores.sql.tables import (
 
 _SUMMED = ("replica_seconds", "requests", "prompt_tokens", "completion_tokens", "images", "cost")
 # One delta added to its hourly row (made when absent).
-ADD_USAGE = USAGE.upsert(("endpoint_id", "hour", "gpu_type", "gpu_count"), added=_SUMMED)
-_PUT_MEMBERSHIP = MEMBERSHIPS.upsert(("project_id", "user_id"), replaced=("role",))
+ADD_USAGE = USAGE.upsert(added=_SUMMED)
+_PUT_MEMBERSHIP = MEMBERSHIPS.upsert(replaced=("role",))
+_BY_HOUR = "hour, endpoint_id, gpu_type, gpu_count"  # a usage key (`UsageKey`), the order of pages
 
 
 class Accounts(Repository):
@@ -60,15 +61,15 @@ class Accounts(Repository):
         await self._add(PROJECTS, project, None, duplicate=AlreadyExists(project.id))
 
     async def get_project(self, project_id: str) -> Project | None:
-        return await self._find_one(PROJECTS, "WHERE id = ?", (project_id,))
+        return await self._get(PROJECTS, project_id)
 
     async def list_projects(self) -> list[Project]:
-        return await self._find(PROJECTS, "ORDER BY id")
+        return await self._find(PROJECTS, order="id")
 
     async def delete_project(self, project_id: str) -> bool:
         # Memberships go with it (ON DELETE CASCADE); audit and usage stay.
-        statement = "DELETE FROM projects WHERE id = ?"
-        return await self._account_write(statement, (project_id,), f"project:{project_id}") > 0
+        change = f"project:{project_id}"
+        return await self._delete(PROJECTS, project_id, kind=ChangeKind.ACCOUNT, change=change)
 
     async def set_quota(self, project_id: str, quota: Quota) -> bool:
         return await self._set_project("quota", project_id, quota)
@@ -90,10 +91,10 @@ class Accounts(Repository):
         await self._add(USERS, user, None, duplicate=AlreadyExists(user.id))
 
     async def get_user(self, user_id: str) -> User | None:
-        return await self._find_one(USERS, "WHERE id = ?", (user_id,))
+        return await self._get(USERS, user_id)
 
     async def list_users(self) -> list[User]:
-        return await self._find(USERS, "ORDER BY id")
+        return await self._find(USERS, order="id")
 
     async def put_membership(self, membership: Membership) -> None:
         values = MEMBERSHIPS.values(self._dialect, membership)
@@ -103,22 +104,19 @@ class Accounts(Repository):
             raise KeyError((membership.project_id, membership.user_id)) from None
 
     async def remove_membership(self, project_id: str, user_id: str) -> bool:
-        statement = "DELETE FROM memberships WHERE project_id = ? AND user_id = ?"
-        return await self._account_write(statement, (project_id, user_id), f"user:{user_id}") > 0
+        return await self._delete(
+            MEMBERSHIPS, project_id, user_id, kind=ChangeKind.ACCOUNT, change=f"user:{user_id}"
+        )
 
     async def members_of(
         self, project_id: str, *, after: str | None = None, limit: int | None = None
     ) -> list[Membership]:
         # By user id: the primary key's index serves the page.
-        where, params = "WHERE project_id = ?", [project_id]
-        if after is not None:
-            where, params = where + " AND user_id > ?", [*params, after]
-        return await self._find(
-            MEMBERSHIPS, where + " ORDER BY user_id" + _limit(limit, params), params
-        )
+        where = Where("project_id = ?", project_id).add("user_id > ?", after)
+        return await self._find(MEMBERSHIPS, where, order="user_id", limit=limit)
 
     async def memberships_of(self, user_id: str) -> list[Membership]:
-        return await self._find(MEMBERSHIPS, "WHERE user_id = ? ORDER BY project_id", (user_id,))
+        return await self._find(MEMBERSHIPS, Where("user_id = ?", user_id), order="project_id")
 
     # --- keys ------------------------------------------------------------------------------
 
@@ -135,23 +133,22 @@ class Accounts(Repository):
     async def keys_of(
         self, user_id: str, *, after: tuple[datetime, str] | None = None, limit: int | None = None
     ) -> list[UserKey]:
-        where, params = "WHERE user_id = ?", [user_id]
+        where = Where("user_id = ?", user_id)
         if after is not None:
-            where += " AND (created_at > ? OR (created_at = ? AND id > ?))"
-            params += [self._time(after[0]), self._time(after[0]), after[1]]
-        order = " ORDER BY created_at, id" + _limit(limit, params)
-        return await self._find(USER_KEYS, where + order, params)
+            at, key_id = self._time(after[0]), after[1]
+            where.add("(created_at > ? OR (created_at = ? AND id > ?))", at, at, key_id)
+        return await self._find(USER_KEYS, where, order="created_at, id", limit=limit)
 
     async def key_by_hash(self, key_hash: bytes) -> UserKey | None:
-        return await self._find_one(USER_KEYS, "WHERE key_hash = ?", (key_hash,))
+        keys = await self._find(USER_KEYS, Where("key_hash = ?", key_hash), order="id")
+        return keys[0] if keys else None
 
     async def revoke_key(self, key_id: str, at: datetime) -> bool:
         statement = "UPDATE user_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"
         return await self._account_write(statement, (self._time(at), key_id), f"key:{key_id}") > 0
 
     async def touch_keys(self, last_used: Mapping[str, datetime]) -> None:
-        rows = [(self._time(at), key_id) for key_id, at in last_used.items()]
-        await self._touch("user_keys", "id = ?", rows)
+        await self._touch(USER_KEYS, {(key_id,): at for key_id, at in last_used.items()})
 
     # --- audit log --------------------------------------------------------------------------
 
@@ -170,15 +167,15 @@ class Accounts(Repository):
         until: datetime | None = None, actions: Sequence[AuditAction] = (), limit: int = 1000,
         after: int | None = None,
     ) -> list[AuditEntry]:  # fmt: skip
-        where, params = _since_until("at", self._time(since), self._time(until))
-        if project_id is not None:
-            where, params = where + " AND project_id = ?", [*params, project_id]
+        where = self._between("at", since, until).add("project_id = ?", project_id)
         if actions:
-            where += f" AND action IN ({', '.join('?' for _ in actions)})"
-            params += [a.value for a in actions]
-        if after is not None:
-            where, params = where + " AND id > ?", [*params, after]
-        return await self._find(AUDIT_LOG, where + " ORDER BY id" + _limit(limit, params), params)
+            where.among("action", [a.value for a in actions])
+        where.add("id > ?", after)
+        return await self._find(AUDIT_LOG, where, order="id", limit=limit)
+
+    def _between(self, column: str, since: datetime | None, until: datetime | None) -> Where:
+        where = Where(f"{column} >= ?", self._time(since))
+        return where.add(f"{column} < ?", self._time(until))
 
     # --- usage --------------------------------------------------------------------------------
 
@@ -190,32 +187,27 @@ class Accounts(Repository):
     def _usage_where(
         self, endpoint_id: str | None, project_id: str | None,
         since: datetime | None, until: datetime | None,
-    ) -> tuple[str, list[Any]]:  # fmt: skip
-        where, params = _since_until("hour", self._time(since), self._time(until))
-        for column, value in (("endpoint_id", endpoint_id), ("project_id", project_id)):
-            if value is not None:
-                where, params = where + f" AND {column} = ?", [*params, value]
-        return where, params
+    ) -> Where:  # fmt: skip
+        where = self._between("hour", since, until).add("endpoint_id = ?", endpoint_id)
+        return where.add("project_id = ?", project_id)
 
     async def usage(
         self, *, endpoint_id: str | None = None, project_id: str | None = None,
         since: datetime | None = None, until: datetime | None = None,
         after: UsageKey | None = None, limit: int | None = None,
     ) -> list[UsageRow]:  # fmt: skip
-        where, params = self._usage_where(endpoint_id, project_id, since, until)
+        where = self._usage_where(endpoint_id, project_id, since, until)
         if after is not None:
-            where += " AND (hour, endpoint_id, gpu_type, gpu_count) > (?, ?, ?, ?)"
-            params += [self._time(after[0]), *after[1:]]
-        order = " ORDER BY hour, endpoint_id, gpu_type, gpu_count" + _limit(limit, params)
-        return await self._find(USAGE, where + order, params)
+            where.add(f"({_BY_HOUR}) > (?, ?, ?, ?)", self._time(after[0]), *after[1:])
+        return await self._find(USAGE, where, order=_BY_HOUR, limit=limit)
 
     async def usage_totals(
         self, *, endpoint_id: str | None = None, project_id: str | None = None,
         since: datetime | None = None, until: datetime | None = None,
     ) -> UsageTotals:  # fmt: skip
-        where, params = self._usage_where(endpoint_id, project_id, since, until)
+        where = self._usage_where(endpoint_id, project_id, since, until)
         sums = ", ".join(f"COALESCE(SUM({c}), 0)" for c in _SUMMED)
-        r = (await self._db.rows(f"SELECT {sums} FROM usage_hourly {where}", params))[0]
+        r = (await self._db.rows(f"SELECT {sums} FROM usage_hourly{where}", where.params))[0]
         return UsageTotals(float(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
 
     async def costs_since(self, since: datetime) -> dict[str, float]:
@@ -224,20 +216,3 @@ class Accounts(Repository):
             (self._time(since),),
         )
         return {r[0]: float(r[1]) for r in rows}
-
-
-def _since_until(column: str, since: Any, until: Any) -> tuple[str, list[Any]]:
-    where, params = "WHERE 1 = 1", []
-    if since is not None:
-        where, params = where + f" AND {column} >= ?", [since]
-    if until is not None:
-        where, params = where + f" AND {column} < ?", [*params, until]
-    return where, params
-
-
-def _limit(limit: int | None, params: list[Any]) -> str:
-    """A LIMIT clause (none: every row); its parameter appended to `params`."""
-    if limit is None:
-        return ""
-    params.append(limit)
-    return " LIMIT ?"

@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inferd.control.model import Adapter, AdapterUsage, ChangeKind, DuplicateAdapter
-from inferd.control.stores.sql.repository import Repository
+from inferd.control.stores.sql.repository import Repository, Where
 from inferd.control.stores.sql.tables import ADAPTER_USAGE, ADAPTERS
 
 # Several instances' figures add up.
-_ADD_USAGE = ADAPTER_USAGE.upsert(
-    ("endpoint_id", "adapter", "hour"), added=("requests", "prompt_tokens", "completion_tokens")
-)
+_ADD_USAGE = ADAPTER_USAGE.upsert(added=("requests", "prompt_tokens", "completion_tokens"))
 
 
 class Adapters(Repository):
@@ -23,13 +21,11 @@ class Adapters(Repository):
         )  # fmt: skip
 
     async def list_adapters(self, endpoint_id: str | None = None) -> list[Adapter]:
-        if endpoint_id is None:
-            return await self._find(ADAPTERS, self._ordered(ADAPTERS))
-        where = self._ordered(ADAPTERS, "WHERE endpoint_id = ?")
-        return await self._find(ADAPTERS, where, (endpoint_id,))
+        return await self._find(ADAPTERS, Where("endpoint_id = ?", endpoint_id))
 
     async def delete_adapter(self, endpoint_id: str, name: str) -> bool:
-        return await self._delete_named("endpoint_adapters", ChangeKind.ADAPTER, endpoint_id, name)
+        kind = ChangeKind.ADAPTER
+        return await self._delete(ADAPTERS, endpoint_id, name, kind=kind, change=endpoint_id)
 
     async def add_adapter_usage(self, rows: Sequence[AdapterUsage]) -> None:
         if rows:
@@ -37,5 +33,5 @@ class Adapters(Repository):
             await self._db.write(lambda tx: tx.many(_ADD_USAGE, values))
 
     async def adapter_usage(self, endpoint_id: str, adapter: str) -> list[AdapterUsage]:
-        where = "WHERE endpoint_id = ? AND adapter = ? ORDER BY hour"
-        return await self._find(ADAPTER_USAGE, where, (endpoint_id, adapter))
+        where = Where("endpoint_id = ? AND adapter = ?", endpoint_id, adapter)
+        return await self._find(ADAPTER_USAGE, where, order="hour")

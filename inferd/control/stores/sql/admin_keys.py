@@ -7,7 +7,6 @@ from datetime import datetime
 from inferd.control.model import ChangeKind
 from inferd.control.stores.sql.database import Tx
 from inferd.control.stores.sql.repository import Repository
-from inferd.control.stores.sql.tables import TIME
 
 
 class AdminKeys(Repository):
@@ -20,7 +19,7 @@ class AdminKeys(Repository):
     async def add_admin_key(
         self, key_hash: bytes, at: datetime, *, revoke_others: bool = False
     ) -> None:
-        stamp = self._dialect.encode(TIME.storage, at)
+        stamp = self._time(at)
 
         def write(tx: Tx) -> None:
             if revoke_others:

@@ -38,7 +38,7 @@ from inferd.control.batches.model import (
 )
 from inferd.control.stores.sql.accounts import ADD_USAGE
 from inferd.control.stores.sql.database import Tx
-from inferd.control.stores.sql.repository import Repository
+from inferd.control.stores.sql.repository import Repository, Where
 from inferd.control.stores.sql.tables import BATCH_FILES, BATCHES, USAGE
 
 CHUNK_BYTES = 1 << 20
@@ -77,11 +77,10 @@ class Batches(Repository):
         return await self._db.read(lambda tx: self._bytes_used(tx, project_id))
 
     async def get_file(self, file_id: str) -> BatchFile | None:
-        return await self._find_one(BATCH_FILES, "WHERE id = ?", (file_id,))
+        return await self._get(BATCH_FILES, file_id)
 
     async def list_files(self, endpoint_id: str) -> list[BatchFile]:
-        where = self._ordered(BATCH_FILES, "WHERE endpoint_id = ?", desc=True)
-        return await self._find(BATCH_FILES, where, (endpoint_id,))
+        return await self._find(BATCH_FILES, Where("endpoint_id = ?", endpoint_id), desc=True)
 
     async def file_chunk(self, file_id: str, seq: int) -> bytes | None:
         rows = await self._db.rows(
@@ -102,9 +101,7 @@ class Batches(Repository):
         return [(int(idx), str(line)) for idx, line in rows]
 
     async def delete_file(self, file_id: str) -> bool:
-        return await self._db.write(
-            lambda tx: tx.count("DELETE FROM batch_files WHERE id = ?", (file_id,)) > 0
-        )
+        return await self._delete(BATCH_FILES, file_id, kind=None)
 
     # --- batches ---------------------------------------------------------------------------
 
@@ -126,23 +123,19 @@ class Batches(Repository):
         await self._db.write(write)
 
     async def get_batch(self, batch_id: str) -> Batch | None:
-        return await self._find_one(BATCHES, "WHERE id = ?", (batch_id,))
+        return await self._get(BATCHES, batch_id)
 
     async def list_batches(self, endpoint_id: str, after: str | None, limit: int) -> list[Batch]:
         """Newest first; `after`: a batch id, the last of the previous page."""
         order = self._dialect.position("batches")
-        where, params = "endpoint_id = ?", [endpoint_id]
-        if after is not None:
-            where += f" AND {order} < (SELECT {order} FROM batches WHERE id = ?)"
-            params.append(after)
-        where = self._ordered(BATCHES, f"WHERE {where}", desc=True) + " LIMIT ?"
-        return await self._find(BATCHES, where, (*params, limit))
+        where = Where("endpoint_id = ?", endpoint_id)
+        where.add(f"{order} < (SELECT {order} FROM batches WHERE id = ?)", after)
+        return await self._find(BATCHES, where, desc=True, limit=limit)
 
     async def running_batches(self) -> list[Batch]:
         """Every batch the leader still has to work on, oldest first."""
-        marks = ", ".join("?" for _ in BatchStatus.running())
-        where = self._ordered(BATCHES, f"WHERE status IN ({marks})")
-        return await self._find(BATCHES, where, tuple(s.value for s in BatchStatus.running()))
+        where = Where().among("status", [s.value for s in BatchStatus.running()])
+        return await self._find(BATCHES, where)
 
     async def pending_requests(self, batch_id: str, after: int, limit: int) -> list[PendingRequest]:
         rows = await self._db.rows(
@@ -217,7 +210,7 @@ class Batches(Repository):
 
         def write(tx: Tx) -> Batch | None:
             tx.fence(term)
-            row = tx.one(f"{BATCHES.select} WHERE id = ?" + self._dialect.for_update, (batch_id,))
+            row = tx.one(BATCHES.get + self._dialect.for_update, (batch_id,))
             if row is None:
                 return None
             batch = BATCHES.record(self._dialect, row)
@@ -232,11 +225,11 @@ class Batches(Repository):
             if errors is not None:
                 extra += ", errors = ?"
                 params.append(BATCHES.encode(self._dialect, "errors", errors))
-            tx.execute(
-                f"UPDATE batches SET status = ?, times = ?{extra} WHERE id = ?",
+            row = tx.one(
+                f"UPDATE batches SET status = ?, times = ?{extra} WHERE id = ?"
+                f" RETURNING {BATCHES.names}",
                 (to.value, BATCHES.encode(self._dialect, "times", times), *params, batch_id),
             )
-            row = tx.one(f"{BATCHES.select} WHERE id = ?", (batch_id,))
             assert row is not None
             return BATCHES.record(self._dialect, row)
 
@@ -244,34 +237,23 @@ class Batches(Repository):
 
     def _output_files(self, tx: Tx, batch: Batch, at: datetime) -> tuple[str, list[Any]]:
         """The batch's output and error files (where it has such lines)."""
-        row = tx.one(
-            "SELECT completed, failed, output_bytes, error_bytes FROM batches WHERE id = ?",
-            (batch.id,),
-        )
+        # `batch` was read in this transaction: its counts are the stored ones.
+        row = tx.one("SELECT output_bytes, error_bytes FROM batches WHERE id = ?", (batch.id,))
         assert row is not None
-        completed, failed, output_bytes, error_bytes = (int(v) for v in row)
         sets, params = "", list[Any]()
-        for column, holds, lines, size in (
-            ("output_file_id", "done", completed, output_bytes),
-            ("error_file_id", "failed", failed, error_bytes),
+        for column, holds, lines, size, id_, name in (
+            ("output_file_id", "done", batch.counts.completed, int(row[0]), "output", "output"),
+            ("error_file_id", "failed", batch.counts.failed, int(row[1]), "errors", "error"),
         ):
-            if not lines:
-                continue
-            file = BatchFile(
-                id=f"file-{batch.id}-{'output' if holds == 'done' else 'errors'}",
-                endpoint_id=batch.endpoint_id,
-                project_id=batch.project_id,
-                purpose="batch_output",
-                filename=f"{batch.id}_{'output' if holds == 'done' else 'error'}.jsonl",
-                bytes=size,
-                created_at=at,
-                lines=lines,
-                batch_id=batch.id,
-                holds=holds,
-            )
-            tx.execute(BATCH_FILES.insert, BATCH_FILES.values(self._dialect, file))
-            sets += f", {column} = ?"
-            params.append(file.id)
+            if lines:
+                file = BatchFile(
+                    id=f"file-{batch.id}-{id_}", endpoint_id=batch.endpoint_id,
+                    project_id=batch.project_id, purpose="batch_output",
+                    filename=f"{batch.id}_{name}.jsonl", bytes=size,
+                    created_at=at, lines=lines, batch_id=batch.id, holds=holds,
+                )  # fmt: skip
+                tx.execute(BATCH_FILES.insert, BATCH_FILES.values(self._dialect, file))
+                sets, params = f"{sets}, {column} = ?", [*params, file.id]
         return sets, params
 
     async def fail_pending(self, batch_id: str, line_of: Any, term: int | None) -> int:

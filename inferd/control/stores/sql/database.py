@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from inferd.control.model import Change, ChangeKind, StoreClosed, StoreError
 from inferd.control.stores.feed import ChangeHub
@@ -66,9 +66,6 @@ class Dialect(ABC):
     def encode(self, storage: str, value: Any) -> Any:
         encode = self.encoders.get(storage)
         return value if encode is None or value is None else encode(value)
-
-    def decoder(self, storage: str) -> Callable[[Any], Any] | None:
-        return self.decoders.get(storage)
 
     def sql(self, text: str) -> Any:
         """`text` written with `?` placeholders, in the driver's form."""
@@ -128,12 +125,10 @@ class Tx:
         return self.conn.execute(self.dialect.sql(text), params)
 
     def one(self, text: str, params: Sequence[Any] = ()) -> Row | None:
-        row: Row | None = self.execute(text, params).fetchone()
-        return row
+        return cast("Row | None", self.execute(text, params).fetchone())
 
     def all(self, text: str, params: Sequence[Any] = ()) -> list[Row]:
-        rows: list[Row] = self.execute(text, params).fetchall()
-        return rows
+        return cast("list[Row]", self.execute(text, params).fetchall())
 
     def count(self, text: str, params: Sequence[Any] = ()) -> int:
         """The rows a statement changed."""
@@ -260,9 +255,6 @@ class Database:
         return oldest <= self._cursor + 1 or self._cursor == 0
 
     # --- lifecycle ------------------------------------------------------------------------
-
-    def describe(self) -> str:
-        return self.dialect.describe()
 
     async def schema_version(self) -> int:
         row = (await self.rows("SELECT MAX(version) FROM schema_migrations"))[0]

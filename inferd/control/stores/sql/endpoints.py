@@ -24,7 +24,7 @@ from inferd.control.model import (
 )
 from inferd.control.paging import EndpointFilter, Page, page_of
 from inferd.control.stores.sql.database import Tx, Violation
-from inferd.control.stores.sql.repository import Repository
+from inferd.control.stores.sql.repository import Repository, Where
 from inferd.control.stores.sql.tables import CLIENT_TOKENS, ENDPOINTS
 
 _ACTIVE_TOKENS = (
@@ -32,7 +32,7 @@ _ACTIVE_TOKENS = (
     " JOIN endpoints e ON e.id = t.endpoint_id"
     " WHERE t.revoked_at IS NULL AND e.deleting_at IS NULL"
 )
-_LIVE = " JOIN endpoints e ON e.id = t.endpoint_id WHERE e.deleting_at IS NULL"
+_OF_LIVE_ENDPOINT = "endpoint_id IN (SELECT id FROM endpoints WHERE deleting_at IS NULL)"
 _ADD_TOKEN = "INSERT INTO endpoint_tokens (endpoint_id, token_hash, created_at) VALUES (?, ?, ?)"
 
 
@@ -52,10 +52,10 @@ class Endpoints(Repository):
             raise
 
     async def get_endpoint(self, endpoint_id: str) -> Endpoint | None:
-        return await self._find_one(ENDPOINTS, "WHERE id = ?", (endpoint_id,))
+        return await self._get(ENDPOINTS, endpoint_id)
 
     async def list_endpoints(self) -> list[Endpoint]:
-        return await self._find(ENDPOINTS, self._ordered(ENDPOINTS))
+        return await self._find(ENDPOINTS)
 
     async def page_endpoint_ids(
         self, where: EndpointFilter, after: int | None, limit: int
@@ -63,31 +63,15 @@ class Endpoints(Repository):
         if where.selects_nothing():
             return Page([], None)
         position = self._dialect.position("endpoints")
-        conditions: list[str] = []
-        params: list[Any] = []
-        if after is not None:
-            conditions.append(f"{position} > ?")
-            params.append(after)
+        query = Where(f"{position} > ?", after).add("model_name = ?", where.model_name)
+        query.add("location_name = ?", where.location_name)
         if where.project_ids is not None:
-            conditions.append(f"project_id IN ({', '.join('?' for _ in where.project_ids)})")
-            params.extend(sorted(where.project_ids))
-        for column, value in (
-            ("model_name", where.model_name),
-            ("location_name", where.location_name),
-        ):
-            if value is not None:
-                conditions.append(f"{column} = ?")
-                params.append(value)
+            query.among("project_id", sorted(where.project_ids))
         if where.name_prefix is not None:
             condition, values = self._dialect.starts_with("name", where.name_prefix)
-            conditions.append(condition)
-            params.extend(values)
-        query = (
-            f"SELECT {position}, id FROM endpoints"
-            f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
-            f" ORDER BY {position} LIMIT ?"
-        )
-        rows = await self._db.rows(query, (*params, limit + 1))
+            query.add(condition, *values)
+        text = f"SELECT {position}, id FROM endpoints{query} ORDER BY {position} LIMIT ?"
+        rows = await self._db.rows(text, (*query.params, limit + 1))
         return page_of([(int(r[0]), str(r[1])) for r in rows], limit)
 
     async def count_endpoints(self, project_id: str) -> int:
@@ -173,10 +157,6 @@ class Endpoints(Repository):
 
 class ClientTokens(Repository):
     async def add_client_token(self, token: ClientToken, *, limit: int) -> None:
-        """Store it, unless the endpoint is gone or being deleted
-        (`EndpointGone`), has one of that name (`DuplicateClientToken`) or
-        has `limit` already (`TooManyClientTokens`)."""
-
         def check(tx: Tx) -> None:
             self._live_endpoint(tx, token.endpoint_id, exclusive=True)
             count = tx.one(
@@ -198,26 +178,12 @@ class ClientTokens(Repository):
         )
 
     async def client_tokens(self, endpoint_id: str | None = None) -> list[ClientToken]:
-        """The client tokens of one endpoint, or of every endpoint not being
-        deleted, oldest first."""
-        columns = ", ".join(f"t.{c.name}" for c in CLIENT_TOKENS.columns)
-        query = f"SELECT {columns} FROM endpoint_client_tokens t{_LIVE}"
-        params: tuple[str, ...] = ()
-        if endpoint_id is not None:
-            query += " AND t.endpoint_id = ?"
-            params = (endpoint_id,)
-        order = self._dialect.position("endpoint_client_tokens")
-        rows = await self._db.rows(f"{query} ORDER BY t.{order}", params)
-        return [CLIENT_TOKENS.record(self._dialect, r) for r in rows]
+        where = Where(_OF_LIVE_ENDPOINT).add("endpoint_id = ?", endpoint_id)
+        return await self._find(CLIENT_TOKENS, where)
 
     async def delete_client_token(self, endpoint_id: str, name: str) -> bool:
-        return await self._delete_named(
-            "endpoint_client_tokens", ChangeKind.TOKEN, endpoint_id, name
-        )
+        kind = ChangeKind.TOKEN
+        return await self._delete(CLIENT_TOKENS, endpoint_id, name, kind=kind, change=endpoint_id)
 
     async def touch_client_tokens(self, last_used: Mapping[tuple[str, str], datetime]) -> None:
-        """Record when each (endpoint id, name) was last used (never moved back)."""
-        rows = [
-            (self._time(at), endpoint_id, name) for (endpoint_id, name), at in last_used.items()
-        ]
-        await self._touch("endpoint_client_tokens", "endpoint_id = ? AND name = ?", rows)
+        await self._touch(CLIENT_TOKENS, last_used)

@@ -17,11 +17,10 @@ sharing the statements both engines ran (at their own versions).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from inferd.control.model import SchemaTooNew, utc_now
+from inferd.control.stores.sql.database import Dialect, Tx
 
 __all__ = ["MIGRATIONS", "Migration", "SchemaTooNew", "Step", "latest_version", "migrate"]
 
@@ -379,7 +378,7 @@ def latest_version() -> int:
     return MIGRATIONS[-1].version
 
 
-def migrate(dialect: Any, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+def migrate(dialect: Dialect, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
     """Apply every pending migration; returns the versions applied
     (idempotent). Each in `dialect.migrating()`, a transaction exclusive
     across processes, in which what is applied is read again."""
@@ -388,26 +387,20 @@ def migrate(dialect: Any, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
     applied: list[int] = []
     for migration in migrations:
         with dialect.migrating() as conn:
-            execute: Callable[..., Any] = lambda text, params=(): conn.execute(  # noqa: E731
-                dialect.sql(text), params
-            )
-            execute(SCHEMA_MIGRATIONS[dialect.name])
-            newest = int(
-                execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
-            )
+            tx = Tx(conn, dialect)
+            tx.execute(SCHEMA_MIGRATIONS[dialect.name])
+            (newest,) = tx.one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations") or (0,)
             if newest > migrations[-1].version:
                 raise SchemaTooNew(
                     f"database schema version {newest} is newer than this inferd knows "
                     f"({migrations[-1].version}); upgrade inferd"
                 )
-            if execute(
-                "SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)
-            ).fetchone():
+            if tx.one("SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)):
                 continue
             step = migration.step(dialect.name)
             for statement in step.statements:
-                conn.execute(statement)  # constant DDL
-            execute(
+                conn.execute(statement)  # constant DDL, not in the driver's placeholder form
+            tx.execute(
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, step.name, dialect.encode("time", utc_now())),
             )

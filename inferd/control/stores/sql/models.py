@@ -8,9 +8,7 @@ from inferd.control.stores.sql.database import Violation
 from inferd.control.stores.sql.repository import Repository
 from inferd.control.stores.sql.tables import MODELS, PROFILES
 
-_PUT_PROFILE = PROFILES.upsert(
-    ("model_name", "gpu_type", "gpu_count"), replaced=("document", "measured_at")
-)
+_PUT_PROFILE = PROFILES.upsert(replaced=("document", "measured_at"))
 
 
 class Models(Repository):
@@ -21,18 +19,17 @@ class Models(Repository):
             raise DuplicateModel(model.name) from None
 
     async def get_model(self, name: str) -> RegisteredModel | None:
-        return await self._find_one(MODELS, "WHERE name = ?", (name,))
+        return await self._get(MODELS, name)
 
     async def list_models(self) -> list[RegisteredModel]:
-        return await self._find(MODELS, self._ordered(MODELS))
+        return await self._find(MODELS)
 
     async def delete_model(self, name: str) -> bool:
-        statement = "DELETE FROM registered_models WHERE name = ?"
-        return await self._change(statement, (name,), ChangeKind.MODEL, name) > 0
+        return await self._delete(MODELS, name, kind=ChangeKind.MODEL, change=name)
 
     async def put_profile(self, profile: MeasuredProfile) -> None:
         values = PROFILES.values(self._dialect, profile)
         await self._change(_PUT_PROFILE, values, ChangeKind.MODEL)
 
     async def list_profiles(self) -> list[MeasuredProfile]:
-        return await self._find(PROFILES, self._ordered(PROFILES))
+        return await self._find(PROFILES)

@@ -39,11 +39,12 @@ class Replicas(Repository):
         )  # fmt: skip
 
     async def delete_replica(self, replica_id: str, *, term: int | None = None) -> None:
-        statement = "DELETE FROM replicas WHERE id = ?"
-        await self._change(statement, (replica_id,), ChangeKind.REPLICA, replica_id, term=term)
+        await self._delete(
+            REPLICAS, replica_id, kind=ChangeKind.REPLICA, change=replica_id, term=term
+        )
 
     async def confirm_term(self, term: int) -> None:
         await self._db.read(lambda tx: tx.fence(term))
 
     async def list_replicas(self) -> list[ReplicaRecord]:
-        return await self._find(REPLICAS, self._ordered(REPLICAS))
+        return await self._find(REPLICAS)

@@ -3,7 +3,7 @@ table description, one-statement writes with their change, inserts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -14,6 +14,29 @@ from inferd.control.stores.sql.tables import Table
 R = TypeVar("R")
 
 
+class Where:
+    """A WHERE clause built a condition at a time, with its parameters. A
+    condition with a None parameter is left out: an optional filter not given."""
+
+    def __init__(self, condition: str = "", *params: Any) -> None:
+        self.conditions: list[str] = []
+        self.params: list[Any] = []
+        if condition:
+            self.add(condition, *params)
+
+    def add(self, condition: str, *params: Any) -> Where:
+        if all(param is not None for param in params):
+            self.conditions.append(condition)
+            self.params.extend(params)
+        return self
+
+    def among(self, column: str, values: Sequence[Any]) -> Where:
+        return self.add(f"{column} IN ({', '.join('?' for _ in values)})", *values)
+
+    def __str__(self) -> str:
+        return f" WHERE {' AND '.join(self.conditions)}" if self.conditions else ""
+
+
 class Repository:
     """A store's part over the one `Database` (each implements one port)."""
 
@@ -21,25 +44,37 @@ class Repository:
         self._db = db
         self._dialect = db.dialect
 
-    async def _find(self, table: Table[R], where: str = "", params: Sequence[Any] = ()) -> list[R]:
-        """The records of `table` for a `where` clause (with its ORDER BY)."""
-        rows = await self._db.rows(f"{table.select} {where}", params)
-        return [table.record(self._dialect, row) for row in rows]
-
-    async def _find_one(self, table: Table[R], where: str, params: Sequence[Any]) -> R | None:
+    async def _get(self, table: Table[R], *key: Any) -> R | None:
+        """The record of `table` with `key` (its primary key's values), if any."""
         # Not through `_find`: one coroutine less on the hottest read.
-        rows = await self._db.rows(f"{table.select} {where}", params)
+        rows = await self._db.rows(table.get, key)
         return table.record(self._dialect, rows[0]) if rows else None
 
-    def _ordered(self, table: Table[Any], where: str = "", *, desc: bool = False) -> str:
-        """`where` and the ORDER BY of insertion (`desc`: newest first)."""
-        return f"{where} ORDER BY {self._dialect.position(table.name)}{' DESC' if desc else ''}"
+    async def _find(
+        self, table: Table[R], where: Where | None = None, *, order: str = "",
+        desc: bool = False, limit: int | None = None,
+    ) -> list[R]:  # fmt: skip
+        """The records of `table` that `where` selects, by `order` (by default
+        the order of insertion; `desc`: the other way round), `limit` at most."""
+        where = where or Where()
+        order = f" ORDER BY {order or self._dialect.position(table.name)}"
+        params = where.params if limit is None else [*where.params, limit]
+        text = f"{table.select}{where}{order}{' DESC' if desc else ''}"
+        text += "" if limit is None else " LIMIT ?"
+        return [table.record(self._dialect, row) for row in await self._db.rows(text, params)]
+
+    async def _delete(
+        self, table: Table[Any], *key: Any, kind: ChangeKind | None, change: str = "",
+        term: int | None = None,
+    ) -> bool:  # fmt: skip
+        """Delete the row of `table` with `key`; a `kind` change of `change` where there was one."""
+        return await self._change(table.delete, key, kind, change, term=term) > 0
 
     def _time(self, at: datetime | None) -> Any:
         return None if at is None else self._dialect.encode("time", at)
 
     async def _change(
-        self, statement: str, params: Sequence[Any], kind: ChangeKind, key: str = "",
+        self, statement: str, params: Sequence[Any], kind: ChangeKind | None, key: str = "",
         *, term: int | None = None,
     ) -> int:  # fmt: skip
         """One statement (fenced by `term`); a `kind` change of `key` where it
@@ -48,7 +83,7 @@ class Repository:
         def write(tx: Tx) -> int:
             tx.fence(term)
             count = tx.count(statement, params)
-            if count:
+            if count and kind is not None:
                 tx.changed(kind, key)
             return count
 
@@ -76,15 +111,17 @@ class Repository:
                 raise duplicate from None
             raise
 
-    async def _touch(self, table: str, where: str, rows: list[tuple[Any, ...]]) -> None:
-        """Set each row's `last_used_at` (first value of each of `rows`, the
-        rest `where`'s), never moving it back."""
+    async def _touch(
+        self, table: Table[Any], last_used: Mapping[tuple[Any, ...], datetime]
+    ) -> None:
+        """Set `last_used_at` of each row (by its key), never moving it back."""
         statement = (
-            f"UPDATE {table} SET last_used_at = ? WHERE {where}"
+            f"UPDATE {table.name} SET last_used_at = ? WHERE {table.by_key}"
             " AND (last_used_at IS NULL OR last_used_at < ?)"
         )
+        rows = [(self._time(at), *key, self._time(at)) for key, at in last_used.items()]
         if rows:
-            await self._db.write(lambda tx: tx.many(statement, [(*r, r[0]) for r in rows]))
+            await self._db.write(lambda tx: tx.many(statement, rows))
 
     def _live_endpoint(self, tx: Tx, endpoint_id: str, *, exclusive: bool = False) -> None:
         """`EndpointGone` unless the endpoint is there and not being deleted;
@@ -94,10 +131,3 @@ class Repository:
         row = tx.one("SELECT deleting_at FROM endpoints WHERE id = ?" + lock, (endpoint_id,))
         if row is None or row[0] is not None:
             raise EndpointGone(endpoint_id)
-
-    async def _delete_named(
-        self, table: str, kind: ChangeKind, endpoint_id: str, name: str
-    ) -> bool:
-        """Delete an endpoint's row called `name` from `table`, a `kind` change of the endpoint."""
-        statement = f"DELETE FROM {table} WHERE endpoint_id = ? AND name = ?"
-        return await self._change(statement, (endpoint_id, name), kind, endpoint_id) > 0

@@ -40,7 +40,7 @@ class SqlStore(
 
     def describe(self) -> str:
         """Where the state lives, for people (no password)."""
-        return self._db.describe()
+        return self._dialect.describe()
 
     def changes(self) -> AsyncIterator[Change]:
         return self._db.changes()

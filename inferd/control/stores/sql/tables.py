@@ -60,13 +60,11 @@ def quota_from_plain(data: Mapping[str, Any] | None) -> Quota:
     )
 
 
-TEXT, INT, REAL, BYTES, TIME = Type("text"), Type("int"), Type("real"), Type("bytes"), Type("time")
-ROLE, ACTION, STATUS, CAPACITY = (
-    Type("text", dump=lambda v: v.value, load=e) for e in (Role, AuditAction, BatchStatus, Capacity)
-)
+_ENUMS = {"role": Role, "action": AuditAction, "status": BatchStatus, "capacity": Capacity}
 TYPES = {
-    "text": TEXT, "int": INT, "real": REAL, "bytes": BYTES, "time": TIME, "role": ROLE,
-    "action": ACTION, "status": STATUS, "capacity": CAPACITY,
+    **{storage: Type(storage) for storage in ("text", "int", "real", "bytes", "time")},
+    # Enumerations, stored by value.
+    **{name: Type("text", dump=lambda v: v.value, load=enum) for name, enum in _ENUMS.items()},
     "json": Type("json", dump=dict), "json_list": Type("json", dump=list),
     "engine": Type("text", dump=EngineSettings.to_json, load=EngineSettings.from_json),
     "placement": Type("json", dump=dict, load=lambda v: {str(k): str(x) for k, x in v.items()}),
@@ -82,7 +80,7 @@ TYPES = {
 @dataclass(frozen=True)
 class Column:
     name: str
-    type: Type = TEXT
+    type: Type
     # The record's attribute where it is named otherwise: `part.attribute`
     # (a part of the record, see `Table`), or `*`: the record itself.
     field: str = ""
@@ -108,7 +106,8 @@ def columns(spec: str) -> tuple[Column, ...]:
 
 class Table(Generic[R]):
     """`record(**values)` builds a record from a row, `parts` its parts (by
-    name, for the columns whose field is `part.attribute`)."""
+    name, for the columns whose field is `part.attribute`); `key`: the primary
+    key's columns (by default the first)."""
 
     def __init__(
         self,
@@ -116,16 +115,21 @@ class Table(Generic[R]):
         columns: tuple[Column, ...],
         record: Callable[..., R],
         *,
+        key: tuple[str, ...] = (),
         generated: tuple[str, ...] = (),
         parts: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.name = name
+        self.key = key or (columns[0].name,)
         self.columns = columns
         self._record = record
         self._parts = parts or {}
         self._by_name = {c.name: c for c in columns}
         self.names = ", ".join(c.name for c in columns)
         self.select = f"SELECT {self.names} FROM {name}"
+        self.by_key = " AND ".join(f"{c} = ?" for c in self.key)
+        self.get = f"{self.select} WHERE {self.by_key}"
+        self.delete = f"DELETE FROM {name} WHERE {self.by_key}"
         written = [c for c in columns if c.name not in generated]
         self._written = [(c.name, c.getter()) for c in written]
         self.insert = f"INSERT INTO {name} ({', '.join(c.name for c in written)})" + (
@@ -133,14 +137,12 @@ class Table(Generic[R]):
         )
         self._decoders: dict[str, list[tuple[str, Callable[[Any], Any] | None]]] = {}
 
-    def upsert(
-        self, key: tuple[str, ...], *, added: tuple[str, ...] = (), replaced: tuple[str, ...] = ()
-    ) -> str:
-        """`insert`, or where a row of `key` is there already: the `added`
+    def upsert(self, *, added: tuple[str, ...] = (), replaced: tuple[str, ...] = ()) -> str:
+        """`insert`, or where a row of its key is there already: the `added`
         columns added to its own, the `replaced` ones set."""
         sets = [f"{c} = {self.name}.{c} + excluded.{c}" for c in added]
         sets += [f"{c} = excluded.{c}" for c in replaced]
-        return f"{self.insert} ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(sets)}"
+        return f"{self.insert} ON CONFLICT ({', '.join(self.key)}) DO UPDATE SET {', '.join(sets)}"
 
     def encode(self, dialect: Dialect, column: str, value: Any) -> Any:
         """A value of `column` as the engine stores it (also for a WHERE)."""
@@ -159,7 +161,7 @@ class Table(Generic[R]):
         decoders = self._decoders.get(dialect.name)
         if decoders is None:
             decoders = self._decoders[dialect.name] = [
-                (c.attribute, _composed(dialect.decoder(c.type.storage), c.type.load))
+                (c.attribute, _composed(dialect.decoders.get(c.type.storage), c.type.load))
                 for c in self.columns
             ]
         values = {
@@ -192,11 +194,14 @@ REPLICAS = Table("replicas", columns("""id endpoint_id generation:int gpu_type g
     secret_hash:bytes status created_at:time updated_at:time node placement:placement reason url
     unresponsive_since:time"""), ReplicaRecord)
 ADAPTERS = Table("endpoint_adapters", columns(
-    "endpoint_id name source rank:int base_model created_at:time"), Adapter)
+    "endpoint_id name source rank:int base_model created_at:time"), Adapter,
+    key=("endpoint_id", "name"))
 CLIENT_TOKENS = Table("endpoint_client_tokens", columns("""endpoint_id name token_hash:bytes hint
-    created_at:time weight:real requests_per_minute:int last_used_at:time"""), ClientToken)
+    created_at:time weight:real requests_per_minute:int last_used_at:time"""), ClientToken,
+    key=("endpoint_id", "name"))
 ADAPTER_USAGE = Table("adapter_usage_hourly", columns("""endpoint_id adapter hour:time
-    requests:int prompt_tokens:int completion_tokens:int"""), AdapterUsage)
+    requests:int prompt_tokens:int completion_tokens:int"""), AdapterUsage,
+    key=("endpoint_id", "adapter", "hour"))
 
 # One JSON document per record (the documented fields of the API), so that
 # a newly derived fact needs no migration.
@@ -204,13 +209,14 @@ MODELS = Table("registered_models", columns("name project_id document:document=*
                lambda document, **_: RegisteredModel.from_dict(document))
 PROFILES = Table("model_profiles", columns(
     "model_name gpu_type gpu_count:int document:document=* measured_at"),
-    lambda document, **_: MeasuredProfile.from_dict(document))
+    lambda document, **_: MeasuredProfile.from_dict(document),
+    key=("model_name", "gpu_type", "gpu_count"))
 
 PROJECTS = Table("projects", columns("id created_at:time quota:quota quota_limit:quota=limit"),
                  Project)
 USERS = Table("users", columns("id created_at:time"), User)
 MEMBERSHIPS = Table("memberships", columns("project_id user_id role:role created_at:time"),
-                    Membership)
+                    Membership, key=("project_id", "user_id"))
 USER_KEYS = Table("user_keys", columns("""id user_id name key_hash:bytes hint created_at:time
     last_used_at:time revoked_at:time project_id"""), UserKey)
 AUDIT_LOG = Table("audit_log", columns(
@@ -218,7 +224,7 @@ AUDIT_LOG = Table("audit_log", columns(
     generated=("id",))
 USAGE = Table("usage_hourly", columns("""endpoint_id project_id hour:time gpu_type gpu_count:int
     replica_seconds:real requests:int prompt_tokens:int completion_tokens:int images:int
-    cost:real"""), UsageRow)
+    cost:real"""), UsageRow, key=("endpoint_id", "hour", "gpu_type", "gpu_count"))
 
 # The Batch API (`inferd.control.batches`). A file's content is kept in
 # chunks (`batch_file_chunks`), a batch's requests and results one row each
