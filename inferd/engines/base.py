@@ -288,6 +288,10 @@ class TextDelta:
     # The output token ids of this step (engines that report them; the
     # gateway replays them to continue the answer on another replica).
     token_ids: tuple[int, ...] = ()
+    # Of a resumed answer's replayed ids, how many last ones this engine
+    # generates again instead (they ended inside a character): the ids
+    # named so far lose that many (`resume.first_text`).
+    regenerated: int = 0
 
 
 @dataclass(frozen=True)

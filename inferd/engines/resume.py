@@ -118,9 +118,14 @@ def as_text(request: TextRequest) -> TextRequest:
     )
 
 
-async def first_text(deltas: AsyncIterator[TextDelta], text: str) -> AsyncIterator[TextDelta]:
-    """Deltas with `text` (the replayed tokens' unread text) before the first."""
+async def first_text(
+    deltas: AsyncIterator[TextDelta], text: str, regenerated: int = 0
+) -> AsyncIterator[TextDelta]:
+    """Deltas with `text` (the replayed tokens' unread text) before the
+    first, which also says how many replayed ids are `regenerated`."""
+    first = True
     async for delta in deltas:
-        if text:
-            delta, text = replace(delta, text=text + delta.text), ""
+        if first:
+            delta = replace(delta, text=text + delta.text, regenerated=regenerated)
+            first = False
         yield delta

@@ -390,8 +390,11 @@ class VllmTextEngine(AsyncLLMEngine):
             replay = self._replay(request, tools, parsing)
             if replay is None:
                 request = resume.as_text(request)
+        regenerated = 0
         if replay is not None:
             prompt_ids, produced, unread = replay
+            assert request.resume is not None
+            regenerated = len(request.resume.token_ids) - produced
         else:
             prompt_ids, produced = resume.prompt_ids(self._renderer.render, request, tools)
             unread = ""
@@ -421,8 +424,8 @@ class VllmTextEngine(AsyncLLMEngine):
                 deltas = self._plain(mapped, len(prompt_ids))
             else:
                 deltas = self._parsed(mapped, prompt_ids, request, parsing)
-            if unread:
-                deltas = resume.first_text(deltas, unread)
+            if unread or regenerated:
+                deltas = resume.first_text(deltas, unread, regenerated)
             if produced:
                 deltas = resume.counted(deltas, produced)
             async for delta in deltas:

@@ -8,7 +8,8 @@ endpoint to continue the *same* answer, marked resumed (`x-inferd-resumed`):
 
 - by token ids, when the lost replica named the token ids of every chunk
   (`x-inferd-token-ids`: a comment line `: ids 12 345` before each data
-  line, stripped before the client sees it): the original request plus
+  line, stripped before the client sees it; `: ids -2 ...` when the last
+  two ids named before are generated again): the original request plus
   those ids and the text the client has read (`RESUME_FIELD`). The replica
   prompts with the original prompt's ids followed by them, so greedy
   decoding goes on exactly as it would have;
@@ -47,7 +48,7 @@ _HEAD = re.compile(rb'data: \{"id": ?"[^"]*", ?"object": ?"[^"]*", ?"created": ?
 # A chunk's token-id line, the first line of its event. Unanchored (a
 # literal-prefix scan, several times faster than `^` with re.M): a data
 # line holds no raw newline (JSON escapes it), so this matches no data.
-_IDS = re.compile(re.escape(TOKEN_IDS_LINE) + rb"[ 0-9]*\n")
+_IDS = re.compile(re.escape(TOKEN_IDS_LINE) + rb"[ 0-9-]*\n")
 
 
 def strip_ids(events: bytes) -> bytes:
@@ -158,7 +159,12 @@ def read_transcript(data: bytes, chat: bool) -> Seen:
             if text and named is None:
                 every_chunk_named_ids = False
             finished = choice.get("finish_reason") or finished
-        if named is not None:
+        if named:
+            if named[0].startswith(b"-"):
+                # The last ids named before are generated again (they ended
+                # inside a character): this chunk names them anew.
+                del ids[max(0, len(ids) + int(named[0])) :]
+                named = named[1:]
             ids.extend(map(int, named))
     token_ids = tuple(ids) if ids and every_chunk_named_ids else None
     return Seen(

@@ -283,6 +283,7 @@ async def _sse(
     for index in range(len(streams) if role else 0):
         yield encoder.delta(index, "", None, role=True)
     pending: list[int] = []
+    regenerated = 0
     async for index, delta in _merge(streams, firsts):
         completion[index] = delta.completion_tokens
         event: bytes | None = None
@@ -298,10 +299,11 @@ async def _sse(
         elif delta.text or delta.finish_reason:
             event = encoder.delta(index, delta.text or None, delta.finish_reason)
         if token_ids:
+            regenerated = regenerated or delta.regenerated
             pending += delta.token_ids
             if event is not None:
-                event = ids_line(pending) + event
-                pending = []
+                event = ids_line(pending, regenerated) + event
+                pending, regenerated = [], 0
         if event is not None:
             yield event
     if include_usage:
@@ -309,9 +311,11 @@ async def _sse(
     yield SSE_DONE
 
 
-def ids_line(ids: Sequence[int]) -> bytes:
-    """The SSE comment line naming a chunk's token ids (`TOKEN_IDS_HEADER`)."""
-    return b" ".join([TOKEN_IDS_LINE, *(str(i).encode() for i in ids)]) + b"\n"
+def ids_line(ids: Sequence[int], regenerated: int = 0) -> bytes:
+    """The SSE comment line naming a chunk's token ids (`TOKEN_IDS_HEADER`),
+    after `-n` when the last n ids named before are generated again."""
+    drop = [b"-%d" % regenerated] if regenerated else []
+    return b" ".join([TOKEN_IDS_LINE, *drop, *(str(i).encode() for i in ids)]) + b"\n"
 
 
 def _resume_of(field: Any) -> Resume | None:

@@ -300,6 +300,15 @@ REPLAYED = [
         {"token_ids": [4, 9], "text": "No tool"},
     ),
     (
+        "chat continued once already, whose replica generated the last id again",
+        "chat",
+        {"messages": HELLO, "stream": True},
+        with_ids(chat_events({"content": "caf"}), (1, 2))
+        + ids_line((2, 3), regenerated=1)
+        + ChunkEncoder("chatcmpl-1", 1700000000, "tiny-chat").delta(0, "é", None),
+        {"token_ids": [1, 2, 3], "text": "café"},
+    ),
+    (
         "completions: the prompt stays, the ids go with it",
         "completions",
         {"prompt": "The sky is", "max_tokens": 20, "stream": True},
@@ -359,6 +368,7 @@ CHUNK = ChunkEncoder("chatcmpl-1", 1, "m").delta(0, "x: ids 5", None)
         (ROLE + b": ids 3\n" + CHUNK + b": ids\n" + CHUNK, ROLE + CHUNK + CHUNK),
         (CHUNK, CHUNK),  # content that reads like an ids line is not one
         (b"data: [DONE]\n\n", b"data: [DONE]\n\n"),
+        (b": ids -2 7\n" + CHUNK, CHUNK),
     ],
 )
 def test_strip_ids_leaves_the_events_as_the_client_reads_them(
@@ -679,6 +689,11 @@ def test_first_text_goes_before_the_first_delta_only() -> None:
         return [d.text async for d in resume.first_text(deltas(), "on")]
 
     assert asyncio.run(read()) == ["ona", "b"]
+
+    async def regenerated() -> list[int]:
+        return [d.regenerated async for d in resume.first_text(deltas(), "", 2)]
+
+    assert asyncio.run(regenerated()) == [2, 0]
 
 
 def test_relay_keeps_the_ids_and_sends_the_client_none() -> None:
