@@ -26,6 +26,16 @@ ADAPTER_SOURCE_HEADER = "x-inferd-adapter-source"
 # request's own earlier output, so its tokens count as completion tokens
 # (in usage and against max_tokens/min_tokens), not as prompt tokens.
 RESUMED_HEADER = "x-inferd-resumed"
+# Set by the gateway only, on a stream it may have to continue elsewhere:
+# the replica writes the token ids of each chunk in an SSE comment line
+# before its data line (`: ids 12 345`), which the gateway keeps and strips
+# (a direct client of a replica reads vLLM-like streams).
+TOKEN_IDS_HEADER = "x-inferd-token-ids"
+TOKEN_IDS_LINE = b": ids"
+# The field of a resumed request's body (with `RESUMED_HEADER`) that carries
+# the answer so far as token ids: the replica builds the prompt as the
+# original request's prompt ids plus these (`ResumeIn`).
+RESUME_FIELD = "inferd_resume"
 # Set by the gateway only, on a request of a batch (in-process work): its
 # usage is metered by the batch store once, when its result is recorded
 # (a request run again after a leader failover would count twice here), so
@@ -123,3 +133,14 @@ class ReplicaReport(BaseModel):
 
     def to_wire(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
+
+
+class ResumeIn(BaseModel):
+    """The answer so far of a request the gateway resumes by token ids: the
+    output token ids the lost replica streamed, and the text of them the
+    client has read (vLLM may hold back the decoded text of the last ones)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    text: str

@@ -227,6 +227,17 @@ class ServesAdapters(Protocol):
 
 
 @dataclass(frozen=True)
+class Resume:
+    """An answer another replica began, to go on with by token ids: the
+    output token ids it produced, and the text of them its client has read
+    (a prefix of their decoded text: the engine's detokenizer may have held
+    back the text of the last ones)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
 class TextRequest:
     request_id: str
     messages: tuple[ChatMessage, ...]
@@ -247,6 +258,10 @@ class TextRequest:
     # gateway resumes an answer whose replica died): its tokens are counted
     # as completion tokens and against max_tokens/min_tokens.
     resumed: bool = False
+    # Go on with an answer another replica began, from its token ids: the
+    # prompt is this request's own followed by them (engines that replay
+    # token ids; see `inferd.engines.resume`).
+    resume: Resume | None = None
     # W3C trace context of the replica's span (`traceparent`), for engines
     # that trace their own steps; () when the request is not traced.
     trace_headers: tuple[tuple[str, str], ...] = ()
@@ -270,6 +285,13 @@ class TextDelta:
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    # The output token ids of this step (engines that report them; the
+    # gateway replays them to continue the answer on another replica).
+    token_ids: tuple[int, ...] = ()
+    # Of a resumed answer's replayed ids, how many last ones this engine
+    # generates again instead (they ended inside a character): the ids
+    # named so far lose that many (`resume.first_text`).
+    regenerated: int = 0
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from inferd.engines import resume
 from inferd.engines.base import (
     AdapterRef,
     Engine,
@@ -98,6 +99,7 @@ def create_fake_engine(name: str, kind: ModelKind, options: EngineOptions) -> En
 
 class FakeTextEngine:
     kind = ModelKind.CHAT
+    replays_token_ids = True
 
     def __init__(self, name: str, options: EngineOptions) -> None:
         self._options = fake_options(options)
@@ -153,20 +155,36 @@ class FakeTextEngine:
         if request.adapter is not None:
             await self.load_adapter(request.adapter)
             first_word += zlib.crc32(request.adapter.name.encode())
+        # Resumed by token ids (one id per word, its index in WORDS): the
+        # answer goes on from the next word, after the text of the ids the
+        # client has not read (none: the fake holds nothing back).
+        unread = ""
+        if request.resume is not None:
+            ids = request.resume.token_ids
+            decoded = "".join(WORDS[i % len(WORDS)] + " " for i in ids)
+            rest = resume.unread(decoded, request.resume.text, s.stop, parsed=False)
+            if rest is None:
+                request = resume.as_text(request)
+            else:
+                unread = rest
         # Continuing the final assistant message: its words are this
         # answer's first tokens, so the text goes on from the next word (a
         # resumed request counts them as its own completion tokens).
         written = len(request.messages[-1].content.split()) if request.continue_final else 0
         counted = written if request.resumed else 0
+        if request.resume is not None:
+            written = counted = len(request.resume.token_ids)
         if counted:
-            prompt_tokens -= written + 4
+            if request.resume is None:
+                prompt_tokens -= written + 4
             max_tokens = max(1, max_tokens - counted)
         self._running.add(request.request_id)
         try:
             text = ""
             for i in range(written, written + max_tokens):
                 await asyncio.sleep(self._token_delay)
-                word = WORDS[(i + first_word) % len(WORDS)] + " "
+                token = (i + first_word) % len(WORDS)
+                word = WORDS[token] + " "
                 text += word
                 for stop in s.stop:
                     if stop in text:
@@ -175,15 +193,18 @@ class FakeTextEngine:
                             completion_tokens=i + 1 - written + counted,
                             prompt_tokens=prompt_tokens,
                             finish_reason="stop",
+                            token_ids=(token,),
                         )
                         return
                 last = i == written + max_tokens - 1
                 yield TextDelta(
-                    text=word,
+                    text=unread + word,
                     completion_tokens=i + 1 - written + counted,
                     prompt_tokens=prompt_tokens,
                     finish_reason="length" if last else None,
+                    token_ids=(token,),
                 )
+                unread = ""
         finally:
             self._running.discard(request.request_id)
 

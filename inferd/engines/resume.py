@@ -1,20 +1,31 @@
 """A chat request that resumes an answer another replica began.
 
-The gateway sends the original messages plus the text already streamed as
-the final assistant message (`continue_final`) and marks the request
-`resumed`. The engine renders that prompt and counts the final message's
-tokens as the answer's own: they are taken off `max_tokens`/`min_tokens`
-and added to the completion tokens (and off the prompt tokens) it reports,
-so the client's usage and the meter read as if one replica had answered.
+By token ids (`TextRequest.resume`, engines that replay them): the prompt is
+the original request's prompt ids followed by the output token ids the lost
+replica streamed, so greedy decoding goes on exactly as it would have. The
+client may have read less than those ids decode to (the detokenizer holds
+back an incomplete character, or text that may begin a stop string): that
+unread text goes out first (`unread`, `first_text`). Where the replay would
+not be exact, the engine goes on from the text instead (`as_text`).
+
+By text (the gateway saw no token ids, or the replay cannot be exact): the
+original messages plus the text already streamed as the final assistant
+message (`continue_final`), marked `resumed`. The engine renders that prompt
+and counts the final message's tokens as the answer's own.
+
+Either way the answer's own tokens are taken off `max_tokens`/`min_tokens`
+and added to the completion tokens (and off the prompt tokens) the engine
+reports, so the client's usage and the meter read as if one replica had
+answered.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from inferd.engines.base import TextDelta, TextRequest
+from inferd.engines.base import ChatMessage, TextDelta, TextRequest
 
 Render = Callable[..., list[int]]
 
@@ -63,3 +74,58 @@ def count(delta: TextDelta, produced: int) -> TextDelta:
         completion_tokens=delta.completion_tokens + produced,
         prompt_tokens=max(0, delta.prompt_tokens - produced),
     )
+
+
+def unread(decoded: str, read: str, stop: Sequence[str], parsed: bool) -> str | None:
+    """The text of the replayed token ids (`decoded`, as the engine's
+    incremental detokenizer makes it) that the client has not read, or None
+    when a replay would not continue the answer exactly:
+
+    - `decoded` does not start with what the client read (the client's text
+      is not the text of these ids);
+    - the output is parsed (tool calls, reasoning) and text was held back:
+      the parser held it, and whether it is content is the parser's to say;
+    - the text so far ends with the start of a stop string: the stop string
+      could end in the new tokens, and the new replica looks for stop
+      strings in its own output only.
+    """
+    if not decoded.startswith(read):
+        return None
+    rest = decoded[len(read) :]
+    if rest and parsed:
+        return None
+    for s in stop:
+        if any(decoded.endswith(s[:k]) for k in range(1, len(s))):
+            return None
+    return rest
+
+
+def as_text(request: TextRequest) -> TextRequest:
+    """The request resumed from the text its client has read instead of
+    from token ids (see the module's docstring)."""
+    resume = request.resume
+    if resume is None:
+        return request
+    if not resume.text:
+        return replace(request, resume=None)
+    return replace(
+        request,
+        messages=(*request.messages, ChatMessage(role="assistant", content=resume.text)),
+        continue_final=True,
+        generation_prompt=False,
+        resumed=True,
+        resume=None,
+    )
+
+
+async def first_text(
+    deltas: AsyncIterator[TextDelta], text: str, regenerated: int = 0
+) -> AsyncIterator[TextDelta]:
+    """Deltas with `text` (the replayed tokens' unread text) before the
+    first, which also says how many replayed ids are `regenerated`."""
+    first = True
+    async for delta in deltas:
+        if first:
+            delta = replace(delta, text=text + delta.text, regenerated=regenerated)
+            first = False
+        yield delta

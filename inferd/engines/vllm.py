@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from inferd import procfs
@@ -304,6 +305,8 @@ class AsyncLLMEngine:
 
 class VllmTextEngine(AsyncLLMEngine):
     kind = ModelKind.CHAT
+    # Resumes an answer from its token ids (`TextRequest.resume`).
+    replays_token_ids = True
 
     def __init__(self, name: str, model_path: Path, options: EngineOptions) -> None:
         super().__init__(name, model_path, options)
@@ -382,7 +385,19 @@ class VllmTextEngine(AsyncLLMEngine):
         # Offered tools are in the prompt even with tool_choice "none", as in
         # vLLM's server: the model knows them, it is only not asked to call.
         tools = json.loads(request.tools.tools_json) if request.tools is not None else None
-        prompt_ids, produced = resume.prompt_ids(self._renderer.render, request, tools)
+        replay = None
+        if request.resume is not None:
+            replay = self._replay(request, tools, parsing)
+            if replay is None:
+                request = resume.as_text(request)
+        regenerated = 0
+        if replay is not None:
+            prompt_ids, produced, unread = replay
+            assert request.resume is not None
+            regenerated = len(request.resume.token_ids) - produced
+        else:
+            prompt_ids, produced = resume.prompt_ids(self._renderer.render, request, tools)
+            unread = ""
         request = resume.rebased(request, produced)
         params = self._sampling_params(request, len(prompt_ids), parsing)
         lora = await self._lora_request(request.adapter)
@@ -409,6 +424,8 @@ class VllmTextEngine(AsyncLLMEngine):
                 deltas = self._plain(mapped, len(prompt_ids))
             else:
                 deltas = self._parsed(mapped, prompt_ids, request, parsing)
+            if unread or regenerated:
+                deltas = resume.first_text(deltas, unread, regenerated)
             if produced:
                 deltas = resume.counted(deltas, produced)
             async for delta in deltas:
@@ -423,6 +440,49 @@ class VllmTextEngine(AsyncLLMEngine):
             if not finished and not self._engine.errored:
                 await self._engine.abort(request.request_id)
 
+    def _replay(
+        self,
+        request: TextRequest,
+        tools: list[dict[str, Any]] | None,
+        parsing: vllm_parsing.RequestParsing | None,
+    ) -> tuple[list[int], int, str] | None:
+        """(prompt ids: the original request's followed by the answer's so
+        far, how many of them are the answer's, the text of them the client
+        has not read) of a request resumed by token ids; None when the
+        replay would not be exact (`resume.unread`): it goes on from the
+        text instead."""
+        assert request.resume is not None and self._renderer is not None
+        base = self._renderer.render(
+            request.messages,
+            tools,
+            continue_final=request.continue_final,
+            generation_prompt=request.generation_prompt,
+        )
+        ids = list(request.resume.token_ids)
+        vocab = self.info.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise BadRequest("The resumed answer's token ids are outside the vocabulary.")
+        skip_special = parsing.skip_special_tokens if parsing is not None else True
+        # The engine's own tokenizer: the one its output processor decodes with.
+        tokenizer = self._engine.tokenizer
+        # Tokens that end in part of a character are generated again: their
+        # text was held back (the client has none of it), and vLLM's decoder
+        # primed with a prompt that ends inside a character emits the whole
+        # prompt's text with the character's end.
+        ids = ids[: whole_characters(tokenizer, ids)]
+        decoded = decoded_text(tokenizer, base, ids, skip_special)
+        unread = resume.unread(
+            decoded, request.resume.text, request.sampling.stop, parsing is not None
+        )
+        if unread is None:
+            logger.info(
+                "request %s: resumed from its text, not its token ids (their text does not "
+                "continue exactly from what the client read)",
+                request.request_id,
+            )
+            return None
+        return base + ids, len(ids), unread
+
     async def _plain(
         self, outputs: AsyncIterator[Any], prompt_tokens: int
     ) -> AsyncIterator[TextDelta]:
@@ -435,6 +495,7 @@ class VllmTextEngine(AsyncLLMEngine):
                 completion_tokens=completion_tokens,
                 prompt_tokens=prompt_tokens,
                 finish_reason=_finish_reason(completion.finish_reason) if output.finished else None,
+                token_ids=tuple(completion.token_ids),
             )
 
     async def _parsed(
@@ -486,6 +547,7 @@ class VllmTextEngine(AsyncLLMEngine):
                 reasoning=reasoning,
                 tool_calls=tool_calls,
                 logprobs=logprobs,
+                token_ids=tuple(completion.token_ids),
             )
 
     def _sampling_params(
@@ -557,6 +619,32 @@ class VllmTextEngine(AsyncLLMEngine):
             prefix_cache_hits=self._tracker.prefix_cache_hits,
             adapters=self._adapters.loaded if self._adapters is not None else (),
         )
+
+
+def whole_characters(tokenizer: Any, ids: list[int]) -> int:
+    """How many of `ids` there are up to the end of the last whole character
+    they decode to (a UTF-8 character is at most 4 byte tokens); 0 if none."""
+    for cut in range(len(ids), max(0, len(ids) - 4), -1):
+        if not tokenizer.decode(ids[max(0, cut - 8) : cut]).endswith("\ufffd"):
+            return cut
+    return 0
+
+
+def decoded_text(tokenizer: Any, prompt_ids: list[int], ids: list[int], skip_special: bool) -> str:
+    """The text vLLM's incremental detokenizer makes of output token `ids`
+    after `prompt_ids` (what the replica that produced them had decoded, none
+    of it held back): vLLM's own detokenizer, fed as its output processor
+    feeds it."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+    params = SamplingParams(max_tokens=1, skip_special_tokens=skip_special)
+    request = SimpleNamespace(
+        request_id="resume", prompt_token_ids=prompt_ids, prompt_embeds=None, sampling_params=params
+    )
+    detokenizer = IncrementalDetokenizer.from_new_request(tokenizer, request)
+    detokenizer.update(ids, False)
+    return str(getattr(detokenizer, "output_text", ""))
 
 
 def _finish_reason(reason: str | None) -> str:

@@ -26,7 +26,12 @@ from starlette.types import Receive, Scope, Send
 
 from inferd import COMPAT_FAMILY
 from inferd.api.openai import sse_error
-from inferd.api.replica import ADAPTER_SOURCE_HEADER, BATCH_REQUEST_HEADER, RESUMED_HEADER
+from inferd.api.replica import (
+    ADAPTER_SOURCE_HEADER,
+    BATCH_REQUEST_HEADER,
+    RESUMED_HEADER,
+    TOKEN_IDS_HEADER,
+)
 from inferd.errors import (
     BadRequest,
     InferdError,
@@ -84,6 +89,8 @@ FORWARDED_REQUEST_HEADERS = frozenset({b"content-type", b"accept"})
 # gateway sets it: a client's own is not forwarded (above).
 ADAPTER_SOURCE = ADAPTER_SOURCE_HEADER.encode()
 RESUMED = RESUMED_HEADER.encode()
+# Asks the replica for each chunk's token ids, which a migration replays.
+TOKEN_IDS = (TOKEN_IDS_HEADER.encode(), b"1")
 BATCH_REQUEST = (BATCH_REQUEST_HEADER.encode(), b"1")
 CLIENT_GONE = 499
 # A request's priority class (`PRIORITY_HEADER`): `batch` is released from
@@ -202,9 +209,10 @@ class _RequestNotes:
     def retry(self, replica_id: str, reason: str, detail: str) -> None:
         self.span.add_event("retry", {"replica": replica_id, "reason": reason, "detail": detail})
 
-    def migrated(self, lost: str, reason: str, produced_chars: int) -> None:
+    def migrated(self, lost: str, reason: str, produced_chars: int, by: str) -> None:
         self.span.add_event(
-            "migrated", {"lost_replica": lost, "reason": reason, "produced_chars": produced_chars}
+            "migrated",
+            {"lost_replica": lost, "reason": reason, "produced_chars": produced_chars, "by": by},
         )
 
     def not_migrated(self, reason: str) -> None:
@@ -589,6 +597,7 @@ class Gateway:
         leg = None
         if route.label in MIGRATABLE_ROUTES and settings.migrates(ep.endpoint_id):
             leg = Leg(Transcript(settings.migration_max_transcript_bytes))
+            headers = [*headers, TOKEN_IDS]
         progress = None
         if route.label in STREAMING_ROUTES:
             stage = partial(self._waiting_for, ep.endpoint_id)
@@ -795,13 +804,14 @@ class Gateway:
             migrations += 1
             metrics.migrations.labels(endpoint_id, broken.reason).inc()
             if notes is not None:
-                notes.migrated(lost, broken.reason, step.produced_chars)
+                notes.migrated(lost, broken.reason, step.produced_chars, step.by)
             logger.warning(
                 "endpoint %s: continuing the stream on another replica (migration %d, %d "
-                "characters already streamed)",
+                "characters already streamed, resumed by %s)",
                 endpoint_id,
                 migrations,
                 step.produced_chars,
+                step.by,
             )
             self._on_migration(
                 endpoint_id,

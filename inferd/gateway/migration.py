@@ -4,18 +4,28 @@ request that lets another replica go on from there.
 When the replica serving a stream is lost after the first byte (its process
 or node died: the connection broke; or its engine died: the replica ended
 the stream with an error event), the gateway asks another replica of the
-endpoint to continue the *same* answer: the original request, with the text
-already streamed as the start of the assistant's answer (chat:
-`continue_final_message`; completions: the prompt plus the text), marked
-resumed (`x-inferd-resumed`), so the replica counts that text's tokens as
-the answer's own (usage, `max_tokens`, `min_tokens`). The client reads one
-stream.
+endpoint to continue the *same* answer, marked resumed (`x-inferd-resumed`):
+
+- by token ids, when the lost replica named the token ids of every chunk
+  (`x-inferd-token-ids`: a comment line `: ids 12 345` before each data
+  line, stripped before the client sees it; `: ids -2 ...` when the last
+  two ids named before are generated again): the original request plus
+  those ids and the text the client has read (`RESUME_FIELD`). The replica
+  prompts with the original prompt's ids followed by them, so greedy
+  decoding goes on exactly as it would have;
+- by text otherwise: the original request with the text already streamed
+  as the start of the assistant's answer (chat: `continue_final_message`;
+  completions: the prompt plus the text).
+
+Either way the replica counts the answer so far as its own (usage,
+`max_tokens`, `min_tokens`). The client reads one stream.
 
 Everything here is pure: `Transcript` keeps the event-aligned bytes already
-sent to the client (parsed only when a migration is needed, so a stream that
-never fails costs one list append per chunk), `plan()` reads them with the
-original body and returns the continuation's body or the reason it cannot be
-continued faithfully (docs/migration.md lists them, with why).
+sent to the client, with their id lines (parsed only when a migration is
+needed, so a stream that never fails costs one list append and one
+`strip_ids` per chunk), `plan()` reads them with the original body and
+returns the continuation's body or the reason it cannot be continued
+faithfully (docs/migration.md lists them, with why).
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from inferd.api.replica import RESUME_FIELD, TOKEN_IDS_LINE
+
 # The start of an SSE error event as the replica (and vLLM) writes it; never
 # inside a chunk's JSON otherwise (a string's quotes are escaped there).
 ERROR_EVENT = b'data: {"error"'
@@ -33,6 +45,15 @@ DONE_EVENT = b"data: [DONE]\n\n"
 # ..., "created": ...`. A continuation's chunks get the original's head, so
 # the client sees one id and one creation time.
 _HEAD = re.compile(rb'data: \{"id": ?"[^"]*", ?"object": ?"[^"]*", ?"created": ?\d+')
+# A chunk's token-id line, the first line of its event. Unanchored (a
+# literal-prefix scan, several times faster than `^` with re.M): a data
+# line holds no raw newline (JSON escapes it), so this matches no data.
+_IDS = re.compile(re.escape(TOKEN_IDS_LINE) + rb"[ 0-9-]*\n")
+
+
+def strip_ids(events: bytes) -> bytes:
+    """Whole events without their token-id lines, as the client reads them."""
+    return _IDS.sub(b"", events)
 
 
 class Transcript:
@@ -87,6 +108,9 @@ class Seen:
     choices: int  # distinct choice indexes seen
     usage: bool  # the usage chunk was streamed
     done: bool  # [DONE] was streamed
+    # The output token ids so far, when every chunk with text named its
+    # own; None when a chunk with text named none, or no chunk named any.
+    token_ids: tuple[int, ...] | None = None
 
 
 def read_transcript(data: bytes, chat: bool) -> Seen:
@@ -95,7 +119,13 @@ def read_transcript(data: bytes, chat: bool) -> Seen:
     reasoning = tool_calls = usage = done = False
     finished: str | None = None
     indexes: set[int] = set()
+    ids: list[int] = []
+    every_chunk_named_ids = True
     for event in data.split(b"\n\n"):
+        named: list[bytes] | None = None
+        if event.startswith(TOKEN_IDS_LINE):
+            line, _, event = event.partition(b"\n")
+            named = line[len(TOKEN_IDS_LINE) :].split()
         if not event.startswith(b"data: "):
             continue
         payload = event[6:]
@@ -118,15 +148,28 @@ def read_transcript(data: bytes, chat: bool) -> Seen:
                 continue
             if chat:
                 delta = choice.get("delta") or {}
-                parts.append(delta.get("content") or "")
+                text = delta.get("content") or ""
                 reasoning = reasoning or bool(
                     delta.get("reasoning_content") or delta.get("reasoning")
                 )
                 tool_calls = tool_calls or bool(delta.get("tool_calls"))
             else:
-                parts.append(choice.get("text") or "")
+                text = choice.get("text") or ""
+            parts.append(text)
+            if text and named is None:
+                every_chunk_named_ids = False
             finished = choice.get("finish_reason") or finished
-    return Seen(head, "".join(parts), reasoning, tool_calls, finished, len(indexes), usage, done)
+        if named:
+            if named[0].startswith(b"-"):
+                # The last ids named before are generated again (they ended
+                # inside a character): this chunk names them anew.
+                del ids[max(0, len(ids) + int(named[0])) :]
+                named = named[1:]
+            ids.extend(map(int, named))
+    token_ids = tuple(ids) if ids and every_chunk_named_ids else None
+    return Seen(
+        head, "".join(parts), reasoning, tool_calls, finished, len(indexes), usage, done, token_ids
+    )
 
 
 @dataclass(frozen=True)
@@ -134,6 +177,7 @@ class Continuation:
     body: bytes
     head: bytes | None  # written over the continuation's chunk heads
     produced_chars: int  # characters of answer the client has (x-inferd-resumed)
+    by: str = "text"  # "token_ids": the answer so far goes as token ids
 
 
 @dataclass(frozen=True)
@@ -226,11 +270,21 @@ def plan(label: str, body_bytes: bytes, data: bytes) -> Continuation | Refusal |
         return refused
     if seen.finished is not None or seen.done:
         return Finished()
-    return Continuation(
-        json.dumps(continuation_body(label, body, seen.text)).encode(),
-        seen.head,
-        len(seen.text),
-    )
+    if seen.token_ids is not None:
+        continued = replay_body(body, seen.token_ids, seen.text)
+        by = "token_ids"
+    else:
+        continued = continuation_body(label, body, seen.text)
+        by = "text"
+    return Continuation(json.dumps(continued).encode(), seen.head, len(seen.text), by)
+
+
+def replay_body(body: dict[str, Any], token_ids: tuple[int, ...], text: str) -> dict[str, Any]:
+    """The original request with the answer so far as token ids and the
+    text of them the client has read: the replica prompts with the original
+    prompt's ids followed by these (or goes on from the text where that
+    would not be exact) and takes them off `max_tokens`."""
+    return {**body, RESUME_FIELD: {"token_ids": list(token_ids), "text": text}}
 
 
 def continuation_body(label: str, body: dict[str, Any], text: str) -> dict[str, Any]:

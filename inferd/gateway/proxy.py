@@ -21,6 +21,7 @@ from inferd.gateway.migration import (
     Transcript,
     rewrite_heads,
     split_events,
+    strip_ids,
 )
 from inferd.gateway.upstream import (
     Headers,
@@ -191,8 +192,9 @@ async def _relay_events(
     response: UpstreamResponse, data: bytes, send: Send, leg: Leg, status: int
 ) -> Relayed | Broken:
     """Relay whole events only (a replica lost mid-event leaves no half event
-    at the client), keep them in the transcript, and stop at an error event
-    (the replica's engine failed) without relaying it."""
+    at the client), keep them in the transcript with their token-id lines
+    (the client reads them without), and stop at an error event (the
+    replica's engine failed) without relaying it."""
     pending = b""
     last = b""
     head = leg.head
@@ -207,6 +209,8 @@ async def _relay_events(
                 events = rewrite_heads(events, head)
             if events:
                 transcript.add(events)
+                events = strip_ids(events)
+            if events:
                 await send({"type": "http.response.body", "body": events, "more_body": True})
                 last = events
             if failed >= 0:

@@ -31,10 +31,18 @@ from inferd.api.openai import (
     chat_completion,
     choice,
 )
-from inferd.api.replica import ADAPTER_SOURCE_HEADER, RESUMED_HEADER
+from inferd.api.replica import (
+    ADAPTER_SOURCE_HEADER,
+    RESUME_FIELD,
+    RESUMED_HEADER,
+    TOKEN_IDS_HEADER,
+    TOKEN_IDS_LINE,
+    ResumeIn,
+)
 from inferd.engines.base import (
     AdapterRef,
     ChatMessage,
+    Resume,
     SamplingOptions,
     TextDelta,
     TextEngine,
@@ -43,8 +51,9 @@ from inferd.engines.base import (
     ToolCall,
     ToolOptions,
 )
+from inferd.engines.resume import as_text as resume_from_text
 from inferd.errors import BadRequest, NotFound
-from inferd.http import read_model
+from inferd.http import parse_json_object, read_body, validate
 from inferd.replica.answering import Answering
 from inferd.replica.metrics import ReplicaMetrics
 from inferd.replica.state import ReplicaState
@@ -116,6 +125,7 @@ def to_text_requests(
     trace_headers: tuple[tuple[str, str], ...] = (),
     *,
     resumed: bool = False,
+    resume: Resume | None = None,
 ) -> list[TextRequest]:
     messages = tuple(to_message(m) for m in body.messages)
     tools = to_tool_options(body)
@@ -157,6 +167,7 @@ def to_text_requests(
                 continue_final=body.continue_final_message,
                 generation_prompt=body.add_generation_prompt,
                 resumed=resumed,
+                resume=resume,
                 trace_headers=trace_headers,
             )
         )
@@ -180,7 +191,12 @@ class ChatHandler:
 
     async def handle(self, request: Request) -> Response:
         with Answering(self.state, self.metrics, ROUTE, request) as answer:
-            body = await read_model(request, ChatCompletionRequest, self.max_body_bytes)
+            raw = parse_json_object(await read_body(request, self.max_body_bytes))
+            # A resumed answer's stream goes on where the gateway's client
+            # already is: no second role chunk.
+            resuming = RESUMED_HEADER in request.headers
+            resume = _resume_of(raw.pop(RESUME_FIELD, None)) if resuming else None
+            body = validate(ChatCompletionRequest, raw)
             adapter = requested_adapter(request, body.model)
             if adapter is None:
                 self.model.check(body.model)
@@ -192,16 +208,16 @@ class ChatHandler:
                 or (f"chatcmpl-{uuid.uuid4().hex}")
             )
             traced = tuple((answer.trace_headers or {}).items())
-            # A resumed answer's stream goes on where the gateway's client
-            # already is: no second role chunk.
-            resuming = RESUMED_HEADER in request.headers
-            resumed = resuming and body.continue_final_message
-            streams = [
-                self.engine.generate(r)
-                for r in to_text_requests(
-                    body, request_id, adapter, trace_headers=traced, resumed=resumed
-                )
-            ]
+            resumed = resuming and body.continue_final_message and resume is None
+            requests = to_text_requests(
+                body, request_id, adapter, trace_headers=traced, resumed=resumed, resume=resume
+            )
+            if resume is not None and not getattr(self.engine, "replays_token_ids", False):
+                requests = [resume_from_text(r) for r in requests]
+            streams = [self.engine.generate(r) for r in requests]
+            # The gateway may continue this stream elsewhere: it reads each
+            # chunk's token ids (one answer only: n > 1 is never continued).
+            token_ids = body.n == 1 and request.headers.get(TOKEN_IDS_HEADER) == "1"
             try:
                 # All choices enter the engine together (one batch), and any
                 # validation error surfaces here, before a status is sent.
@@ -222,7 +238,15 @@ class ChatHandler:
                     answer.count(firsts[0].prompt_tokens, sum(completion))
 
                 return answer.stream(
-                    _sse(encoder, streams, firsts, completion, include_usage, role=not resuming),
+                    _sse(
+                        encoder,
+                        streams,
+                        firsts,
+                        completion,
+                        include_usage,
+                        role=not resuming,
+                        token_ids=token_ids,
+                    ),
                     close,
                     headers={"X-Request-Id": request_id},
                 )
@@ -250,15 +274,21 @@ async def _sse(
     completion: list[int],
     include_usage: bool,
     role: bool = True,
+    token_ids: bool = False,
 ) -> AsyncIterator[bytes]:
     """The chunks of a streamed chat completion; `completion` keeps each
-    choice's token count as it grows (the tokens counted however it ends)."""
+    choice's token count as it grows (the tokens counted however it ends).
+    `token_ids`: each chunk is preceded by a comment line with the token ids
+    it carries (and those of steps that made no chunk before it)."""
     for index in range(len(streams) if role else 0):
         yield encoder.delta(index, "", None, role=True)
+    pending: list[int] = []
+    regenerated = 0
     async for index, delta in _merge(streams, firsts):
         completion[index] = delta.completion_tokens
+        event: bytes | None = None
         if delta.tool_calls or delta.reasoning or delta.logprobs:
-            yield encoder.delta(
+            event = encoder.delta(
                 index,
                 delta.text or None,
                 delta.finish_reason,
@@ -267,10 +297,34 @@ async def _sse(
                 logprobs=logprob_content(delta.logprobs) if delta.logprobs else None,
             )
         elif delta.text or delta.finish_reason:
-            yield encoder.delta(index, delta.text or None, delta.finish_reason)
+            event = encoder.delta(index, delta.text or None, delta.finish_reason)
+        if token_ids:
+            regenerated = regenerated or delta.regenerated
+            pending += delta.token_ids
+            if event is not None:
+                event = ids_line(pending, regenerated) + event
+                pending, regenerated = [], 0
+        if event is not None:
+            yield event
     if include_usage:
         yield encoder.usage(firsts[0].prompt_tokens, sum(completion))
     yield SSE_DONE
+
+
+def ids_line(ids: Sequence[int], regenerated: int = 0) -> bytes:
+    """The SSE comment line naming a chunk's token ids (`TOKEN_IDS_HEADER`),
+    after `-n` when the last n ids named before are generated again."""
+    drop = [b"-%d" % regenerated] if regenerated else []
+    return b" ".join([TOKEN_IDS_LINE, *drop, *(str(i).encode() for i in ids)]) + b"\n"
+
+
+def _resume_of(field: Any) -> Resume | None:
+    """The answer so far of a request resumed by token ids (the gateway's
+    `RESUME_FIELD`), or None when it is resumed from its text."""
+    if field is None:
+        return None
+    given = validate(ResumeIn, field)
+    return Resume(tuple(given.token_ids), given.text)
 
 
 async def _collect(

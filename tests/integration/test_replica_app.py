@@ -326,3 +326,52 @@ def test_concurrent_image_requests_all_succeed(images: TestClient) -> None:
     with ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(call, range(16)))
     assert codes == [200] * 16
+
+
+def _contents(events: list[Any]) -> str:
+    return "".join(
+        c["choices"][0]["delta"].get("content") or ""
+        for c in events
+        if c != "[DONE]" and c["choices"]
+    )
+
+
+def _usage(events: list[Any]) -> dict[str, int]:
+    (usage,) = [c["usage"] for c in events if c != "[DONE]" and c.get("usage")]
+    return usage  # type: ignore[no-any-return]
+
+
+def test_token_id_lines_only_when_the_gateway_asks_and_a_resume_by_them(chat: TestClient) -> None:
+    from inferd.api.replica import RESUME_FIELD, RESUMED_HEADER, TOKEN_IDS_HEADER
+    from inferd.gateway.migration import strip_ids
+
+    body = {"messages": HELLO, "max_tokens": 6, "stream": True}
+    usage = {"stream_options": {"include_usage": True}}
+    direct = chat.post(CHAT, json=body).text
+    assert ": ids" not in direct
+    asked = chat.post(CHAT, json=body, headers={TOKEN_IDS_HEADER: "1"}).text
+    # Every chunk but the role chunk and [DONE] names its ids.
+    events = [e for e in asked.split("\n\n") if e]
+    named = [e.split("\n")[0] for e in events if e.startswith(": ids")]
+    ids = [int(i) for line in named for i in line.split()[2:]]
+    assert len(named) == len(events) - 2 and len(ids) == 6
+    full = _contents(sse_events(direct))
+    assert _contents(sse_events(strip_ids(asked.encode()).decode())) == full
+
+    # Resumed after 4 of them: the rest, no role chunk, usage of the whole.
+    read = "".join(word + " " for word in full.split()[:4])
+    resumed = {**body, **usage, RESUME_FIELD: {"token_ids": ids[:4], "text": read}}
+    out = sse_events(chat.post(CHAT, json=resumed, headers={RESUMED_HEADER: "1"}).text)
+    assert "role" not in out[0]["choices"][0]["delta"]
+    assert read + _contents(out) == full
+    whole = _usage(sse_events(chat.post(CHAT, json={**body, **usage}).text))
+    assert _usage(out) == whole and whole["completion_tokens"] == 6
+    # Text that is not the text of the ids: resumed from the text instead.
+    mismatched = {**resumed, RESUME_FIELD: {"token_ids": ids[:4], "text": "other words "}}
+    out = sse_events(chat.post(CHAT, json=mismatched, headers={RESUMED_HEADER: "1"}).text)
+    assert _usage(out)["completion_tokens"] == 6 and _contents(out) != full[len(read) :]
+    # Without the gateway's header the field is not the replica's to read.
+    ignored = chat.post(CHAT, json={**body, RESUME_FIELD: {"token_ids": "x"}})
+    assert ignored.status_code == 200
+    bad = {**body, RESUME_FIELD: {"token_ids": "x"}}
+    assert chat.post(CHAT, json=bad, headers={RESUMED_HEADER: "1"}).status_code == 400

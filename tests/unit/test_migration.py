@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from inferd.api.openai import ChunkEncoder
+from inferd.api.replica import RESUME_FIELD
 from inferd.engines import resume
-from inferd.engines.base import ChatMessage, SamplingOptions, TextDelta, TextRequest
+from inferd.engines.base import ChatMessage, Resume, SamplingOptions, TextDelta, TextRequest
 from inferd.gateway.migration import (
     Continuation,
     Finished,
@@ -22,7 +23,9 @@ from inferd.gateway.migration import (
     read_transcript,
     rewrite_heads,
     split_events,
+    strip_ids,
 )
+from inferd.replica.chat import ids_line
 
 HELLO = [{"role": "user", "content": "Hi"}]
 
@@ -63,6 +66,20 @@ def completion_events(*texts: str) -> bytes:
         + b"\n\n"
         for t in texts
     )
+
+
+def with_ids(events: bytes, *ids: tuple[int, ...]) -> bytes:
+    """`events` as a replica asked for token ids writes them: the first
+    event (the role chunk) as it is, each next one after its ids line."""
+    first, *rest = events.split(b"\n\n")[:-1]
+    out = first + b"\n\n"
+    for event, named in zip(rest, ids, strict=True):
+        out += ids_line(named) + event + b"\n\n"
+    return out
+
+
+def completion_ids(*pieces: tuple[str, tuple[int, ...]]) -> bytes:
+    return b"".join(ids_line(i) + completion_events(t) for t, i in pieces)
 
 
 def body(**fields: Any) -> bytes:
@@ -243,6 +260,121 @@ REFUSED = [
         "continuous_usage",
     ),
 ]
+
+
+REPLAYED = [
+    # (case, route, request fields, events read, ids and text replayed)
+    (
+        "chat: every chunk named its ids",
+        "chat",
+        {"model": "tiny-chat", "messages": HELLO, "max_tokens": 50, "stream": True},
+        with_ids(chat_events({"content": "Once "}, {"content": "upon"}), (10, 11), (12,)),
+        {"token_ids": [10, 11, 12], "text": "Once upon"},
+    ),
+    (
+        "chat with a LoRA adapter: the model (adapter) name stays",
+        "chat",
+        {"model": "my-adapter", "messages": HELLO, "stream": True},
+        with_ids(chat_events({"content": "a"}), (5,)),
+        {"token_ids": [5], "text": "a"},
+    ),
+    (
+        "chat: a step with no text (half a character) named its ids on the next chunk",
+        "chat",
+        {"messages": HELLO, "stream": True},
+        with_ids(chat_events({"content": "caf"}, {"content": "é"}), (1,), (2, 3)),
+        {"token_ids": [1, 2, 3], "text": "café"},
+    ),
+    (
+        "chat: ids of text the client has not read (held back) are replayed with what it has",
+        "chat",
+        {"messages": HELLO, "stream": True},
+        with_ids(chat_events({"content": ""}), (7, 8)),
+        {"token_ids": [7, 8], "text": ""},
+    ),
+    (
+        "chat with tools offered but answered in text",
+        "chat",
+        {"messages": HELLO, "stream": True, "tools": [{"type": "function"}]},
+        with_ids(chat_events({"content": "No tool"}), (4, 9)),
+        {"token_ids": [4, 9], "text": "No tool"},
+    ),
+    (
+        "chat continued once already, whose replica generated the last id again",
+        "chat",
+        {"messages": HELLO, "stream": True},
+        with_ids(chat_events({"content": "caf"}), (1, 2))
+        + ids_line((2, 3), regenerated=1)
+        + ChunkEncoder("chatcmpl-1", 1700000000, "tiny-chat").delta(0, "é", None),
+        {"token_ids": [1, 2, 3], "text": "café"},
+    ),
+    (
+        "completions: the prompt stays, the ids go with it",
+        "completions",
+        {"prompt": "The sky is", "max_tokens": 20, "stream": True},
+        completion_ids((" blue", (3,)), (" and", (4,))),
+        {"token_ids": [3, 4], "text": " blue and"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "events", "replayed"),
+    [case[1:] for case in REPLAYED],
+    ids=[case[0] for case in REPLAYED],
+)
+def test_replay_by_token_ids(
+    route: str, fields: dict[str, Any], events: bytes, replayed: dict[str, Any]
+) -> None:
+    step = plan(route, body(**fields), events)
+    assert isinstance(step, Continuation) and step.by == "token_ids"
+    assert json.loads(step.body) == {**fields, RESUME_FIELD: replayed}
+    assert step.produced_chars == len(replayed["text"])
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # A chunk with text named no ids (a replica that did not, or a
+        # continuation that went on from the text): the text is continued.
+        with_ids(chat_events({"content": "a"}), (1,))
+        + ChunkEncoder("chatcmpl-1", 1700000000, "tiny-chat").delta(0, "b", None),
+        chat_events({"content": "a"}, {"content": "b"}),
+    ],
+    ids=["one chunk without ids", "no ids at all"],
+)
+def test_a_stream_without_every_chunks_ids_is_continued_from_its_text(events: bytes) -> None:
+    step = plan("chat", body(messages=HELLO, stream=True), events)
+    assert isinstance(step, Continuation) and step.by == "text"
+    continued = json.loads(step.body)
+    assert RESUME_FIELD not in continued
+    assert continued["messages"][-1] == {"role": "assistant", "content": "ab"}
+
+
+def test_ids_do_not_lift_a_refusal() -> None:
+    events = with_ids(chat_events({"reasoning": "Hmm"}, {"content": "x"}), (1,), (2,))
+    step = plan("chat", body(messages=HELLO, stream=True), events)
+    assert isinstance(step, Refusal) and step.reason == "reasoning_streamed"
+
+
+ROLE = ChunkEncoder("chatcmpl-1", 1, "m").delta(0, "", None, role=True)
+CHUNK = ChunkEncoder("chatcmpl-1", 1, "m").delta(0, "x: ids 5", None)
+
+
+@pytest.mark.parametrize(
+    ("events", "stripped"),
+    [
+        (b": ids 1 2\n" + CHUNK, CHUNK),
+        (ROLE + b": ids 3\n" + CHUNK + b": ids\n" + CHUNK, ROLE + CHUNK + CHUNK),
+        (CHUNK, CHUNK),  # content that reads like an ids line is not one
+        (b"data: [DONE]\n\n", b"data: [DONE]\n\n"),
+        (b": ids -2 7\n" + CHUNK, CHUNK),
+    ],
+)
+def test_strip_ids_leaves_the_events_as_the_client_reads_them(
+    events: bytes, stripped: bytes
+) -> None:
+    assert strip_ids(events) == stripped
 
 
 @pytest.mark.parametrize(("route", "fields", "events", "reason"), REFUSED)
@@ -505,3 +637,70 @@ def test_a_continuation_leg_sends_no_second_response_start_and_takes_the_origina
     assert [m["type"] for m in sent].count("http.response.start") == 0
     body = b"".join(m.get("body", b"") for m in sent)
     assert b"chatcmpl-2" not in body and body.count(original) == 1
+
+
+UNREAD = [
+    # (case, decoded text of the ids, text read, stop strings, parsed, unread)
+    ("all of it read", "Once upon", "Once upon", (), False, ""),
+    ("held back for a stop string", "Once upon", "Once up", ("zzz",), False, "on"),
+    ("not the text of the ids", "Once upon", "Twice", (), False, None),
+    ("the text so far could begin a stop string", "Once up", "Once", ("pond",), False, None),
+    ("a stop string's first letter is not its start", "Once upon", "Once", ("nope",), False, None),
+    ("no stop string begins at the seam", "Once upon", "Once", ("</s>",), False, " upon"),
+    ("parsed output held back: the parser's to say", "Once <to", "Once ", (), True, None),
+    ("parsed output, nothing held back", "Once", "Once", (), True, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("decoded", "read", "stop", "parsed", "expected"),
+    [case[1:] for case in UNREAD],
+    ids=[case[0] for case in UNREAD],
+)
+def test_unread_text_of_replayed_ids(
+    decoded: str, read: str, stop: tuple[str, ...], parsed: bool, expected: str | None
+) -> None:
+    assert resume.unread(decoded, read, stop, parsed) == expected
+
+
+def test_as_text_resumes_from_the_text_read() -> None:
+    hello = (ChatMessage(role="user", content="hi"),)
+    request = TextRequest("r", hello, resume=Resume((1, 2), "Once"))
+    text = resume.as_text(request)
+    assert text.messages == (*hello, ChatMessage(role="assistant", content="Once"))
+    assert (text.continue_final, text.generation_prompt, text.resumed, text.resume) == (
+        True,
+        False,
+        True,
+        None,
+    )
+    nothing_read = resume.as_text(TextRequest("r", hello, resume=Resume((1,), "")))
+    assert nothing_read == TextRequest("r", hello)
+
+
+def test_first_text_goes_before_the_first_delta_only() -> None:
+    import asyncio
+
+    async def deltas() -> Any:
+        yield TextDelta("a", 1, 3)
+        yield TextDelta("b", 2, 3)
+
+    async def read() -> list[str]:
+        return [d.text async for d in resume.first_text(deltas(), "on")]
+
+    assert asyncio.run(read()) == ["ona", "b"]
+
+    async def regenerated() -> list[int]:
+        return [d.regenerated async for d in resume.first_text(deltas(), "", 2)]
+
+    assert asyncio.run(regenerated()) == [2, 0]
+
+
+def test_relay_keeps_the_ids_and_sends_the_client_none() -> None:
+    from inferd.gateway.proxy import Relayed
+
+    events = with_ids(chat_events({"content": "a"}, finish="stop"), (1,), ()) + b"data: [DONE]\n\n"
+    result, body, transcript = relay([events[:40], events[40:]])
+    assert result == Relayed(200)
+    assert body == chat_events({"content": "a"}, finish="stop", done=True)
+    assert transcript.data() == events
