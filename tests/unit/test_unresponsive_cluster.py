@@ -7,12 +7,14 @@ the change feed's follower does on every replica change)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from inferd.control.endpoints.views import ReplicaViews
 from inferd.control.model import ReplicaFailure
+from inferd.control.replicas import registry as registry_module
 from inferd.control.replicas.registry import Registry, Replica, secret_digest
 from inferd.control.replicas.registry_api import ReplicaCollector
 from inferd.control.replicas.replica_mirror import ReplicaMirror
@@ -118,6 +120,30 @@ async def test_the_leaders_mark_routes_every_instance_around_the_replica() -> No
     # Still ready, and still routed to when it is the only one left.
     r1 = follower.registry.get("r1")
     assert r1 is not None and r1.status is S.READY and r1.unresponsive
+
+
+async def test_a_mark_written_in_the_same_millisecond_as_the_last_report_reaches_every_instance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows carry their write time to the millisecond: a mark written right
+    after the replica's last report can carry the same `updated_at`, and
+    must still be read as a new write (the content changed)."""
+    frozen = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+    monkeypatch.setattr(registry_module, "utc_now", lambda: frozen)
+    _, leader, follower = await cluster()
+    leader.clock.now += SILENT_LIMIT_S + 0.5
+    leader.report("r2")
+    leader.registry.check_liveness()
+    await leader.registry.flush()
+    for instance in (leader, follower):  # as each follows the feed
+        await instance.mirror.reload()
+    assert follower.routed() == {"r2"}
+    assert follower.record_marks()["r1"] is not None
+    # And cleared in the same millisecond too: heard again everywhere.
+    follower.report("r1")
+    await follower.registry.flush()
+    await leader.mirror.reload()
+    assert leader.routed() == {"r1", "r2"}
 
 
 async def test_the_replica_heard_by_another_instance_is_back_everywhere() -> None:

@@ -43,6 +43,23 @@ class ReplicaSource(Protocol):
     def changes(self) -> AsyncIterator[Change]: ...
 
 
+# What tells one write of a replica's row from the next. `updated_at` alone
+# does not: two writes in the same millisecond (the leader marking a replica
+# unresponsive just after writing its last report) carry the same time, and
+# the mark would be taken for the row already seen.
+RowVersion = tuple[datetime, str, str | None, str | None, str | None]
+
+
+def row_version(record: ReplicaRecord) -> RowVersion:
+    return (
+        record.updated_at,
+        record.status,
+        record.reason,
+        record.url,
+        unresponsive_mark(record),
+    )
+
+
 def replica_from_record(record: ReplicaRecord) -> Replica:
     return Replica(
         replica_id=record.id,
@@ -63,8 +80,8 @@ class ReplicaMirror:
     def __init__(self, store: ReplicaSource, registry: Registry) -> None:
         self._store = store
         self._registry = registry
-        # Replica id -> the record's updated_at when last read.
-        self._seen: dict[str, datetime] = {}
+        # Replica id -> the record's version when last read.
+        self._seen: dict[str, RowVersion] = {}
         self._reload_lock = asyncio.Lock()
 
     async def follow(self) -> None:
@@ -103,7 +120,8 @@ class ReplicaMirror:
 
     def _merge(self, record: ReplicaRecord) -> None:
         before = self._seen.get(record.id)
-        self._seen[record.id] = record.updated_at
+        version = row_version(record)
+        self._seen[record.id] = version
         known = self._registry.get(record.id)
         status = ReplicaStatus(record.status)
         if known is None:
@@ -115,6 +133,6 @@ class ReplicaMirror:
             status,
             record.reason,
             record.url,
-            newer=before is not None and record.updated_at != before,
+            newer=before is not None and version != before,
             unresponsive_since=unresponsive_mark(record),
         )
