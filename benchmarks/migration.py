@@ -4,10 +4,17 @@ requests without the fault, in one run.
 
 For each fault (`process`: the serving replica SIGKILLed; `engine`: only its
 vLLM engine core SIGKILLed, so the replica ends its streams with an error
-event), the same `--streams` greedy requests (temperature 0, `ignore_eos`,
-`--tokens` each, distinct prompts) run first without a fault, then with it,
-killed once the streams have produced about a third of their tokens. The
-killed replica is started again between faults.
+event; `node`: on the Ray launcher, the node of the serving replica removed
+from the cluster, see migration_ray.py), the same `--streams` greedy
+requests (temperature 0, `ignore_eos`, `--tokens` each, distinct prompts)
+run first without a fault (after a short warm-up pass), then with it, once
+the streams have produced about a third of their tokens. The replica with
+the most requests in flight is the one hit; the fault must land while its
+streams run (a goal: at least one stream continued). `process` and
+`engine` run on a bare gateway over two local replicas (the killed one
+started again between them); `node` on a Ray cluster of its own with
+`inferd serve` in front (the real gateway and control plane), after the
+local replicas are stopped.
 
 Figures: client errors (an HTTP error, an error event, a missing [DONE]),
 streams whose text differs from the fault-free text (compared character by
@@ -15,9 +22,11 @@ character; for each difference, where it starts), the migrated streams'
 extra latency against their own fault-free latency (the re-prefill and the
 wait for a slot), and the usage totals (prompt and completion tokens, from
 each stream's usage chunk) of both runs. Goals: 0 errors, 0 differing
-texts, usage equal.
+texts, usage equal; after the run, no process of it left (an orphaned
+replica, engine core or Ray process).
 
     .venv/bin/python benchmarks/migration.py [--streams 16] [--tokens 400]
+        [--faults process engine node] [--out PATH]
 """
 
 from __future__ import annotations
@@ -29,21 +38,33 @@ import json
 import os
 import signal
 import statistics
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
 from common import print_table, write_report
+from migration_ray import RayFleet, left_behind, snapshot
 from results_format import goal, not_measured, table
 
 from inferd import procfs
 from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.testing import ReplicaHandle, free_port, verifier_for
 
+FAULTS = {
+    "process": "process",
+    "engine": "engine",
+    "node": "node removed (Ray launcher)",
+}
+# A first short pass of the same streams, so that neither measured run pays
+# the engine's first batches.
+WARM_UP_TOKENS = 8
 ENDPOINT = "bench-migration"
 TOKEN = new_endpoint_token()
 CHAT = "/openai/v1/chat/completions"
@@ -138,13 +159,18 @@ def body(index: int, tokens: int) -> dict[str, Any]:
 
 
 async def one(
-    client: httpx.AsyncClient, url: str, payload: dict[str, Any], out: Stream, progress: Progress
+    client: httpx.AsyncClient,
+    url: str,
+    token: str,
+    payload: dict[str, Any],
+    out: Stream,
+    progress: Progress,
 ) -> None:
     started = time.monotonic()
     parts: list[str] = []
     done = 0
     try:
-        headers = {"Authorization": f"Bearer {TOKEN}"}
+        headers = {"Authorization": f"Bearer {token}"}
         async with client.stream("POST", url, json=payload, headers=headers) as response:
             if response.status_code != 200:
                 out.error = f"HTTP {response.status_code}"
@@ -174,22 +200,28 @@ async def one(
 
 
 async def run(
-    url: str, streams: int, tokens: int, kill: Callable[[], None] | None = None, kill_at: int = 0
+    url: str,
+    streams: int,
+    tokens: int,
+    kill: Callable[[], None] | None = None,
+    kill_at: int = 0,
+    token: str = TOKEN,
 ) -> list[Stream]:
     """All streams at once; `kill()` runs once the streams have streamed
-    `kill_at` content chunks in all."""
+    `kill_at` content chunks in all (on a thread: removing a Ray node takes
+    seconds, and the streams must be read meanwhile)."""
     out = [Stream() for _ in range(streams)]
     progress = Progress(kill_at if kill is not None else 1 << 62)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         tasks = [
-            asyncio.create_task(one(client, url, body(i, tokens), out[i], progress))
+            asyncio.create_task(one(client, url, token, body(i, tokens), out[i], progress))
             for i in range(streams)
         ]
         if kill is not None:
             waiting = asyncio.create_task(progress.reached.wait())
             await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
             waiting.cancel()
-            kill()
+            await asyncio.to_thread(kill)
         await asyncio.gather(*tasks)
     return out
 
@@ -279,25 +311,20 @@ def migrations(gateway: Gateway) -> float:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=400)
-    parser.add_argument("--faults", nargs="+", default=["process", "engine"])
-    args = parser.parse_args()
-
+def local_faults(args: argparse.Namespace, faults: list[str]) -> list[dict[str, Any]]:
+    """`process` and `engine`: a bare gateway over two local replicas."""
     from inferd.catalog.tiny import ensure_tiny_model
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     model = str(ensure_tiny_model("tiny-chat"))
     replicas: dict[str, ReplicaHandle] = {}
     results = []
     try:
         for rid in ("r1", "r2"):
             replicas[rid] = start_replica(model)
-        for fault in args.faults:
+        for fault in faults:
             gateway = Gateway({rid: r.url for rid, r in replicas.items()})
             try:
+                asyncio.run(run(gateway.url, args.streams, WARM_UP_TOKENS))
                 clean = asyncio.run(run(gateway.url, args.streams, args.tokens))
                 before = migrations(gateway)
 
@@ -307,17 +334,70 @@ def main() -> int:
                 faulty = asyncio.run(run(gateway.url, args.streams, args.tokens, kill, at))
                 result = compare(fault, clean, faulty, migrations(gateway) - before)
                 results.append(result)
-                print(json.dumps(result, indent=2))
+                print(json.dumps(result, indent=2), flush=True)
                 (victim,) = killed
             finally:
                 gateway.stop()
             replicas[victim].stop()
-            if fault != args.faults[-1]:
+            if fault != faults[-1]:
                 # A fresh replica in the killed one's place for the next fault.
                 replicas[victim] = start_replica(model)
     finally:
         for replica in replicas.values():
             replica.stop()
+    return results
+
+
+def node_fault(args: argparse.Namespace, marks: list[bytes]) -> dict[str, Any]:
+    """`node`: the Ray launcher, the serving replica's node removed."""
+    with tempfile.TemporaryDirectory(prefix="migration-ray-") as state:
+        started = time.monotonic()
+        fleet = RayFleet(Path(state))
+        marks.append(fleet.temp_dir.encode())
+        try:
+            print(f"ray: 2 replicas ready in {time.monotonic() - started:.0f} s", flush=True)
+            asyncio.run(run(fleet.url, args.streams, WARM_UP_TOKENS, token=fleet.token))
+            clean = asyncio.run(run(fleet.url, args.streams, args.tokens, token=fleet.token))
+            before = fleet.migrations()
+            at = args.streams * args.tokens // 3
+            faulty = asyncio.run(
+                run(fleet.url, args.streams, args.tokens, fleet.remove_busiest, at, fleet.token)
+            )
+            result = compare("node", clean, faulty, fleet.migrations() - before)
+            result["node removed"] = fleet.removed
+        finally:
+            fleet.stop()
+    print(json.dumps(result, indent=2), flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument(
+        "--faults", nargs="+", choices=FAULTS, default=list(FAULTS), help=" ".join(FAULTS)
+    )
+    parser.add_argument("--out", type=Path, default=None, help="JSON report path")
+    args = parser.parse_args()
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Every process this run starts inherits the mark (unless it sets its
+    # title over its environment), so that what it leaves behind is found.
+    run_id = uuid.uuid4().hex
+    os.environ["MIGRATION_BENCH_RUN"] = run_id
+    marks = [f"MIGRATION_BENCH_RUN={run_id}".encode()]
+    before = snapshot()
+    results = []
+    local = [f for f in args.faults if f != "node"]
+    if local:
+        results += local_faults(args, local)
+    if "node" in args.faults:
+        results.append(node_fault(args, marks))
+    leftovers = left_behind(before, marks)
+    if leftovers:
+        print("left behind:\n  " + "\n  ".join(leftovers), flush=True)
 
     rows = [{k: v for k, v in r.items() if not isinstance(v, list | dict)} for r in results]
     for row, result in zip(rows, results, strict=True):
@@ -330,7 +410,7 @@ def main() -> int:
         "extra latency p50 s", "extra latency max s", "fault-free latency p50 s",
         "prompt tokens", "completion tokens",
     ]  # fmt: skip
-    title = f"{args.streams} greedy streams of {args.tokens} tokens, 2 replicas, one killed"
+    title = f"{args.streams} greedy streams of {args.tokens} tokens, 2 replicas, one lost"
     print_table(title, rows, columns)
     goals = []
     for r in results:
@@ -338,8 +418,15 @@ def main() -> int:
             r["prompt tokens (fault-free, faulty)"],
             r["completion tokens (fault-free, faulty)"],
         )
-        fault = r["fault"]
+        fault = FAULTS[r["fault"]]
         goals += [
+            goal(
+                f"{fault}: streams continued (the fault hit streams in flight)",
+                ">= 1",
+                r["migrations"],
+                r["migrations"] >= 1,
+                "" if r["migrations"] else "no stream was cut mid-answer by the fault",
+            ),
             goal(f"{fault}: client errors", "0", r["client errors"], r["client errors"] == 0),
             goal(
                 f"{fault}: texts not equal to the fault-free run",
@@ -355,12 +442,21 @@ def main() -> int:
                 prompt[0] == prompt[1] and completion[0] == completion[1],
             ),
         ]
+    if "node" not in args.faults:
+        goals.append(
+            not_measured(
+                "the same on the Ray launcher with a node removed",
+                "0 errors, equal text",
+                "not run this time (--faults without node)",
+            )
+        )
     goals.append(
-        not_measured(
-            "the same on the Ray launcher with a node removed",
-            "0 errors, equal text",
-            "not run in this session (the shared 2-core machine could not also hold a Ray "
-            "cluster with two vLLM replicas)",
+        goal(
+            "processes left behind by the run (orphaned replicas, engine cores, Ray)",
+            "0",
+            len(leftovers),
+            not leftovers,
+            "; ".join(leftovers[:5]),
         )
     )
     write_report(
@@ -368,19 +464,27 @@ def main() -> int:
         {
             "title": "Stream migration (real vLLM tiny-chat on the CPU)",
             "workload": f"{args.streams} streams x {args.tokens} tokens, temperature 0, "
-            "ignore_eos, all in flight; killed after a third of the tokens",
+            "ignore_eos, all in flight; the busiest replica lost after a third of the "
+            "tokens",
             "tables": [table(title, columns, rows)],
             "goals": goals,
             "notes": [
                 "Texts are compared character by character with the same requests' text "
                 "in a fault-free run on the same two replicas just before. Extra latency: "
                 "each stream's latency minus its own fault-free latency.",
+                "process, engine: a bare gateway over two local replicas. node: `inferd "
+                "serve` (launcher ray, its gateway and control plane) over a local Ray "
+                "cluster of two nodes with one CPU replica slot each, one replica on each; "
+                "the busiest replica's node removed (`LocalCluster.remove`), so the "
+                "endpoint is left with one replica and no room for a replacement.",
                 "Scaled to the shared 2-core machine (other engineers' tests ran at the "
                 "same time; see the load figures).",
             ],
-            "config": vars(args),
+            "config": {**vars(args), "out": args.out and str(args.out)},
             "results": results,
+            "left behind": leftovers,
         },
+        args.out,
     )
     return 0
 
