@@ -8,7 +8,12 @@ event; `node`: on the Ray launcher, the node of the serving replica removed
 from the cluster, see migration_ray.py), the same `--streams` greedy
 requests (temperature 0, `ignore_eos`, `--tokens` each, distinct prompts)
 run first without a fault (after a short warm-up pass), then with it, once
-the streams have produced about a third of their tokens. The replica with
+the clients have read `--fault-at` of the tokens (a third by default). The
+tiny model generates faster than the clients read, so the engine is ahead of
+that point: with short streams a replica can have written all of its answers
+before it is lost, and nothing is left to continue (hence the goal below);
+longer streams and an earlier fault (`--tokens 1200 --fault-at 0.1`) land
+the fault mid-generation. The replica with
 the most requests in flight is the one hit; the fault must land while its
 streams run (a goal: at least one stream continued). `process` and
 `engine` run on a bare gateway over two local replicas (the killed one
@@ -330,7 +335,7 @@ def local_faults(args: argparse.Namespace, faults: list[str]) -> list[dict[str, 
 
                 killed: list[str] = []
                 kill = partial(kill_busiest, replicas, fault, killed)
-                at = args.streams * args.tokens // 3
+                at = int(args.streams * args.tokens * args.fault_at)
                 faulty = asyncio.run(run(gateway.url, args.streams, args.tokens, kill, at))
                 result = compare(fault, clean, faulty, migrations(gateway) - before)
                 results.append(result)
@@ -359,7 +364,7 @@ def node_fault(args: argparse.Namespace, marks: list[bytes]) -> dict[str, Any]:
             asyncio.run(run(fleet.url, args.streams, WARM_UP_TOKENS, token=fleet.token))
             clean = asyncio.run(run(fleet.url, args.streams, args.tokens, token=fleet.token))
             before = fleet.migrations()
-            at = args.streams * args.tokens // 3
+            at = int(args.streams * args.tokens * args.fault_at)
             faulty = asyncio.run(
                 run(fleet.url, args.streams, args.tokens, fleet.remove_busiest, at, fleet.token)
             )
@@ -375,6 +380,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument(
+        "--fault-at", type=float, default=1 / 3, help="share of the tokens read before the fault"
+    )
     parser.add_argument(
         "--faults", nargs="+", choices=FAULTS, default=list(FAULTS), help=" ".join(FAULTS)
     )
@@ -464,8 +472,8 @@ def main() -> int:
         {
             "title": "Stream migration (real vLLM tiny-chat on the CPU)",
             "workload": f"{args.streams} streams x {args.tokens} tokens, temperature 0, "
-            "ignore_eos, all in flight; the busiest replica lost after a third of the "
-            "tokens",
+            f"ignore_eos, all in flight; the busiest replica lost once the clients had read "
+            f"{args.fault_at:.0%} of the tokens",
             "tables": [table(title, columns, rows)],
             "goals": goals,
             "notes": [
