@@ -8,6 +8,7 @@ migration step (`migrations.py`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
@@ -135,7 +136,14 @@ class Table(Generic[R]):
         self.insert = f"INSERT INTO {name} ({', '.join(c.name for c in written)})" + (
             f" VALUES ({', '.join('?' for _ in written)})"
         )
-        self._decoders: dict[str, list[tuple[str, Callable[[Any], Any] | None]]] = {}
+        self._attributes = tuple(c.attribute for c in columns)
+        # A dataclass whose first fields are the columns, in order, is built
+        # from the row by position (no keyword dict per row).
+        leading = _init_fields(record)[: len(self._attributes)]
+        self._positional = not self._parts and leading == self._attributes
+        # Per dialect: (position, attribute, decode) of the columns whose
+        # stored value is not the record's value as it is.
+        self._decoders: dict[str, list[tuple[int, str, Callable[[Any], Any]]]] = {}
 
     def upsert(self, *, added: tuple[str, ...] = (), replaced: tuple[str, ...] = ()) -> str:
         """`insert`, or where a row of its key is there already: the `added`
@@ -160,20 +168,43 @@ class Table(Generic[R]):
     def record(self, dialect: Dialect, row: Row) -> R:
         decoders = self._decoders.get(dialect.name)
         if decoders is None:
-            decoders = self._decoders[dialect.name] = [
-                (c.attribute, _composed(dialect.decoders.get(c.type.storage), c.type.load))
-                for c in self.columns
-            ]
-        values = {
-            attribute: value if decode is None or value is None else decode(value)
-            for (attribute, decode), value in zip(decoders, row, strict=True)
-        }
+            decoders = self._decoders[dialect.name] = self._decoders_for(dialect)
+        # The hottest read (every list of endpoints): the row is taken as it
+        # is, in C, and only the columns with a codec go through Python.
+        if self._positional:
+            decoded = list(row)
+            for position, _, decode in decoders:
+                value = decoded[position]
+                if value is not None:
+                    decoded[position] = decode(value)
+            return self._record(*decoded)
+        values = dict(zip(self._attributes, row, strict=True))
+        for position, attribute, decode in decoders:
+            value = row[position]
+            if value is not None:
+                values[attribute] = decode(value)
         for part, build in self._parts.items():
             prefix = f"{part}."
             fields = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
             values = {k: v for k, v in values.items() if not k.startswith(prefix)}
             values[part] = build(**fields)
         return self._record(**values)
+
+    def _decoders_for(self, dialect: Dialect) -> list[tuple[int, str, Callable[[Any], Any]]]:
+        found = []
+        for position, column in enumerate(self.columns):
+            decode = _composed(dialect.decoders.get(column.type.storage), column.type.load)
+            if decode is not None:
+                found.append((position, column.attribute, decode))
+        return found
+
+
+def _init_fields(record: Callable[..., Any]) -> tuple[str, ...]:
+    """The parameters of a dataclass's constructor, in order (none for
+    another callable)."""
+    if not isinstance(record, type) or not dataclasses.is_dataclass(record):
+        return ()
+    return tuple(f.name for f in dataclasses.fields(record) if f.init)
 
 
 def _composed(
