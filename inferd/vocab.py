@@ -60,13 +60,19 @@ class ReplicaStatus(str, enum.Enum):
     @classmethod
     def coming_up(cls) -> frozenset[ReplicaStatus]:
         """On the way to ready: launched, not yet serving."""
-        return frozenset({cls.STARTING, cls.LOADING})
+        return _COMING_UP
 
     @classmethod
     def gone(cls) -> frozenset[ReplicaStatus]:
         """Terminal: no longer holds GPUs, does not count as a current replica,
         and never changes status again."""
-        return frozenset({cls.STOPPED, cls.FAILED})
+        return _GONE
+
+
+# Built once: the liveness sweep asks for these for every replica on every
+# reconciler pass.
+_COMING_UP = frozenset({ReplicaStatus.STARTING, ReplicaStatus.LOADING})
+_GONE = frozenset({ReplicaStatus.STOPPED, ReplicaStatus.FAILED})
 
 
 # The way to a serving replica, in order: what `inferd endpoints wait` shows

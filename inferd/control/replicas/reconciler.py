@@ -413,6 +413,8 @@ class Reconciler:
 
     def _catch_up_deletions(self, rows: Sequence[EndpointFacts]) -> None:
         """Forget the deletions the copy of the endpoints now shows."""
+        if not self._deleted:  # the common case: no index of every row
+            return
         by_id = {row.id: row for row in rows}
         for endpoint_id in list(self._deleted):
             row = by_id.get(endpoint_id)
