@@ -49,12 +49,16 @@ def read(
     url: str, kill: ReplicaHandle | None = None, after: int = 0
 ) -> tuple[str, dict[str, Any], int]:
     """(the streamed text, the usage, the characters read when `kill` was
-    SIGKILLed) of one request; `kill` is SIGKILLed once `after` content
-    chunks have arrived."""
+    SIGKILLed) of one request; `kill` is SIGKILLed once at least `after`
+    chunks with some text have arrived. At least, not exactly: under load
+    vLLM puts several tokens in one chunk, so a 200-token answer can come in
+    fewer chunks than any fixed count, and the engine runs ahead of the
+    reader: the earlier the kill, the surer it lands mid-generation."""
     parts: list[str] = []
     usage: dict[str, Any] = {}
     done = 0
     seam = 0
+    killed = False
     with httpx.stream("POST", url, json=greedy(), headers=auth(), timeout=300) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
@@ -68,9 +72,10 @@ def read(
             for choice in chunk.get("choices") or ():
                 parts.append(choice["delta"].get("content") or "")
             usage = chunk.get("usage") or usage
-            if kill is not None and len(parts) == after:
+            if kill is not None and not killed and len(parts) >= after and any(parts):
                 seam = len("".join(parts))
                 kill.process.send_signal(signal.SIGKILL)
+                killed = True
     assert done == 1
     return "".join(parts), usage, seam
 
@@ -110,7 +115,7 @@ def test_a_greedy_stream_whose_replica_is_killed_goes_on_as_one_stream(
             reference, reference_usage, _ = read(faultless.url() + CHAT)
         finally:
             faultless.stop()
-        text, usage, seam = read(url, kill=doomed, after=TOKENS // 3)
+        text, usage, seam = read(url, kill=doomed, after=3)
         assert doomed.process.wait(30) == -signal.SIGKILL
         assert 0 < seam < len(text)
         assert text == reference
