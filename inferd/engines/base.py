@@ -357,6 +357,9 @@ class ImageModelInfo:
 @runtime_checkable
 class TextEngine(Protocol):
     kind: ModelKind  # ModelKind.CHAT
+    # Whether it resumes a request by replaying token ids (`TextRequest.resume`);
+    # one that does not is given the text continuation instead.
+    replays_token_ids: bool
 
     @property
     def info(self) -> TextModelInfo: ...

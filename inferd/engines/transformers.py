@@ -252,6 +252,7 @@ class TransformersOptions:
 
 class TransformersTextEngine:
     kind = ModelKind.CHAT
+    replays_token_ids = False
 
     def __init__(self, name: str, model_path: Path, options: EngineOptions) -> None:
         self._name = name

@@ -212,7 +212,7 @@ class ChatHandler:
             requests = to_text_requests(
                 body, request_id, adapter, trace_headers=traced, resumed=resumed, resume=resume
             )
-            if resume is not None and not getattr(self.engine, "replays_token_ids", False):
+            if resume is not None and not self.engine.replays_token_ids:
                 requests = [resume_from_text(r) for r in requests]
             streams = [self.engine.generate(r) for r in requests]
             # The gateway may continue this stream elsewhere: it reads each
