@@ -506,7 +506,9 @@ BARE_TARGETS = ("inferd prefix", "inferd least_loaded", "inferd prefix x2")
 # name -> (instances it sends to, pinned)
 SERVE_TARGETS = {
     "serve prefix": (["placed"], False),
-    "serve prefix x2": (["placed", "placed-2"], False),
+    # Its own two instances: prefixes live in "placed" from the run before
+    # would be in the way of this run's.
+    "serve prefix x2": (["placed-2", "placed-3"], False),
     "serve prefix pinned": (["placed"], True),
     "serve prefix hash-only": (["hash-only"], False),
     "serve least_loaded": (["least-loaded"], False),
@@ -514,6 +516,7 @@ SERVE_TARGETS = {
 SERVE_INSTANCES = {
     "placed": {},
     "placed-2": {},
+    "placed-3": {},
     "hash-only": {"gateway_routing_place_prefixes": "false"},
     "least-loaded": {"gateway_routing_policy": "least_loaded"},
 }

@@ -129,17 +129,25 @@ class ServeFleet:
     def metrics_url(self, name: str) -> str:
         return f"{self.instances[name].url}/metrics"
 
-    def replica_urls(self) -> list[str]:
+    def replica_urls(self, timeout: float = 300) -> list[str]:
         """The replicas' own base URLs (their /metrics carry the engines'
-        prefix-cache figures), from the lines they log when they bind."""
-        urls = []
-        for instance in self.instances.values():
-            for log in sorted((instance.state_dir / "state" / "logs").glob("replica-*.log")):
-                text = log.read_text(errors="replace")
-                match = re.search(r"serving .*? on (http://\S+)", text)
-                if match and _answers(match.group(1) + "/health"):
-                    urls.append(match.group(1))  # not one that failed and was replaced
-        return urls
+        prefix-cache figures), from the lines they log when they bind: all
+        of them, or an error (figures from some replicas only would read as
+        the whole endpoint's)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            urls = []
+            for instance in self.instances.values():
+                for log in sorted((instance.state_dir / "state" / "logs").glob("replica-*.log")):
+                    text = log.read_text(errors="replace")
+                    match = re.search(r"serving .*? on (http://\S+)", text)
+                    if match and _answers(match.group(1) + "/health"):
+                        urls.append(match.group(1))  # not one that failed and was replaced
+            if len(urls) == self.replicas:
+                return urls
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"found {len(urls)} of {self.replicas} replicas: {urls}")
+            time.sleep(2)
 
     def _replica_tasks(self) -> list[list[int]]:
         """Per replica (in a stable order): every thread of its processes

@@ -41,6 +41,13 @@ RESUME_FIELD = "inferd_resume"
 # (a request run again after a leader failover would count twice here), so
 # the replica reports it apart (`ReplicaUsageReport.batch_*`).
 BATCH_REQUEST_HEADER = "x-inferd-batch-request"
+# Set by the gateway only, on a request sent to the replica its prompt
+# prefix is placed on (`inferd.gateway.placement`): the prefix's key. The
+# replica lists the keys placed on it at `PLACED_PREFIXES_PATH`, which is how
+# gateway instances that never talk to each other learn where another one
+# placed a prefix (`inferd.gateway.placement_claims`).
+PLACED_HEADER = "x-inferd-placed"
+PLACED_PREFIXES_PATH = "/inferd/placed-prefixes"
 
 MAX_REASON_CHARS = 2000
 MAX_URL_CHARS = 2048

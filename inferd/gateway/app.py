@@ -56,6 +56,7 @@ from inferd.gateway.inprocess import BATCH_PRIORITY, PRIORITY_HEADER, PRIORITY_K
 from inferd.gateway.metrics import UNAUTHENTICATED
 from inferd.gateway.migration import DONE_EVENT, Continuation, Finished, Refusal, Transcript, plan
 from inferd.gateway.placement import Placements
+from inferd.gateway.placement_claims import PLACED, ClaimsPoller
 from inferd.gateway.proxy import Broken, Leg, Relayed, Retry, forward, with_call_key
 from inferd.gateway.ratelimit import (
     RateLimitExchange,
@@ -312,6 +313,9 @@ class Gateway:
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
         # Which replica each live prefix belongs to, by what each cache holds.
         self.placements = Placements()
+        # Gateway instances agree on placements through the replicas' lists.
+        self._claims = ClaimsPoller(self.placements, directory.ready_replicas, clock, self.upstream)
+        self.metrics.watch_placements(self.placements.endpoints)
         # Off unless `inferd serve` was given an OTLP endpoint.
         self.tracer = process_tracer()
 
@@ -322,11 +326,14 @@ class Gateway:
         replicas are made on first use."""
         if self._limit_exchange is not None:
             self._limit_exchange.start()
+        if self.settings.routing_place_prefixes and self.settings.routing_policy is Policy.PREFIX:
+            self._claims.start()
 
     async def shutdown(self) -> None:
         """Answer held requests with 503 and close the connections."""
         if self._limit_exchange is not None:
             await self._limit_exchange.stop()
+        await self._claims.stop()
         await self._dispatcher.close()
         await self.upstream.aclose()
 
@@ -664,11 +671,15 @@ class Gateway:
             notes = _REQUEST.get()
             if notes is not None:
                 notes.attempt(rid, begun - arrived, self.settings.routing_policy.value, affinity)
+            sent_headers = headers
+            if affinity.placed_on == rid and affinity.home is not None:
+                # The replica lists it for the other gateway instances.
+                sent_headers = [*headers, (PLACED, str(affinity.home).encode())]
             result = await self._forward_to(
                 ep,
                 replica,
                 route,
-                headers,
+                sent_headers,
                 body,
                 send,
                 leg,

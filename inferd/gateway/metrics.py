@@ -9,8 +9,8 @@ so requests with made-up ids cannot grow the label set.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -97,6 +97,54 @@ class _TrafficCollector(Collector):
         return iter(())
 
 
+class _PlacementCollector(Collector):
+    """The split of the live prompt prefixes over the replicas, read at
+    scrape time: the first thing to look at when prefix-cache hit rates
+    disappoint (an uneven split, or prefixes moving)."""
+
+    def __init__(self, placements: Callable[[], Mapping[str, PlacementView]]) -> None:
+        self._placements = placements
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        prefixes = GaugeMetricFamily(
+            "inferd_gateway_placed_prefixes",
+            "Live prompt prefixes placed on each replica, per endpoint.",
+            labels=["endpoint", "replica"],
+        )
+        blocks = GaugeMetricFamily(
+            "inferd_gateway_placed_prefix_blocks",
+            "Size of the live prompt prefixes placed on each replica (512-byte blocks, "
+            "each prefix rounded up to a power of two), per endpoint.",
+            labels=["endpoint", "replica"],
+        )
+        moves = CounterMetricFamily(
+            "inferd_gateway_prefix_moves",
+            "Live prompt prefixes moved to another replica (theirs left, was left crowded, "
+            "or another gateway instance placed them first), per endpoint.",
+            labels=["endpoint"],
+        )
+        for endpoint_id, placement in list(self._placements().items()):
+            sizes = placement.working_sets()
+            for rid, count in placement.counts().items():
+                prefixes.add_metric([endpoint_id, rid], count)
+                blocks.add_metric([endpoint_id, rid], sizes.get(rid, 0))
+            moves.add_metric([endpoint_id], placement.moves)
+        yield prefixes
+        yield blocks
+        yield moves
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+class PlacementView(Protocol):
+    moves: int
+
+    def counts(self) -> dict[str, int]: ...
+
+    def working_sets(self) -> dict[str, int]: ...
+
+
 class GatewayMetrics:
     def __init__(
         self,
@@ -179,6 +227,10 @@ class GatewayMetrics:
         self._by_client: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
         # The control plane's per-minute series, fed without a scrape.
         self._observers = tuple(observers)
+
+    def watch_placements(self, placements: Callable[[], Mapping[str, PlacementView]]) -> None:
+        """Expose the prefix placements' split (`inferd.gateway.placement`)."""
+        self.registry.register(_PlacementCollector(placements))
 
     def answered(self, endpoint: str, route: str, status: int, seconds: float) -> None:
         key = (endpoint, route, status)

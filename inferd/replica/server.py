@@ -44,6 +44,7 @@ from inferd.replica.auth import RequireCallKey, call_key
 from inferd.replica.chat import ServedModel
 from inferd.replica.config import ReplicaConfig, serving_defaults
 from inferd.replica.metrics import ReplicaMetrics
+from inferd.replica.placed_prefixes import PlacedPrefixes, PlacedPrefixesApp
 from inferd.replica.reporter import ReportFaults, StatusReporter
 from inferd.replica.state import ReplicaState
 from inferd.tracing import RequestIdFormatter
@@ -215,6 +216,7 @@ class ReplicaProcess:
             config.max_body_bytes,
             engine_name=self._engine_name,
         )
+        app = PlacedPrefixesApp(app, PlacedPrefixes())
         if config.secret:
             app = RequireCallKey(app, call_key(config.secret), config.open_paths)
         sock = bind_socket(config.host, config.port)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from typing import Any
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 
+from inferd.api.replica import PLACED_HEADER, PLACED_PREFIXES_PATH
 from inferd.control.endpoints.tokens import new_endpoint_token
 from inferd.gateway.app import Gateway, gateway_routes
 from inferd.gateway.directory import EndpointRoute, RoutableReplica
@@ -25,6 +27,7 @@ from inferd.gateway.settings import GatewaySettings
 from inferd.gateway.static import StaticDirectory
 from inferd.gateway.upstream import Headers, UpstreamConnectError
 from inferd.http_errors import EXCEPTION_HANDLERS
+from inferd.replica.placed_prefixes import PlacedPrefixes
 from inferd.testing import verifier_for
 
 EP = "ep-routing"
@@ -51,19 +54,39 @@ class _Answer:
         return None
 
 
+class _Listing(_Answer):
+    def __init__(self, placed: PlacedPrefixes) -> None:
+        super().__init__()
+        self.body = json.dumps({"prefixes": placed.listing()}).encode()
+
+    async def next_chunk(self) -> bytes:
+        if self.complete:
+            return b""
+        self.complete = True
+        return self.body
+
+
 class RecordingUpstream:
-    """Answers every request at once; remembers which replica got it."""
+    """Answers every request at once; remembers which replica got it, and
+    lists the prefixes placed on each as a replica does."""
 
     def __init__(self) -> None:
         self.sent: list[str] = []
         self.dead: set[str] = set()
+        self.placed: dict[str, PlacedPrefixes] = {}
 
     async def send(
         self, base_url: str, method: str, path: str, headers: Headers, body: bytes
     ) -> _Answer:
         if base_url in self.dead:
             raise UpstreamConnectError("connection refused")
+        placed = self.placed.setdefault(base_url, PlacedPrefixes())
+        if path == PLACED_PREFIXES_PATH:
+            return _Listing(placed)
         self.sent.append(base_url)
+        for name, value in headers:
+            if name == PLACED_HEADER.encode():
+                placed.note(int(value))
         return _Answer()
 
     def abort_host(self, base_url: str, reason: str) -> int:
@@ -170,32 +193,44 @@ def test_least_loaded_stays_available(policy: Policy) -> None:
 @pytest.mark.parametrize("place", [True, False])
 def test_prompts_are_split_by_what_each_cache_holds(place: bool) -> None:
     """12 new conversations over 2 replicas, their turns alternating between
-    two gateways: with placement, 6 on each replica (hashing alone splits
-    these 12 prompts 7/5). While the 12 prompts arrive, placing a new one
-    may move one placed before (here 2 of 12 move once: a prefill each);
-    once all are known nothing moves, and the two gateways agree."""
+    two gateways that read the replicas' lists of placed prefixes every 4
+    requests: with placement, 6 on each replica (hashing alone splits these
+    12 prompts 7/5), and the two gateways agree on every prompt from the
+    second turn on (a prompt placed apart in the first turn moves once: a
+    prefill)."""
 
-    async def scenario() -> list[dict[int, str]]:
+    async def scenario() -> tuple[list[dict[int, str]], int]:
         upstream = RecordingUpstream()
         shared = StaticDirectory()
         shared.add_endpoint(EndpointRoute(EP, "chat", "m"), REPLICAS[:2])
         settings = GatewaySettings(routing_place_prefixes=place)
-        clients = []
+        clients, gateways = [], []
         for _ in range(2):
             gw = Gateway(shared, verifier_for({EP: TOKEN}), settings, upstream=upstream)  # type: ignore[arg-type]
             app = Starlette(routes=gateway_routes(gw), exception_handlers=EXCEPTION_HANDLERS)
             transport = httpx.ASGITransport(app)
             clients.append(httpx.AsyncClient(transport=transport, base_url="http://gateway"))
+            gateways.append(gw)
         turns: list[dict[int, str]] = []
+        sent = 0
+        rng = random.Random(5)
         for turn in range(4):
             turns.append({})
-            for n in range(12):
-                await send(clients[(n + turn) % 2], conversation(n, 4)[turn])
+            for n in rng.sample(range(12), 12):  # each turn in another order
+                await send(clients[sent % 2], conversation(n, 4)[turn])
                 turns[-1][n] = upstream.sent[-1]
-        return turns
+                sent += 1
+                if sent % 4 == 0:
+                    for gw in gateways:
+                        await gw._claims.poll()
+        moves = 0
+        for gw in gateways:
+            placement = gw.placements.endpoint(EP)
+            moves += placement.moves if placement else 0
+        return turns, moves
 
-    first, *later = asyncio.run(scenario())
+    (first, *later), moves = asyncio.run(scenario())
     assert all(turn == later[0] for turn in later)
-    assert sum(first[n] != later[0][n] for n in first) <= (2 if place else 0)
+    assert sum(first[n] != later[0][n] for n in first) == moves <= (4 if place else 0)
     split = sorted(list(later[0].values()).count(r.url) for r in REPLICAS[:2])
     assert split == ([6, 6] if place else [5, 7])
