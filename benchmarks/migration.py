@@ -7,15 +7,17 @@ vLLM engine core SIGKILLed, so the replica ends its streams with an error
 event; `node`: on the Ray launcher, the node of the serving replica removed
 from the cluster, see migration_ray.py), the same `--streams` greedy
 requests (temperature 0, `ignore_eos`, `--tokens` each, distinct prompts)
-run first without a fault (after a short warm-up pass), then with it, once
-the clients have read `--fault-at` of the tokens (a third by default). The
-tiny model generates faster than the clients read, so the engine is ahead of
-that point: with short streams a replica can have written all of its answers
-before it is lost, and nothing is left to continue (hence the goal below);
-longer streams and an earlier fault (`--tokens 1200 --fault-at 0.1`) land
-the fault mid-generation. The replica with
-the most requests in flight is the one hit; the fault must land while its
-streams run (a goal: at least one stream continued). `process` and
+run first without a fault (after a short warm-up pass), then with it, the
+fault struck `--fault-at` of the fault-free run's time after the streams
+start (a third by default). A time, not a count of chunks read: vLLM puts
+several tokens in a chunk when it is busy, so a count of chunks can come
+too late or never, and the tiny model writes faster than the clients read.
+The replica with the most requests in flight is the one hit (locally, as the
+gateway counts them: asking a busy replica's /metrics took long enough for
+its answers to be written meanwhile); the fault must land while its streams
+run (a goal: at least one stream continued). An engine core's death takes
+the replica a moment to see: streams of a few seconds (`--tokens 400`) can
+end before it does; `--tokens 2000` lands every fault. `process` and
 `engine` run on a bare gateway over two local replicas (the killed one
 started again between them); `node` on a Ray cluster of its own with
 `inferd serve` in front (the real gateway and control plane), after the
@@ -73,21 +75,6 @@ WARM_UP_TOKENS = 8
 ENDPOINT = "bench-migration"
 TOKEN = new_endpoint_token()
 CHAT = "/openai/v1/chat/completions"
-
-
-@dataclass
-class Progress:
-    """Content chunks streamed by all the streams, and an event set once
-    they reach `at`."""
-
-    at: int
-    count: int = 0
-    reached: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def add(self) -> None:
-        self.count += 1
-        if self.count >= self.at:
-            self.reached.set()
 
 
 @dataclass
@@ -169,7 +156,6 @@ async def one(
     token: str,
     payload: dict[str, Any],
     out: Stream,
-    progress: Progress,
 ) -> None:
     started = time.monotonic()
     parts: list[str] = []
@@ -193,7 +179,6 @@ async def one(
                 for choice in chunk.get("choices") or ():
                     parts.append(choice["delta"].get("content") or "")
                     out.chunks += 1
-                    progress.add()
                 out.usage = chunk.get("usage") or out.usage
         if done != 1 and out.error is None:
             out.error = f"{done} [DONE] events"
@@ -209,26 +194,28 @@ async def run(
     streams: int,
     tokens: int,
     kill: Callable[[], None] | None = None,
-    kill_at: int = 0,
+    kill_after_s: float = 0.0,
     token: str = TOKEN,
 ) -> list[Stream]:
-    """All streams at once; `kill()` runs once the streams have streamed
-    `kill_at` content chunks in all (on a thread: removing a Ray node takes
-    seconds, and the streams must be read meanwhile)."""
+    """All streams at once; `kill()` runs `kill_after_s` after they start
+    (on a thread: removing a Ray node takes seconds, and the streams must be
+    read meanwhile)."""
     out = [Stream() for _ in range(streams)]
-    progress = Progress(kill_at if kill is not None else 1 << 62)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         tasks = [
-            asyncio.create_task(one(client, url, token, body(i, tokens), out[i], progress))
+            asyncio.create_task(one(client, url, token, body(i, tokens), out[i]))
             for i in range(streams)
         ]
         if kill is not None:
-            waiting = asyncio.create_task(progress.reached.wait())
-            await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
+            await asyncio.sleep(kill_after_s)
             await asyncio.to_thread(kill)
         await asyncio.gather(*tasks)
     return out
+
+
+def wall_s(run: list[Stream]) -> float:
+    """How long a run of streams started together took: its longest stream."""
+    return max(s.latency_s for s in run)
 
 
 def start_replica(model: str) -> ReplicaHandle:
@@ -248,14 +235,6 @@ def engine_core_pid(replica_pid: int) -> int:
         if procfs.children(child):
             return child
     raise RuntimeError(f"no engine core under {replica_pid}")
-
-
-def running(url: str) -> float:
-    import re
-
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = re.search(r"^inferd_requests_in_flight ([0-9.]+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def compare(
@@ -297,10 +276,13 @@ def compare(
     }
 
 
-def kill_busiest(replicas: dict[str, ReplicaHandle], fault: str, killed: list[str]) -> None:
-    """SIGKILL the replica with the most requests in flight (`process`) or
-    its engine core (`engine`)."""
-    victim = max(replicas, key=lambda rid: running(replicas[rid].url))
+def kill_busiest(
+    gateway: Gateway, replicas: dict[str, ReplicaHandle], fault: str, killed: list[str]
+) -> None:
+    """SIGKILL the replica with the most requests in flight by the gateway's
+    count (`process`) or its engine core (`engine`)."""
+    in_flight = gateway.gateway.traffic(ENDPOINT).in_flight_by_replica
+    victim = max(replicas, key=lambda rid: in_flight.get(rid, 0))
     pid = replicas[victim].pid
     os.kill(pid if fault == "process" else engine_core_pid(pid), signal.SIGKILL)
     killed.append(victim)
@@ -334,8 +316,8 @@ def local_faults(args: argparse.Namespace, faults: list[str]) -> list[dict[str, 
                 before = migrations(gateway)
 
                 killed: list[str] = []
-                kill = partial(kill_busiest, replicas, fault, killed)
-                at = int(args.streams * args.tokens * args.fault_at)
+                kill = partial(kill_busiest, gateway, replicas, fault, killed)
+                at = wall_s(clean) * args.fault_at
                 faulty = asyncio.run(run(gateway.url, args.streams, args.tokens, kill, at))
                 result = compare(fault, clean, faulty, migrations(gateway) - before)
                 results.append(result)
@@ -364,7 +346,7 @@ def node_fault(args: argparse.Namespace, marks: list[bytes]) -> dict[str, Any]:
             asyncio.run(run(fleet.url, args.streams, WARM_UP_TOKENS, token=fleet.token))
             clean = asyncio.run(run(fleet.url, args.streams, args.tokens, token=fleet.token))
             before = fleet.migrations()
-            at = int(args.streams * args.tokens * args.fault_at)
+            at = wall_s(clean) * args.fault_at
             faulty = asyncio.run(
                 run(fleet.url, args.streams, args.tokens, fleet.remove_busiest, at, fleet.token)
             )
@@ -381,7 +363,10 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument(
-        "--fault-at", type=float, default=1 / 3, help="share of the tokens read before the fault"
+        "--fault-at",
+        type=float,
+        default=1 / 3,
+        help="when the fault strikes, as a share of the fault-free run's time",
     )
     parser.add_argument(
         "--faults", nargs="+", choices=FAULTS, default=list(FAULTS), help=" ".join(FAULTS)
@@ -472,8 +457,8 @@ def main() -> int:
         {
             "title": "Stream migration (real vLLM tiny-chat on the CPU)",
             "workload": f"{args.streams} streams x {args.tokens} tokens, temperature 0, "
-            f"ignore_eos, all in flight; the busiest replica lost once the clients had read "
-            f"{args.fault_at:.0%} of the tokens",
+            f"ignore_eos, all in flight; the busiest replica lost {args.fault_at:.0%} of "
+            f"the fault-free run's time after the streams started",
             "tables": [table(title, columns, rows)],
             "goals": goals,
             "notes": [
