@@ -41,8 +41,9 @@ class EndpointRoute:
 class RoutableReplica:
     replica_id: str
     url: str  # base URL of the replica server, e.g. http://127.0.0.1:41234
-    # Engine queue depth from the replica's last report; the gateway adds its
-    # own in-flight count to rank replicas.
+    # Engine queue depth from the replica's last report (every gateway's
+    # requests); the gateway ranks replicas by the larger of it and its own
+    # in-flight count there.
     reported_waiting: int = 0
     # LoRA adapters the replica reported loaded: a request naming one of them
     # prefers this replica.

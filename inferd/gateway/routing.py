@@ -2,8 +2,11 @@
 
 Two policies (`GatewaySettings.routing_policy`):
 
-- `least_loaded`: least in-flight work wins: the gateway's own in-flight
-  count on a replica plus the engine queue the replica last reported. Ties go
+- `least_loaded`: least in-flight work wins: the larger of the gateway's
+  own in-flight count on a replica and the engine queue the replica last
+  reported (not their sum: the queue holds this gateway's own requests too,
+  and the sum counted them twice, sending requests off their cache from the
+  one instance that hears the replicas' reports). Ties go
   round-robin by a turn counter the caller keeps, over the tied replicas
   sorted by id, so the same inputs always give the same answer.
 - `prefix`: a request that carries a prefix (`Affinity`) goes where its KV
@@ -145,7 +148,7 @@ def choose_replica(
         mine = in_flight.get(replica.replica_id, 0)
         if mine >= max_in_flight:
             continue
-        load = mine + replica.reported_waiting
+        load = max(mine, replica.reported_waiting)
         total += load
         open_.append((replica, load))
     if not open_:

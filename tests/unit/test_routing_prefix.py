@@ -293,3 +293,32 @@ def test_held_requests_are_released_to_their_home() -> None:
         (0, "c", Reason.HOME),
         (1, "a", Reason.HOME),
     ]
+
+
+@pytest.mark.parametrize(
+    ("mine", "reported", "expected"),
+    [
+        # The replica's queue is this gateway's own 3 requests: load 3, under
+        # the bound of 4 (their sum, 6, sent the request off its cache).
+        (3, 3, Reason.HOME),
+        # Another gateway's requests queue there too: its report says 5.
+        (0, 5, Reason.SPILLED),
+        (4, 0, Reason.SPILLED),
+    ],
+)
+def test_the_reported_queue_and_the_gateways_own_requests_are_not_added(
+    mine: int, reported: int, expected: Reason
+) -> None:
+    replicas = [r("a", reported), r("b"), r("c")]
+    choice = choose_replica(
+        replicas,
+        {"a": mine},
+        max_in_flight=8,
+        affinity=Affinity(CBA, placed_on="a"),
+        policy=Policy.PREFIX,
+        min_bound=4,
+    )
+    assert choice.reason is expected
+    assert (choice.replica and choice.replica.replica_id) == (
+        "a" if expected is Reason.HOME else "c"
+    )
