@@ -15,9 +15,12 @@ too late or never, and the tiny model writes faster than the clients read.
 The replica with the most requests in flight is the one hit (locally, as the
 gateway counts them: asking a busy replica's /metrics took long enough for
 its answers to be written meanwhile); the fault must land while its streams
-run (a goal: at least one stream continued). An engine core's death takes
-the replica a moment to see: streams of a few seconds (`--tokens 400`) can
-end before it does; `--tokens 2000` lands every fault. `process` and
+run (a goal: at least one stream continued). The tiny model generates far
+faster than the clients read: a replica has generated its answers long
+before they are read, a killed replica process loses what it had not sent
+yet (continued elsewhere), but a killed engine core leaves its replica with
+every answer generated and nothing to continue. `--fault-at 0` strikes as
+soon as a client has read text, while the engines still generate. `process` and
 `engine` run on a bare gateway over two local replicas (the killed one
 started again between them); `node` on a Ray cluster of its own with
 `inferd serve` in front (the real gateway and control plane), after the
@@ -156,6 +159,7 @@ async def one(
     token: str,
     payload: dict[str, Any],
     out: Stream,
+    first_text: asyncio.Event,
 ) -> None:
     started = time.monotonic()
     parts: list[str] = []
@@ -179,6 +183,7 @@ async def one(
                 for choice in chunk.get("choices") or ():
                     parts.append(choice["delta"].get("content") or "")
                     out.chunks += 1
+                    first_text.set()
                 out.usage = chunk.get("usage") or out.usage
         if done != 1 and out.error is None:
             out.error = f"{done} [DONE] events"
@@ -197,17 +202,21 @@ async def run(
     kill_after_s: float = 0.0,
     token: str = TOKEN,
 ) -> list[Stream]:
-    """All streams at once; `kill()` runs `kill_after_s` after they start
-    (on a thread: removing a Ray node takes seconds, and the streams must be
-    read meanwhile)."""
+    """All streams at once; `kill()` runs `kill_after_s` after they start, or
+    with 0, as soon as a client has read text (on a thread: removing a Ray
+    node takes seconds, and the streams must be read meanwhile)."""
     out = [Stream() for _ in range(streams)]
+    first_text = asyncio.Event()
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         tasks = [
-            asyncio.create_task(one(client, url, token, body(i, tokens), out[i]))
+            asyncio.create_task(one(client, url, token, body(i, tokens), out[i], first_text))
             for i in range(streams)
         ]
         if kill is not None:
-            await asyncio.sleep(kill_after_s)
+            if kill_after_s > 0:
+                await asyncio.sleep(kill_after_s)
+            else:
+                await first_text.wait()
             await asyncio.to_thread(kill)
         await asyncio.gather(*tasks)
     return out
@@ -366,7 +375,8 @@ def main() -> int:
         "--fault-at",
         type=float,
         default=1 / 3,
-        help="when the fault strikes, as a share of the fault-free run's time",
+        help="when the fault strikes, as a share of the fault-free run's time "
+        "(0: as soon as a client has read text)",
     )
     parser.add_argument(
         "--faults", nargs="+", choices=FAULTS, default=list(FAULTS), help=" ".join(FAULTS)
@@ -457,8 +467,12 @@ def main() -> int:
         {
             "title": "Stream migration (real vLLM tiny-chat on the CPU)",
             "workload": f"{args.streams} streams x {args.tokens} tokens, temperature 0, "
-            f"ignore_eos, all in flight; the busiest replica lost {args.fault_at:.0%} of "
-            f"the fault-free run's time after the streams started",
+            f"ignore_eos, all in flight; the busiest replica lost "
+            + (
+                f"{args.fault_at:.0%} of the fault-free run's time after the streams started"
+                if args.fault_at
+                else "as soon as a client had read text"
+            ),
             "tables": [table(title, columns, rows)],
             "goals": goals,
             "notes": [
