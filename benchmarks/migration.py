@@ -357,7 +357,7 @@ def node_fault(args: argparse.Namespace, marks: list[bytes]) -> dict[str, Any]:
             before = fleet.migrations()
             at = wall_s(clean) * args.fault_at
             faulty = asyncio.run(
-                run(fleet.url, args.streams, args.tokens, fleet.remove_busiest, at, fleet.token)
+                run(fleet.url, args.streams, args.tokens, fleet.remove_one, at, fleet.token)
             )
             result = compare("node", clean, faulty, fleet.migrations() - before)
             result["node removed"] = fleet.removed
@@ -482,7 +482,7 @@ def main() -> int:
                 "process, engine: a bare gateway over two local replicas. node: `inferd "
                 "serve` (launcher ray, its gateway and control plane) over a local Ray "
                 "cluster of two nodes with one CPU replica slot each, one replica on each; "
-                "the busiest replica's node removed (`LocalCluster.remove`), so the "
+                "one replica's node removed (`LocalCluster.remove`), so the "
                 "endpoint is left with one replica and no room for a replacement.",
                 "Scaled to the shared 2-core machine (other engineers' tests ran at the "
                 "same time; see the load figures).",
