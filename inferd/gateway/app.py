@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from inferd.gateway.auth import (
     WWW_AUTHENTICATE,
     Caller,
     TokenCheck,
+    bearer_token,
     caller,
     unauthorized,
 )
@@ -275,6 +276,7 @@ class Gateway:
         state: GatewayState | None = None,
         on_migration: Callable[[str, str], None] | None = None,
         shared_limits: SharedBuckets | None = None,
+        catch_up: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """`clock`: monotonic seconds; `TrafficSnapshot` times are its values.
         `upstream`: the HTTP client to replicas; by default the lean pool
@@ -287,7 +289,10 @@ class Gateway:
         `on_migration(endpoint_id, text)`: told of each stream continued on
         another replica (the console's timeline). `shared_limits`: where
         client tokens' rate limits are shared with the other instances (the
-        store); None: this instance counts alone.
+        store); None: this instance counts alone. `catch_up(endpoint_id)`:
+        reads one endpoint this instance has not heard of from the store
+        (one created through another instance a moment ago); None: what is
+        in memory is all there is.
 
         Everything here runs on the server's event loop: call `traffic()`,
         `abort_replica()` and `forget_endpoint()` from it too."""
@@ -309,6 +314,7 @@ class Gateway:
             RateLimitExchange(self.rate_limits, shared_limits) if shared_limits else None
         )
         self._on_migration = on_migration or _ignore
+        self._catch_up = catch_up
         # Where this gateway sent which prompt prefixes (bounded, LRU).
         self.prefixes = PrefixTable(self.settings.prefix_table_entries)
         # Which replica each live prefix belongs to, by what each cache holds.
@@ -396,10 +402,21 @@ class Gateway:
                 if grant is None
                 else self.verifier.named(endpoint_id, grant.client)
             )
+            endpoint = self.directory.endpoint(endpoint_id)
+            if self._catch_up is not None and (
+                (who is None and bearer_token(authorization) is not None)
+                or (who is not None and endpoint is None)
+            ):
+                # Created, or its token re-issued, through another instance a
+                # moment ago, and the change not here yet. Any refused token
+                # reads, not only one for an unknown id: the time of a 401
+                # must not tell which endpoints exist.
+                await self._catch_up(endpoint_id)
+                who = caller(self.verifier, endpoint_id, authorization) if grant is None else who
+                endpoint = self.directory.endpoint(endpoint_id)
             if who is None:
                 raise unauthorized()
             label = endpoint_id
-            endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
             assert endpoint is not None
             batch = is_batch(scope, priority)

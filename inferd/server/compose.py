@@ -66,6 +66,7 @@ from inferd.control.cluster.postgres import Postgres
 from inferd.control.cluster.solo import Solo
 from inferd.control.endpoints.adapters import AdapterService
 from inferd.control.endpoints.cache import EndpointCache
+from inferd.control.endpoints.catch_up import EndpointCatchUp
 from inferd.control.endpoints.client_tokens import ClientTokenService
 from inferd.control.endpoints.endpoint_rows import FollowedEndpoints
 from inferd.control.endpoints.reads import EndpointReads
@@ -446,6 +447,7 @@ async def build(
             state=gateway_state,
             on_migration=journal.record_migration,
             shared_limits=store,
+            catch_up=EndpointCatchUp([verifier, endpoint_cache]),
         )
         # Batches run on the leader, each request through this gateway.
         batch_runner = BatchRunner(

@@ -1,6 +1,7 @@
 """Two control planes on one database (as several instances behind a load
 balancer share one): a key revoked or a member removed on one stops working
-on the other, which had it cached, within the change feed's delay."""
+on the other, which had it cached, within the change feed's delay; an
+endpoint created or a token re-issued on one works on the other at once."""
 
 from __future__ import annotations
 
@@ -134,3 +135,32 @@ def test_a_quota_holds_across_instances(any_pair: tuple[TestClient, TestClient])
         time.sleep(0.05)
         listed = b.get("/inference/endpoints").json()["data"]
     assert len([e for e in listed if e["projectId"] == "team"]) == 4
+
+
+def test_an_endpoint_made_on_one_instance_answers_through_the_other_at_once(
+    pair: tuple[TestClient, TestClient],
+) -> None:
+    """A client that creates an endpoint through one instance and calls it
+    through another must not be refused while the other's change feed
+    catches up (SQLite's is polled every 0.5 s: without the read on a miss,
+    B answers 401 here every time)."""
+    a, b = pair
+    body = {"name": "chat", "modelName": "tiny-chat", "minReplicas": 0}
+    created = a.post("/inference/endpoints", json=body).json()
+    eid, token = created["id"], created["accessToken"]
+    models = f"/endpoints/{eid}/openai/v1/models"
+    answered = b.get(models, headers={"Authorization": f"Bearer {token}"})
+    assert answered.status_code == 200, answered.text
+    assert [m["id"] for m in answered.json()["data"]] == ["tiny-chat"]
+    # A token re-issued on A opens the endpoint on B at once too.
+    fresh = a.post(f"/inference/endpoints/{eid}/access-token").json()["accessToken"]
+    assert b.get(models, headers={"Authorization": f"Bearer {fresh}"}).status_code == 200
+    # What the store does not hold still gets the one 401, after its read.
+    wrong = b.get(models, headers={"Authorization": f"Bearer {token[:-1]}x"})
+    assert wrong.status_code == 401
+    unknown = b.get(
+        "/endpoints/no-such-endpoint/openai/v1/models",
+        headers={"Authorization": f"Bearer {fresh}"},
+    )
+    assert unknown.status_code == 401
+    assert unknown.json() == wrong.json()

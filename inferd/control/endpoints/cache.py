@@ -60,6 +60,11 @@ class EndpointCache:
         """Apply other writers' changes from `feed` (subscribed before `load`)."""
         await follow(feed, self._apply, self.load, what="endpoint cache")
 
+    async def refresh(self, endpoint_id: str) -> None:
+        """Read this one endpoint from the store now, as its next change from
+        the feed would."""
+        await self._apply(Change(ChangeKind.ENDPOINT, endpoint_id))
+
     async def _apply(self, change: Change) -> None:
         if change.kind is not ChangeKind.ENDPOINT:
             return

@@ -56,8 +56,9 @@ class TokenVerifier:
     or a revoked client token fails before the HTTP answer is sent;
     `follow` applies every other writer's changes from the store's change
     feed (one `ChangeKind.TOKEN` per endpoint covers its owner token and its
-    client tokens). An endpoint id that is not cached has no active token: a
-    miss never reaches the store, so unknown ids cost nothing.
+    client tokens). An endpoint id that is not cached has no active token here:
+    `identify` never reaches the store; the gateway may `refresh` one id it
+    does not know (see `inferd.control.endpoints.catch_up`).
     """
 
     def __init__(self, source: TokenStore, wall: Callable[[], float] = time.time) -> None:
@@ -109,6 +110,11 @@ class TokenVerifier:
         else:
             self._active[endpoint_id] = digest
         self._store_clients(endpoint_id, clients)
+
+    async def refresh(self, endpoint_id: str) -> None:
+        """Read this endpoint's tokens from the store now, as its next change
+        from the feed would."""
+        await self._apply(Change(ChangeKind.TOKEN, endpoint_id))
 
     def set_active(self, endpoint_id: str, digest: bytes) -> None:
         self._local[endpoint_id] = self._local.get(endpoint_id, 0) + 1
