@@ -327,7 +327,10 @@ class Settings(BaseModel):
         "endpoint's engineSettings override",
     )
     cpu_replica_slots: int = Field(
-        4, ge=0, description="replicas this machine runs on its CPU (gpuType cpu)"
+        4,
+        ge=0,
+        description="replicas this machine runs on its CPU (gpuType cpu); each slot's vLLM "
+        "engine computes on its own share of the cores unless VLLM_CPU_OMP_THREADS_BIND is set",
     )
     # nvidia-smi's device names are matched to configs/gpus.yaml; a GPU whose
     # name matches no type (a workstation card, a new model) is declared here.

@@ -1,6 +1,7 @@
 """What only the local launcher does, with real replica processes (fake
-engine): GPU placement, a forced kill past the grace period, adoption by
-process id, the environment allow-list, and no orphan processes. The
+engine): GPU placement, CPU replicas' own cores, a forced kill past the
+grace period, adoption by process id, the environment allow-list, and no
+orphan processes. The
 behaviour every launcher shares is in `tests/contract/test_launcher.py`."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from inferd import procfs
+from inferd.control.launchers.cpu_cores import BIND_ENV, slot_cores, usable_cores
 from inferd.control.launchers.inventory import LocalGpu
 from inferd.control.launchers.local import LocalLauncher, replica_environment
 from inferd.control.ports import ExitReason, PlacementKey, ReplicaExit, ReplicaHandle
@@ -166,6 +168,41 @@ async def test_a_replica_does_not_inherit_the_control_planes_secrets(
     finally:
         await launcher.shutdown(5)
     assert replica_environment({"INFERD_ADMIN_KEY": "k", "LC_ALL": "C"}) == {"LC_ALL": "C"}
+
+
+def bound_cores(handle: ReplicaHandle) -> str | None:
+    for item in procfs.environment(pid_of(handle)) or []:
+        name, _, value = item.partition(b"=")
+        if name.decode() == BIND_ENV:
+            return value.decode()
+    return None
+
+
+async def test_cpu_replicas_compute_on_cores_of_their_own(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    """vLLM left to bind itself puts every engine on the same cores: each
+    CPU slot names its own share instead, and a freed slot is reused."""
+    env = {k: v for k, v in os.environ.items() if k != BIND_ENV}
+    launcher = make_launcher(registry, tmp_path, env=env, cpu_slots=2)
+    cores = usable_cores()
+    want = [",".join(map(str, slot_cores(i, 2, cores))) for i in range(2)]
+    try:
+        a, b = [await launcher.launch(spec(f"r-core-{i}")) for i in range(2)]
+        assert [bound_cores(a), bound_cores(b)] == want
+        assert [a.placement["cpu_slot"], b.placement["cpu_slot"]] == ["0", "1"]
+        await launcher.kill(a)
+        await wait_for(lambda: "r-core-0" not in launcher.running(), 10)
+        c = await launcher.launch(spec("r-core-2"))
+        assert bound_cores(c) == want[0]
+    finally:
+        await launcher.shutdown(5)
+    # A binding the operator chose is theirs to keep.
+    mine = make_launcher(registry, tmp_path, env={**env, BIND_ENV: "nobind"}, cpu_slots=2)
+    try:
+        assert bound_cores(await mine.launch(spec("r-core-3"))) == "nobind"
+    finally:
+        await mine.shutdown(5)
 
 
 async def test_shutdown_leaves_no_process(registry: FakeRegistry, tmp_path: Path) -> None:

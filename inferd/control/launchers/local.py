@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from inferd import procfs
+from inferd.control.launchers.cpu_cores import bind_environment, usable_cores
 from inferd.control.launchers.inventory import LocalGpu
 from inferd.control.launchers.logs import log_name, read_tail
 from inferd.control.ports import (
@@ -89,10 +90,15 @@ class _Process:
     log_file: IO[bytes] | None = field(default=None, repr=False)
     # Why it will have ended: set by stop (STOPPED) and kill (KILLED).
     ending: ExitReason | None = None
+    # Which CPU slot (and so which cores) a CPU replica holds; None: a GPU one.
+    cpu_slot: int | None = None
 
 
-def _placement(pid: int, gpu_ids: tuple[int, ...]) -> dict[str, str]:
-    return {"pid": str(pid), "gpu_ids": ",".join(str(i) for i in gpu_ids)}
+def _placement(pid: int, gpu_ids: tuple[int, ...], cpu_slot: int | None) -> dict[str, str]:
+    placement = {"pid": str(pid), "gpu_ids": ",".join(str(i) for i in gpu_ids)}
+    if cpu_slot is not None:
+        placement["cpu_slot"] = str(cpu_slot)
+    return placement
 
 
 def _runs_replica(cmdline: list[bytes], replica_id: str) -> bool:
@@ -152,6 +158,7 @@ class LocalLauncher:
         self._poll_s = poll_s
         self._gpu_type_of = {gpu.index: t for gpu, t in gpus if t is not None}
         self._cpu_slots = cpu_slots
+        self._cores = usable_cores()
         self._processes: dict[str, _Process] = {}
         self._exits: asyncio.Queue[ReplicaExit | None] = asyncio.Queue()
         self._watcher: asyncio.Task[None] | None = None
@@ -164,6 +171,10 @@ class LocalLauncher:
 
     def _used_gpus(self) -> set[int]:
         return {i for p in self._processes.values() for i in p.gpu_ids}
+
+    def _free_cpu_slot(self) -> int:
+        used = {p.cpu_slot for p in self._processes.values()}
+        return next(s for s in range(len(self._processes) + 1) if s not in used)
 
     def _free_gpus(self, gpu_type: str) -> list[int]:
         used = self._used_gpus()
@@ -252,11 +263,20 @@ class LocalLauncher:
             gpu_ids or "none",
             process.log_path,
         )
-        return ReplicaHandle(spec.replica_id, NODE, _placement(process.pid, gpu_ids))
+        return ReplicaHandle(
+            spec.replica_id, NODE, _placement(process.pid, gpu_ids, process.cpu_slot)
+        )
 
     def _spawn(self, spec: ReplicaSpec, gpu_ids: tuple[int, ...]) -> _Process:
+        cpu_slot = self._free_cpu_slot() if spec.gpu_type == CPU else None
+        cores = (
+            {}
+            if cpu_slot is None
+            else bind_environment(cpu_slot, self._cpu_slots, self._cores, self._env)
+        )
         env = {
             **self._env,
+            **cores,
             SECRET_ENV: spec.secret,
             # Inherited by every process of the replica, vLLM's engine core
             # and workers included (which rename themselves and may outlive a
@@ -280,7 +300,14 @@ class LocalLauncher:
             log_file.close()
             raise
         return _Process(
-            spec.replica_id, popen.pid, spec.gpu_type, gpu_ids, popen, log_path, log_file=log_file
+            spec.replica_id,
+            popen.pid,
+            spec.gpu_type,
+            gpu_ids,
+            popen,
+            log_path,
+            log_file=log_file,
+            cpu_slot=cpu_slot,
         )
 
     async def adopt(self, handle: ReplicaHandle) -> bool:
@@ -295,8 +322,14 @@ class LocalLauncher:
         if not _runs_replica(procfs.command_line(pid) or [], handle.replica_id):
             return False
         gpu_type = self._gpu_type_of.get(gpu_ids[0], CPU) if gpu_ids else CPU
+        cpu_slot = None
+        if gpu_type == CPU:
+            # Its cores stay its own; a replica from before slots were kept
+            # takes the lowest free one.
+            kept = handle.placement.get("cpu_slot", "")
+            cpu_slot = int(kept) if kept.isdigit() else self._free_cpu_slot()
         self._processes[handle.replica_id] = _Process(
-            handle.replica_id, pid, gpu_type, gpu_ids, None, None
+            handle.replica_id, pid, gpu_type, gpu_ids, None, None, cpu_slot=cpu_slot
         )
         self._watch()
         logger.info("adopted replica %s (pid %d)", handle.replica_id, pid)
