@@ -32,9 +32,11 @@ last token never from the cache), the run's requests replayed in the order
 they were sent; all partitions tried for 2 replicas (up to 16 prompts),
 the most even split of the working sets otherwise.
 
-Replica i of each kind is pinned to core i (VLLM_CPU_OMP_THREADS_BIND). The
-KV cache is sized (`--kv-tokens` per replica) so that the workload's
-working set of prefixes exceeds one replica's cache but fits the fleet's.
+Replica i of the vLLM and bare kinds is pinned to core i
+(VLLM_CPU_OMP_THREADS_BIND); `inferd serve`'s launcher gives each CPU slot
+its own cores itself. The KV cache is sized (`--kv-tokens` per replica) so
+that the workload's working set of prefixes exceeds one replica's cache but
+fits the fleet's.
 
 Workload: G system prompts (`--prompt-words` each, about 1.1 tokens a word
 with the bench model's tokenizer: the report states the count), C
@@ -46,16 +48,18 @@ rate is the engines' own: prompt tokens found in the prefix cache over
 those looked up (vLLM's `vllm:prefix_cache_*` counters; inferd replicas
 report the same figures as `inferd_prefix_cache_*`).
 
-    flock /tmp/inferd-heavy.lock timeout 900 .venv/bin/python benchmarks/routing.py \\
-        --router /path/to/venv/bin/vllm-router
+The defaults are the workload of the prefix-routing issue: 12 conversations
+of 8 turns, each on its own ~1.5k-token system prompt (a working set of
+~18.6k tokens: more than one replica's 12,288-token cache, less than two),
+2 alternating rounds, every target:
 
-Through a real endpoint, the issue's workload (12 conversations, ~1.5k-token
-system prompts, 12,288 KV tokens per replica):
+    python benchmarks/routing.py --router <venv>/bin/vllm-router
 
-    python benchmarks/routing.py --router <venv>/bin/vllm-router --groups 12 \\
-        --conversations 1 --turns 8 --prompt-words 1400 --kv-tokens 12288 --rounds 2 \\
-        --only "vllm-router cache_aware" "serve prefix" "serve prefix x2" \\
-        "serve prefix hash-only"
+The earlier workload (8 prompts of ~1.1k tokens, 4 conversations of 4 turns
+each, 5,120 KV tokens per replica):
+
+    python benchmarks/routing.py --router <venv>/bin/vllm-router --groups 8 \\
+        --conversations 4 --turns 4 --prompt-words 1000 --kv-tokens 5120 --rounds 3
 """
 
 from __future__ import annotations
@@ -568,17 +572,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--router", default="vllm-router", help="the vllm-router binary")
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    # Defaults: RESULTS.md's run A, 8 prompts of ~1.1k tokens (70 KV blocks)
-    # against 40 blocks per replica and 80 for the fleet of 2.
-    parser.add_argument("--groups", type=int, default=8, help="system prompts per run")
-    parser.add_argument("--conversations", type=int, default=4, help="per system prompt")
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--prompt-words", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    # Defaults: 12 prompts of ~1.5k tokens (~145 KV blocks of 128 tokens with
+    # their conversations) against 96 blocks per replica and 192 for the fleet.
+    parser.add_argument("--groups", type=int, default=12, help="system prompts per run")
+    parser.add_argument("--conversations", type=int, default=1, help="per system prompt")
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--prompt-words", type=int, default=1400)
     parser.add_argument("--user-words", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--kv-tokens", type=int, default=5120, help="KV cache per replica")
+    parser.add_argument("--kv-tokens", type=int, default=12288, help="KV cache per replica")
     parser.add_argument(
         "--only", nargs="*", default=None, help=f"target names to run: {list(DEFAULT_TARGETS)}"
     )
