@@ -1,9 +1,10 @@
 """Responses and Anthropic Messages: inferd's replica against vLLM's own server.
 
-    python benchmarks/agent_apis_vs_vllm.py [--requests 32 --concurrency 4 --rounds 3]
+    python benchmarks/agent_apis_vs_vllm.py [--requests 64 --concurrency 4 --rounds 5]
 
 Both servers run tiny-chat with the same engine arguments (`start_vllm_server`
-gives vLLM's server the ones inferd's replica uses) and serve `/v1/responses`
+gives vLLM's server the ones inferd's replica uses) and the same placement of
+the engine core (`pin_engine_cores`) and serve `/v1/responses`
 and `/v1/messages` with vLLM's own serving classes; inferd's replica adds its
 request checks, limits and usage reports in front. Each of the four parts
 (Responses and Messages, streamed and not) is measured in alternating rounds
@@ -29,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from common import alternating, print_table, start_vllm_server, stop_process_group, wait_http_ok
+from common import (
+    alternating,
+    pin_engine_cores,
+    print_table,
+    start_vllm_server,
+    stop_process_group,
+    wait_http_ok,
+)
 from common import percentile as _percentile
 from results_format import goal, table
 
@@ -192,6 +200,10 @@ def servers(model_path: Path) -> Iterator[tuple[str, str]]:
     )
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/health", reference, timeout=900)
+        # The placement inferd's replica gives its own engine core: a
+        # floating one spins on its front end's core and halves (or not,
+        # by chance) vLLM's server's rate between runs.
+        print("reference engine cores pinned:", pin_engine_cores(reference.pid))
         replica.wait_ready(timeout=900)
         yield f"http://127.0.0.1:{port}", replica.url
     finally:
@@ -201,10 +213,10 @@ def servers(model_path: Path) -> Iterator[tuple[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
