@@ -88,7 +88,9 @@ def test_pages_and_filters_with_htmx(
     console.api("PATCH", f"/endpoints/{endpoints['a-042']}", json={"minReplicas": 1})
     page.get_by_test_id("search").fill("")
     page.get_by_test_id("status-filter").select_option("pending")
-    expect(page.locator("#rows tr[data-testid^=row-]")).to_have_count(1)
+    # Pending once the reconciler has looked at it: a moment, longer on a
+    # loaded machine than Playwright's default 5 s.
+    expect(page.locator("#rows tr[data-testid^=row-]")).to_have_count(1, timeout=15_000)
     assert shown(page) == ["a-042"]
     expect(page).to_have_url(re.compile(r"/console/endpoints\?status=pending$"))
     page.get_by_test_id("location-filter").select_option("us-east")
@@ -97,7 +99,7 @@ def test_pages_and_filters_with_htmx(
     )
     expect(page).to_have_url(re.compile(r"/console/endpoints\?status=pending&location=us-east$"))
     page.get_by_test_id("location-filter").select_option("local")
-    expect(page.locator("#rows tr[data-testid^=row-]")).to_have_count(1)
+    expect(page.locator("#rows tr[data-testid^=row-]")).to_have_count(1, timeout=15_000)
     assert page.evaluate("window.__notReloaded") is True
 
 
