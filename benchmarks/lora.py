@@ -46,12 +46,19 @@ from common import (
     wait_http_ok,
     write_report,
 )
+from results_format import goal, not_measured, table
 
 from inferd.testing import ServeHandle, free_port
 
 MODEL = "tiny-chat"
 ADAPTERS = 16
 WORKLOADS = (("base", 0), ("1 adapter", 1), ("4 adapters", 4), ("16 adapters", 16))
+SIDES = ("vllm-server", "inferd-endpoint")
+# The docstring asks for no number, the README for "on par with vLLM's
+# server": read as the 0.95 the other parity benchmarks hold.
+GOAL = 0.95
+COLUMNS = ["workload", "server", "output_tokens_per_s", "rounds_tokens_per_s", "vs_its_base",
+           "inferd/vllm", "latency_p50_ms", "errors"]  # fmt: skip
 
 
 def adapter_dirs(count: int, rank: int) -> dict[str, Path]:
@@ -144,6 +151,99 @@ def start_endpoint(
     return url, token, created["id"], replica["id"]
 
 
+def ratio(ours: float, theirs: float) -> float | None:
+    """None when the denominator side delivered nothing to compare against."""
+    return ours / theirs if theirs else None
+
+
+def workload_entry(
+    runs: dict[str, list[dict[str, Any]]], base_rate: dict[str, float], is_base: bool
+) -> dict[str, Any]:
+    """One workload's figures per side (the rounds' median rate, against the
+    side's own base-model rate, which the base workload sets) and inferd's
+    rate over vLLM's server's."""
+    entry: dict[str, Any] = {}
+    for side, side_runs in runs.items():
+        rate = statistics.median(r["tokens_per_s"] for r in side_runs)
+        if is_base:
+            base_rate[side] = rate
+        vs_base = ratio(rate, base_rate[side])
+        entry[side] = {
+            "output_tokens_per_s": round(rate, 1),
+            "rounds_tokens_per_s": [round(r["tokens_per_s"], 1) for r in side_runs],
+            "latency_p50_ms": round(statistics.median(r["latency_p50_ms"] for r in side_runs), 1),
+            "errors": sum(r["errors"] for r in side_runs),
+            "vs_its_base": None if vs_base is None else round(vs_base, 3),
+        }
+    ours, theirs = entry["inferd-endpoint"], entry["vllm-server"]
+    vs_vllm = ratio(ours["output_tokens_per_s"], theirs["output_tokens_per_s"])
+    entry["inferd_vs_vllm"] = None if vs_vllm is None else round(vs_vllm, 3)
+    return entry
+
+
+def workload_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for workload, _ in WORKLOADS:
+        entry = results[workload]
+        for side in SIDES:
+            rows.append({
+                "workload": workload, "server": side, **entry[side],
+                "inferd/vllm": entry["inferd_vs_vllm"] if side == "inferd-endpoint" else "",
+            })  # fmt: skip
+    return rows
+
+
+def reasons(*why: str) -> str:
+    return "; ".join(w for w in why if w)
+
+
+def workload_goal(workload: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """On par with vLLM's server in one workload. A failed request adds no
+    tokens, so a workload with any fails its goal however the rates compare."""
+    name = f"{workload}: inferd's output tokens/s vs vLLM's server (on par)"
+    target = f">= {GOAL}x (assumed: the docstring states none)"
+    ours, theirs = entry["inferd-endpoint"]["errors"], entry["vllm-server"]["errors"]
+    failed = (
+        f"{ours + theirs} errors ({ours} inferd, {theirs} vLLM's server)" if ours + theirs else ""
+    )
+    figure = entry["inferd_vs_vllm"]
+    if figure is None:
+        return not_measured(name, target, reasons("vLLM's server delivered no tokens", failed))
+    slower = "" if figure >= GOAL else "slower than vLLM's server in this run"
+    return goal(name, target, figure, figure >= GOAL and not failed, reasons(failed, slower))
+
+
+def build_report(
+    args: argparse.Namespace, engine_args: dict[str, Any], results: dict[str, Any]
+) -> dict[str, Any]:
+    """The run as a result file (`results_format`): the printed table, a goal
+    per workload, and the raw figures under `results` as before."""
+    return {
+        "title": "LoRA adapters in rotation: an inferd endpoint against vLLM's own OpenAI "
+        "server (tiny-chat, CPU)",
+        "workload": (
+            f"chat completions, non-streamed, {args.max_tokens} output tokens (ignore_eos): "
+            f"the base model alone, then 1, 4 and {ADAPTERS} rank-{args.rank} adapters in "
+            f"rotation, max_loras {args.max_loras}; {args.requests} requests x "
+            f"{args.rounds} alternating rounds per workload and side, {args.concurrency} "
+            "concurrent; vLLM's engine core pinned as inferd pins its own"
+        ),
+        "config": vars(args) | {"out": str(args.out), "adapters": ADAPTERS},
+        "engine_args": {k: v for k, v in engine_args.items() if k != "model"},
+        "tables": [table("Per workload and server", COLUMNS, workload_rows(results))],
+        "goals": [workload_goal(workload, results[workload]) for workload, _ in WORKLOADS],
+        "notes": [
+            "The docstring and README state no number for the comparison with vLLM's "
+            f'server ("on par"); each workload\'s goal holds it to {GOAL}x, as the other '
+            "parity benchmarks do.",
+            "The endpoint's replica at the end was "
+            + ("the one the run started with" if results["replica_unchanged"] else "a new one")
+            + f"; it held {', '.join(results['adapters_held_at_end']) or 'no adapter'}.",
+        ],
+        "results": results,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -196,52 +296,23 @@ def main() -> int:
             return runs
 
         measure([MODEL, *names], 1, len(names) + 1)  # warm: every adapter loaded once
-        rows: list[dict[str, Any]] = []
         results: dict[str, Any] = {}
         base_rate: dict[str, float] = {}
         for workload, count in WORKLOADS:
             models = names[:count] or [MODEL]
             runs = measure(models, args.rounds, args.requests)
-            entry: dict[str, Any] = {}
-            for side, side_runs in runs.items():
-                rate = statistics.median(r["tokens_per_s"] for r in side_runs)
-                if count == 0:
-                    base_rate[side] = rate
-                entry[side] = {
-                    "output_tokens_per_s": round(rate, 1),
-                    "rounds_tokens_per_s": [round(r["tokens_per_s"], 1) for r in side_runs],
-                    "latency_p50_ms": round(
-                        statistics.median(r["latency_p50_ms"] for r in side_runs), 1
-                    ),
-                    "errors": sum(r["errors"] for r in side_runs),
-                    "vs_its_base": round(rate / base_rate[side], 3),
-                }
-            ours, theirs = entry["inferd-endpoint"], entry["vllm-server"]
-            entry["inferd_vs_vllm"] = round(
-                ours["output_tokens_per_s"] / theirs["output_tokens_per_s"], 3
-            )
-            results[workload] = entry
-            for side in targets:
-                rows.append({
-                    "workload": workload, "server": side, **entry[side],
-                    "inferd/vllm": entry["inferd_vs_vllm"] if side == "inferd-endpoint" else "",
-                })  # fmt: skip
+            results[workload] = workload_entry(runs, base_rate, is_base=count == 0)
         print_table(
             f"LoRA rotation: {args.requests} requests x {args.rounds} alternating rounds, "
             f"{args.concurrency} concurrent, {args.max_tokens} output tokens, "
             f"max_loras {args.max_loras}, rank {args.rank}; {load_average()}",
-            rows,
-            ["workload", "server", "output_tokens_per_s", "rounds_tokens_per_s",
-             "vs_its_base", "inferd/vllm", "latency_p50_ms", "errors"],
-        )  # fmt: skip
+            workload_rows(results),
+            COLUMNS,
+        )
         (replica,) = serve.record(endpoint_id)["replicas"]
         results["replica_unchanged"] = replica["id"] == replica_id
         results["adapters_held_at_end"] = replica["adapters"]
-        report = {
-            "config": vars(args) | {"out": str(args.out), "adapters": len(adapters)},
-            "engine_args": {k: v for k, v in engine_args.items() if k != "model"},
-            "results": results,
-        }
+        report = build_report(args, engine_args, results)
         write_report("lora", report, args.out)
     finally:
         serve.cleanup()

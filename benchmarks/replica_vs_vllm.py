@@ -31,9 +31,126 @@ from common import (
     wait_http_ok,
     write_report,
 )
+from results_format import all_met, goal, not_measured, table
 
 from inferd.engines.base import EngineOptions
 from inferd.testing import ReplicaHandle, free_port
+
+GOAL = 0.95
+TTFT_SLACK_MS = 5.0
+COLUMNS = ["mode", "label", "errors", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms",
+           "latency_p50_ms", "latency_p99_ms", "tok/s ratio", "ttft p50 delta ms"]  # fmt: skip
+
+# One mode as measured: its name, whether it streamed, and the pooled rows
+# (`common.pooled`) of vLLM's server and of inferd's replica.
+Measured = tuple[str, bool, dict[str, Any], dict[str, Any]]
+
+
+def tokens_ratio(base: dict[str, Any], ours: dict[str, Any]) -> float | None:
+    """inferd's output tokens/s over vLLM's server's; None when the server
+    delivered none, leaving nothing to compare against."""
+    theirs = base["output_tokens_per_s"]
+    return ours["output_tokens_per_s"] / theirs if theirs else None
+
+
+def ttft_delta(base: dict[str, Any], ours: dict[str, Any]) -> float | None:
+    """inferd's TTFT p50 minus vLLM's server's, in ms; None unless both sides
+    streamed a first token (a non-streamed answer has none)."""
+    if base["ttft_p50_ms"] is None or ours["ttft_p50_ms"] is None:
+        return None
+    return round(ours["ttft_p50_ms"] - base["ttft_p50_ms"], 3)
+
+
+def errors_why(base: dict[str, Any], ours: dict[str, Any]) -> str:
+    """A failed request is missing from its side's figures, so a mode with
+    any fails its goals however the figures compare."""
+    errors = base["errors"] + ours["errors"]
+    if not errors:
+        return ""
+    return f"{errors} errors ({ours['errors']} inferd, {base['errors']} vLLM's server)"
+
+
+def reasons(*why: str) -> str:
+    return "; ".join(w for w in why if w)
+
+
+def mode_goals(
+    mode: str, stream: bool, base: dict[str, Any], ours: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The docstring's goals for one mode: output tokens/s, and TTFT p50 where
+    the mode streams."""
+    failed = errors_why(base, ours)
+    name = f"{mode}: output tokens/s vs vLLM's server"
+    target = f">= {GOAL}x"
+    ratio = tokens_ratio(base, ours)
+    if ratio is None:
+        why = reasons("vLLM's server delivered no output tokens", failed)
+        goals = [not_measured(name, target, why)]
+    else:
+        met = ratio >= GOAL and not failed
+        why = reasons(failed, "" if ratio >= GOAL else "slower than vLLM's server in this run")
+        goals = [goal(name, target, round(ratio, 3), met, why)]
+    if not stream:
+        return goals
+    name = f"{mode}: TTFT p50, inferd's minus vLLM server's"
+    target = f"<= +{TTFT_SLACK_MS:g} ms"
+    delta = ttft_delta(base, ours)
+    if delta is None:
+        why = reasons("a side streamed no first token", failed)
+        goals.append(not_measured(name, target, why))
+    else:
+        met = delta <= TTFT_SLACK_MS and not failed
+        later = "" if delta <= TTFT_SLACK_MS else "a later first token than vLLM's server's"
+        goals.append(goal(name, target, delta, met, reasons(failed, later)))
+    return goals
+
+
+def mode_rows(mode: str, base: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, Any]]:
+    ratio = tokens_ratio(base, ours)
+    return [
+        {"mode": mode, **base},
+        {
+            "mode": mode,
+            **ours,
+            "tok/s ratio": None if ratio is None else round(ratio, 3),
+            "ttft p50 delta ms": ttft_delta(base, ours),
+        },
+    ]
+
+
+def build_report(args: argparse.Namespace, measured: list[Measured]) -> dict[str, Any]:
+    """The run as a result file (`results_format`): the printed table, every
+    mode's goals, and each mode's raw figures under `results`."""
+    rows: list[dict[str, Any]] = []
+    goals: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    for mode, stream, base, ours in measured:
+        rows += mode_rows(mode, base, ours)
+        judged = mode_goals(mode, stream, base, ours)
+        goals += judged
+        ratio = tokens_ratio(base, ours)
+        results[mode] = {
+            "vllm_server": base,
+            "inferd_replica": ours,
+            "tokens_per_s_ratio": None if ratio is None else round(ratio, 4),
+            "ttft_p50_delta_ms": ttft_delta(base, ours),
+            "goal_met": all_met(judged),
+        }
+    pinned = "pinned as inferd pins its own" if args.reference_pinned else "as shipped"
+    return {
+        "title": f"inferd's replica against vLLM's own OpenAI server ({args.model})",
+        "workload": (
+            f"{args.requests} requests x {args.rounds} alternating rounds per mode, "
+            f"{args.concurrency} concurrent, {args.max_tokens} output tokens (ignore_eos), "
+            f"greedy, device {args.device}; chat streamed and not, then the same with a tool "
+            f"offered (tool_choice auto, the `{TOOL_PARSER}` parser on both sides); vLLM's "
+            f"engine core {pinned}"
+        ),
+        "config": vars(args) | {"out": str(args.out)},
+        "tables": [table("Per mode and server", COLUMNS, rows)],
+        "goals": goals,
+        "results": results,
+    }
 
 
 def main() -> int:
@@ -88,38 +205,21 @@ def main() -> int:
             )  # fmt: skip
 
         measure(1, 16, True)  # warm both: first requests pay for lazy initialisation
-        report: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "results": {}}
-        rows = []
+        measured: list[Measured] = []
         parts = [(False, None), (True, None), (False, TOOLS_BODY), (True, TOOLS_BODY)]
         for stream, extra in parts:
             runs = measure(args.rounds, args.requests, stream, extra)
             mode = ("tools " if extra else "") + ("stream" if stream else "non-stream")
             base = pooled("vllm-server", runs["vllm-server"])
             ours = pooled("inferd-replica", runs["inferd-replica"])
-            ratio = ours["output_tokens_per_s"] / base["output_tokens_per_s"]
-            ttft_delta = (
-                None
-                if base["ttft_p50_ms"] is None
-                else round(ours["ttft_p50_ms"] - base["ttft_p50_ms"], 3)
-            )
-            for row in (base, ours):
-                rows.append({"mode": mode, **row})
-            rows[-1]["tok/s ratio"] = round(ratio, 3)
-            rows[-1]["ttft p50 delta ms"] = ttft_delta
-            report["results"][mode] = {
-                "vllm_server": base,
-                "inferd_replica": ours,
-                "tokens_per_s_ratio": round(ratio, 4),
-                "ttft_p50_delta_ms": ttft_delta,
-                "goal_met": ratio >= 0.95 and (ttft_delta is None or ttft_delta <= 5),
-            }
+            measured.append((mode, stream, base, ours))
+        report = build_report(args, measured)
         print_table(
             f"replica vs vLLM server: {args.requests} requests x {args.rounds} rounds, "
             f"{args.concurrency} concurrent, {args.max_tokens} output tokens",
-            rows,
-            ["mode", "label", "errors", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms",
-             "latency_p50_ms", "latency_p99_ms", "tok/s ratio", "ttft p50 delta ms"],
-        )  # fmt: skip
+            report["tables"][0]["rows"],
+            COLUMNS,
+        )
         write_report("replica_vs_vllm", report, args.out)
     finally:
         replica.stop()
