@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 from common import chat_body, load_average, one_chat, print_table, write_report
+from results_format import goal, not_measured, table
 
 from inferd import procfs
 from inferd.testing import ServeHandle
@@ -67,6 +68,14 @@ FAST = {
     "gateway_hold_timeout_seconds": "900",
     "replica_start_timeout_seconds": "900",
 }
+FAULTS = ("replica process SIGKILL", "actor SIGKILL", "node removed")
+CREATE_COLUMNS = ["launcher", "engine", "rounds", "median_s", "min_s", "max_s"]
+FAULT_COLUMNS = [
+    "fault", "noticed_s", "replacement_ready_s", "requests", "failed", "in_flight_at_fault",
+]  # fmt: skip
+NODE_LOSS_COLUMNS = [
+    "placement", "replicas_on_lost_node", "requests", "failed", "back_to_full_s", "slowest_s",
+]  # fmt: skip
 
 
 def serve_for(
@@ -225,7 +234,7 @@ def part_faults(
         load = Load(created["url"], created["accessToken"], concurrency)
         load.start()
         time.sleep(load_s)
-        for fault in ("replica process SIGKILL", "actor SIGKILL", "node removed"):
+        for fault in FAULTS:
             victim = ready(serve, endpoint_id)[0]
             where = actor_info(victim)
             hit = time.monotonic()
@@ -386,7 +395,7 @@ def main() -> int:
             )
         report["node_loss_nodes"] = {n: vars(s) for n, s in SLOTTED.items()}
     if args.skip_create and args.skip_faults:
-        return _print_report(report, args.out)
+        return _print_report(report, args)
     started = time.monotonic()
     cluster = start_cluster(NODES)
     print(f"cluster of {len(NODES)} nodes up in {time.monotonic() - started:.1f} s", flush=True)
@@ -400,53 +409,159 @@ def main() -> int:
                 )
         finally:
             cluster.shutdown()
-    return _print_report(report, args.out)
+    return _print_report(report, args)
 
 
-def _print_report(report: dict[str, Any], out: Path | None = None) -> int:
+def _print_report(report: dict[str, Any], args: argparse.Namespace) -> int:
     if "create" in report:
         c = report["create"]
-        rows = [
-            {
-                "launcher": name,
-                "engine": c["engine"],
-                "rounds": len(c["seconds"][name]),
-                "median_s": statistics.median(c["seconds"][name]),
-                "min_s": min(c["seconds"][name]),
-                "max_s": max(c["seconds"][name]),
-            }
-            for name in ("local", "ray")
-        ]
-        print_table("create -> first token", rows, list(rows[0]))
+        print_table("create -> first token", create_rows(c), CREATE_COLUMNS)
         verdict = "met" if c["ratio"] <= GOAL_RATIO else "NOT met"
         print(f"ray / local = {c['ratio']:.3f} (goal <= {GOAL_RATIO}: {verdict})")
     if "faults" in report:
-        columns = [
-            "fault",
-            "noticed_s",
-            "replacement_ready_s",
-            "requests",
-            "failed",
-            "in_flight_at_fault",
-        ]
-        print_table("faults under load (2 replicas, closed loop)", report["faults"], columns)
+        print_table("faults under load (2 replicas, closed loop)", report["faults"], FAULT_COLUMNS)
     if "node_loss" in report:
-        columns = [
-            "placement",
-            "replicas_on_lost_node",
-            "requests",
-            "failed",
-            "back_to_full_s",
-            "slowest_s",
-        ]
         print_table(
             "node loss, two CPU slots per node (2 replicas, open loop)",
             report["node_loss"],
-            columns,
+            NODE_LOSS_COLUMNS,
         )
     print(load_average())
-    write_report("ray_placement", report, out)
+    write_report("ray_placement", result_of(report, args), args.out)
     return 0
+
+
+def create_rows(create: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "launcher": name,
+            "engine": create["engine"],
+            "rounds": len(create["seconds"][name]),
+            "median_s": statistics.median(create["seconds"][name]),
+            "min_s": min(create["seconds"][name]),
+            "max_s": max(create["seconds"][name]),
+        }
+        for name in ("local", "ray")
+    ]
+
+
+def create_goal(create: dict[str, Any] | None, engine: str) -> dict[str, Any]:
+    name = f"create -> first token ({engine} engine): ray median / local median"
+    target = f"<= {GOAL_RATIO}x"
+    if create is None:
+        return not_measured(name, target, "part 1 not run (--skip-create)")
+    met = create["ratio"] <= GOAL_RATIO
+    why = "" if met else "a replica through Ray took longer to its first token than a local one"
+    return goal(name, target, round(create["ratio"], 3), met, why)
+
+
+def fault_goals(faults: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """One goal per fault. The client cannot tell which replica a request was
+    on, so every request in flight at the fault is allowed to fail: the
+    bound is those on either replica, not only the lost one's."""
+
+    def name(fault: str) -> str:
+        return f"{fault}: requests failed under load"
+
+    if faults is None:
+        why = "part 2 not run (--skip-faults)"
+        return [not_measured(name(f), "<= those in flight at the fault", why) for f in FAULTS]
+    goals = []
+    for row in faults:
+        failed, in_flight = row["failed"], row["in_flight_at_fault"]
+        target = f"<= {in_flight} (in flight at the fault)"
+        why = ""
+        if failed > in_flight:
+            why = f"{failed} of {row['requests']} failed: {', '.join(row['failures'])}"
+        goals.append(goal(name(row["fault"]), target, failed, failed <= in_flight, why))
+    return goals
+
+
+def node_loss_goals(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Spread's two, over its rounds; pack is the reference, not judged."""
+    failed_name = "node loss, spread placement: failed requests"
+    lost_name = "node loss, spread placement: replicas on the lost node"
+    lost_target = "<= 1 of 2 (never every replica)"
+    spread = [r for r in rows or [] if r["placement"] == "spread"]
+    if not spread:
+        why = "part 3 not run (run with --node-loss)"
+        if rows is not None:
+            why = "no spread round (--node-loss-rounds 0)"
+        return [not_measured(failed_name, "0", why), not_measured(lost_name, lost_target, why)]
+    failed = sum(r["failed"] for r in spread)
+    sent = sum(r["requests"] for r in spread)
+    failures = sorted({f for r in spread for f in r["failures"]})
+    most = max(r["replicas_on_lost_node"] for r in spread)
+    failed_why = f"{failed} of {sent} failed ({', '.join(failures)})" if failed else ""
+    lost_why = "" if most < 2 else "Ray put both replicas on the lost node"
+    return [
+        goal(failed_name, "0", failed, failed == 0, failed_why),
+        goal(lost_name, lost_target, most, most < 2, lost_why),
+    ]
+
+
+def workload(report: dict[str, Any], args: argparse.Namespace) -> str:
+    parts = [f"local Ray clusters on {NODE_IP}"]
+    if "create" in report:
+        parts.append(
+            f"create -> first token: tiny-chat on {args.engine}, a CPU endpoint created "
+            f"with one streamed 8-token chat sent at once, {args.rounds} rounds alternating "
+            "the local and the ray launcher; a head without work and three us-east nodes "
+            "(one fake H100 and one CPU slot each)"
+        )
+    if "faults" in report:
+        parts.append(
+            "faults: fake engine, two 1-GPU replicas on two of those nodes, a closed loop of "
+            f"{args.concurrency} clients, {args.load_seconds:g} s of load before the first "
+            "fault and after each replacement"
+        )
+    if "node_loss" in report:
+        parts.append(
+            "node loss: two us-east nodes with two CPU slots each, two fake-engine replicas, "
+            f"an open loop of {args.rate:g} requests/s for {args.node_loss_seconds:g} s, the "
+            "first replica's node removed a quarter of the way in; "
+            f"{args.node_loss_rounds} rounds alternating spread and pack (the reference)"
+        )
+    return "; ".join(parts)
+
+
+def result_of(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The result file: the parts that ran as tables, every part's goals
+    (those of a part not run as not measured), the raw figures kept."""
+    tables = []
+    if "create" in report:
+        rows = create_rows(report["create"])
+        tables.append(table("Create -> first token (seconds)", CREATE_COLUMNS, rows))
+    if "faults" in report:
+        columns = [*FAULT_COLUMNS, "failures"]
+        tables.append(
+            table("Faults under load (seconds from the fault)", columns, report["faults"])
+        )
+    if "node_loss" in report:
+        columns = [*NODE_LOSS_COLUMNS, "failures"]
+        tables.append(table("Node loss, two CPU slots per node", columns, report["node_loss"]))
+    return {
+        "title": "Ray launcher: create -> first token against local processes, faults under "
+        "load, node loss",
+        "workload": workload(report, args),
+        "config": vars(args) | {"out": str(args.out)},
+        "tables": tables,
+        "goals": [
+            create_goal(report.get("create"), args.engine),
+            *fault_goals(report.get("faults")),
+            *node_loss_goals(report.get("node_loss")),
+        ],
+        "notes": [
+            "Faults: `noticed_s` is the fault to the replica leaving the record, "
+            "`replacement_ready_s` to two ready replicas again; `requests` and `failed` count "
+            "the requests started from 1 s before the fault to the end of the load after the "
+            "replacement; `in_flight_at_fault` every request in flight then, on either "
+            "replica, as the client saw it.",
+            "Node loss: `back_to_full_s` is the removal to two ready replicas, none on the "
+            "lost node; `slowest_s` the slowest answer of the run.",
+        ],
+        **report,
+    }
 
 
 if __name__ == "__main__":
