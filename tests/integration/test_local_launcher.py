@@ -205,6 +205,33 @@ async def test_cpu_replicas_compute_on_cores_of_their_own(
         await mine.shutdown(5)
 
 
+async def test_a_replica_is_gone_only_once_its_whole_group_is(
+    registry: FakeRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's engine core and workers hold the GPU after the replica itself
+    has exited: its exit is reported (and its GPUs handed on) only once
+    nothing of its group is left."""
+    from inferd.control.launchers import local
+
+    lingering: set[int] = set()
+    monkeypatch.setattr(local, "group_members", lambda pgid: [pgid] if pgid in lingering else [])
+    launcher = make_launcher(registry, tmp_path)
+    try:
+        handle = await launcher.launch(spec("r-group"))
+        await ready(registry, "r-group")
+        lingering.add(pid_of(handle))
+        await launcher.kill(handle)
+        await wait_for(lambda: not alive(pid_of(handle)), 10)
+        await asyncio.sleep(0.5)  # ten polls: still not reported while its group lives
+        assert "r-group" in launcher.running()
+        lingering.clear()
+        await wait_for(lambda: "r-group" not in launcher.running(), 10)
+        exited = await asyncio.wait_for(anext(aiter(launcher.exits())), 5)
+        assert (exited.replica_id, exited.reason) == ("r-group", ExitReason.KILLED)
+    finally:
+        await launcher.shutdown(5)
+
+
 async def test_shutdown_leaves_no_process(registry: FakeRegistry, tmp_path: Path) -> None:
     launcher = make_launcher(registry, tmp_path)
     handles = [await launcher.launch(spec(f"r-{i}")) for i in range(2)]

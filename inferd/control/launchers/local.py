@@ -45,7 +45,7 @@ from inferd.control.ports import (
     ReplicaHandle,
 )
 from inferd.replica.config import SECRET_ENV, ReplicaSettings, ReplicaSpec, config_for, to_argv
-from inferd.replica.groups import sweep
+from inferd.replica.groups import group_members, sweep
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ NODE = "local"
 # How often replica processes are checked for having ended. A child's end
 # could be awaited instead, but an adopted replica is not our child.
 POLL_S = 0.1
+# A process stuck in the kernel (uninterruptible I/O, a wedged driver) can
+# outlive SIGKILL; past this its replica is reported gone all the same.
+REAP_TIMEOUT_S = 30.0
 
 # What a replica inherits from the control plane's environment: what finds
 # programs, libraries, caches and devices, never the control plane's own
@@ -92,6 +95,9 @@ class _Process:
     ending: ExitReason | None = None
     # Which CPU slot (and so which cores) a CPU replica holds; None: a GPU one.
     cpu_slot: int | None = None
+    # When its own process was first seen gone while others of its group
+    # (vLLM's engine core, workers) were still exiting.
+    reaping_since: float | None = None
 
 
 def _placement(pid: int, gpu_ids: tuple[int, ...], cpu_slot: int | None) -> dict[str, str]:
@@ -384,8 +390,22 @@ class LocalLauncher:
                 returncode = self._poll(process)
             if returncode is False:
                 continue
-            # The replica is gone; make sure nothing it started lingers.
+            # The replica is gone; make sure nothing it started lingers, and
+            # call it gone only once its whole group is: vLLM's engine core
+            # and workers hold the GPU's memory (and the slot's cores) until
+            # they have exited, which a SIGKILLed process takes a moment to do.
             _kill_group(process.pid)
+            if group_members(process.pid):
+                if process.reaping_since is None:
+                    process.reaping_since = now
+                if now - process.reaping_since < REAP_TIMEOUT_S:
+                    continue
+                logger.warning(
+                    "replica %s: processes of its group outlived a SIGKILL by %.0f s; "
+                    "reporting it gone anyway",
+                    replica_id,
+                    REAP_TIMEOUT_S,
+                )
             del self._processes[replica_id]
             if process.log_file is not None:
                 process.log_file.close()
