@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 from common import ms, percentile, print_table, write_report
+from results_format import goal, not_measured, table
 
 from inferd.api.management import CreateEndpointRequest
 from inferd.console.pages.board import PAGE_SIZE
@@ -56,6 +57,9 @@ ADMIN_KEY = "bench-admin-key-0123456789"
 BASE = "http://127.0.0.1:8080"
 LIST_GOAL_MS = 150.0
 ROW_GOAL_MS = 5.0
+# The answers the docstring's goals bound, judged at p95 (benchmarks/README.md).
+GOALS_MS = {"list": LIST_GOAL_MS, "last": LIST_GOAL_MS, "one_changed": ROW_GOAL_MS}
+COLUMNS = ["answer", "p50 ms", "p95 ms", "bytes", "goal ms", "met (p95)"]
 
 
 class Timed:
@@ -177,23 +181,58 @@ async def run(endpoints: int, rounds: int, state_dir: Path) -> dict[str, Any]:
         "sweep": f"live board sweep ({endpoints} rows; background, shared)",
         "row": "one row fragment",
     }
-    goals = {"list": LIST_GOAL_MS, "last": LIST_GOAL_MS, "one_changed": ROW_GOAL_MS}
     rows = []
     for key, values in samples.items():
         p50 = ms(percentile(values, 50))
         p95 = ms(percentile(values, 95))
-        goal = goals.get(key)
+        bound = GOALS_MS.get(key)
         rows.append(
             {
                 "answer": labels[key],
                 "p50 ms": p50,
                 "p95 ms": p95,
                 "bytes": sizes.get(key),
-                "goal ms": goal,
-                "met (p95)": None if goal is None else bool(p95 is not None and p95 <= goal),
+                "goal ms": bound,
+                "met (p95)": None if bound is None else bool(p95 is not None and p95 <= bound),
             }
         )
     return {"endpoints": endpoints, "rounds": rounds, "rows": rows}
+
+
+def answer_goal(row: dict[str, Any]) -> dict[str, Any]:
+    """One bounded answer, judged at its p95 as benchmarks/README.md states
+    the goal (and as the table's `met (p95)` reads)."""
+    name = f"{row['answer']}: server time p95"
+    target = f"<= {row['goal ms']:g} ms"
+    p95 = row["p95 ms"]
+    if p95 is None:
+        return not_measured(name, target, "no round was timed (--rounds 0)")
+    met = p95 <= row["goal ms"]
+    why = "" if met else f"over the bound in this run (p50 {row['p50 ms']} ms)"
+    return goal(name, target, p95, met, why)
+
+
+def build_report(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, Any]:
+    """The run as a result file (`results_format`): the printed table and the
+    docstring's goals; the raw `endpoints`, `rounds` and `rows` are kept."""
+    rows = measured["rows"]
+    return {
+        **measured,
+        "title": "Console endpoints board: server time per answer (console_list)",
+        "workload": f"{args.endpoints} endpoints, each shown running one replica, in a real "
+        f"control plane on SQLite; the console app called in-process (httpx.ASGITransport), "
+        f"each answer timed from the ASGI call to its last byte; board pages of {PAGE_SIZE} "
+        f"rows; {args.rounds} rounds after one warm-up round",
+        "tables": [table("Server time per answer", COLUMNS, rows)],
+        "goals": [answer_goal(row) for row in rows if row["goal ms"] is not None],
+        "notes": [
+            "No network and no browser: the figures are the server's own work (routing, "
+            "session, security headers, rendering). The docstring bounds the board's pages "
+            "and the poll that sends one changed row; the other answers (the reference JSON "
+            "lists, the poll with nothing changed, the row fragment, and the sweep, which "
+            "runs in the background once for all browsers) are context.",
+        ],
+    }
 
 
 def main() -> None:
@@ -207,9 +246,9 @@ def main() -> None:
     print_table(
         f"Console board, server time per answer ({args.endpoints} endpoints, {args.rounds} rounds)",
         report["rows"],
-        ["answer", "p50 ms", "p95 ms", "bytes", "goal ms", "met (p95)"],
+        COLUMNS,
     )
-    write_report("console_list", report, args.out)
+    write_report("console_list", build_report(args, report), args.out)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,11 @@ import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import results_format
 from common import LoadResult, chat_rounds, pooled, print_table, wait_http_ok, write_report
 
 from inferd.control.endpoints.tokens import new_endpoint_token
@@ -56,6 +58,16 @@ from inferd.testing import ReplicaHandle, free_port
 
 ENDPOINT_ID = "bench-endpoint"
 MODEL = "tiny-chat"
+ADDED_P50_GOAL_MS = 1.0
+ADDED_P99_GOAL_MS = 5.0
+TOKENS_GOAL = 0.95
+TTFT_SLACK_MS = 2.0
+ROUTING_BUDGET_US = 50.0
+MIGRATION_BUDGET_US = 20.0
+# The vLLM part runs these two, whatever --concurrency says.
+VLLM_LATENCY = "vllm latency c=1"
+VLLM_STREAM = "vllm stream c=4"
+ROUTING_PREFIX = "prefix (after)"
 
 
 # --- the gateway process ---------------------------------------------------------
@@ -299,7 +311,7 @@ def routing_decision_cpu(iterations: int = 20_000) -> list[dict[str, Any]]:
         table.record(p.blocks, choice.replica.replica_id, serving)
 
     rows = []
-    for name, decide in (("least_loaded (before)", least_loaded), ("prefix (after)", prefix)):
+    for name, decide in (("least_loaded (before)", least_loaded), (ROUTING_PREFIX, prefix)):
         samples = []
         for _ in range(3):
             started = time.process_time()
@@ -509,6 +521,229 @@ COLUMNS = [
     "added p99 ms", "output_tokens_per_s", "tok/s ratio", "ttft_p50_ms", "ttft p50 delta ms",
     "gateway cpu us/req", "body bytes", "cpu us/decision",
 ]  # fmt: skip
+ROUTING_COLUMNS = ["part", "label", "requests", "body bytes", "cpu us/decision"]
+PATH_COLUMNS = [c for c in COLUMNS if c not in ROUTING_COLUMNS[3:]]
+
+
+# --- the result file ---------------------------------------------------------------------
+
+# Goals are judged on the gateway as shipped: the pool client is its default
+# upstream (httpx is the reference it was measured against), migration on.
+JUDGED = "gateway-pool"
+UNMIGRATED = "gateway-pool-no-migration"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A docstring goal on one figure of the judged gateway's row: `key` in
+    that row, `missing` why a row can lack it, `over` why a figure past
+    `limit` misses."""
+
+    key: str
+    name: str
+    target: str
+    limit: float
+    at_least: bool
+    missing: str
+    over: str
+
+
+LATENCY_BOUNDS = (
+    Bound("added p50 ms", "added latency p50, gateway (pool) - direct",
+          f"<= +{ADDED_P50_GOAL_MS:g} ms", ADDED_P50_GOAL_MS, False,
+          "no latency on a side", "the gateway added more than the goal in this run"),
+    Bound("added p99 ms", "added latency p99, gateway (pool) - direct",
+          f"<= +{ADDED_P99_GOAL_MS:g} ms", ADDED_P99_GOAL_MS, False,
+          "no latency on a side", "the gateway added more than the goal in this run"),
+)  # fmt: skip
+STREAM_BOUNDS = (
+    Bound("tok/s ratio", "output tokens/s, gateway (pool) / direct", f">= {TOKENS_GOAL}x",
+          TOKENS_GOAL, True, "the replica called directly delivered no output tokens",
+          "fewer tokens/s through the gateway than the goal allows in this run"),
+    Bound("ttft p50 delta ms", "TTFT p50, gateway (pool) - direct", f"<= +{TTFT_SLACK_MS:g} ms",
+          TTFT_SLACK_MS, False, "a side streamed no first token",
+          "a later first token through the gateway in this run"),
+)  # fmt: skip
+# Keeping each stream's events costs CPU even when no fault comes: the pool
+# gateway's CPU per request with migration on, over the same gateway's off.
+MIGRATION_BOUND = Bound(
+    "gateway cpu us/req", "gateway CPU per request, stream migration on - off",
+    f"<= +{MIGRATION_BUDGET_US:g} us", MIGRATION_BUDGET_US, False,
+    "no CPU reading of a gateway process", "migration cost more CPU than its budget in this run",
+)  # fmt: skip
+ROUTING_BOUND = Bound(
+    "cpu us/decision", "routing choice CPU per request, prefix routing, 4k-token chat",
+    f"<= {ROUTING_BUDGET_US:g} us", ROUTING_BUDGET_US, False,
+    "no routing choice timed", "the choice cost more CPU than its budget in this run",
+)  # fmt: skip
+
+
+def judged_parts(args: argparse.Namespace) -> list[tuple[str, tuple[Bound, ...]]]:
+    """The parts the docstring's goals bound: the fake engine's latency and
+    stream parts, and "the same two" on vLLM."""
+    parts = [(f"fake latency c={c}", LATENCY_BOUNDS) for c in args.concurrency]
+    parts += [(f"fake stream c={c}", STREAM_BOUNDS) for c in args.concurrency]
+    return [*parts, (VLLM_LATENCY, LATENCY_BOUNDS), (VLLM_STREAM, STREAM_BOUNDS)]
+
+
+def reasons(*why: str) -> str:
+    return "; ".join(w for w in why if w)
+
+
+def errors_why(*sides: dict[str, Any]) -> str:
+    """A failed request is missing from its side's figures, so a part with
+    any fails its goals however the figures compare."""
+    counts = {side["label"]: side["errors"] for side in sides if side["errors"]}
+    if not counts:
+        return ""
+    each = ", ".join(f"{count} {label}" for label, count in counts.items())
+    return f"{sum(counts.values())} errors ({each})"
+
+
+def absent_why(args: argparse.Namespace, part: str, parts: dict[str, Any], label: str) -> str:
+    """Why the run has no `label` row in `part` ("" when it has one)."""
+    if part.startswith("vllm") and part not in parts:
+        if args.skip_vllm:
+            return "the vLLM part was skipped (--skip-vllm)"
+        return "vLLM is not installed where the run was made: the vLLM part was skipped"
+    if part not in parts:
+        return "the fake-engine parts were skipped (--skip-fake)"
+    if label not in parts[part]:
+        return f"no pool gateway in this run (--upstreams {' '.join(args.upstreams)})"
+    return ""
+
+
+def judge(name: str, bound: Bound, figure: float | None, failed: str) -> dict[str, Any]:
+    if figure is None:
+        return results_format.not_measured(name, bound.target, reasons(bound.missing, failed))
+    within = figure >= bound.limit if bound.at_least else figure <= bound.limit
+    why = reasons(failed, "" if within else bound.over)
+    return results_format.goal(name, bound.target, figure, within and not failed, why)
+
+
+def part_goals(
+    args: argparse.Namespace, part: str, bounds: tuple[Bound, ...], parts: dict[str, Any]
+) -> list[dict[str, Any]]:
+    absent = absent_why(args, part, parts, JUDGED)
+    if absent:
+        return [results_format.not_measured(f"{part}: {b.name}", b.target, absent) for b in bounds]
+    base, ours = parts[part]["direct"], parts[part][JUDGED]
+    failed = errors_why(base, ours)
+    return [judge(f"{part}: {b.name}", b, ours.get(b.key), failed) for b in bounds]
+
+
+def migration_goal(args: argparse.Namespace, part: str, parts: dict[str, Any]) -> dict[str, Any]:
+    bound = MIGRATION_BOUND
+    name = f"{part}: {bound.name}"
+    absent = absent_why(args, part, parts, JUDGED)
+    if not absent and not args.migration_compare:
+        absent = "no gateway with stream migration off in this run (--migration-compare)"
+    if absent:
+        return results_format.not_measured(name, bound.target, absent)
+    on, off = parts[part][JUDGED], parts[part][UNMIGRATED]
+    cost = [side.get(bound.key) for side in (on, off)]
+    added = None if None in cost else cost[0] - cost[1]
+    return judge(name, bound, added, errors_why(on, off))
+
+
+def routing_goal(parts: dict[str, Any]) -> dict[str, Any]:
+    """Prefix routing's whole per-request choice (hashes, prefix table,
+    rendezvous order), in process: its CPU is what the budget bounds."""
+    bound = ROUTING_BOUND
+    if "routing decision" not in parts:
+        why = "the routing part was skipped (--skip-routing)"
+        return results_format.not_measured(bound.name, bound.target, why)
+    row = next(r for r in parts["routing decision"] if r["label"] == ROUTING_PREFIX)
+    return judge(bound.name, bound, row.get(bound.key), "")
+
+
+def goals_of(args: argparse.Namespace, parts: dict[str, Any]) -> list[dict[str, Any]]:
+    goals = [routing_goal(parts)]
+    for part, bounds in judged_parts(args):
+        goals += [*part_goals(args, part, bounds, parts), migration_goal(args, part, parts)]
+    return goals
+
+
+def skipped(args: argparse.Namespace, parts: dict[str, Any]) -> list[str]:
+    options = [
+        ("routing", "--skip-routing", args.skip_routing),
+        ("fake engine", "--skip-fake", args.skip_fake),
+        ("serve", "--skip-serve", args.skip_serve),
+        ("vLLM", "--skip-vllm", args.skip_vllm),
+    ]
+    gone = [f"{part} ({option})" for part, option, skip in options if skip]
+    if not args.skip_vllm and VLLM_LATENCY not in parts:
+        gone.append("vLLM (not installed)")
+    return gone
+
+
+def workload(args: argparse.Namespace, parts: dict[str, Any]) -> str:
+    clients = ", ".join(args.upstreams)
+    if args.migration_compare:
+        clients += ", and pool with stream migration off"
+    gone = skipped(args, parts)
+    return (
+        f"{args.rounds} alternating rounds per part after one untimed round, the gateway in "
+        f"its own process over a static directory (upstream clients: {clients}); fake engine "
+        f"(token_delay_s=0): latency parts non-streamed, 2 output tokens, {args.requests} "
+        f"requests a round, stream parts streamed, {args.stream_tokens} tokens, "
+        f"{max(16, args.requests // 4)} requests a round, each at concurrency "
+        f"{', '.join(map(str, args.concurrency))}; serve: the same through an `inferd serve` "
+        f"endpoint URL; vLLM tiny-chat on {args.device}: c=1 non-streamed, 4 tokens, "
+        f"{max(20, args.requests // 4)} requests a round, c=4 streamed, {args.stream_tokens} "
+        f"tokens, {max(16, args.requests // 10)} requests a round; routing: a ~4k-token chat, "
+        f"2 tokens, c=8, one gateway per policy; tracing: c=8, 2 tokens, off / 1% / 100% "
+        f"sampled" + (f"; skipped: {', '.join(gone)}" if gone else "")
+    )
+
+
+def keyed(rows: list[dict[str, Any]], columns: list[str]) -> list[dict[str, Any]]:
+    return [{column: row.get(column) for column in columns} for row in rows]
+
+
+def build_report(
+    args: argparse.Namespace, rows: list[dict[str, Any]], measured: dict[str, Any]
+) -> dict[str, Any]:
+    """The run as a result file (`results_format`): the printed table (the
+    in-process routing choice apart), every goal the docstring names, and
+    the raw `config` and `parts`."""
+    parts = measured["parts"]
+    routing = [row for row in rows if "cpu us/decision" in row]
+    paths = [row for row in rows if "cpu us/decision" not in row]
+    tables = [
+        results_format.table(
+            "Through the gateway against the replica called directly",
+            PATH_COLUMNS,
+            keyed(paths, PATH_COLUMNS),
+        )
+    ]
+    if routing:
+        tables.append(
+            results_format.table(
+                "The routing choice alone, in process (4 replicas)",
+                ROUTING_COLUMNS,
+                keyed(routing, ROUTING_COLUMNS),
+            )
+        )
+    return {
+        **measured,
+        "title": "Gateway overhead: the same load through the gateway and straight to the "
+        "replica (gateway_overhead)",
+        "workload": workload(args, parts),
+        "tables": tables,
+        "goals": goals_of(args, parts),
+        "notes": [
+            "Goals are judged on the gateway as shipped: `gateway-pool` (its default upstream "
+            "client, stream migration on). `gateway-httpx` is the client the pool was "
+            "measured against; `gateway-pool-no-migration` the same gateway with migration "
+            "off. `gateway cpu us/req`: the gateway process's CPU time (user + system, from "
+            "/proc) per request; in the serve parts, the whole `inferd serve` process's.",
+            "The docstring states no goal for the serve parts (the production path), for the "
+            "gateway's CPU per request under each routing policy (the 4k-token chat rows), "
+            "nor for the tracing part (its goals are judged by `--only-tracing`, written to "
+            "gateway_tracing.json): their figures are tables only.",
+        ],
+    }
 
 
 def main() -> int:
@@ -626,13 +861,13 @@ def main() -> int:
             try:
                 url = real.wait_ready(900).url
                 add(
-                    "vllm latency c=1",
-                    run_part("vllm latency c=1", url, args, stream=False, max_tokens=4,
+                    VLLM_LATENCY,
+                    run_part(VLLM_LATENCY, url, args, stream=False, max_tokens=4,
                              concurrency=1, requests=max(20, args.requests // 4)),
                 )  # fmt: skip
                 add(
-                    "vllm stream c=4",
-                    run_part("vllm stream c=4", url, args, stream=True,
+                    VLLM_STREAM,
+                    run_part(VLLM_STREAM, url, args, stream=True,
                              max_tokens=args.stream_tokens, concurrency=4,
                              requests=max(16, args.requests // 10)),
                 )  # fmt: skip
@@ -645,7 +880,7 @@ def main() -> int:
         rows,
         COLUMNS,
     )
-    write_report("gateway_overhead", report, args.out)
+    write_report("gateway_overhead", build_report(args, rows, report), args.out)
     return 0
 
 
