@@ -402,21 +402,21 @@ class Gateway:
                 if grant is None
                 else self.verifier.named(endpoint_id, grant.client)
             )
-            endpoint = self.directory.endpoint(endpoint_id)
-            if self._catch_up is not None and (
-                (who is None and bearer_token(authorization) is not None)
-                or (who is not None and endpoint is None)
-            ):
+            if who is None and grant is None and self._catch_up and bearer_token(authorization):
                 # Created, or its token re-issued, through another instance a
                 # moment ago, and the change not here yet. Any refused token
                 # reads, not only one for an unknown id: the time of a 401
                 # must not tell which endpoints exist.
                 await self._catch_up(endpoint_id)
-                who = caller(self.verifier, endpoint_id, authorization) if grant is None else who
-                endpoint = self.directory.endpoint(endpoint_id)
+                who = caller(self.verifier, endpoint_id, authorization)
             if who is None:
                 raise unauthorized()
             label = endpoint_id
+            endpoint = self.directory.endpoint(endpoint_id)
+            if endpoint is None and self._catch_up is not None:
+                # Its token's change arrived before its record's.
+                await self._catch_up(endpoint_id)
+                endpoint = self.directory.endpoint(endpoint_id)
             self._check(endpoint, route)
             assert endpoint is not None
             batch = is_batch(scope, priority)
